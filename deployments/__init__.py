@@ -1,0 +1,1 @@
+"""Prefect deployments: schedules, work pools and local serving."""

@@ -1,0 +1,186 @@
+"""The main pipeline: image folder -> TFRecords -> training -> variants -> benchmarks -> summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+from prefect.states import State
+
+from tasks.benchmark_variant import benchmark_variant
+from tasks.convert_tflite import convert_tflite
+from tasks.export_savedmodel import export_savedmodel
+from tasks.measure_input_pipeline import measure_input_pipeline
+from tasks.pick_champion import pick_champion
+from tasks.train_model import train_model
+from tasks.write_tfrecords import write_tfrecords
+from tfopt import tracking
+from tfopt.artifacts import DatasetArtifact, VariantResult, VariantSpec
+from tfopt.config import BenchmarkConfig, PipelineConfig
+from tfopt.fileio import atomic_write_json
+from tfopt.provenance import git_commit, mlflow_tracking_uri
+from tfopt.summary import build_summary
+
+
+def _error_of(state: State) -> str:
+    error = state.result(raise_on_failure=False)
+    return f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+
+
+def _failed_variant(spec: VariantSpec, error: str) -> VariantSpec:
+    return spec.model_copy(update={"status": "failed", "error": error, "path": None})
+
+
+def _built_or_failed(state: State, planned: VariantSpec) -> VariantSpec:
+    """A conversion's variant, or the planned one marked failed with the conversion's error."""
+    return state.result() if state.is_completed() else _failed_variant(planned, _error_of(state))
+
+
+def _unmeasured(spec: VariantSpec, status: str, error: str | None) -> VariantResult:
+    return VariantResult(
+        name=spec.name, source=spec.source, format=spec.format, precision=spec.precision,
+        status=status, error=error,
+    )
+
+
+def _benchmark_isolated(
+    spec: VariantSpec, dataset: DatasetArtifact, cfg: BenchmarkConfig
+) -> VariantResult:
+    """Benchmark a built variant; a variant that failed or was skipped earlier keeps its status."""
+    if spec.status != "ok":
+        return _unmeasured(spec, spec.status, spec.error)
+    state = benchmark_variant(spec, dataset, cfg, return_state=True)
+    return state.result() if state.is_completed() else _unmeasured(spec, "failed", _error_of(state))
+
+
+@dataclass(frozen=True)
+class _RunContext:
+    mlflow: tracking.MlflowClient
+    tracking_uri: str
+    experiment_id: str
+    parent_id: str
+    flow_run_id: str
+    tags: dict[str, str]
+
+
+@flow(
+    name="optimize_model",
+    flow_run_name="{config.name}-{config.model.architecture}",
+    log_prints=True,
+)
+def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
+    """Turn a folder of labelled images into a trained model and benchmarked, optimized variants.
+
+    Every step is a Prefect task; every result is logged to MLflow under one parent run with a
+    child run per variant. A variant that fails to build or to benchmark is recorded as failed
+    and the others go on.
+
+    Args:
+        config: All parameters of the run (data, model, training, conversions, benchmark).
+
+    Returns:
+        The run summary (the JSON contract in DESIGN.md).
+    """
+    logger = get_run_logger()
+    work_dir = config.work_dir.resolve()
+    tracking_uri = mlflow_tracking_uri()
+    mlflow = tracking.client(tracking_uri)
+    experiment_id = tracking.ensure_experiment(mlflow, config.experiment)
+    flow_run_id = str(flow_run.id)
+    run_tags = {"prefect.flow_run_id": flow_run_id, "tfopt.config": config.name}
+    parent_id = tracking.start_run(
+        mlflow, experiment_id, run_name=f"{config.name}-{flow_run.name}",
+        params=config.model_dump(mode="json"),
+        tags={**run_tags, "mlflow.source.git.commit": git_commit(), "tfopt.role": "pipeline"},
+    )
+    logger.info("MLflow run: %s", tracking.run_url(tracking_uri, experiment_id, parent_id))
+    run_dir = work_dir / "runs" / f"{config.name}-{parent_id[:12]}"
+    context = _RunContext(mlflow, tracking_uri, experiment_id, parent_id, flow_run_id, run_tags)
+    try:
+        summary = _run_steps(config, work_dir, run_dir, context)
+    except BaseException:
+        tracking.end_run(mlflow, parent_id, "FAILED")
+        raise
+    summary_path = run_dir / "summary.json"
+    atomic_write_json(summary_path, summary)
+    tracking.log_artifact(mlflow, parent_id, summary_path, "report")
+    tracking.end_run(mlflow, parent_id, "FINISHED")
+    failed = sum(1 for v in summary["variants"] if v["status"] == "failed")
+    logger.info(
+        "%d variants benchmarked, %d failed; champion: %s", len(summary["variants"]), failed,
+        summary["champion"] or "none",
+    )
+    return summary
+
+
+def _run_steps(
+    config: PipelineConfig,
+    work_dir: Path,
+    run_dir: Path,
+    context: _RunContext,
+) -> dict[str, Any]:
+    mlflow, parent_id = context.mlflow, context.parent_id
+    dataset = write_tfrecords(config.data, work_dir)
+    tracking.log_metrics(mlflow, parent_id, {
+        **{f"dataset_{split}_examples": info.examples for split, info in dataset.splits.items()},
+        "dataset_shards": dataset.shards,
+        "dataset_skipped_records": dataset.skipped_records,
+    })
+    tracking.log_artifact(mlflow, parent_id, dataset.manifest_path, "dataset")
+
+    pipeline = measure_input_pipeline(dataset, config.train.batch_size)
+    tracking.log_metrics(mlflow, parent_id, {
+        "input_naive_examples_per_s": pipeline.naive_examples_per_s,
+        "input_tuned_examples_per_s": pipeline.tuned_examples_per_s,
+        "input_cached_examples_per_s": pipeline.cached_examples_per_s,
+        "input_tuned_speedup": pipeline.tuned_examples_per_s / pipeline.naive_examples_per_s,
+        "chosen_batch_size": pipeline.chosen_batch_size,
+    })
+
+    models_dir = run_dir / "models"
+    baseline = train_model(
+        dataset, config.model, config.train, pipeline.chosen_batch_size, models_dir
+    )
+    tracking.log_metric_history(mlflow, parent_id, {
+        f"train_{name}": values for name, values in baseline.history.items()
+    })
+    tracking.log_metrics(mlflow, parent_id, baseline.metrics)
+    tracking.log_params(mlflow, parent_id, {"baseline": baseline.params})
+    savedmodel = export_savedmodel(baseline, models_dir)
+    tracking.log_artifact(mlflow, parent_id, savedmodel.path, "models/baseline-savedmodel")
+
+    variants = [
+        VariantSpec(name="baseline-graph", source="baseline", format="graph", precision="fp32",
+                    path=baseline.path),
+        VariantSpec(name="baseline-savedmodel", source="baseline", format="savedmodel",
+                    precision="fp32", path=savedmodel.path),
+    ]
+    for precision in config.convert.tflite:
+        planned = VariantSpec(name=f"baseline-tflite-{precision}", source="baseline",
+                              format="tflite", precision=precision, path=None)
+        state = convert_tflite(savedmodel, precision, run_dir / "variants", return_state=True)
+        variants.append(_built_or_failed(state, planned))
+
+    results = [_benchmark_isolated(v, dataset, config.benchmark) for v in variants]
+    for result in results:
+        tracking.log_variant_run(
+            mlflow, context.experiment_id, parent_id, result, tags=context.tags
+        )
+    choice = pick_champion(results, config.benchmark.accuracy_budget_points)
+    if choice.name:
+        tracking.set_tags(mlflow, parent_id, {"tfopt.champion": choice.name})
+    return build_summary(
+        tracking_uri=context.tracking_uri,
+        experiment_id=context.experiment_id,
+        run_id=parent_id,
+        flow_run_id=context.flow_run_id,
+        dataset=dataset,
+        input_pipeline=pipeline,
+        results=results,
+        champion=choice.name,
+        champion_reason=choice.reason,
+        baseline_accuracy=choice.baseline_accuracy,
+    )

@@ -1,0 +1,60 @@
+"""Export a Keras model as a SavedModel with a named, dynamic-batch serving signature."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import tensorflow as tf
+from prefect import task
+
+from tasks.train_model import load_keras_model
+from tfopt.artifacts import ModelArtifact
+
+SIGNATURE_KEY = "serving_default"
+INPUT_NAME = "images"
+OUTPUT_LOGITS = "logits"
+OUTPUT_PROBABILITIES = "probabilities"
+
+
+def replace_dir(staging: Path, final: Path) -> None:
+    """Move a finished folder into place; the old one, if any, is removed only then."""
+    if final.exists():
+        shutil.rmtree(final)
+    staging.replace(final)
+
+
+@task(name="export_savedmodel", tags=["export"])
+def export_savedmodel(model: ModelArtifact, out_dir: Path) -> ModelArtifact:
+    """Write ``<name>-savedmodel/`` with signature ``serving_default``.
+
+    The signature takes ``images`` (float32 ``[batch, size, size, 3]``, any batch) and returns
+    ``logits`` and ``probabilities``: fixed names that serving systems and converters
+    (TFLite, tf2onnx, TensorRT via ONNX) can rely on.
+
+    Args:
+        model: A Keras model artifact.
+        out_dir: Folder to write into.
+
+    Returns:
+        The SavedModel artifact.
+    """
+    keras_model = load_keras_model(model.path)
+    size = model.image_size
+
+    @tf.function(input_signature=[tf.TensorSpec([None, size, size, 3], tf.float32, INPUT_NAME)])
+    def serve(images: tf.Tensor) -> dict[str, tf.Tensor]:
+        logits = keras_model(images, training=False)
+        return {OUTPUT_LOGITS: logits, OUTPUT_PROBABILITIES: tf.nn.softmax(logits)}
+
+    module = tf.Module()
+    module.model = keras_model
+    module.serve = serve
+    final = out_dir / f"{model.name}-savedmodel"
+    staging = out_dir / f".{final.name}.tmp"
+    if staging.exists():
+        shutil.rmtree(staging)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tf.saved_model.save(module, str(staging), signatures={SIGNATURE_KEY: serve})
+    replace_dir(staging, final)
+    return model.model_copy(update={"path": final, "format": "savedmodel"})

@@ -1,0 +1,102 @@
+"""Train the baseline network on the TFRecord shards."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import tensorflow as tf
+import tf_keras as keras
+from prefect import get_run_logger, task
+
+from tasks.input_pipeline import tuned_dataset
+from tasks.model_zoo import build_model
+from tfopt.artifacts import DatasetArtifact, ModelArtifact
+from tfopt.config import ModelConfig, TrainConfig
+
+
+def keras_model_path(out_dir: Path, name: str) -> Path:
+    """Where a Keras model named `name` is saved."""
+    return out_dir / f"{name}.keras"
+
+
+def save_keras_model(model: keras.Model, path: Path) -> None:
+    """Save a Keras model atomically (temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.keras")
+    model.save(tmp)
+    tmp.replace(path)
+
+
+def load_keras_model(path: Path) -> keras.Model:
+    """Load a saved Keras model without unsafe deserialization (no arbitrary lambdas)."""
+    return keras.models.load_model(path, compile=False, safe_mode=True)
+
+
+@task(name="train_model", tags=["training"])
+def train_model(
+    dataset: DatasetArtifact,
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    batch_size: int,
+    out_dir: Path,
+) -> ModelArtifact:
+    """Train the baseline network and save it as ``baseline.keras``.
+
+    Args:
+        dataset: The sharded data set (train and val splits are used).
+        model_cfg: Which network to build.
+        train_cfg: Epochs, learning rate, seed.
+        batch_size: Training batch size (from the config or the measured sweep).
+        out_dir: Folder for the saved model.
+
+    Returns:
+        The saved model with its final metrics and per-epoch history.
+    """
+    logger = get_run_logger()
+    keras.utils.set_random_seed(train_cfg.seed)
+    model = build_model(
+        model_cfg.architecture, dataset.image_size, dataset.num_classes, model_cfg.width
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(train_cfg.learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    train = tuned_dataset(
+        dataset.splits["train"].files, dataset.image_size, batch_size,
+        training=True, cache=True, seed=train_cfg.seed,
+    )
+    val_files = dataset.splits["val"].files
+    val = (
+        tuned_dataset(val_files, dataset.image_size, batch_size, cache=True) if val_files else None
+    )
+    started = time.perf_counter()
+    history = model.fit(train, validation_data=val, epochs=train_cfg.epochs, verbose=0)
+    train_seconds = time.perf_counter() - started
+    curves = {name: [float(v) for v in values] for name, values in history.history.items()}
+    logger.info(
+        "trained %s for %d epochs in %.1f s: %s", model.name, train_cfg.epochs, train_seconds,
+        {name: round(values[-1], 4) for name, values in curves.items()},
+    )
+    path = keras_model_path(out_dir, "baseline")
+    save_keras_model(model, path)
+    metrics = {f"final_{name}": values[-1] for name, values in curves.items()}
+    metrics["train_seconds"] = train_seconds
+    return ModelArtifact(
+        name="baseline",
+        path=path,
+        format="keras",
+        image_size=dataset.image_size,
+        num_classes=dataset.num_classes,
+        params={
+            "architecture": model_cfg.architecture,
+            "width": model_cfg.width,
+            "batch_size": batch_size,
+            "epochs": train_cfg.epochs,
+            "parameters": int(model.count_params()),
+            "devices": ",".join(d.device_type for d in tf.config.list_physical_devices()),
+        },
+        metrics=metrics,
+        history=curves,
+    )

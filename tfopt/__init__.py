@@ -1,0 +1,17 @@
+"""tfopt: make TensorFlow models fast in production, measured on your own hardware.
+
+Importing this package sets the process-wide environment that TensorFlow, Keras and Prefect
+read at import time, so every entry point (CLI, flows, tasks, tests) imports it first.
+"""
+
+import os
+
+# tensorflow-model-optimization 0.8 only understands Keras 2 models (tf_keras); the switch must be
+# set before TensorFlow is imported anywhere in the process.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# No network here: telemetry calls would only fill the logs with errors.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+__version__ = "0.1.0"

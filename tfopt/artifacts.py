@@ -1,0 +1,111 @@
+"""Small frozen results that tasks return and flows pass on: paths and metrics, never live objects.
+
+Prefect persists task results and caps parameters at 512 KB, so a task hands over where its
+output lies on disk and what it measured, not a Keras model or a tf.data pipeline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+VariantFormat = Literal["keras", "graph", "xla", "savedmodel", "tflite", "onnx"]
+Precision = Literal["fp32", "float16", "dynamic", "int8"]
+Status = Literal["ok", "failed", "skipped"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SplitInfo(_Frozen):
+    """One split of a sharded data set."""
+
+    files: list[Path]
+    examples: int
+    class_counts: dict[str, int]
+
+
+class DatasetArtifact(_Frozen):
+    """A sharded TFRecord data set and its manifest."""
+
+    root: Path
+    manifest_path: Path
+    class_names: list[str]
+    image_size: int
+    splits: dict[str, SplitInfo]
+    shards: int
+    skipped_records: int
+
+    @property
+    def num_classes(self) -> int:
+        """Number of labels."""
+        return len(self.class_names)
+
+
+class InputPipelineResult(_Frozen):
+    """Examples per second of the naive, tuned and cached readers on the same files."""
+
+    naive_examples_per_s: float
+    tuned_examples_per_s: float
+    cached_examples_per_s: float
+    chosen_batch_size: int
+    examples_measured: int
+
+
+class ModelArtifact(_Frozen):
+    """A model on disk in one format, with what it was built from."""
+
+    name: str
+    path: Path
+    format: VariantFormat
+    precision: Precision = "fp32"
+    image_size: int
+    num_classes: int
+    params: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    history: dict[str, list[float]] = Field(default_factory=dict)
+
+
+class VariantSpec(_Frozen):
+    """One thing to benchmark: a model in a format and precision, or why it could not be built."""
+
+    name: str
+    source: str
+    format: VariantFormat
+    precision: Precision
+    path: Path | None
+    status: Status = "ok"
+    error: str | None = None
+    params: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+
+class LatencyStats(_Frozen):
+    """Batch-1 latency in milliseconds over the timed runs (warm-up excluded)."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    std: float
+
+
+class VariantResult(_Frozen):
+    """A benchmarked variant: the summary contract's entry plus the measurement details."""
+
+    name: str
+    source: str
+    format: VariantFormat
+    precision: Precision
+    status: Status
+    error: str | None = None
+    size_bytes: int = 0
+    gzip_bytes: int = 0
+    accuracy: float = 0.0
+    latency_ms: LatencyStats | None = None
+    throughput_per_s: float = 0.0
+    timed_runs: int = 0
+    load_seconds: float = 0.0
+    path: Path | None = None

@@ -1,0 +1,154 @@
+"""The `tfopt` command: local services, demo data and pipeline runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+import tfopt  # noqa: F401  (environment first)
+from tfopt.config import ConfigError, load_config
+from tfopt.services import (
+    ServiceError,
+    ServiceSettings,
+    require_services,
+    service_status,
+    start_services,
+    stop_services,
+)
+
+# Wide enough for the summary table when output goes to a file or a CI log.
+console = Console(width=None if sys.stdout.isatty() else 140)
+
+
+def _cmd_up(_: argparse.Namespace) -> int:
+    settings = ServiceSettings.from_env()
+    console.print(f"starting local services (state in {settings.state_dir}) ...")
+    for line in start_services(settings):
+        console.print(line)
+    _print_addresses(settings)
+    return 0
+
+
+def _cmd_down(_: argparse.Namespace) -> int:
+    for line in stop_services(ServiceSettings.from_env()):
+        console.print(line)
+    return 0
+
+
+def _cmd_status(_: argparse.Namespace) -> int:
+    settings = ServiceSettings.from_env()
+    status = service_status(settings)
+    for name, healthy in status.items():
+        console.print(f"{name}: {'up' if healthy else 'down'}")
+    _print_addresses(settings)
+    return 0 if all(status.values()) else 1
+
+
+def _print_addresses(settings: ServiceSettings) -> None:
+    console.print(f"Prefect UI: {settings.prefect_url}")
+    console.print(f"MLflow UI:  {settings.mlflow_url}")
+
+
+def _cmd_demo_data(args: argparse.Namespace) -> int:
+    from tfopt.demo_data import write_demo_images
+
+    count = write_demo_images(args.out, image_size=args.image_size)
+    console.print(f"{count} demo images in {args.out}")
+    return 0
+
+
+def _parse_overrides(pairs: list[str]) -> dict[str, object]:
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects key=value, got {pair!r}")
+        overrides[key.strip()] = yaml.safe_load(value)
+    return overrides
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import json
+
+    from tfopt.fileio import atomic_write_json
+    from tfopt.provenance import mlflow_tracking_uri, prefect_api_url
+    from tfopt.summary import summary_table
+
+    config = load_config(args.config, _parse_overrides(args.set))
+    if not config.data.source_dir.is_dir() and config.data.source_dir == Path("data/demo"):
+        from tfopt.demo_data import write_demo_images
+
+        write_demo_images(config.data.source_dir)
+    api_url, tracking_uri = prefect_api_url(), mlflow_tracking_uri()
+    require_services(api_url, tracking_uri)
+    os.environ["PREFECT_API_URL"] = api_url
+    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
+
+    from flows.optimize_model import optimize_model
+
+    summary = optimize_model(config=config)
+    if args.summary_json:
+        atomic_write_json(args.summary_json, summary)
+    console.print(summary_table(summary))
+    ip = summary["input_pipeline"]
+    console.print(
+        f"input pipeline: naive {ip['naive_examples_per_s']:,.0f} ex/s, tuned "
+        f"{ip['tuned_examples_per_s']:,.0f} ex/s, cached {ip['cached_examples_per_s']:,.0f} ex/s"
+    )
+    console.print(f"champion: {summary['champion'] or 'none'} ({summary['champion_reason']})")
+    prefect_ui = api_url.removesuffix("/api")
+    console.print(f"Prefect UI: {prefect_ui}/runs/flow-run/{summary['prefect_flow_run_id']}")
+    console.print(
+        f"MLflow UI:  {tracking_uri}/#/experiments/{summary['mlflow_experiment_id']}/runs/"
+        f"{summary['mlflow_run_id']}"
+    )
+    if args.summary_json:
+        console.print(f"summary: {args.summary_json}")
+    elif args.print_json:
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `tfopt` command."""
+    parser = argparse.ArgumentParser(prog="tfopt", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("up", help="start the local Prefect and MLflow servers").set_defaults(
+        handler=_cmd_up
+    )
+    commands.add_parser("down", help="stop the local servers").set_defaults(handler=_cmd_down)
+    commands.add_parser("status", help="are the local servers answering?").set_defaults(
+        handler=_cmd_status
+    )
+    demo = commands.add_parser("demo-data", help="write the built-in demo images")
+    demo.add_argument("--out", type=Path, default=Path("data/demo"))
+    demo.add_argument("--image-size", type=int, default=32)
+    demo.set_defaults(handler=_cmd_demo_data)
+    run = commands.add_parser("run", help="run the optimization pipeline")
+    run.add_argument("--config", type=Path, default=Path("configs/demo.yaml"))
+    run.add_argument("--summary-json", type=Path, default=None,
+                     help="write the run summary (JSON contract) here")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config value, e.g. --set train.epochs=2")
+    run.add_argument("--print-json", action="store_true", help="print the summary JSON")
+    run.set_defaults(handler=_cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `tfopt` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ConfigError, ServiceError) as error:
+        console.print(f"[bold red]error:[/] {error}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

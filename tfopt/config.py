@@ -1,0 +1,169 @@
+"""The pipeline's parameters: one pydantic model shared by the CLI, the Prefect UI and schedules.
+
+Every field has a type, a default and a description; bounds and choices are part of the type so
+that bad values are refused before any work starts, with a message naming the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(_Section):
+    """Where the labelled data comes from and how it is split and sharded."""
+
+    source_dir: Path = Field(
+        Path("data/demo"),
+        description="Folder with one sub-folder per class holding its images (JPEG, PNG, ...).",
+    )
+    image_size: int = Field(
+        32, ge=8, le=512, description="Images are resized to image_size x image_size pixels."
+    )
+    val_fraction: float = Field(
+        0.1, ge=0.0, le=0.4, description="Share of examples in the validation split."
+    )
+    test_fraction: float = Field(
+        0.2, gt=0.0, le=0.4, description="Share of examples in the test split (benchmarks use it)."
+    )
+    max_examples_per_class: int | None = Field(
+        None, ge=1, description="Use at most this many images per class (None: all of them)."
+    )
+    shard_size_mb: float = Field(
+        100.0, gt=0.0, le=4096.0, description="Target TFRecord shard size in MB (~100 MB is best)."
+    )
+
+    @model_validator(mode="after")
+    def _splits_leave_training_data(self) -> DataConfig:
+        if self.val_fraction + self.test_fraction >= 0.8:
+            raise ValueError("val_fraction + test_fraction must be below 0.8")
+        return self
+
+
+class ModelConfig(_Section):
+    """Which network to train as the baseline."""
+
+    architecture: Literal["small_cnn"] = Field(
+        "small_cnn", description="Baseline network from tfopt's model zoo."
+    )
+    width: int = Field(16, ge=4, le=256, description="Filters in the first convolution.")
+
+
+class TrainConfig(_Section):
+    """How the baseline is trained."""
+
+    epochs: int = Field(5, ge=1, le=1000, description="Training epochs.")
+    batch_size: int = Field(64, ge=1, le=8192, description="Training batch size.")
+    learning_rate: float = Field(
+        2e-3, gt=0.0, le=1.0, description="Adam learning rate for the baseline."
+    )
+    seed: int = Field(42, ge=0, description="Seed for weights, shuffling and splits.")
+
+
+class ConvertConfig(_Section):
+    """Which converted formats of each model to build."""
+
+    tflite: list[Literal["fp32"]] = Field(
+        default_factory=lambda: ["fp32"],
+        description="TFLite precisions to convert to.",
+    )
+
+
+class BenchmarkConfig(_Section):
+    """How every variant is measured (the same protocol for all of them)."""
+
+    warmup_runs: int = Field(
+        10, ge=1, le=10_000, description="Untimed runs before measuring (excluded)."
+    )
+    min_runs: int = Field(50, ge=5, le=1_000_000, description="Timed batch-1 runs at least.")
+    max_seconds: float = Field(
+        10.0, gt=0.0, le=3600.0, description="Stop timing a variant after this long."
+    )
+    threads: int = Field(
+        2, ge=1, le=256, description="Intra-op threads for TFLite and ONNX Runtime."
+    )
+    accuracy_budget_points: float = Field(
+        1.0, ge=0.0, le=100.0,
+        description="A champion may lose at most this many accuracy points to the baseline.",
+    )
+
+
+class PipelineConfig(_Section):
+    """All parameters of one tfopt pipeline run."""
+
+    name: str = Field(
+        "demo", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Short name of this configuration, used in run names.",
+    )
+    experiment: str = Field(
+        "tfopt", min_length=1, max_length=128, description="MLflow experiment to log into."
+    )
+    work_dir: Path = Field(
+        Path(".tfopt/work"), description="Folder for TFRecords, models and reports."
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Baseline network.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Baseline training.")
+    convert: ConvertConfig = Field(default_factory=ConvertConfig, description="Conversions.")
+    benchmark: BenchmarkConfig = Field(
+        default_factory=BenchmarkConfig, description="Benchmark protocol."
+    )
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be read or does not validate."""
+
+
+def load_config(path: Path, overrides: dict[str, object] | None = None) -> PipelineConfig:
+    """Read a YAML file and validate it into a `PipelineConfig`.
+
+    Args:
+        path: YAML file whose keys mirror `PipelineConfig`'s fields.
+        overrides: Dotted keys (``"train.epochs"``) replacing values from the file.
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigError: The file is missing, is not YAML, or a value is out of range.
+    """
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config {path} is not valid YAML: {error}") from error
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a mapping of fields, not {type(raw).__name__}")
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value)
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as error:
+        details = describe_validation_error(error)
+        raise ConfigError(f"config {path} is invalid:\n{details}") from error
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """Turn a pydantic error into one line per bad field: where, what was given, what is allowed."""
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(root)"
+        given = item.get("input")
+        shown = "" if isinstance(given, dict) else f" (got {given!r})"
+        lines.append(f"  {field}: {item['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def _set_dotted(tree: dict, dotted: str, value: object) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        tree = tree.setdefault(key, {})
+    tree[leaf] = value

@@ -1,0 +1,94 @@
+"""Atomic file writes and content hashing shared by every step."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write bytes so that readers see either the old file or the complete new one.
+
+    Args:
+        path: Final location of the file.
+        data: Content to write.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write UTF-8 text atomically (see `atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    """Write JSON atomically, indented and with sorted keys for stable diffs."""
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """Return the hex SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def path_size_bytes(path: Path) -> int:
+    """Return the size of a file, or the total size of the files under a folder."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class _CountingSink(io.RawIOBase):
+    """A write-only stream that counts bytes instead of keeping them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self.written += len(data)
+        return len(data)
+
+
+def gzip_size_bytes(path: Path) -> int:
+    """Return the gzip-compressed size of a file or folder (a folder is tarred first).
+
+    Compressed size is what a download or an app bundle pays, and it is where weight sparsity
+    shows: a pruned model's file is as large as the dense one until it is compressed.
+    """
+    sink = _CountingSink()
+    with gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=9, mtime=0) as zipped:
+        if path.is_file():
+            zipped.write(path.read_bytes())
+        else:
+            with tarfile.open(fileobj=zipped, mode="w") as tar:
+                for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                    info = tar.gettarinfo(str(file), arcname=str(file.relative_to(path)))
+                    info.mtime = 0
+                    with file.open("rb") as handle:
+                        tar.addfile(info, handle)
+    return sink.written

@@ -1,0 +1,33 @@
+"""Where a run came from: the code's git commit and the tracking addresses in use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tfopt.services import ServiceSettings
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit(repo: Path = PROJECT_ROOT) -> str:
+    """Return the checked-out commit of tfopt's repository, or ``unknown`` outside one."""
+    try:
+        completed = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=repo, capture_output=True, text=True, timeout=10, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return completed.stdout.strip() or "unknown"
+
+
+def mlflow_tracking_uri() -> str:
+    """`MLFLOW_TRACKING_URI` if set, else the local server that `tfopt up` starts."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or ServiceSettings.from_env().mlflow_url
+
+
+def prefect_api_url() -> str:
+    """`PREFECT_API_URL` if set, else the local server that `tfopt up` starts."""
+    return os.environ.get("PREFECT_API_URL") or ServiceSettings.from_env().prefect_api_url

@@ -1,0 +1,108 @@
+"""The run summary: the JSON contract other tools rely on, and its table for people."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from tfopt.artifacts import DatasetArtifact, InputPipelineResult, VariantResult
+
+_LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std")
+
+
+def variant_entry(result: VariantResult, baseline_accuracy: float | None) -> dict[str, Any]:
+    """One element of the summary's ``variants`` list."""
+    latency = (
+        result.latency_ms.model_dump() if result.latency_ms
+        else dict.fromkeys(_LATENCY_KEYS)
+    )
+    delta = None
+    if result.status == "ok" and baseline_accuracy is not None:
+        delta = (result.accuracy - baseline_accuracy) * 100.0
+    return {
+        "name": result.name,
+        "source": result.source,
+        "format": result.format,
+        "precision": result.precision,
+        "status": result.status,
+        "error": result.error,
+        "size_bytes": result.size_bytes,
+        "gzip_bytes": result.gzip_bytes,
+        "accuracy": result.accuracy,
+        "accuracy_delta_points": delta,
+        "latency_ms": latency,
+        "throughput_per_s": result.throughput_per_s,
+        "timed_runs": result.timed_runs,
+    }
+
+
+def build_summary(
+    *,
+    tracking_uri: str,
+    experiment_id: str,
+    run_id: str,
+    flow_run_id: str,
+    dataset: DatasetArtifact,
+    input_pipeline: InputPipelineResult,
+    results: list[VariantResult],
+    champion: str | None,
+    champion_reason: str,
+    baseline_accuracy: float | None,
+) -> dict[str, Any]:
+    """Assemble the summary JSON (DESIGN.md's contract; keys are only ever added)."""
+    return {
+        "mlflow_tracking_uri": tracking_uri,
+        "mlflow_experiment_id": experiment_id,
+        "mlflow_run_id": run_id,
+        "prefect_flow_run_id": flow_run_id,
+        "dataset": {
+            "train_examples": dataset.splits["train"].examples,
+            "val_examples": dataset.splits["val"].examples,
+            "test_examples": dataset.splits["test"].examples,
+            "shards": dataset.shards,
+            "skipped_records": dataset.skipped_records,
+            "classes": dataset.num_classes,
+            "manifest": str(dataset.manifest_path),
+        },
+        "input_pipeline": {
+            "naive_examples_per_s": input_pipeline.naive_examples_per_s,
+            "tuned_examples_per_s": input_pipeline.tuned_examples_per_s,
+            "cached_examples_per_s": input_pipeline.cached_examples_per_s,
+            "chosen_batch_size": input_pipeline.chosen_batch_size,
+        },
+        "variants": [variant_entry(result, baseline_accuracy) for result in results],
+        "baseline_accuracy": baseline_accuracy,
+        "champion": champion or "",
+        "champion_reason": champion_reason,
+    }
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else format(value, pattern)
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """A rich table of the variants, champion marked, failures with their error."""
+    table = Table(title="tfopt: variants benchmarked on the same test inputs")
+    for column in ("variant", "status", "accuracy", "Δ pts", "p50 ms", "p99 ms", "ex/s",
+                   "size KB", "gzip KB"):
+        table.add_column(column, justify="left" if column in ("variant", "status") else "right")
+    for entry in summary["variants"]:
+        latency = entry["latency_ms"]
+        name = ("★ " if entry["name"] == summary["champion"] else "") + entry["name"]
+        status = entry["status"]
+        if status != "ok":
+            status = f"{status}: {entry['error']}"
+        table.add_row(
+            name,
+            status[:60],
+            _fmt(entry["accuracy"], ".4f"),
+            _fmt(entry["accuracy_delta_points"], "+.2f"),
+            _fmt(latency["p50"], ".3f"),
+            _fmt(latency["p99"], ".3f"),
+            _fmt(entry["throughput_per_s"], ",.0f"),
+            _fmt(entry["size_bytes"] / 1024, ",.1f"),
+            _fmt(entry["gzip_bytes"] / 1024, ",.1f"),
+        )
+    return table

@@ -1,0 +1,235 @@
+"""The one module that writes to MLflow.
+
+Every function takes the run id explicitly: MLflow's "active run" is thread-local and Prefect
+runs tasks on worker threads, so nothing here relies on `mlflow.active_run()`. Metrics go out
+in batches (`log_batch`), never one call per value.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+_BATCH_METRICS = 1000
+_BATCH_PARAMS = 100
+_PARAM_VALUE_LIMIT = 6000
+T = TypeVar("T")
+
+
+def client(tracking_uri: str) -> MlflowClient:
+    """Return a client for the tracking server at `tracking_uri`."""
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def with_retries(call: Callable[[], T], attempts: int = 4, first_delay_s: float = 1.0) -> T:
+    """Run `call`, retrying with exponential backoff when the tracking server cannot be reached.
+
+    Args:
+        call: The MLflow operation.
+        attempts: Tries in all.
+        first_delay_s: Wait before the second try; doubled after each failure.
+
+    Returns:
+        What `call` returns.
+    """
+    delay = first_delay_s
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except (MlflowException, OSError) as error:
+            if attempt == attempts or not _is_transient(error):
+                raise
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def _is_transient(error: Exception) -> bool:
+    if isinstance(error, OSError):
+        return True
+    text = str(error).lower()
+    return any(word in text for word in ("connection", "timed out", "max retries", "503", "502"))
+
+
+def flatten_params(tree: Mapping[str, object], prefix: str = "") -> dict[str, str]:
+    """Flatten nested parameters to dotted keys with string values (MLflow's param shape)."""
+    flat: dict[str, str] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_params(value, prefix=f"{dotted}."))
+        else:
+            flat[dotted] = str(value)[:_PARAM_VALUE_LIMIT]
+    return flat
+
+
+def ensure_experiment(mlflow: MlflowClient, name: str) -> str:
+    """Return the id of experiment `name`, creating it if needed."""
+    existing = with_retries(lambda: mlflow.get_experiment_by_name(name))
+    if existing is not None:
+        return existing.experiment_id
+    try:
+        return mlflow.create_experiment(name)
+    except MlflowException:
+        # Another process created it between our look-up and our create.
+        return mlflow.get_experiment_by_name(name).experiment_id
+
+
+def start_run(
+    mlflow: MlflowClient,
+    experiment_id: str,
+    run_name: str,
+    params: Mapping[str, object] | None = None,
+    tags: Mapping[str, str] | None = None,
+    parent_run_id: str | None = None,
+) -> str:
+    """Create a run (a child run when `parent_run_id` is given) and log its params and tags.
+
+    Returns:
+        The new run's id.
+    """
+    all_tags = dict(tags or {})
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    run = with_retries(
+        lambda: mlflow.create_run(experiment_id, run_name=run_name, tags=all_tags)
+    )
+    if params:
+        log_params(mlflow, run.info.run_id, params)
+    return run.info.run_id
+
+
+def log_params(mlflow: MlflowClient, run_id: str, params: Mapping[str, object]) -> None:
+    """Log (nested) parameters in batches."""
+    items = [Param(key, value) for key, value in flatten_params(params).items()]
+    for start in range(0, len(items), _BATCH_PARAMS):
+        chunk = items[start : start + _BATCH_PARAMS]
+        with_retries(lambda chunk=chunk: mlflow.log_batch(run_id, params=chunk))
+
+
+def set_tags(mlflow: MlflowClient, run_id: str, tags: Mapping[str, str]) -> None:
+    """Set tags on a run in one batch."""
+    batch = [RunTag(key, str(value)) for key, value in tags.items()]
+    with_retries(lambda: mlflow.log_batch(run_id, tags=batch))
+
+
+def log_metrics(
+    mlflow: MlflowClient, run_id: str, metrics: Mapping[str, float], step: int = 0
+) -> None:
+    """Log a set of scalar metrics at one step, in batches."""
+    now = int(time.time() * 1000)
+    log_metric_points(
+        mlflow, run_id, (Metric(k, float(v), now, step) for k, v in metrics.items())
+    )
+
+
+def log_metric_history(
+    mlflow: MlflowClient, run_id: str, history: Mapping[str, Iterable[float]]
+) -> None:
+    """Log per-step series (e.g. training curves: one value per epoch) in batches."""
+    now = int(time.time() * 1000)
+    points = (
+        Metric(name, float(value), now, step)
+        for name, values in history.items()
+        for step, value in enumerate(values)
+    )
+    log_metric_points(mlflow, run_id, points)
+
+
+def log_metric_points(mlflow: MlflowClient, run_id: str, points: Iterable[Metric]) -> None:
+    """Send metric points in batches of at most 1,000 (MLflow's limit per call)."""
+    batch: list[Metric] = []
+    for point in points:
+        batch.append(point)
+        if len(batch) == _BATCH_METRICS:
+            _send_metrics(mlflow, run_id, batch)
+            batch = []
+    if batch:
+        _send_metrics(mlflow, run_id, batch)
+
+
+def _send_metrics(mlflow: MlflowClient, run_id: str, batch: list[Metric]) -> None:
+    with_retries(lambda: mlflow.log_batch(run_id, metrics=batch))
+
+
+def log_artifact(
+    mlflow: MlflowClient, run_id: str, path: Path, artifact_path: str | None = None
+) -> None:
+    """Upload a file or a whole folder to the run's artifacts."""
+    if path.is_dir():
+        with_retries(lambda: mlflow.log_artifacts(run_id, str(path), artifact_path))
+    else:
+        with_retries(lambda: mlflow.log_artifact(run_id, str(path), artifact_path))
+
+
+def end_run(mlflow: MlflowClient, run_id: str, status: str = "FINISHED") -> None:
+    """Mark a run FINISHED, FAILED or KILLED."""
+    with_retries(lambda: mlflow.set_terminated(run_id, status=status))
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """Address of a run in the MLflow UI."""
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def variant_metrics(result: object) -> dict[str, float]:
+    """Flatten a benchmarked variant's numbers into MLflow metric names."""
+    data = result.model_dump()  # type: ignore[attr-defined]
+    metrics = {
+        key: float(data[key])
+        for key in ("accuracy", "size_bytes", "gzip_bytes", "throughput_per_s", "timed_runs",
+                    "load_seconds")
+    }
+    for key, value in (data.get("latency_ms") or {}).items():
+        metrics[f"latency_{key}_ms"] = float(value)
+    return metrics
+
+
+def log_variant_run(
+    mlflow: MlflowClient,
+    experiment_id: str,
+    parent_run_id: str,
+    result: object,
+    tags: Mapping[str, str] | None = None,
+    log_model_files: bool = True,
+) -> str:
+    """Create a child run for one benchmarked variant with its params, metrics and model file.
+
+    Args:
+        mlflow: Tracking client.
+        experiment_id: Experiment of the parent run.
+        parent_run_id: The pipeline's run.
+        result: A `VariantResult`.
+        tags: Extra tags (e.g. the Prefect flow run id).
+        log_model_files: Upload the variant's model file or folder as an artifact.
+
+    Returns:
+        The child run's id.
+    """
+    data = result.model_dump()  # type: ignore[attr-defined]
+    run_id = start_run(
+        mlflow,
+        experiment_id,
+        run_name=data["name"],
+        params={key: data[key] for key in ("name", "source", "format", "precision")},
+        tags={
+            **(tags or {}),
+            "tfopt.variant": data["name"],
+            "tfopt.status": data["status"],
+            **({"tfopt.error": str(data["error"])[:5000]} if data["error"] else {}),
+        },
+        parent_run_id=parent_run_id,
+    )
+    if data["status"] == "ok":
+        log_metrics(mlflow, run_id, variant_metrics(result))
+        path = data.get("path")
+        if log_model_files and path is not None and Path(path).exists():
+            log_artifact(mlflow, run_id, Path(path), "model")
+    end_run(mlflow, run_id, "FINISHED" if data["status"] != "failed" else "FAILED")
+    return run_id
