@@ -6,13 +6,14 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from prefect import get_run_logger, task
+from prefect import task
 
 from tasks.input_pipeline import load_split_arrays
 from tasks.runners import load_runner, predict_batched
 from tfopt.artifacts import DatasetArtifact, LatencyStats, VariantResult, VariantSpec
 from tfopt.config import BenchmarkConfig
 from tfopt.fileio import gzip_size_bytes, path_size_bytes
+from tfopt.logs import step_logger
 
 
 def latency_stats(samples_ms: np.ndarray) -> LatencyStats:
@@ -73,7 +74,7 @@ def benchmark_variant(
         Accuracy on the whole test split, batch-1 latency statistics (warm-up excluded),
         throughput, size and gzip size.
     """
-    logger = get_run_logger()
+    logger = step_logger()
     images, labels = load_split_arrays(dataset.splits["test"].files, dataset.image_size)
     if len(images) == 0:
         raise ValueError("the test split is empty: nothing to benchmark on")

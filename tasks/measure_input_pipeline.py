@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 
 import tensorflow as tf
-from prefect import get_run_logger, task
+from prefect import task
 
 from tasks.input_pipeline import naive_dataset, tuned_dataset
 from tfopt.artifacts import DatasetArtifact, InputPipelineResult
+from tfopt.logs import step_logger
 
 
 def examples_per_second(dataset: tf.data.Dataset, passes: int = 1) -> tuple[float, int]:
@@ -41,7 +42,7 @@ def measure_input_pipeline(
     Returns:
         The three rates and the batch size used.
     """
-    logger = get_run_logger()
+    logger = step_logger()
     files = dataset.splits["train"].files
     size = dataset.image_size
     naive, seen = examples_per_second(naive_dataset(files, size, batch_size), passes)

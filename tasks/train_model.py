@@ -7,12 +7,13 @@ from pathlib import Path
 
 import tensorflow as tf
 import tf_keras as keras
-from prefect import get_run_logger, task
+from prefect import task
 
 from tasks.input_pipeline import tuned_dataset
 from tasks.model_zoo import build_model
 from tfopt.artifacts import DatasetArtifact, ModelArtifact
 from tfopt.config import ModelConfig, TrainConfig
+from tfopt.logs import step_logger
 
 
 def keras_model_path(out_dir: Path, name: str) -> Path:
@@ -53,7 +54,7 @@ def train_model(
     Returns:
         The saved model with its final metrics and per-epoch history.
     """
-    logger = get_run_logger()
+    logger = step_logger()
     keras.utils.set_random_seed(train_cfg.seed)
     model = build_model(
         model_cfg.architecture, dataset.image_size, dataset.num_classes, model_cfg.width

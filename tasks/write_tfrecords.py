@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
-from prefect import get_run_logger, task
+from prefect import task
 
 from tfopt.artifacts import DatasetArtifact, SplitInfo
 from tfopt.config import DataConfig
 from tfopt.fileio import atomic_write_json, sha256_file
+from tfopt.logs import step_logger
 
 SPLITS = ("train", "val", "test")
 MANIFEST_NAME = "manifest.json"
@@ -287,7 +288,7 @@ def write_tfrecords(cfg: DataConfig, work_dir: Path) -> DatasetArtifact:
     Raises:
         NoUsableDataError: The folder has no usable image, or the training split is empty.
     """
-    logger = get_run_logger()
+    logger = step_logger()
     class_names = list_class_folders(cfg.source_dir)
     images = list_source_images(cfg, class_names)
     if not images:

@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny real image folders and TFRecord data sets written to temporary folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+import tfopt  # noqa: F401  (environment before TensorFlow)
+from tfopt.config import DataConfig
+from tfopt.demo_data import digit_to_jpeg
+
+
+def write_digit_folder(root: Path, classes: int = 3, per_class: int = 20, size: int = 16) -> Path:
+    """Write `per_class` real digit JPEGs for each of the first `classes` digits."""
+    digits = load_digits()
+    for label in range(classes):
+        class_dir = root / str(label)
+        class_dir.mkdir(parents=True, exist_ok=True)
+        indices = np.flatnonzero(digits.target == label)[:per_class]
+        for index in indices:
+            (class_dir / f"digit_{index:04d}.jpg").write_bytes(
+                digit_to_jpeg(digits.images[index], size)
+            )
+    return root
+
+
+@pytest.fixture(scope="session")
+def digit_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_digit_folder(tmp_path_factory.mktemp("digits"))
+
+
+@pytest.fixture(scope="session")
+def tiny_data_cfg(digit_folder: Path) -> DataConfig:
+    return DataConfig(source_dir=digit_folder, image_size=16, val_fraction=0.15,
+                      test_fraction=0.25, shard_size_mb=0.004)
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tiny_data_cfg: DataConfig, tmp_path_factory: pytest.TempPathFactory):
+    from tasks.write_tfrecords import write_tfrecords
+
+    return write_tfrecords.fn(tiny_data_cfg, tmp_path_factory.mktemp("work"))
+
+
+@pytest.fixture(scope="session")
+def tiny_baseline(tiny_dataset, tmp_path_factory: pytest.TempPathFactory):
+    from tasks.train_model import train_model
+    from tfopt.config import ModelConfig, TrainConfig
+
+    return train_model.fn(
+        tiny_dataset, ModelConfig(width=4), TrainConfig(epochs=2, batch_size=16), 16,
+        tmp_path_factory.mktemp("models"),
+    )

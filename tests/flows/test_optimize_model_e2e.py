@@ -1,0 +1,107 @@
+"""The whole pipeline on the smoke config against real Prefect and MLflow servers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.flows.conftest import service_env
+from tfopt.demo_data import write_demo_images
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+
+LATENCY_KEYS = {"p50", "p90", "p99", "mean", "std"}
+VARIANT_KEYS = {"name", "format", "precision", "status", "error", "size_bytes", "gzip_bytes",
+                "accuracy", "latency_ms", "throughput_per_s"}
+
+
+@pytest.fixture(scope="module")
+def smoke_run(live_services, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("smoke")
+    demo = tmp / "demo"
+    write_demo_images(demo)
+    summary_path = tmp / "out.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfopt.cli", "run", "--config", "configs/smoke.yaml",
+         "--summary-json", str(summary_path),
+         "--set", f"data.source_dir={demo}", "--set", f"work_dir={tmp / 'work'}"],
+        cwd=ROOT, env=service_env(live_services), capture_output=True, text=True, timeout=900,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-5000:]
+    return live_services, json.loads(summary_path.read_text()), completed.stdout
+
+
+def test_summary_has_the_contract_keys(smoke_run):
+    settings, summary, stdout = smoke_run
+    assert {"mlflow_tracking_uri", "mlflow_run_id", "prefect_flow_run_id", "dataset",
+            "input_pipeline", "variants", "champion"} <= set(summary)
+    assert summary["mlflow_tracking_uri"] == settings.mlflow_url
+    dataset = summary["dataset"]
+    assert dataset["train_examples"] > dataset["test_examples"] > 0
+    assert dataset["val_examples"] > 0 and dataset["shards"] >= 3
+    assert dataset["skipped_records"] == 0
+    pipeline = summary["input_pipeline"]
+    assert {"naive_examples_per_s", "tuned_examples_per_s", "cached_examples_per_s",
+            "chosen_batch_size"} <= set(pipeline)
+    assert all(pipeline[k] > 0 for k in pipeline)
+    names = [v["name"] for v in summary["variants"]]
+    assert {"baseline-graph", "baseline-savedmodel", "baseline-tflite-fp32"} <= set(names)
+    for variant in summary["variants"]:
+        assert set(variant) >= VARIANT_KEYS
+        assert variant["status"] == "ok", variant
+        assert set(variant["latency_ms"]) >= LATENCY_KEYS
+        assert variant["accuracy"] > 0.5, "the smoke baseline should learn the digits"
+    assert summary["champion"] in names
+    assert "Prefect UI" in stdout and "MLflow UI" in stdout
+
+
+def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
+    settings, summary, _ = smoke_run
+    client = MlflowClient(settings.mlflow_url)
+    parent = client.get_run(summary["mlflow_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["train.epochs"] == "6"
+    assert parent.data.tags["prefect.flow_run_id"] == summary["prefect_flow_run_id"]
+    assert "mlflow.source.git.commit" in parent.data.tags
+    history = client.get_metric_history(parent.info.run_id, "train_loss")
+    assert len(history) == 6 and [m.step for m in history] == list(range(6))
+    parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"dataset", "report", "models"} <= parent_artifacts
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+    )
+    assert sorted(c.info.run_name for c in children) == sorted(
+        v["name"] for v in summary["variants"]
+    )
+    for child in children:
+        assert {"accuracy", "latency_p50_ms", "size_bytes", "gzip_bytes"} <= set(child.data.metrics)
+        assert child.data.params["format"] in ("graph", "savedmodel", "tflite")
+        assert client.list_artifacts(child.info.run_id, "model")
+
+
+def test_prefect_shows_the_flow_run_and_its_task_runs(smoke_run):
+    settings, summary, _ = smoke_run
+    api = settings.prefect_api_url
+    flow_run_id = summary["prefect_flow_run_id"]
+    with urllib.request.urlopen(f"{api}/flow_runs/{flow_run_id}", timeout=10) as response:
+        flow_run = json.load(response)
+    assert flow_run["state_type"] == "COMPLETED"
+    request = urllib.request.Request(
+        f"{api}/task_runs/filter",
+        data=json.dumps({"flow_runs": {"id": {"any_": [flow_run_id]}}}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        task_runs = json.load(response)
+    names = {run["name"].rsplit("-", 1)[0] for run in task_runs}
+    assert {"write_tfrecords", "measure_input_pipeline", "train_model", "export_savedmodel",
+            "convert_tflite", "benchmark_variant", "pick_champion"} <= names
+    assert all(run["state_type"] == "COMPLETED" for run in task_runs)

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tasks.benchmark_variant import benchmark_variant
+from tasks.convert_tflite import convert_tflite
+from tasks.export_savedmodel import export_savedmodel
+from tasks.input_pipeline import load_split_arrays
+from tasks.runners import GraphRunner, SavedModelRunner, TFLiteRunner
+from tasks.train_model import load_keras_model
+from tfopt.config import BenchmarkConfig
+from tfopt.fileio import sha256_file
+
+TFLITE_FP32_ATOL = 1e-4
+
+
+def _test_images(dataset, limit=24):
+    images, _ = load_split_arrays(dataset.splits["test"].files, dataset.image_size, limit)
+    return images
+
+
+def test_training_learns_better_than_chance(tiny_baseline, tiny_dataset):
+    assert tiny_baseline.path.exists()
+    assert tiny_baseline.history["loss"][-1] < tiny_baseline.history["loss"][0]
+    images, labels = load_split_arrays(tiny_dataset.splits["train"].files, 16)
+    logits = GraphRunner(tiny_baseline.path).predict(images)
+    assert np.mean(np.argmax(logits, 1) == labels) > 1.0 / tiny_dataset.num_classes
+
+
+def test_exported_savedmodel_reloads_and_matches_keras(tiny_baseline, tiny_dataset, tmp_path):
+    before = sha256_file(tiny_baseline.path)
+    exported = export_savedmodel.fn(tiny_baseline, tmp_path)
+    assert sha256_file(tiny_baseline.path) == before, "export changed its input model"
+    images = _test_images(tiny_dataset)
+    keras_out = load_keras_model(tiny_baseline.path)(images, training=False).numpy()
+    loaded = tf.saved_model.load(str(exported.path))
+    signature = loaded.signatures["serving_default"]
+    assert list(signature.structured_input_signature[1]) == ["images"]
+    outputs = signature(images=tf.constant(images))
+    assert set(outputs) == {"logits", "probabilities"}
+    np.testing.assert_allclose(outputs["logits"].numpy(), keras_out, atol=1e-5)
+    np.testing.assert_allclose(outputs["probabilities"].numpy().sum(1), 1.0, atol=1e-5)
+    single = SavedModelRunner(exported.path).predict(images[:1])
+    np.testing.assert_allclose(single, keras_out[:1], atol=1e-5)
+
+
+def test_tflite_fp32_matches_the_savedmodel(tiny_baseline, tiny_dataset, tmp_path):
+    exported = export_savedmodel.fn(tiny_baseline, tmp_path)
+    variant = convert_tflite.fn(exported, "fp32", tmp_path / "variants")
+    assert variant.name == "baseline-tflite-fp32" and variant.path.stat().st_size > 0
+    images = _test_images(tiny_dataset)
+    reference = SavedModelRunner(exported.path).predict(images)
+    runner = TFLiteRunner(variant.path, threads=1)
+    np.testing.assert_allclose(runner.predict(images), reference, atol=TFLITE_FP32_ATOL)
+    np.testing.assert_allclose(runner.predict(images[:1]), reference[:1], atol=TFLITE_FP32_ATOL)
+
+
+def test_benchmark_reports_accuracy_latency_and_sizes(tiny_baseline, tiny_dataset, tmp_path):
+    from tfopt.artifacts import VariantSpec
+
+    spec = VariantSpec(name="baseline-graph", source="baseline", format="graph",
+                       precision="fp32", path=tiny_baseline.path)
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, max_seconds=5)
+    result = benchmark_variant.fn(spec, tiny_dataset, cfg)
+    images, labels = load_split_arrays(tiny_dataset.splits["test"].files, 16)
+    expected = np.mean(np.argmax(GraphRunner(tiny_baseline.path).predict(images), 1) == labels)
+    assert result.status == "ok" and result.timed_runs == 12
+    assert abs(result.accuracy - expected) < 1e-9
+    stats = result.latency_ms
+    assert 0 < stats.p50 <= stats.p90 <= stats.p99
+    assert 0 < result.gzip_bytes < result.size_bytes
+    assert result.throughput_per_s > 0

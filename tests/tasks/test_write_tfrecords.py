@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from tasks.write_tfrecords import (
+    NoUsableDataError,
+    list_class_folders,
+    list_source_images,
+    plan_shards,
+    split_of,
+    write_tfrecords,
+)
+from tests.conftest import write_digit_folder
+from tfopt.config import DataConfig
+
+
+def _records(files: list[Path]) -> list[dict]:
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/label": tf.io.FixedLenFeature([], tf.int64),
+        "image/source": tf.io.FixedLenFeature([], tf.string),
+    }
+    out = []
+    for raw in tf.data.TFRecordDataset([str(f) for f in files]):
+        parsed = tf.io.parse_single_example(raw, spec)
+        out.append({k: v.numpy() for k, v in parsed.items()})
+    return out
+
+
+def test_round_trip_preserves_every_example_and_label(tiny_dataset, tiny_data_cfg):
+    all_files = [f for info in tiny_dataset.splits.values() for f in info.files]
+    records = _records(all_files)
+    sources = Counter(r["image/source"].decode() for r in records)
+    on_disk = sorted(
+        p.relative_to(tiny_data_cfg.source_dir).as_posix()
+        for p in tiny_data_cfg.source_dir.rglob("*.jpg")
+    )
+    assert sorted(sources) == on_disk
+    assert set(sources.values()) == {1}, "an example was written twice"
+    for record in records:
+        source = record["image/source"].decode()
+        assert record["image/encoded"] == (tiny_data_cfg.source_dir / source).read_bytes()
+        assert tiny_dataset.class_names[record["image/label"]] == source.split("/")[0]
+
+
+def test_manifest_counts_match_the_shards(tiny_dataset):
+    manifest = json.loads(tiny_dataset.manifest_path.read_text())
+    for split, info in tiny_dataset.splits.items():
+        entry = manifest["splits"][split]
+        assert entry["examples"] == info.examples == len(_records(info.files))
+        assert sum(s["examples"] for s in entry["shards"]) == info.examples
+        assert sum(entry["class_counts"].values()) == info.examples
+        for shard in entry["shards"]:
+            assert (tiny_dataset.root / shard["file"]).stat().st_size == shard["bytes"]
+    assert manifest["skipped_records"] == 0
+
+
+def test_shards_respect_the_target_size(tiny_dataset, tiny_data_cfg):
+    target = tiny_data_cfg.shard_size_mb * 1024 * 1024
+    assert tiny_dataset.shards > 3
+    largest_image = max(p.stat().st_size for p in tiny_data_cfg.source_dir.rglob("*.jpg"))
+    per_record_overhead = 300
+    for info in tiny_dataset.splits.values():
+        for shard in info.files:
+            records = len(_records([shard]))
+            assert shard.stat().st_size <= target + largest_image + records * per_record_overhead
+
+
+def test_split_assignment_is_deterministic_and_uses_fractions():
+    paths = [f"c/{i}.jpg" for i in range(4000)]
+    splits = Counter(split_of(p, 0.1, 0.2) for p in paths)
+    assert abs(splits["test"] / 4000 - 0.2) < 0.03
+    assert abs(splits["val"] / 4000 - 0.1) < 0.03
+
+
+def test_rerun_reuses_complete_shards_and_gives_the_same_manifest(tiny_data_cfg, tmp_path):
+    first = write_tfrecords.fn(tiny_data_cfg, tmp_path)
+    stamps = {f: f.stat().st_mtime_ns for info in first.splits.values() for f in info.files}
+    manifest = first.manifest_path.read_text()
+    second = write_tfrecords.fn(tiny_data_cfg, tmp_path)
+    assert second.manifest_path.read_text() == manifest
+    assert {f: f.stat().st_mtime_ns for f in stamps} == stamps, "a complete shard was rewritten"
+
+
+def test_rerun_rewrites_a_damaged_shard_resume(tiny_data_cfg, tmp_path):
+    first = write_tfrecords.fn(tiny_data_cfg, tmp_path)
+    victim = first.splits["train"].files[0]
+    victim.write_bytes(victim.read_bytes()[:-10])
+    manifest = first.manifest_path.read_text()
+    second = write_tfrecords.fn(tiny_data_cfg, tmp_path)
+    assert second.manifest_path.read_text() == manifest
+
+
+def test_corrupt_and_non_image_files_are_skipped_and_counted(tmp_path):
+    source = write_digit_folder(tmp_path / "src", classes=2, per_class=10)
+    (source / "0" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (source / "1" / "notes.txt").write_text("not an image")
+    good = (source / "1").glob("*.jpg").__next__()
+    (source / "1" / "truncated.jpg").write_bytes(good.read_bytes()[:60])
+    cfg = DataConfig(source_dir=source, image_size=16, shard_size_mb=1)
+    dataset = write_tfrecords.fn(cfg, tmp_path / "work")
+    manifest = json.loads(dataset.manifest_path.read_text())
+    assert dataset.skipped_records == 3
+    assert sorted(q["path"] for q in manifest["quarantine"]) == [
+        "0/broken.jpg", "1/notes.txt", "1/truncated.jpg",
+    ]
+    assert sum(info.examples for info in dataset.splits.values()) == 20
+
+
+def test_png_and_rgba_images_are_reencoded_as_jpeg(tmp_path):
+    from PIL import Image
+
+    source = write_digit_folder(tmp_path / "src", classes=2, per_class=8)
+    Image.new("RGBA", (20, 12), (255, 0, 0, 128)).save(source / "0" / "red.png")
+    Image.new("L", (9, 9), 200).save(source / "1" / "gray.png")
+    dataset = write_tfrecords.fn(DataConfig(source_dir=source, shard_size_mb=1), tmp_path / "w")
+    manifest = json.loads(dataset.manifest_path.read_text())
+    assert manifest["reencoded_to_jpeg"] == 2
+    files = [f for info in dataset.splits.values() for f in info.files]
+    for record in _records(files):
+        image = tf.io.decode_jpeg(record["image/encoded"], channels=3)
+        assert image.shape[-1] == 3
+
+
+def test_an_empty_or_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(NoUsableDataError, match="not a folder"):
+        list_class_folders(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NoUsableDataError, match="no class sub-folders"):
+        list_class_folders(tmp_path / "empty")
+    (tmp_path / "empty" / "cat").mkdir()
+    with pytest.raises(NoUsableDataError, match="no files"):
+        write_tfrecords.fn(DataConfig(source_dir=tmp_path / "empty"), tmp_path / "w")
+
+
+def test_only_unreadable_files_is_a_clear_error(tmp_path):
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "x.jpg").write_bytes(b"junk")
+    with pytest.raises(NoUsableDataError, match="no usable image"):
+        write_tfrecords.fn(DataConfig(source_dir=tmp_path / "src"), tmp_path / "w")
+
+
+def test_shard_plan_is_fixed_by_the_listing(tiny_data_cfg):
+    classes = list_class_folders(tiny_data_cfg.source_dir)
+    images = list_source_images(tiny_data_cfg, classes)
+    first = plan_shards(images, 4096)
+    second = plan_shards(list_source_images(tiny_data_cfg, classes), 4096)
+    assert [p.digest() for p in first] == [p.digest() for p in second]
+    assert sum(len(p.images) for p in first) == len(images)
+
+
+def test_user_folder_with_spaces_and_unicode_names(tmp_path):
+    source = write_digit_folder(tmp_path / "my data", classes=2, per_class=8)
+    shutil.move(source / "0", source / "zéro chiffre")
+    dataset = write_tfrecords.fn(DataConfig(source_dir=source, shard_size_mb=1), tmp_path / "w")
+    assert dataset.class_names == ["1", "zéro chiffre"]
+    assert sum(info.examples for info in dataset.splits.values()) == 16
