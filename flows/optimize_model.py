@@ -11,18 +11,31 @@ from prefect.runtime import flow_run
 from prefect.states import State
 
 from tasks.benchmark_variant import benchmark_variant
+from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
+from tasks.compute_reference import compute_reference
 from tasks.convert_tflite import convert_tflite
+from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
 from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.pick_champion import pick_champion
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from tfopt import tracking
-from tfopt.artifacts import DatasetArtifact, VariantResult, VariantSpec
+from tfopt.artifacts import DatasetArtifact, ModelArtifact, VariantResult, VariantSpec
 from tfopt.config import BenchmarkConfig, PipelineConfig
 from tfopt.fileio import atomic_write_json
 from tfopt.provenance import git_commit, mlflow_tracking_uri
 from tfopt.summary import build_summary
+
+
+@dataclass(frozen=True)
+class _RunContext:
+    mlflow: tracking.MlflowClient
+    tracking_uri: str
+    experiment_id: str
+    parent_id: str
+    flow_run_id: str
+    tags: dict[str, str]
 
 
 def _error_of(state: State) -> str:
@@ -47,23 +60,70 @@ def _unmeasured(spec: VariantSpec, status: str, error: str | None) -> VariantRes
 
 
 def _benchmark_isolated(
-    spec: VariantSpec, dataset: DatasetArtifact, cfg: BenchmarkConfig
+    spec: VariantSpec, dataset: DatasetArtifact, cfg: BenchmarkConfig, reference: Path
 ) -> VariantResult:
     """Benchmark a built variant; a variant that failed or was skipped earlier keeps its status."""
     if spec.status != "ok":
         return _unmeasured(spec, spec.status, spec.error)
-    state = benchmark_variant(spec, dataset, cfg, return_state=True)
+    state = benchmark_variant(spec, dataset, cfg, reference, return_state=True)
     return state.result() if state.is_completed() else _unmeasured(spec, "failed", _error_of(state))
 
 
-@dataclass(frozen=True)
-class _RunContext:
-    mlflow: tracking.MlflowClient
-    tracking_uri: str
-    experiment_id: str
-    parent_id: str
-    flow_run_id: str
-    tags: dict[str, str]
+def _build_variants(
+    config: PipelineConfig,
+    dataset: DatasetArtifact,
+    keras_model: ModelArtifact,
+    savedmodel: ModelArtifact,
+    run_dir: Path,
+    context: _RunContext,
+) -> list[VariantSpec]:
+    """Every form of one model to benchmark; a conversion that fails becomes a failed variant."""
+    source = keras_model.name
+    variants_dir = run_dir / "variants"
+    variants = [
+        VariantSpec(name=f"{source}-graph", source=source, format="graph", precision="fp32",
+                    path=keras_model.path),
+        VariantSpec(name=f"{source}-savedmodel", source=source, format="savedmodel",
+                    precision="fp32", path=savedmodel.path),
+    ]
+    for mode in config.convert.xla:
+        name = f"{source}-xla" if mode == "jit_compile" else f"{source}-xla-{mode}"
+        params: dict[str, str | int | float | bool] = {"xla_mode": mode}
+        if config.convert.dump_hlo and mode == "jit_compile":
+            variants_dir.mkdir(parents=True, exist_ok=True)
+            params["hlo_path"] = str(variants_dir / f"{name}.hlo.txt")
+        variants.append(VariantSpec(name=name, source=source, format="xla", precision="fp32",
+                                    path=keras_model.path, params=params))
+    for precision in config.convert.tflite:
+        planned = VariantSpec(name=f"{source}-tflite-{precision}", source=source,
+                              format="tflite", precision=precision, path=None)
+        state = convert_tflite(savedmodel, precision, dataset, config.convert, variants_dir,
+                               return_state=True)
+        variants.append(_built_or_failed(state, planned))
+    if config.convert.onnx:
+        planned = VariantSpec(name=f"{source}-onnx", source=source, format="onnx",
+                              precision="fp32", path=None)
+        onnx = _built_or_failed(
+            export_onnx(savedmodel, dataset, config.convert, variants_dir, return_state=True),
+            planned,
+        )
+        variants.append(onnx)
+        if onnx.status == "ok":
+            bundled = bundle_tensorrt(savedmodel, onnx, config.convert.tensorrt_max_batch,
+                                      run_dir / "export", return_state=True)
+            if bundled.is_completed():
+                bundle = bundled.result()
+                tracking.log_artifact(context.mlflow, context.parent_id, bundle,
+                                      f"export/{bundle.name}")
+            else:
+                get_run_logger().warning("TensorRT bundle failed: %s", _error_of(bundled))
+    variants.append(VariantSpec(
+        name=f"{source}-tftrt-fp32", source=source, format="savedmodel", precision="fp32",
+        path=None, status="skipped",
+        error=tftrt_unavailable_reason()
+        or "TF-TRT conversion is not built into tfopt; use the ONNX TensorRT bundle",
+    ))
+    return variants
 
 
 @flow(
@@ -151,20 +211,10 @@ def _run_steps(
     tracking.log_params(mlflow, parent_id, {"baseline": baseline.params})
     savedmodel = export_savedmodel(baseline, models_dir)
     tracking.log_artifact(mlflow, parent_id, savedmodel.path, "models/baseline-savedmodel")
+    reference = compute_reference(savedmodel, dataset, run_dir / "reference")
 
-    variants = [
-        VariantSpec(name="baseline-graph", source="baseline", format="graph", precision="fp32",
-                    path=baseline.path),
-        VariantSpec(name="baseline-savedmodel", source="baseline", format="savedmodel",
-                    precision="fp32", path=savedmodel.path),
-    ]
-    for precision in config.convert.tflite:
-        planned = VariantSpec(name=f"baseline-tflite-{precision}", source="baseline",
-                              format="tflite", precision=precision, path=None)
-        state = convert_tflite(savedmodel, precision, run_dir / "variants", return_state=True)
-        variants.append(_built_or_failed(state, planned))
-
-    results = [_benchmark_isolated(v, dataset, config.benchmark) for v in variants]
+    variants = _build_variants(config, dataset, baseline, savedmodel, run_dir, context)
+    results = [_benchmark_isolated(v, dataset, config.benchmark, reference) for v in variants]
     for result in results:
         tracking.log_variant_run(
             mlflow, context.experiment_id, parent_id, result, tags=context.tags
@@ -183,4 +233,5 @@ def _run_steps(
         champion=choice.name,
         champion_reason=choice.reason,
         baseline_accuracy=choice.baseline_accuracy,
+        budget_points=config.benchmark.accuracy_budget_points,
     )

@@ -1,41 +1,86 @@
-"""Convert a SavedModel to TFLite."""
+"""Convert a SavedModel to TFLite: fp32, or post-training dynamic-range, float16 or int8."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 from prefect import task
 
 from tasks.export_savedmodel import SIGNATURE_KEY
-from tfopt.artifacts import ModelArtifact, Precision, VariantSpec
+from tasks.input_pipeline import load_split_arrays
+from tfopt.artifacts import DatasetArtifact, ModelArtifact, Precision, VariantSpec
+from tfopt.config import ConvertConfig
 from tfopt.fileio import atomic_write_bytes
 
 
+def representative_images(
+    dataset: DatasetArtifact, examples: int
+) -> Iterator[list[np.ndarray]]:
+    """Yield calibration inputs, one example at a time, from the training shards."""
+    images, _ = load_split_arrays(dataset.splits["train"].files, dataset.image_size, examples)
+    for image in images:
+        yield [image[np.newaxis]]
+
+
+def configure_converter(
+    converter: tf.lite.TFLiteConverter,
+    precision: Precision,
+    dataset: DatasetArtifact,
+    cfg: ConvertConfig,
+) -> None:
+    """Set the converter's optimizations for one post-training precision."""
+    if precision == "fp32":
+        return
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if precision == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    elif precision == "int8":
+        converter.representative_dataset = lambda: representative_images(
+            dataset, cfg.calibration_examples
+        )
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        if cfg.int8_io:
+            converter.inference_input_type = tf.int8
+            converter.inference_output_type = tf.int8
+
+
 @task(name="convert_tflite", tags=["conversion"])
-def convert_tflite(savedmodel: ModelArtifact, precision: Precision, out_dir: Path) -> VariantSpec:
+def convert_tflite(
+    savedmodel: ModelArtifact,
+    precision: Precision,
+    dataset: DatasetArtifact,
+    cfg: ConvertConfig,
+    out_dir: Path,
+) -> VariantSpec:
     """Convert the serving signature of a SavedModel to a ``.tflite`` flatbuffer.
 
     Args:
-        savedmodel: The exported SavedModel.
-        precision: ``fp32`` (no quantization).
+        savedmodel: The exported SavedModel (left unchanged).
+        precision: ``fp32`` (no quantization), ``dynamic`` (int8 weights, float activations),
+            ``float16`` (float16 weights) or ``int8`` (integer weights and activations,
+            calibrated on training examples).
+        dataset: Source of the int8 calibration examples (training split).
+        cfg: Calibration size and integer input/output choice.
         out_dir: Folder to write ``<source>-tflite-<precision>.tflite`` into.
 
     Returns:
         The variant to benchmark.
-
-    Raises:
-        ValueError: A precision this step does not build.
     """
-    if precision != "fp32":
-        raise ValueError(f"convert_tflite does not build precision {precision!r} yet")
     converter = tf.lite.TFLiteConverter.from_saved_model(
         str(savedmodel.path), signature_keys=[SIGNATURE_KEY]
     )
+    configure_converter(converter, precision, dataset, cfg)
     flatbuffer = converter.convert()
     name = f"{savedmodel.name}-tflite-{precision}"
     path = out_dir / f"{name}.tflite"
     atomic_write_bytes(path, flatbuffer)
+    params: dict[str, str | int | float | bool] = {"converter": "TFLiteConverter.from_saved_model"}
+    if precision == "int8":
+        params.update(calibration_examples=cfg.calibration_examples, int8_io=cfg.int8_io)
     return VariantSpec(
-        name=name, source=savedmodel.name, format="tflite", precision=precision, path=path
+        name=name, source=savedmodel.name, format="tflite", precision=precision, path=path,
+        params=params,
     )

@@ -14,7 +14,9 @@ import tensorflow as tf
 
 from tasks.export_savedmodel import INPUT_NAME, OUTPUT_LOGITS, SIGNATURE_KEY
 from tasks.train_model import load_keras_model
-from tfopt.artifacts import VariantFormat
+from tfopt.artifacts import VariantSpec
+
+XLA_AUTOCLUSTER_FLAGS = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"
 
 
 class Runner(Protocol):
@@ -26,7 +28,7 @@ class Runner(Protocol):
 
 
 class GraphRunner:
-    """A Keras model traced into a TensorFlow graph with `tf.function`."""
+    """A Keras model traced into a TensorFlow graph with `tf.function` (optionally XLA-compiled)."""
 
     def __init__(self, path: Path, jit_compile: bool = False) -> None:
         model = load_keras_model(path)
@@ -37,12 +39,17 @@ class GraphRunner:
         """Run the traced model."""
         return self._call(tf.constant(images)).numpy()
 
+    def hlo_text(self, images: np.ndarray) -> str:
+        """The optimized HLO XLA compiles for inputs shaped like `images` (jit_compile only)."""
+        return self._call.experimental_get_compiler_ir(tf.constant(images))(stage="optimized_hlo")
+
 
 class SavedModelRunner:
     """The ``serving_default`` signature of a reloaded SavedModel."""
 
     def __init__(self, path: Path) -> None:
-        self._signature = tf.saved_model.load(str(path)).signatures[SIGNATURE_KEY]
+        self._loaded = tf.saved_model.load(str(path))
+        self._signature = self._loaded.signatures[SIGNATURE_KEY]
 
     def predict(self, images: np.ndarray) -> np.ndarray:
         """Call the serving signature."""
@@ -50,34 +57,50 @@ class SavedModelRunner:
 
 
 class TFLiteRunner:
-    """The LiteRT interpreter (``ai_edge_litert``), resizing its input to each batch size."""
+    """The LiteRT interpreter (``ai_edge_litert``) through the model's serving signature."""
 
     def __init__(self, path: Path, threads: int = 1) -> None:
         from ai_edge_litert.interpreter import Interpreter
 
-        self._interpreter = Interpreter(model_path=str(path), num_threads=threads)
-        self._interpreter.allocate_tensors()
-        self._input = self._interpreter.get_input_details()[0]
-        outputs = self._interpreter.get_output_details()
-        self._output = next((o for o in outputs if OUTPUT_LOGITS in o["name"]), outputs[0])
-        self._batch = int(self._input["shape"][0])
+        self.interpreter = Interpreter(model_path=str(path), num_threads=threads)
+        self._signature = self.interpreter.get_signature_runner(SIGNATURE_KEY)
+        self._input = self._signature.get_input_details()[INPUT_NAME]
+        self._output = self._signature.get_output_details()[OUTPUT_LOGITS]
+
+    @property
+    def input_dtype(self) -> type:
+        """The dtype the model's input tensor holds (float32, or int8 for integer I/O)."""
+        return self._input["dtype"]
 
     def predict(self, images: np.ndarray) -> np.ndarray:
-        """Quantize the input if the model wants integers, invoke, dequantize the output."""
-        if len(images) != self._batch:
-            self._interpreter.resize_tensor_input(self._input["index"], list(images.shape))
-            self._interpreter.allocate_tensors()
-            self._batch = len(images)
-            self._output = next(
-                o for o in self._interpreter.get_output_details()
-                if o["index"] == self._output["index"]
-            )
-        self._interpreter.set_tensor(self._input["index"], _quantize(images, self._input))
-        self._interpreter.invoke()
-        return _dequantize(self._interpreter.get_tensor(self._output["index"]), self._output)
+        """Quantize the input if the model wants integers, invoke, dequantize the logits."""
+        outputs = self._signature(**{INPUT_NAME: quantize(images, self._input)})
+        return dequantize(outputs[OUTPUT_LOGITS], self._output)
 
 
-def _quantize(values: np.ndarray, detail: dict) -> np.ndarray:
+class OnnxRunner:
+    """An ONNX Runtime session on the CPU execution provider."""
+
+    def __init__(self, path: Path, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._input = self._session.get_inputs()[0].name
+        names = [output.name for output in self._session.get_outputs()]
+        self._output = next((n for n in names if OUTPUT_LOGITS in n), names[0])
+
+    def predict(self, images: np.ndarray) -> np.ndarray:
+        """Run the session."""
+        return self._session.run([self._output], {self._input: images.astype(np.float32)})[0]
+
+
+def quantize(values: np.ndarray, detail: dict) -> np.ndarray:
+    """Map float values to a tensor's integer type with its scale and zero point."""
     dtype = detail["dtype"]
     if dtype == np.float32:
         return values.astype(np.float32)
@@ -86,26 +109,31 @@ def _quantize(values: np.ndarray, detail: dict) -> np.ndarray:
     return np.clip(np.round(values / scale + zero_point), info.min, info.max).astype(dtype)
 
 
-def _dequantize(values: np.ndarray, detail: dict) -> np.ndarray:
+def dequantize(values: np.ndarray, detail: dict) -> np.ndarray:
+    """Map an integer tensor back to floats with its scale and zero point."""
     if values.dtype == np.float32:
         return values
     scale, zero_point = detail["quantization"]
     return (values.astype(np.float32) - zero_point) * scale
 
 
-def load_runner(fmt: VariantFormat, path: Path, threads: int = 1) -> Runner:
-    """Open a model file or folder with the runner for its format.
+def load_runner(spec: VariantSpec, threads: int = 1) -> Runner:
+    """Open a variant's model file or folder with the runner for its format.
 
     Raises:
         ValueError: A format with no runner.
     """
-    if fmt in ("keras", "graph"):
-        return GraphRunner(path)
-    if fmt == "savedmodel":
-        return SavedModelRunner(path)
-    if fmt == "tflite":
-        return TFLiteRunner(path, threads)
-    raise ValueError(f"no runner for format {fmt!r}")
+    if spec.format in ("keras", "graph"):
+        return GraphRunner(spec.path)
+    if spec.format == "xla":
+        return GraphRunner(spec.path, jit_compile=spec.params.get("xla_mode") == "jit_compile")
+    if spec.format == "savedmodel":
+        return SavedModelRunner(spec.path)
+    if spec.format == "tflite":
+        return TFLiteRunner(spec.path, threads)
+    if spec.format == "onnx":
+        return OnnxRunner(spec.path, threads)
+    raise ValueError(f"no runner for format {spec.format!r}")
 
 
 def predict_batched(runner: Runner, images: np.ndarray, batch_size: int = 64) -> np.ndarray:
@@ -115,3 +143,10 @@ def predict_batched(runner: Runner, images: np.ndarray, batch_size: int = 64) ->
         for start in range(0, len(images), batch_size)
     ]
     return np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax, computed stably."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=1, keepdims=True)

@@ -51,6 +51,13 @@ def tiny_baseline(tiny_dataset, tmp_path_factory: pytest.TempPathFactory):
     from tfopt.config import ModelConfig, TrainConfig
 
     return train_model.fn(
-        tiny_dataset, ModelConfig(width=4), TrainConfig(epochs=2, batch_size=16), 16,
+        tiny_dataset, ModelConfig(width=8), TrainConfig(epochs=10, batch_size=16), 16,
         tmp_path_factory.mktemp("models"),
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_savedmodel(tiny_baseline, tmp_path_factory: pytest.TempPathFactory):
+    from tasks.export_savedmodel import export_savedmodel
+
+    return export_savedmodel.fn(tiny_baseline, tmp_path_factory.mktemp("savedmodel"))

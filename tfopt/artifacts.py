@@ -108,4 +108,9 @@ class VariantResult(_Frozen):
     throughput_per_s: float = 0.0
     timed_runs: int = 0
     load_seconds: float = 0.0
+    first_inference_ms: float = 0.0
+    peak_rss_mb: float = 0.0
+    top1_agreement: float | None = None
+    max_abs_diff: float | None = None
     path: Path | None = None
+    extra_files: list[Path] = Field(default_factory=list)

@@ -60,6 +60,13 @@ class TrainConfig(_Section):
     """How the baseline is trained."""
 
     epochs: int = Field(5, ge=1, le=1000, description="Training epochs.")
+    mixed_precision: Literal["off", "mixed_float16", "mixed_bfloat16"] = Field(
+        "off",
+        description=(
+            "Keras mixed-precision policy for training (mixed_bfloat16 runs on CPUs with bf16 "
+            "support; mixed_float16 wants a GPU). The logits layer stays float32."
+        ),
+    )
     batch_size: int = Field(64, ge=1, le=8192, description="Training batch size.")
     learning_rate: float = Field(
         2e-3, gt=0.0, le=1.0, description="Adam learning rate for the baseline."
@@ -68,11 +75,38 @@ class TrainConfig(_Section):
 
 
 class ConvertConfig(_Section):
-    """Which converted formats of each model to build."""
+    """Which converted and compiled forms of each model to build and benchmark."""
 
-    tflite: list[Literal["fp32"]] = Field(
-        default_factory=lambda: ["fp32"],
-        description="TFLite precisions to convert to.",
+    tflite: list[Literal["fp32", "dynamic", "float16", "int8"]] = Field(
+        default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
+        description=(
+            "TFLite post-training precisions: fp32 (none), dynamic (int8 weights, float "
+            "activations), float16 (float16 weights), int8 (full integer, calibrated)."
+        ),
+    )
+    calibration_examples: int = Field(
+        200, ge=1, le=100_000,
+        description="Training examples fed to the int8 converter to calibrate activation ranges.",
+    )
+    int8_io: bool = Field(
+        False, description="Full-integer models take int8 input and give int8 output (else float)."
+    )
+    xla: list[Literal["jit_compile", "autocluster"]] = Field(
+        default_factory=lambda: ["jit_compile", "autocluster"],
+        description=(
+            "XLA variants: a tf.function with jit_compile=True, and TensorFlow's auto-clustering "
+            "(--tf_xla_auto_jit=2)."
+        ),
+    )
+    dump_hlo: bool = Field(False, description="Save the jit-compiled model's HLO as an artifact.")
+    onnx: bool = Field(True, description="Export ONNX with tf2onnx and benchmark ONNX Runtime.")
+    onnx_opset: int = Field(17, ge=17, le=21, description="ONNX opset for the export.")
+    onnx_atol: float = Field(
+        1e-4, gt=0.0, le=1.0,
+        description="Largest allowed |ONNX - SavedModel| probability difference on test inputs.",
+    )
+    tensorrt_max_batch: int = Field(
+        32, ge=1, le=4096, description="Max batch in the TensorRT (trtexec) shape profile."
     )
 
 
@@ -88,6 +122,13 @@ class BenchmarkConfig(_Section):
     )
     threads: int = Field(
         2, ge=1, le=256, description="Intra-op threads for TFLite and ONNX Runtime."
+    )
+    isolate: bool = Field(
+        True,
+        description=(
+            "Measure each variant in its own process (peak memory per variant, XLA "
+            "auto-clustering flags, a crash cannot take the run down)."
+        ),
     )
     accuracy_budget_points: float = Field(
         1.0, ge=0.0, le=100.0,

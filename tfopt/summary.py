@@ -11,7 +11,9 @@ from tfopt.artifacts import DatasetArtifact, InputPipelineResult, VariantResult
 _LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std")
 
 
-def variant_entry(result: VariantResult, baseline_accuracy: float | None) -> dict[str, Any]:
+def variant_entry(
+    result: VariantResult, baseline_accuracy: float | None, budget_points: float
+) -> dict[str, Any]:
     """One element of the summary's ``variants`` list."""
     latency = (
         result.latency_ms.model_dump() if result.latency_ms
@@ -34,7 +36,19 @@ def variant_entry(result: VariantResult, baseline_accuracy: float | None) -> dic
         "latency_ms": latency,
         "throughput_per_s": result.throughput_per_s,
         "timed_runs": result.timed_runs,
+        "first_inference_ms": result.first_inference_ms,
+        "peak_rss_mb": result.peak_rss_mb,
+        "top1_agreement": result.top1_agreement,
+        "max_abs_diff": result.max_abs_diff,
+        "flags": variant_flags(delta, budget_points),
     }
+
+
+def variant_flags(delta_points: float | None, budget_points: float) -> list[str]:
+    """Warnings a reader should not miss, e.g. an accuracy drop beyond the budget."""
+    if delta_points is not None and -delta_points > budget_points:
+        return [f"accuracy drop {-delta_points:.2f} points exceeds the {budget_points} budget"]
+    return []
 
 
 def build_summary(
@@ -49,6 +63,7 @@ def build_summary(
     champion: str | None,
     champion_reason: str,
     baseline_accuracy: float | None,
+    budget_points: float,
 ) -> dict[str, Any]:
     """Assemble the summary JSON (DESIGN.md's contract; keys are only ever added)."""
     return {
@@ -71,7 +86,9 @@ def build_summary(
             "cached_examples_per_s": input_pipeline.cached_examples_per_s,
             "chosen_batch_size": input_pipeline.chosen_batch_size,
         },
-        "variants": [variant_entry(result, baseline_accuracy) for result in results],
+        "variants": [
+            variant_entry(result, baseline_accuracy, budget_points) for result in results
+        ],
         "baseline_accuracy": baseline_accuracy,
         "champion": champion or "",
         "champion_reason": champion_reason,

@@ -184,7 +184,9 @@ def variant_metrics(result: object) -> dict[str, float]:
     metrics = {
         key: float(data[key])
         for key in ("accuracy", "size_bytes", "gzip_bytes", "throughput_per_s", "timed_runs",
-                    "load_seconds")
+                    "load_seconds", "first_inference_ms", "peak_rss_mb", "top1_agreement",
+                    "max_abs_diff")
+        if data.get(key) is not None
     }
     for key, value in (data.get("latency_ms") or {}).items():
         metrics[f"latency_{key}_ms"] = float(value)
@@ -231,5 +233,7 @@ def log_variant_run(
         path = data.get("path")
         if log_model_files and path is not None and Path(path).exists():
             log_artifact(mlflow, run_id, Path(path), "model")
+        for extra in data.get("extra_files") or []:
+            log_artifact(mlflow, run_id, Path(extra), "extra")
     end_run(mlflow, run_id, "FINISHED" if data["status"] != "failed" else "FAILED")
     return run_id

@@ -17,6 +17,11 @@ from tfopt.demo_data import write_demo_images
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
+EXPECTED_OK = {
+    "baseline-graph", "baseline-savedmodel", "baseline-xla", "baseline-xla-autocluster",
+    "baseline-tflite-fp32", "baseline-tflite-dynamic", "baseline-tflite-float16",
+    "baseline-tflite-int8", "baseline-onnx",
+}
 LATENCY_KEYS = {"p50", "p90", "p99", "mean", "std"}
 VARIANT_KEYS = {"name", "format", "precision", "status", "error", "size_bytes", "gzip_bytes",
                 "accuracy", "latency_ms", "throughput_per_s"}
@@ -51,14 +56,22 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert {"naive_examples_per_s", "tuned_examples_per_s", "cached_examples_per_s",
             "chosen_batch_size"} <= set(pipeline)
     assert all(pipeline[k] > 0 for k in pipeline)
-    names = [v["name"] for v in summary["variants"]]
-    assert {"baseline-graph", "baseline-savedmodel", "baseline-tflite-fp32"} <= set(names)
-    for variant in summary["variants"]:
+    by_name = {v["name"]: v for v in summary["variants"]}
+    assert set(by_name) == EXPECTED_OK | {"baseline-tftrt-fp32"}
+    assert by_name["baseline-tftrt-fp32"]["status"] == "skipped"
+    assert "TensorRT" in by_name["baseline-tftrt-fp32"]["error"]
+    for name in EXPECTED_OK:
+        variant = by_name[name]
         assert set(variant) >= VARIANT_KEYS
         assert variant["status"] == "ok", variant
         assert set(variant["latency_ms"]) >= LATENCY_KEYS
+        assert all(value > 0 for value in variant["latency_ms"].values())
         assert variant["accuracy"] > 0.5, "the smoke baseline should learn the digits"
-    assert summary["champion"] in names
+        assert variant["top1_agreement"] >= 0.9
+    int8, fp32 = by_name["baseline-tflite-int8"], by_name["baseline-tflite-fp32"]
+    assert int8["size_bytes"] <= 0.3 * fp32["size_bytes"]
+    assert by_name["baseline-onnx"]["max_abs_diff"] < 1e-4
+    assert by_name[summary["champion"]]["status"] == "ok"
     assert "Prefect UI" in stdout and "MLflow UI" in stdout
 
 
@@ -68,12 +81,17 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     parent = client.get_run(summary["mlflow_run_id"])
     assert parent.info.status == "FINISHED"
     assert parent.data.params["train.epochs"] == "6"
+    assert parent.data.tags["tfopt.champion"] == summary["champion"]
     assert parent.data.tags["prefect.flow_run_id"] == summary["prefect_flow_run_id"]
     assert "mlflow.source.git.commit" in parent.data.tags
     history = client.get_metric_history(parent.info.run_id, "train_loss")
     assert len(history) == 6 and [m.step for m in history] == list(range(6))
     parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"dataset", "report", "models"} <= parent_artifacts
+    assert {"dataset", "report", "models", "export"} <= parent_artifacts
+    bundle = {a.path for a in client.list_artifacts(parent.info.run_id,
+                                                     "export/baseline-tensorrt-bundle")}
+    assert {"export/baseline-tensorrt-bundle/model.onnx",
+            "export/baseline-tensorrt-bundle/trtexec.sh"} <= bundle
     children = client.search_runs(
         [parent.info.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
@@ -82,8 +100,11 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
         v["name"] for v in summary["variants"]
     )
     for child in children:
-        assert {"accuracy", "latency_p50_ms", "size_bytes", "gzip_bytes"} <= set(child.data.metrics)
-        assert child.data.params["format"] in ("graph", "savedmodel", "tflite")
+        assert child.data.params["format"] in ("graph", "savedmodel", "tflite", "xla", "onnx")
+        if child.data.tags["tfopt.status"] != "ok":
+            continue
+        assert {"accuracy", "latency_p50_ms", "size_bytes", "gzip_bytes",
+                "top1_agreement"} <= set(child.data.metrics)
         assert client.list_artifacts(child.info.run_id, "model")
 
 
@@ -103,5 +124,6 @@ def test_prefect_shows_the_flow_run_and_its_task_runs(smoke_run):
         task_runs = json.load(response)
     names = {run["name"].rsplit("-", 1)[0] for run in task_runs}
     assert {"write_tfrecords", "measure_input_pipeline", "train_model", "export_savedmodel",
-            "convert_tflite", "benchmark_variant", "pick_champion"} <= names
+            "compute_reference", "convert_tflite", "export_onnx", "bundle_tensorrt",
+            "benchmark_variant", "pick_champion"} <= names
     assert all(run["state_type"] == "COMPLETED" for run in task_runs)

@@ -9,7 +9,7 @@ from tasks.export_savedmodel import export_savedmodel
 from tasks.input_pipeline import load_split_arrays
 from tasks.runners import GraphRunner, SavedModelRunner, TFLiteRunner
 from tasks.train_model import load_keras_model
-from tfopt.config import BenchmarkConfig
+from tfopt.config import BenchmarkConfig, ConvertConfig
 from tfopt.fileio import sha256_file
 
 TFLITE_FP32_ATOL = 1e-4
@@ -47,7 +47,8 @@ def test_exported_savedmodel_reloads_and_matches_keras(tiny_baseline, tiny_datas
 
 def test_tflite_fp32_matches_the_savedmodel(tiny_baseline, tiny_dataset, tmp_path):
     exported = export_savedmodel.fn(tiny_baseline, tmp_path)
-    variant = convert_tflite.fn(exported, "fp32", tmp_path / "variants")
+    variant = convert_tflite.fn(exported, "fp32", tiny_dataset, ConvertConfig(),
+                                tmp_path / "variants")
     assert variant.name == "baseline-tflite-fp32" and variant.path.stat().st_size > 0
     images = _test_images(tiny_dataset)
     reference = SavedModelRunner(exported.path).predict(images)
@@ -61,7 +62,7 @@ def test_benchmark_reports_accuracy_latency_and_sizes(tiny_baseline, tiny_datase
 
     spec = VariantSpec(name="baseline-graph", source="baseline", format="graph",
                        precision="fp32", path=tiny_baseline.path)
-    cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, max_seconds=5)
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, max_seconds=5, isolate=False)
     result = benchmark_variant.fn(spec, tiny_dataset, cfg)
     images, labels = load_split_arrays(tiny_dataset.splits["test"].files, 16)
     expected = np.mean(np.argmax(GraphRunner(tiny_baseline.path).predict(images), 1) == labels)

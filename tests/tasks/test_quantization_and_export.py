@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tasks.benchmark_variant import benchmark_variant
+from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
+from tasks.compute_reference import compute_reference
+from tasks.convert_tflite import convert_tflite
+from tasks.export_onnx import export_onnx
+from tasks.input_pipeline import load_split_arrays
+from tasks.runners import GraphRunner, OnnxRunner, SavedModelRunner, TFLiteRunner, softmax
+from tfopt.artifacts import VariantSpec
+from tfopt.config import BenchmarkConfig, ConvertConfig
+from tfopt.fileio import sha256_file
+
+# Largest |Δ probability| against the float SavedModel, and least top-1 agreement, per precision.
+TOLERANCE = {"fp32": (1e-4, 1.0), "float16": (2e-2, 0.95), "dynamic": (0.1, 0.9),
+             "int8": (0.15, 0.85)}
+
+
+@pytest.fixture(scope="module")
+def test_images(tiny_dataset):
+    images, _ = load_split_arrays(tiny_dataset.splits["test"].files, tiny_dataset.image_size)
+    return images
+
+
+@pytest.fixture(scope="module")
+def reference_probs(tiny_savedmodel, test_images):
+    return softmax(SavedModelRunner(tiny_savedmodel.path).predict(test_images))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "float16", "dynamic", "int8"])
+def test_ptq_variant_converts_loads_and_agrees_with_float(
+    precision, tiny_savedmodel, tiny_dataset, test_images, reference_probs, tmp_path
+):
+    before = sha256_file(tiny_savedmodel.path / "saved_model.pb")
+    cfg = ConvertConfig(calibration_examples=20)
+    variant = convert_tflite.fn(tiny_savedmodel, precision, tiny_dataset, cfg, tmp_path)
+    assert variant.name == f"baseline-tflite-{precision}" and variant.precision == precision
+    assert sha256_file(tiny_savedmodel.path / "saved_model.pb") == before
+    probs = softmax(TFLiteRunner(variant.path).predict(test_images))
+    max_diff, min_agreement = TOLERANCE[precision]
+    assert np.max(np.abs(probs - reference_probs)) <= max_diff
+    agreement = np.mean(np.argmax(probs, 1) == np.argmax(reference_probs, 1))
+    assert agreement >= min_agreement
+
+
+def test_int8_model_holds_int8_tensors_and_int8_io(tiny_savedmodel, tiny_dataset, tmp_path,
+                                                   test_images, reference_probs):
+    cfg = ConvertConfig(calibration_examples=20, int8_io=True)
+    variant = convert_tflite.fn(tiny_savedmodel, "int8", tiny_dataset, cfg, tmp_path)
+    runner = TFLiteRunner(variant.path)
+    assert runner.input_dtype == np.int8
+    details = runner.interpreter.get_tensor_details()
+    conv_weights = [d for d in details if "conv" in d["name"].lower() and len(d["shape"]) == 4
+                    and d["shape"][0] > 3 and d["dtype"] != np.float32]
+    assert conv_weights and all(d["dtype"] == np.int8 for d in conv_weights)
+    assert not [d for d in details if d["dtype"] == np.float32 and len(d["shape"]) == 4
+                and "images" not in d["name"]]
+    probs = softmax(runner.predict(test_images))
+    assert np.mean(np.argmax(probs, 1) == np.argmax(reference_probs, 1)) >= 0.85
+
+
+def test_int8_is_much_smaller_than_fp32(tiny_savedmodel, tiny_dataset, tmp_path):
+    cfg = ConvertConfig(calibration_examples=10)
+    fp32 = convert_tflite.fn(tiny_savedmodel, "fp32", tiny_dataset, cfg, tmp_path)
+    int8 = convert_tflite.fn(tiny_savedmodel, "int8", tiny_dataset, cfg, tmp_path)
+    assert int8.path.stat().st_size < 0.6 * fp32.path.stat().st_size
+
+
+def test_onnx_export_agrees_with_the_savedmodel(tiny_savedmodel, tiny_dataset, tmp_path,
+                                                test_images, reference_probs):
+    variant = export_onnx.fn(tiny_savedmodel, tiny_dataset, ConvertConfig(), tmp_path)
+    assert variant.name == "baseline-onnx" and variant.params["check_max_abs_diff"] <= 1e-4
+    probs = softmax(OnnxRunner(variant.path).predict(test_images))
+    np.testing.assert_allclose(probs, reference_probs, atol=1e-4)
+    single = softmax(OnnxRunner(variant.path).predict(test_images[:1]))
+    np.testing.assert_allclose(single, reference_probs[:1], atol=1e-4)
+
+
+def test_onnx_mismatch_beyond_tolerance_fails(tiny_savedmodel, tiny_dataset, tmp_path):
+    from tasks.export_onnx import OnnxMismatchError
+
+    with pytest.raises(OnnxMismatchError):
+        export_onnx.fn(tiny_savedmodel, tiny_dataset, ConvertConfig(onnx_atol=1e-12), tmp_path)
+
+
+def test_xla_output_equals_graph_output(tiny_baseline, test_images):
+    graph = GraphRunner(tiny_baseline.path).predict(test_images)
+    xla_runner = GraphRunner(tiny_baseline.path, jit_compile=True)
+    np.testing.assert_allclose(xla_runner.predict(test_images), graph, atol=1e-4)
+    assert "HloModule" in xla_runner.hlo_text(test_images[:1])
+
+
+def test_tensorrt_bundle_holds_what_it_promises(tiny_savedmodel, tiny_dataset, tmp_path):
+    onnx = export_onnx.fn(tiny_savedmodel, tiny_dataset, ConvertConfig(), tmp_path)
+    bundle = bundle_tensorrt.fn(tiny_savedmodel, onnx, 32, tmp_path / "export")
+    assert (bundle / "model.onnx").read_bytes() == onnx.path.read_bytes()
+    assert (bundle / "saved_model" / "saved_model.pb").exists()
+    script = (bundle / "trtexec.sh").read_text()
+    for flag in ("--onnx=model.onnx", "--minShapes=images:1x16x16x3",
+                 "--optShapes=images:8x16x16x3", "--maxShapes=images:32x16x16x3"):
+        assert flag in script
+    meta = json.loads((bundle / "bundle.json").read_text())
+    assert meta["input"]["shape"] == [-1, 16, 16, 3] and meta["opset"] >= 17
+    reloaded = SavedModelRunner(bundle / "saved_model")
+    assert reloaded.predict(np.zeros((2, 16, 16, 3), np.float32)).shape == (2, 3)
+
+
+def test_tftrt_is_reported_unavailable_on_this_build():
+    reason = tftrt_unavailable_reason()
+    assert reason is not None and "TensorRT" in reason
+
+
+def test_isolated_benchmark_measures_agreement_and_memory(tiny_savedmodel, tiny_dataset,
+                                                          tmp_path):
+    variant = convert_tflite.fn(tiny_savedmodel, "fp32", tiny_dataset, ConvertConfig(), tmp_path)
+    reference = compute_reference.fn(tiny_savedmodel, tiny_dataset, tmp_path / "ref")
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, max_seconds=5, isolate=True)
+    result = benchmark_variant.fn(variant, tiny_dataset, cfg, reference)
+    assert result.status == "ok" and result.timed_runs == 10
+    assert result.top1_agreement == 1.0 and result.max_abs_diff < 1e-4
+    assert result.peak_rss_mb > 50 and result.first_inference_ms > 0
+
+
+def test_autocluster_needs_an_isolated_process(tiny_baseline, tiny_dataset):
+    spec = VariantSpec(name="baseline-xla-autocluster", source="baseline", format="xla",
+                       precision="fp32", path=tiny_baseline.path,
+                       params={"xla_mode": "autocluster"})
+    with pytest.raises(ValueError, match="isolate"):
+        benchmark_variant.fn(spec, tiny_dataset, BenchmarkConfig(isolate=False))
