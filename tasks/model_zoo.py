@@ -37,5 +37,6 @@ def _small_cnn(image_size: int, num_classes: int, width: int) -> keras.Model:
         x = keras.layers.MaxPooling2D(2, name=f"pool{block}")(x)
     x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
     x = keras.layers.Dense(width * 4, activation="relu", name="fc")(x)
-    outputs = keras.layers.Dense(num_classes, name="logits")(x)
+    # Logits stay float32 under a mixed-precision policy, for a numerically stable loss.
+    outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
     return keras.Model(inputs, outputs, name="small_cnn")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import tensorflow as tf
@@ -56,28 +58,22 @@ def train_model(
     """
     logger = step_logger()
     keras.utils.set_random_seed(train_cfg.seed)
-    model = build_model(
-        model_cfg.architecture, dataset.image_size, dataset.num_classes, model_cfg.width
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(train_cfg.learning_rate),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
-    train = tuned_dataset(
-        dataset.splits["train"].files, dataset.image_size, batch_size,
-        training=True, cache=True, seed=train_cfg.seed,
-    )
-    val_files = dataset.splits["val"].files
-    val = (
-        tuned_dataset(val_files, dataset.image_size, batch_size, cache=True) if val_files else None
-    )
-    started = time.perf_counter()
-    history = model.fit(train, validation_data=val, epochs=train_cfg.epochs, verbose=0)
-    train_seconds = time.perf_counter() - started
-    curves = {name: [float(v) for v in values] for name, values in history.history.items()}
+    with precision_policy(train_cfg.mixed_precision):
+        model = build_model(
+            model_cfg.architecture, dataset.image_size, dataset.num_classes, model_cfg.width
+        )
+        curves, train_seconds = _fit(model, dataset, train_cfg, batch_size)
+    if train_cfg.mixed_precision != "off":
+        # Variables stay float32 under a mixed policy; a float32 twin carries them into export
+        # and conversion without the policy's casts (TFLite has no bfloat16 kernels).
+        float_model = build_model(
+            model_cfg.architecture, dataset.image_size, dataset.num_classes, model_cfg.width
+        )
+        float_model.set_weights(model.get_weights())
+        model = float_model
     logger.info(
-        "trained %s for %d epochs in %.1f s: %s", model.name, train_cfg.epochs, train_seconds,
+        "trained %s for %d epochs in %.1f s (precision policy %s): %s", model.name,
+        train_cfg.epochs, train_seconds, train_cfg.mixed_precision,
         {name: round(values[-1], 4) for name, values in curves.items()},
     )
     path = keras_model_path(out_dir, "baseline")
@@ -95,9 +91,45 @@ def train_model(
             "width": model_cfg.width,
             "batch_size": batch_size,
             "epochs": train_cfg.epochs,
+            "mixed_precision": train_cfg.mixed_precision,
             "parameters": int(model.count_params()),
             "devices": ",".join(d.device_type for d in tf.config.list_physical_devices()),
         },
         metrics=metrics,
         history=curves,
     )
+
+
+@contextmanager
+def precision_policy(policy: str) -> Iterator[None]:
+    """Apply a Keras mixed-precision policy while building and training, then restore float32."""
+    if policy == "off":
+        yield
+        return
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _fit(
+    model: keras.Model, dataset: DatasetArtifact, train_cfg: TrainConfig, batch_size: int
+) -> tuple[dict[str, list[float]], float]:
+    model.compile(
+        optimizer=keras.optimizers.Adam(train_cfg.learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    train = tuned_dataset(
+        dataset.splits["train"].files, dataset.image_size, batch_size,
+        training=True, cache=True, seed=train_cfg.seed,
+    )
+    val_files = dataset.splits["val"].files
+    val = (
+        tuned_dataset(val_files, dataset.image_size, batch_size, cache=True) if val_files else None
+    )
+    started = time.perf_counter()
+    history = model.fit(train, validation_data=val, epochs=train_cfg.epochs, verbose=0)
+    curves = {name: [float(v) for v in values] for name, values in history.history.items()}
+    return curves, time.perf_counter() - started

@@ -72,3 +72,22 @@ def test_benchmark_reports_accuracy_latency_and_sizes(tiny_baseline, tiny_datase
     assert 0 < stats.p50 <= stats.p90 <= stats.p99
     assert 0 < result.gzip_bytes < result.size_bytes
     assert result.throughput_per_s > 0
+
+
+def test_mixed_precision_training_saves_a_float32_model(tiny_dataset, tmp_path):
+    import tf_keras as keras
+
+    from tasks.train_model import train_model
+    from tfopt.config import ModelConfig, TrainConfig
+
+    model = train_model.fn(
+        tiny_dataset, ModelConfig(width=4),
+        TrainConfig(epochs=1, batch_size=16, mixed_precision="mixed_bfloat16"), 16, tmp_path,
+    )
+    assert model.params["mixed_precision"] == "mixed_bfloat16"
+    assert keras.mixed_precision.global_policy().name == "float32", "policy leaked"
+    loaded = load_keras_model(model.path)
+    assert all(w.dtype == tf.float32 for w in loaded.weights)
+    assert loaded.layers[1].dtype_policy.name == "float32"
+    images = _test_images(tiny_dataset, 4)
+    assert np.all(np.isfinite(loaded(images).numpy()))
