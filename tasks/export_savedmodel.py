@@ -24,25 +24,17 @@ def replace_dir(staging: Path, final: Path) -> None:
     staging.replace(final)
 
 
-@task(name="export_savedmodel", tags=["export"])
-def export_savedmodel(model: ModelArtifact, out_dir: Path) -> ModelArtifact:
-    """Write ``<name>-savedmodel/`` with signature ``serving_default``.
+def save_serving_savedmodel(keras_model: tf.keras.Model, image_size: int, final: Path) -> None:
+    """Save `keras_model` as a SavedModel with the fixed serving signature, atomically.
 
     The signature takes ``images`` (float32 ``[batch, size, size, 3]``, any batch) and returns
     ``logits`` and ``probabilities``: fixed names that serving systems and converters
     (TFLite, tf2onnx, TensorRT via ONNX) can rely on.
-
-    Args:
-        model: A Keras model artifact.
-        out_dir: Folder to write into.
-
-    Returns:
-        The SavedModel artifact.
     """
-    keras_model = load_keras_model(model.path)
-    size = model.image_size
 
-    @tf.function(input_signature=[tf.TensorSpec([None, size, size, 3], tf.float32, INPUT_NAME)])
+    @tf.function(
+        input_signature=[tf.TensorSpec([None, image_size, image_size, 3], tf.float32, INPUT_NAME)]
+    )
     def serve(images: tf.Tensor) -> dict[str, tf.Tensor]:
         logits = keras_model(images, training=False)
         return {OUTPUT_LOGITS: logits, OUTPUT_PROBABILITIES: tf.nn.softmax(logits)}
@@ -50,11 +42,25 @@ def export_savedmodel(model: ModelArtifact, out_dir: Path) -> ModelArtifact:
     module = tf.Module()
     module.model = keras_model
     module.serve = serve
-    final = out_dir / f"{model.name}-savedmodel"
-    staging = out_dir / f".{final.name}.tmp"
+    staging = final.parent / f".{final.name}.tmp"
     if staging.exists():
         shutil.rmtree(staging)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
     tf.saved_model.save(module, str(staging), signatures={SIGNATURE_KEY: serve})
     replace_dir(staging, final)
+
+
+@task(name="export_savedmodel", tags=["export"])
+def export_savedmodel(model: ModelArtifact, out_dir: Path) -> ModelArtifact:
+    """Write ``<name>-savedmodel/`` with the ``serving_default`` signature.
+
+    Args:
+        model: A Keras model artifact (left unchanged).
+        out_dir: Folder to write into.
+
+    Returns:
+        The SavedModel artifact.
+    """
+    final = out_dir / f"{model.name}-savedmodel"
+    save_serving_savedmodel(load_keras_model(model.path), model.image_size, final)
     return model.model_copy(update={"path": final, "format": "savedmodel"})

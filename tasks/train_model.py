@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 from prefect import task
@@ -32,8 +33,77 @@ def save_keras_model(model: keras.Model, path: Path) -> None:
 
 
 def load_keras_model(path: Path) -> keras.Model:
-    """Load a saved Keras model without unsafe deserialization (no arbitrary lambdas)."""
-    return keras.models.load_model(path, compile=False, safe_mode=True)
+    """Load a saved Keras model without unsafe deserialization (no arbitrary lambdas).
+
+    Quantization-aware models carry tfmot's layer classes, so they are loaded in its scope.
+    """
+    import tensorflow_model_optimization as tfmot
+
+    with tfmot.quantization.keras.quantize_scope():
+        return keras.models.load_model(path, compile=False, safe_mode=True)
+
+
+def copy_model(model: keras.Model) -> keras.Model:
+    """An independent copy of a model: new variables holding the same weights.
+
+    tfmot's wrappers reuse the wrapped layers' variables, so a technique that must not change
+    its input works on a copy.
+    """
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def training_data(
+    dataset: DatasetArtifact, batch_size: int, seed: int
+) -> tuple[tf.data.Dataset, tf.data.Dataset | None]:
+    """The tuned training pipeline and the validation pipeline (None without a val split)."""
+    train = tuned_dataset(
+        dataset.splits["train"].files, dataset.image_size, batch_size,
+        training=True, cache=True, seed=seed,
+    )
+    val_files = dataset.splits["val"].files
+    val = (
+        tuned_dataset(val_files, dataset.image_size, batch_size, cache=True) if val_files else None
+    )
+    return train, val
+
+
+def fit(
+    model: keras.Model,
+    dataset: DatasetArtifact,
+    *,
+    epochs: int,
+    learning_rate: float,
+    batch_size: int,
+    seed: int,
+    callbacks: list[keras.callbacks.Callback] | None = None,
+) -> tuple[dict[str, list[float]], float]:
+    """Compile `model` for logits and integer labels, train it, and return its curves and seconds.
+
+    Used for the baseline and for every fine-tuning step (pruning, QAT, the scratch student),
+    so they all learn from the same pipeline with the same loss.
+    """
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    train, val = training_data(dataset, batch_size, seed)
+    started = time.perf_counter()
+    history = model.fit(train, validation_data=val, epochs=epochs, verbose=0,
+                        callbacks=callbacks or [])
+    curves = {name: [float(v) for v in values] for name, values in history.history.items()}
+    return curves, time.perf_counter() - started
+
+
+def evaluate_test_accuracy(model: keras.Model, dataset: DatasetArtifact) -> float:
+    """Top-1 accuracy of a Keras model on the whole test split."""
+    from tasks.input_pipeline import load_split_arrays
+
+    images, labels = load_split_arrays(dataset.splits["test"].files, dataset.image_size)
+    logits = model.predict(images, batch_size=256, verbose=0)
+    return float(np.mean(np.argmax(logits, axis=1) == labels))
 
 
 @task(name="train_model", tags=["training"])
@@ -59,16 +129,15 @@ def train_model(
     logger = step_logger()
     keras.utils.set_random_seed(train_cfg.seed)
     with precision_policy(train_cfg.mixed_precision):
-        model = build_model(
-            model_cfg.architecture, dataset.image_size, dataset.num_classes, model_cfg.width
+        model = build_baseline(model_cfg, dataset)
+        curves, train_seconds = fit(
+            model, dataset, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
+            batch_size=batch_size, seed=train_cfg.seed,
         )
-        curves, train_seconds = _fit(model, dataset, train_cfg, batch_size)
     if train_cfg.mixed_precision != "off":
         # Variables stay float32 under a mixed policy; a float32 twin carries them into export
         # and conversion without the policy's casts (TFLite has no bfloat16 kernels).
-        float_model = build_model(
-            model_cfg.architecture, dataset.image_size, dataset.num_classes, model_cfg.width
-        )
+        float_model = build_baseline(model_cfg, dataset)
         float_model.set_weights(model.get_weights())
         model = float_model
     logger.info(
@@ -89,14 +158,24 @@ def train_model(
         params={
             "architecture": model_cfg.architecture,
             "width": model_cfg.width,
+            "alpha": model_cfg.alpha,
+            "data_format": model_cfg.data_format,
             "batch_size": batch_size,
             "epochs": train_cfg.epochs,
             "mixed_precision": train_cfg.mixed_precision,
             "parameters": int(model.count_params()),
             "devices": ",".join(d.device_type for d in tf.config.list_physical_devices()),
         },
-        metrics=metrics,
+        metrics={**metrics, "test_accuracy": evaluate_test_accuracy(model, dataset)},
         history=curves,
+    )
+
+
+def build_baseline(model_cfg: ModelConfig, dataset: DatasetArtifact) -> keras.Model:
+    """The configured zoo network for this data set's image size and classes."""
+    return build_model(
+        model_cfg.architecture, dataset.image_size, dataset.num_classes, width=model_cfg.width,
+        alpha=model_cfg.alpha, data_format=model_cfg.data_format,
     )
 
 
@@ -111,25 +190,3 @@ def precision_policy(policy: str) -> Iterator[None]:
         yield
     finally:
         keras.mixed_precision.set_global_policy("float32")
-
-
-def _fit(
-    model: keras.Model, dataset: DatasetArtifact, train_cfg: TrainConfig, batch_size: int
-) -> tuple[dict[str, list[float]], float]:
-    model.compile(
-        optimizer=keras.optimizers.Adam(train_cfg.learning_rate),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
-    train = tuned_dataset(
-        dataset.splits["train"].files, dataset.image_size, batch_size,
-        training=True, cache=True, seed=train_cfg.seed,
-    )
-    val_files = dataset.splits["val"].files
-    val = (
-        tuned_dataset(val_files, dataset.image_size, batch_size, cache=True) if val_files else None
-    )
-    started = time.perf_counter()
-    history = model.fit(train, validation_data=val, epochs=train_cfg.epochs, verbose=0)
-    curves = {name: [float(v) for v in values] for name, values in history.history.items()}
-    return curves, time.perf_counter() - started

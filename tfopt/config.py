@@ -50,10 +50,15 @@ class DataConfig(_Section):
 class ModelConfig(_Section):
     """Which network to train as the baseline."""
 
-    architecture: Literal["small_cnn"] = Field(
-        "small_cnn", description="Baseline network from tfopt's model zoo."
+    architecture: Literal["small_cnn", "mobilenet_v2"] = Field(
+        "small_cnn",
+        description="Baseline network from tfopt's model zoo (built in code, no downloads).",
     )
-    width: int = Field(16, ge=4, le=256, description="Filters in the first convolution.")
+    width: int = Field(16, ge=4, le=256, description="Filters in small_cnn's first convolution.")
+    alpha: float = Field(0.35, gt=0.0, le=2.0, description="mobilenet_v2's width multiplier.")
+    data_format: Literal["channels_last", "channels_first"] = Field(
+        "channels_last", description="Layout inside the model: NHWC or NCHW."
+    )
 
 
 class TrainConfig(_Section):
@@ -110,6 +115,38 @@ class ConvertConfig(_Section):
     )
 
 
+class CompressConfig(_Section):
+    """Model compression: pruning, knowledge distillation, quantization-aware training."""
+
+    prune: bool = Field(True, description="Prune the baseline (magnitude pruning, then strip).")
+    target_sparsity: float = Field(
+        0.8, ge=0.05, le=0.95, description="Share of prunable weights set to zero."
+    )
+    structured_2_4: bool = Field(
+        False, description="Prune 2 of every 4 weights (2:4 structured sparsity) instead."
+    )
+    prune_epochs: int = Field(3, ge=1, le=1000, description="Fine-tuning epochs while pruning.")
+    distill: bool = Field(True, description="Distill the baseline into a small student.")
+    student_width: int = Field(8, ge=4, le=256, description="Filters in the student's first layer.")
+    distill_alpha: float = Field(
+        0.1, ge=0.0, le=1.0,
+        description="Weight of the label loss; 1 - alpha weighs the teacher's softened outputs.",
+    )
+    temperature: float = Field(
+        4.0, ge=1.0, le=100.0, description="Softmax temperature of the distillation loss."
+    )
+    distill_epochs: int = Field(8, ge=1, le=1000, description="Student training epochs.")
+    qat: bool = Field(True, description="Quantization-aware fine-tuning, then int8 TFLite.")
+    qat_epochs: int = Field(2, ge=1, le=1000, description="Quantization-aware fine-tuning epochs.")
+    finetune_learning_rate: float = Field(
+        5e-4, gt=0.0, le=1.0, description="Learning rate of pruning and QAT fine-tuning."
+    )
+    tflite: list[Literal["fp32", "dynamic", "float16", "int8"]] = Field(
+        default_factory=lambda: ["fp32", "int8"],
+        description="TFLite precisions built for each compressed model (QAT is always int8).",
+    )
+
+
 class BenchmarkConfig(_Section):
     """How every variant is measured (the same protocol for all of them)."""
 
@@ -152,6 +189,9 @@ class PipelineConfig(_Section):
     data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Baseline network.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Baseline training.")
+    compress: CompressConfig = Field(
+        default_factory=CompressConfig, description="Pruning, distillation, QAT."
+    )
     convert: ConvertConfig = Field(default_factory=ConvertConfig, description="Conversions.")
     benchmark: BenchmarkConfig = Field(
         default_factory=BenchmarkConfig, description="Benchmark protocol."

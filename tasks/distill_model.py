@@ -1,0 +1,165 @@
+"""Knowledge distillation: a small student learns from the baseline (the teacher).
+
+tensorflow-model-optimization has no distillation API, so this is a Keras model with its own
+`train_step`: the loss is ``alpha * CE(labels, student) + (1 - alpha) * T^2 *
+KL(softmax(teacher / T) || softmax(student / T))``. The same student trained from scratch with
+the same budget is the control, so the gain (or loss) from the teacher is visible.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tensorflow as tf
+import tf_keras as keras
+from prefect import task
+
+from tasks.model_zoo import build_model
+from tasks.train_model import (
+    evaluate_test_accuracy,
+    fit,
+    keras_model_path,
+    load_keras_model,
+    save_keras_model,
+    training_data,
+)
+from tfopt.artifacts import DatasetArtifact, ModelArtifact
+from tfopt.config import CompressConfig
+from tfopt.logs import step_logger
+
+STUDENT_ARCHITECTURE = "small_student"
+
+
+class Distiller(keras.Model):
+    """Trains `student` on labels and on the teacher's temperature-softened outputs."""
+
+    def __init__(self, student: keras.Model, teacher: keras.Model, alpha: float,
+                 temperature: float) -> None:
+        super().__init__()
+        self.student = student
+        self.teacher = teacher
+        self.teacher.trainable = False
+        self.alpha = alpha
+        self.temperature = temperature
+        self.student_loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        self.distillation_loss_fn = keras.losses.KLDivergence()
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.student_loss_tracker = keras.metrics.Mean(name="student_loss")
+        self.distillation_loss_tracker = keras.metrics.Mean(name="distillation_loss")
+        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+
+    @property
+    def metrics(self) -> list[keras.metrics.Metric]:
+        """Metrics reset at each epoch."""
+        return [self.loss_tracker, self.student_loss_tracker, self.distillation_loss_tracker,
+                self.accuracy]
+
+    def distillation_loss(self, teacher_logits: tf.Tensor, student_logits: tf.Tensor) -> tf.Tensor:
+        """KL divergence of the softened distributions, scaled by T^2 (Hinton et al.)."""
+        t = self.temperature
+        return self.distillation_loss_fn(
+            tf.nn.softmax(teacher_logits / t), tf.nn.softmax(student_logits / t)
+        ) * (t * t)
+
+    def train_step(self, data: tuple[tf.Tensor, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """One step on the combined label and distillation loss."""
+        images, labels = data
+        teacher_logits = self.teacher(images, training=False)
+        with tf.GradientTape() as tape:
+            student_logits = self.student(images, training=True)
+            student_loss = self.student_loss_fn(labels, student_logits)
+            distill_loss = self.distillation_loss(teacher_logits, student_logits)
+            loss = self.alpha * student_loss + (1.0 - self.alpha) * distill_loss
+        variables = self.student.trainable_variables
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+        self.loss_tracker.update_state(loss)
+        self.student_loss_tracker.update_state(student_loss)
+        self.distillation_loss_tracker.update_state(distill_loss)
+        self.accuracy.update_state(labels, student_logits)
+        return {metric.name: metric.result() for metric in self.metrics}
+
+    def test_step(self, data: tuple[tf.Tensor, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """Validation judges the student alone, on labels."""
+        images, labels = data
+        student_logits = self.student(images, training=False)
+        self.student_loss_tracker.update_state(self.student_loss_fn(labels, student_logits))
+        self.accuracy.update_state(labels, student_logits)
+        return {"student_loss": self.student_loss_tracker.result(),
+                "accuracy": self.accuracy.result()}
+
+    def call(self, images: tf.Tensor, training: bool = False) -> tf.Tensor:
+        """The student's logits."""
+        return self.student(images, training=training)
+
+
+def distill(
+    teacher: keras.Model, student: keras.Model, dataset: DatasetArtifact, cfg: CompressConfig,
+    learning_rate: float, batch_size: int, seed: int,
+) -> dict[str, list[float]]:
+    """Train `student` against `teacher` in place and return the per-epoch curves."""
+    distiller = Distiller(student, teacher, cfg.distill_alpha, cfg.temperature)
+    distiller.compile(optimizer=keras.optimizers.Adam(learning_rate))
+    train, val = training_data(dataset, batch_size, seed)
+    history = distiller.fit(train, validation_data=val, epochs=cfg.distill_epochs, verbose=0)
+    return {name: [float(v) for v in values] for name, values in history.history.items()}
+
+
+@task(name="distill_model", tags=["compression"])
+def distill_model(
+    teacher: ModelArtifact,
+    dataset: DatasetArtifact,
+    cfg: CompressConfig,
+    learning_rate: float,
+    batch_size: int,
+    seed: int,
+    out_dir: Path,
+) -> ModelArtifact:
+    """Distill the teacher into a small student, and train the same student from scratch.
+
+    Args:
+        teacher: The trained baseline (left unchanged).
+        dataset: Training data; the test split measures both students.
+        cfg: Student width, alpha, temperature, epochs.
+        learning_rate: Adam learning rate for both students (the same budget).
+        batch_size: Batch size for both students.
+        seed: Seed for both students' initial weights and shuffling.
+        out_dir: Folder for ``distilled-small.keras``.
+
+    Returns:
+        The distilled student, with both students' test accuracy and the gain in points.
+    """
+    logger = step_logger()
+    teacher_model = load_keras_model(teacher.path)
+
+    def new_student() -> keras.Model:
+        keras.utils.set_random_seed(seed)
+        return build_model(STUDENT_ARCHITECTURE, dataset.image_size, dataset.num_classes,
+                           width=cfg.student_width)
+
+    student = new_student()
+    curves = distill(teacher_model, student, dataset, cfg, learning_rate, batch_size, seed)
+    scratch = new_student()
+    fit(scratch, dataset, epochs=cfg.distill_epochs, learning_rate=learning_rate,
+        batch_size=batch_size, seed=seed)
+    distilled_accuracy = evaluate_test_accuracy(student, dataset)
+    scratch_accuracy = evaluate_test_accuracy(scratch, dataset)
+    gain = (distilled_accuracy - scratch_accuracy) * 100.0
+    logger.info("student test accuracy: distilled %.4f, from scratch %.4f (%+.2f points)",
+                distilled_accuracy, scratch_accuracy, gain)
+    path = keras_model_path(out_dir, "distilled-small")
+    save_keras_model(student, path)
+    return ModelArtifact(
+        name="distilled-small",
+        path=path,
+        format="keras",
+        image_size=dataset.image_size,
+        num_classes=dataset.num_classes,
+        params={"technique": "distillation", "student": STUDENT_ARCHITECTURE,
+                "student_width": cfg.student_width, "alpha": cfg.distill_alpha,
+                "temperature": cfg.temperature, "epochs": cfg.distill_epochs,
+                "student_parameters": int(student.count_params()),
+                "teacher_parameters": int(teacher_model.count_params())},
+        metrics={"test_accuracy": distilled_accuracy, "scratch_test_accuracy": scratch_accuracy,
+                 "distillation_gain_points": gain},
+        history=curves,
+    )

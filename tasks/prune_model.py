@@ -1,0 +1,150 @@
+"""Magnitude pruning with tensorflow-model-optimization: prune, fine-tune, strip."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import tf_keras as keras
+from prefect import task
+
+from tasks.train_model import (
+    copy_model,
+    evaluate_test_accuracy,
+    fit,
+    keras_model_path,
+    load_keras_model,
+    save_keras_model,
+)
+from tfopt.artifacts import DatasetArtifact, ModelArtifact
+from tfopt.config import CompressConfig
+from tfopt.fileio import gzip_size_bytes
+from tfopt.logs import step_logger
+
+
+def pruned_name(cfg: CompressConfig) -> str:
+    """``pruned-<percent>`` (e.g. ``pruned-80``), or ``pruned-2of4`` for 2:4 sparsity."""
+    return "pruned-2of4" if cfg.structured_2_4 else f"pruned-{round(cfg.target_sparsity * 100)}"
+
+
+def pruning_params(cfg: CompressConfig, total_steps: int) -> dict:
+    """Tfmot's pruning arguments: a polynomial ramp to the target, or constant 2:4 sparsity.
+
+    The ramp ends at 70% of the fine-tuning steps, so the last steps recover accuracy at the
+    final sparsity.
+    """
+    import tensorflow_model_optimization as tfmot
+
+    sparsity = tfmot.sparsity.keras
+    frequency = max(1, total_steps // 20)
+    if cfg.structured_2_4:
+        return {
+            "pruning_schedule": sparsity.ConstantSparsity(0.5, begin_step=0, frequency=frequency),
+            "sparsity_m_by_n": (2, 4),
+        }
+    return {
+        "pruning_schedule": sparsity.PolynomialDecay(
+            initial_sparsity=0.0, final_sparsity=cfg.target_sparsity, begin_step=0,
+            end_step=max(1, int(total_steps * 0.7)), frequency=frequency,
+        )
+    }
+
+
+def _kernels(model: keras.Model) -> Iterator[tuple[str, np.ndarray]]:
+    """Each layer's kernel (the weights pruning acts on), with the layer's name."""
+    for layer in model.layers:
+        for weight in layer.weights:
+            if weight.name.split("/")[-1].split(":")[0] in ("kernel", "depthwise_kernel"):
+                yield layer.name, weight.numpy()
+
+
+def kernel_sparsity(model: keras.Model) -> dict[str, float]:
+    """Share of zero weights in each layer's kernel."""
+    return {name: float(np.mean(values == 0.0)) for name, values in _kernels(model)}
+
+
+def overall_sparsity(model: keras.Model) -> float:
+    """Share of zero weights over all kernels together."""
+    sizes = [(int(np.sum(values == 0.0)), values.size) for _, values in _kernels(model)]
+    total = sum(size for _, size in sizes)
+    return sum(zeros for zeros, _ in sizes) / total if total else 0.0
+
+
+def prune_and_finetune(
+    base: keras.Model, dataset: DatasetArtifact, cfg: CompressConfig, batch_size: int, seed: int
+) -> tuple[keras.Model, dict[str, list[float]]]:
+    """Wrap a copy of `base` for pruning and fine-tune it; `base` itself is not changed.
+
+    Returns:
+        The pruned model, still wrapped (call `strip_pruning` to export it), and its curves.
+    """
+    import tensorflow_model_optimization as tfmot
+
+    steps_per_epoch = math.ceil(dataset.splits["train"].examples / batch_size)
+    total_steps = steps_per_epoch * cfg.prune_epochs
+    pruned = tfmot.sparsity.keras.prune_low_magnitude(
+        copy_model(base), **pruning_params(cfg, total_steps)
+    )
+    curves, _ = fit(
+        pruned, dataset, epochs=cfg.prune_epochs, learning_rate=cfg.finetune_learning_rate,
+        batch_size=batch_size, seed=seed,
+        callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
+    )
+    return pruned, curves
+
+
+@task(name="prune_model", tags=["compression"])
+def prune_model(
+    model: ModelArtifact,
+    dataset: DatasetArtifact,
+    cfg: CompressConfig,
+    batch_size: int,
+    seed: int,
+    out_dir: Path,
+) -> ModelArtifact:
+    """Prune a trained model to the target sparsity, fine-tune it, and strip the wrappers.
+
+    Args:
+        model: The trained Keras model (left unchanged).
+        dataset: Training data for fine-tuning; the test split measures accuracy.
+        cfg: Target sparsity (or 2:4), fine-tuning epochs and learning rate.
+        batch_size: Fine-tuning batch size.
+        seed: Shuffle seed.
+        out_dir: Folder for ``pruned-<percent>.keras``.
+
+    Returns:
+        The stripped, pruned model with its sparsity per layer, overall sparsity, test
+        accuracy and gzip size as metrics.
+    """
+    import tensorflow_model_optimization as tfmot
+
+    logger = step_logger()
+    keras.utils.set_random_seed(seed)
+    pruned, curves = prune_and_finetune(load_keras_model(model.path), dataset, cfg,
+                                        batch_size, seed)
+    stripped = tfmot.sparsity.keras.strip_pruning(pruned)
+    name = pruned_name(cfg)
+    path = keras_model_path(out_dir, name)
+    save_keras_model(stripped, path)
+    per_layer = kernel_sparsity(stripped)
+    overall = overall_sparsity(stripped)
+    logger.info("%s: overall kernel sparsity %.3f (target %.2f); per layer %s", name, overall,
+                cfg.target_sparsity, {k: round(v, 3) for k, v in per_layer.items()})
+    return ModelArtifact(
+        name=name,
+        path=path,
+        format="keras",
+        image_size=model.image_size,
+        num_classes=model.num_classes,
+        params={"technique": "pruning", "target_sparsity": cfg.target_sparsity,
+                "structured_2_4": cfg.structured_2_4, "prune_epochs": cfg.prune_epochs},
+        metrics={
+            "sparsity": overall,
+            **{f"sparsity.{layer}": value for layer, value in per_layer.items()},
+            "test_accuracy": evaluate_test_accuracy(stripped, dataset),
+            "keras_gzip_bytes": float(gzip_size_bytes(path)),
+        },
+        history=curves,
+    )
