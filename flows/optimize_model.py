@@ -12,16 +12,26 @@ from prefect.states import State
 
 from tasks.benchmark_variant import benchmark_variant
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
-from tasks.compute_reference import compute_reference
 from tasks.convert_tflite import convert_tflite
+from tasks.distill_model import distill_model
 from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
 from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.pick_champion import pick_champion
+from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
+from tasks.prune_model import prune_model, pruned_name
+from tasks.quantize_aware_train import quantize_aware_train
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from tfopt import tracking
-from tfopt.artifacts import DatasetArtifact, ModelArtifact, VariantResult, VariantSpec
+from tfopt.artifacts import (
+    BenchmarkInputs,
+    DatasetArtifact,
+    ModelArtifact,
+    Precision,
+    VariantResult,
+    VariantSpec,
+)
 from tfopt.config import BenchmarkConfig, PipelineConfig
 from tfopt.fileio import atomic_write_json
 from tfopt.provenance import git_commit, mlflow_tracking_uri
@@ -60,16 +70,35 @@ def _unmeasured(spec: VariantSpec, status: str, error: str | None) -> VariantRes
 
 
 def _benchmark_isolated(
-    spec: VariantSpec, dataset: DatasetArtifact, cfg: BenchmarkConfig, reference: Path
+    spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
 ) -> VariantResult:
     """Benchmark a built variant; a variant that failed or was skipped earlier keeps its status."""
     if spec.status != "ok":
         return _unmeasured(spec, spec.status, spec.error)
-    state = benchmark_variant(spec, dataset, cfg, reference, return_state=True)
+    state = benchmark_variant(spec, inputs, cfg, return_state=True)
     return state.result() if state.is_completed() else _unmeasured(spec, "failed", _error_of(state))
 
 
-def _build_variants(
+def _conversions(
+    source: ModelArtifact,
+    savedmodel: ModelArtifact,
+    precisions: list[Precision],
+    dataset: DatasetArtifact,
+    config: PipelineConfig,
+    variants_dir: Path,
+) -> list[VariantSpec]:
+    """TFLite conversions of one SavedModel; a conversion that fails becomes a failed variant."""
+    variants = []
+    for precision in precisions:
+        planned = VariantSpec(name=f"{source.name}-tflite-{precision}", source=source.name,
+                              format="tflite", precision=precision, path=None)
+        state = convert_tflite(savedmodel, precision, dataset, config.convert, variants_dir,
+                               return_state=True)
+        variants.append(_built_or_failed(state, planned))
+    return variants
+
+
+def _baseline_variants(
     config: PipelineConfig,
     dataset: DatasetArtifact,
     keras_model: ModelArtifact,
@@ -77,7 +106,7 @@ def _build_variants(
     run_dir: Path,
     context: _RunContext,
 ) -> list[VariantSpec]:
-    """Every form of one model to benchmark; a conversion that fails becomes a failed variant."""
+    """Every form of the baseline: graph, SavedModel, XLA, TFLite, ONNX, TF-TRT."""
     source = keras_model.name
     variants_dir = run_dir / "variants"
     variants = [
@@ -94,12 +123,8 @@ def _build_variants(
             params["hlo_path"] = str(variants_dir / f"{name}.hlo.txt")
         variants.append(VariantSpec(name=name, source=source, format="xla", precision="fp32",
                                     path=keras_model.path, params=params))
-    for precision in config.convert.tflite:
-        planned = VariantSpec(name=f"{source}-tflite-{precision}", source=source,
-                              format="tflite", precision=precision, path=None)
-        state = convert_tflite(savedmodel, precision, dataset, config.convert, variants_dir,
-                               return_state=True)
-        variants.append(_built_or_failed(state, planned))
+    variants += _conversions(keras_model, savedmodel, config.convert.tflite, dataset, config,
+                             variants_dir)
     if config.convert.onnx:
         planned = VariantSpec(name=f"{source}-onnx", source=source, format="onnx",
                               precision="fp32", path=None)
@@ -124,6 +149,60 @@ def _build_variants(
         or "TF-TRT conversion is not built into tfopt; use the ONNX TensorRT bundle",
     ))
     return variants
+
+
+def _compressed_variants(
+    config: PipelineConfig,
+    dataset: DatasetArtifact,
+    baseline: ModelArtifact,
+    batch_size: int,
+    run_dir: Path,
+) -> tuple[list[VariantSpec], list[ModelArtifact]]:
+    """Prune, distill and quantization-aware train the baseline, then convert each result.
+
+    A technique that fails marks its planned variants failed; the other techniques go on.
+
+    Returns:
+        The variants to benchmark, and the compressed models (for their technique metrics).
+    """
+    cfg, seed = config.compress, config.train.seed
+    models_dir, variants_dir = run_dir / "models", run_dir / "variants"
+    planned: list[tuple[str, list[tuple[str, Precision]], State]] = []
+    if cfg.prune:
+        state = prune_model(baseline, dataset, cfg, batch_size, seed, models_dir,
+                            return_state=True)
+        planned.append((pruned_name(cfg), [("graph", "fp32")] + [("tflite", p) for p in cfg.tflite],
+                        state))
+    if cfg.distill:
+        state = distill_model(baseline, dataset, cfg, config.train.learning_rate, batch_size, seed,
+                              models_dir, return_state=True)
+        planned.append(("distilled-small",
+                        [("graph", "fp32")] + [("tflite", p) for p in cfg.tflite], state))
+    if cfg.qat:
+        state = quantize_aware_train(baseline, dataset, cfg, batch_size, seed, models_dir,
+                                     return_state=True)
+        planned.append(("qat", [("tflite", "int8")], state))
+    variants: list[VariantSpec] = []
+    models: list[ModelArtifact] = []
+    for source, forms, state in planned:
+        if not state.is_completed():
+            error = f"{source} failed: {_error_of(state)}"
+            variants += [
+                VariantSpec(name=f"{source}-{fmt}" + (f"-{p}" if fmt == "tflite" else ""),
+                            source=source, format=fmt, precision=p, path=None, status="failed",
+                            error=error)
+                for fmt, p in forms
+            ]
+            continue
+        model = state.result()
+        models.append(model)
+        savedmodel = model if model.format == "savedmodel" else export_savedmodel(model, models_dir)
+        if ("graph", "fp32") in forms:
+            variants.append(VariantSpec(name=f"{source}-graph", source=source, format="graph",
+                                        precision="fp32", path=model.path))
+        precisions = [p for fmt, p in forms if fmt == "tflite"]
+        variants += _conversions(model, savedmodel, precisions, dataset, config, variants_dir)
+    return variants, models
 
 
 @flow(
@@ -211,13 +290,27 @@ def _run_steps(
     tracking.log_params(mlflow, parent_id, {"baseline": baseline.params})
     savedmodel = export_savedmodel(baseline, models_dir)
     tracking.log_artifact(mlflow, parent_id, savedmodel.path, "models/baseline-savedmodel")
-    reference = compute_reference(savedmodel, dataset, run_dir / "reference")
+    inputs = prepare_benchmark_inputs(savedmodel, dataset, run_dir / "benchmark-inputs")
 
-    variants = _build_variants(config, dataset, baseline, savedmodel, run_dir, context)
-    results = [_benchmark_isolated(v, dataset, config.benchmark, reference) for v in variants]
+    variants = _baseline_variants(config, dataset, baseline, savedmodel, run_dir, context)
+    compressed, technique_models = _compressed_variants(
+        config, dataset, baseline, pipeline.chosen_batch_size, run_dir
+    )
+    variants += compressed
+    for model in technique_models:
+        tracking.log_metrics(mlflow, parent_id,
+                             {f"{model.name}.{k}": v for k, v in model.metrics.items()})
+        tracking.log_metric_history(mlflow, parent_id, {
+            f"{model.name}.train_{k}": v for k, v in model.history.items()
+        })
+    results = [_benchmark_isolated(v, inputs, config.benchmark) for v in variants]
+    sources = {model.name: model for model in [baseline, *technique_models]}
     for result in results:
+        source = sources.get(result.source)
         tracking.log_variant_run(
-            mlflow, context.experiment_id, parent_id, result, tags=context.tags
+            mlflow, context.experiment_id, parent_id, result, tags=context.tags,
+            source_params=source.params if source else None,
+            source_metrics=source.metrics if source else None,
         )
     choice = pick_champion(results, config.benchmark.accuracy_budget_points)
     if choice.name:
@@ -234,4 +327,6 @@ def _run_steps(
         champion_reason=choice.reason,
         baseline_accuracy=choice.baseline_accuracy,
         budget_points=config.benchmark.accuracy_budget_points,
+        techniques={model.name: {"params": model.params, "metrics": model.metrics}
+                    for model in technique_models},
     )

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.export_savedmodel import INPUT_NAME, SIGNATURE_KEY, replace_dir
+from tasks.export_savedmodel import replace_dir
 from tfopt.artifacts import ModelArtifact, VariantSpec
 from tfopt.fileio import atomic_write_text
+from tfopt.serving import INPUT_NAME, SIGNATURE_KEY
 
 
 def tftrt_unavailable_reason() -> str | None:

@@ -9,11 +9,11 @@ import numpy as np
 import tensorflow as tf
 from prefect import task
 
-from tasks.export_savedmodel import SIGNATURE_KEY
 from tasks.input_pipeline import load_split_arrays
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, Precision, VariantSpec
 from tfopt.config import ConvertConfig
 from tfopt.fileio import atomic_write_bytes
+from tfopt.serving import SIGNATURE_KEY
 
 
 def representative_images(

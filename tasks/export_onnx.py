@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
-from tasks.export_savedmodel import SIGNATURE_KEY
 from tasks.input_pipeline import load_split_arrays
 from tasks.runners import OnnxRunner, SavedModelRunner, predict_batched, softmax
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, VariantSpec
 from tfopt.config import ConvertConfig
 from tfopt.logs import step_logger
+from tfopt.serving import SIGNATURE_KEY
 
 CHECK_EXAMPLES = 256
 

@@ -10,11 +10,7 @@ from prefect import task
 
 from tasks.train_model import load_keras_model
 from tfopt.artifacts import ModelArtifact
-
-SIGNATURE_KEY = "serving_default"
-INPUT_NAME = "images"
-OUTPUT_LOGITS = "logits"
-OUTPUT_PROBABILITIES = "probabilities"
+from tfopt.serving import INPUT_NAME, OUTPUT_LOGITS, OUTPUT_PROBABILITIES, SIGNATURE_KEY
 
 
 def replace_dir(staging: Path, final: Path) -> None:

@@ -27,8 +27,8 @@ def build_model(
 
     Args:
         architecture: ``small_cnn``, ``mobilenet_v2`` (inverted residual blocks with depthwise
-            convolutions, MobileNetV2's layout) or ``small_student`` (a two-block CNN meant to
-            be distilled from a larger teacher).
+            convolutions, MobileNetV2's layout) or ``small_student`` (small_cnn without its hidden
+            dense layer, meant to be distilled from a larger teacher).
         image_size: Input side in pixels (square RGB input).
         num_classes: Output logits.
         width: Filters in the first convolution (small_cnn, small_student).
@@ -104,7 +104,7 @@ def _small_cnn(ops: _Layers, x, width: int):
 
 
 def _small_student(ops: _Layers, x, width: int):
-    for block, filters in enumerate((width, width * 2)):
+    for block, filters in enumerate((width, width * 2, width * 4)):
         x = _conv_bn_relu(ops, x, filters, f"block{block}")
         x = ops.pool(f"pool{block}")(x)
     return _pooled(ops, x)

@@ -1,7 +1,8 @@
 """Uniform `predict(batch) -> logits` wrappers around every inference backend. Not a task.
 
 The benchmark and the agreement checks call these, so every backend is fed the same numpy
-inputs and judged by the same code.
+inputs and judged by the same code. TensorFlow is imported only by the runners that need it,
+so a process measuring a TFLite or ONNX model carries no TensorFlow runtime.
 """
 
 from __future__ import annotations
@@ -10,13 +11,9 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import tensorflow as tf
 
-from tasks.export_savedmodel import INPUT_NAME, OUTPUT_LOGITS, SIGNATURE_KEY
-from tasks.train_model import load_keras_model
 from tfopt.artifacts import VariantSpec
-
-XLA_AUTOCLUSTER_FLAGS = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"
+from tfopt.serving import INPUT_NAME, OUTPUT_LOGITS, SIGNATURE_KEY
 
 
 class Runner(Protocol):
@@ -31,29 +28,39 @@ class GraphRunner:
     """A Keras model traced into a TensorFlow graph with `tf.function` (optionally XLA-compiled)."""
 
     def __init__(self, path: Path, jit_compile: bool = False) -> None:
+        import tensorflow as tf
+
+        from tasks.train_model import load_keras_model
+
+        self._tf = tf
         model = load_keras_model(path)
         self._call = tf.function(lambda images: model(images, training=False),
                                  jit_compile=jit_compile, reduce_retracing=True)
 
     def predict(self, images: np.ndarray) -> np.ndarray:
         """Run the traced model."""
-        return self._call(tf.constant(images)).numpy()
+        return self._call(self._tf.constant(images)).numpy()
 
     def hlo_text(self, images: np.ndarray) -> str:
         """The optimized HLO XLA compiles for inputs shaped like `images` (jit_compile only)."""
-        return self._call.experimental_get_compiler_ir(tf.constant(images))(stage="optimized_hlo")
+        compiler_ir = self._call.experimental_get_compiler_ir(self._tf.constant(images))
+        return compiler_ir(stage="optimized_hlo")
 
 
 class SavedModelRunner:
     """The ``serving_default`` signature of a reloaded SavedModel."""
 
     def __init__(self, path: Path) -> None:
+        import tensorflow as tf
+
+        self._tf = tf
         self._loaded = tf.saved_model.load(str(path))
         self._signature = self._loaded.signatures[SIGNATURE_KEY]
 
     def predict(self, images: np.ndarray) -> np.ndarray:
         """Call the serving signature."""
-        return self._signature(**{INPUT_NAME: tf.constant(images)})[OUTPUT_LOGITS].numpy()
+        outputs = self._signature(**{INPUT_NAME: self._tf.constant(images)})
+        return outputs[OUTPUT_LOGITS].numpy()
 
 
 class TFLiteRunner:

@@ -82,6 +82,18 @@ class VariantSpec(_Frozen):
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
 
+class BenchmarkInputs(_Frozen):
+    """The test split decoded once, and the float model's outputs on it.
+
+    Every variant is fed exactly these arrays.
+    """
+
+    images: Path
+    labels: Path
+    reference_logits: Path
+    examples: int
+
+
 class LatencyStats(_Frozen):
     """Batch-1 latency in milliseconds over the timed runs (warm-up excluded)."""
 

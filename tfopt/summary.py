@@ -64,6 +64,7 @@ def build_summary(
     champion_reason: str,
     baseline_accuracy: float | None,
     budget_points: float,
+    techniques: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble the summary JSON (DESIGN.md's contract; keys are only ever added)."""
     return {
@@ -90,6 +91,7 @@ def build_summary(
             variant_entry(result, baseline_accuracy, budget_points) for result in results
         ],
         "baseline_accuracy": baseline_accuracy,
+        "techniques": techniques or {},
         "champion": champion or "",
         "champion_reason": champion_reason,
     }

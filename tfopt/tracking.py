@@ -200,6 +200,8 @@ def log_variant_run(
     result: object,
     tags: Mapping[str, str] | None = None,
     log_model_files: bool = True,
+    source_params: Mapping[str, object] | None = None,
+    source_metrics: Mapping[str, float] | None = None,
 ) -> str:
     """Create a child run for one benchmarked variant with its params, metrics and model file.
 
@@ -210,6 +212,9 @@ def log_variant_run(
         result: A `VariantResult`.
         tags: Extra tags (e.g. the Prefect flow run id).
         log_model_files: Upload the variant's model file or folder as an artifact.
+        source_params: Parameters of the technique that made the variant's model.
+        source_metrics: Metrics of that technique (e.g. sparsity reached), logged as
+            ``source.<name>``.
 
     Returns:
         The child run's id.
@@ -219,7 +224,10 @@ def log_variant_run(
         mlflow,
         experiment_id,
         run_name=data["name"],
-        params={key: data[key] for key in ("name", "source", "format", "precision")},
+        params={
+            **{key: data[key] for key in ("name", "source", "format", "precision")},
+            **{f"source.{key}": value for key, value in (source_params or {}).items()},
+        },
         tags={
             **(tags or {}),
             "tfopt.variant": data["name"],
@@ -228,6 +236,8 @@ def log_variant_run(
         },
         parent_run_id=parent_run_id,
     )
+    if source_metrics:
+        log_metrics(mlflow, run_id, {f"source.{k}": v for k, v in source_metrics.items()})
     if data["status"] == "ok":
         log_metrics(mlflow, run_id, variant_metrics(result))
         path = data.get("path")

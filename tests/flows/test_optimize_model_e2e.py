@@ -124,6 +124,7 @@ def test_prefect_shows_the_flow_run_and_its_task_runs(smoke_run):
         task_runs = json.load(response)
     names = {run["name"].rsplit("-", 1)[0] for run in task_runs}
     assert {"write_tfrecords", "measure_input_pipeline", "train_model", "export_savedmodel",
-            "compute_reference", "convert_tflite", "export_onnx", "bundle_tensorrt",
+            "prepare_benchmark_inputs", "convert_tflite", "prune_model", "distill_model",
+            "quantize_aware_train", "export_onnx", "bundle_tensorrt",
             "benchmark_variant", "pick_champion"} <= names
     assert all(run["state_type"] == "COMPLETED" for run in task_runs)

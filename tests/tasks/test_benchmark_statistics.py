@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.benchmark_variant import latency_stats, time_runs
+from tasks.benchmark_worker import latency_stats, time_runs
 from tasks.pick_champion import choose_champion
 from tfopt.artifacts import LatencyStats, VariantResult
 

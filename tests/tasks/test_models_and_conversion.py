@@ -7,6 +7,7 @@ from tasks.benchmark_variant import benchmark_variant
 from tasks.convert_tflite import convert_tflite
 from tasks.export_savedmodel import export_savedmodel
 from tasks.input_pipeline import load_split_arrays
+from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.runners import GraphRunner, SavedModelRunner, TFLiteRunner
 from tasks.train_model import load_keras_model
 from tfopt.config import BenchmarkConfig, ConvertConfig
@@ -63,7 +64,10 @@ def test_benchmark_reports_accuracy_latency_and_sizes(tiny_baseline, tiny_datase
     spec = VariantSpec(name="baseline-graph", source="baseline", format="graph",
                        precision="fp32", path=tiny_baseline.path)
     cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, max_seconds=5, isolate=False)
-    result = benchmark_variant.fn(spec, tiny_dataset, cfg)
+    exported = export_savedmodel.fn(tiny_baseline, tmp_path)
+    inputs = prepare_benchmark_inputs.fn(exported, tiny_dataset, tmp_path / "inputs")
+    result = benchmark_variant.fn(spec, inputs, cfg)
+    assert result.top1_agreement == 1.0
     images, labels = load_split_arrays(tiny_dataset.splits["test"].files, 16)
     expected = np.mean(np.argmax(GraphRunner(tiny_baseline.path).predict(images), 1) == labels)
     assert result.status == "ok" and result.timed_runs == 12

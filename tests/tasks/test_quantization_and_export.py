@@ -7,10 +7,10 @@ import pytest
 
 from tasks.benchmark_variant import benchmark_variant
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
-from tasks.compute_reference import compute_reference
 from tasks.convert_tflite import convert_tflite
 from tasks.export_onnx import export_onnx
 from tasks.input_pipeline import load_split_arrays
+from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.runners import GraphRunner, OnnxRunner, SavedModelRunner, TFLiteRunner, softmax
 from tfopt.artifacts import VariantSpec
 from tfopt.config import BenchmarkConfig, ConvertConfig
@@ -118,17 +118,21 @@ def test_tftrt_is_reported_unavailable_on_this_build():
 def test_isolated_benchmark_measures_agreement_and_memory(tiny_savedmodel, tiny_dataset,
                                                           tmp_path):
     variant = convert_tflite.fn(tiny_savedmodel, "fp32", tiny_dataset, ConvertConfig(), tmp_path)
-    reference = compute_reference.fn(tiny_savedmodel, tiny_dataset, tmp_path / "ref")
+    inputs = prepare_benchmark_inputs.fn(tiny_savedmodel, tiny_dataset, tmp_path / "inputs")
     cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, max_seconds=5, isolate=True)
-    result = benchmark_variant.fn(variant, tiny_dataset, cfg, reference)
+    result = benchmark_variant.fn(variant, inputs, cfg)
     assert result.status == "ok" and result.timed_runs == 10
     assert result.top1_agreement == 1.0 and result.max_abs_diff < 1e-4
-    assert result.peak_rss_mb > 50 and result.first_inference_ms > 0
+    assert result.first_inference_ms > 0
+    # A TFLite variant's process never loads TensorFlow, so its peak memory is small.
+    assert 10 < result.peak_rss_mb < 400
 
 
-def test_autocluster_needs_an_isolated_process(tiny_baseline, tiny_dataset):
+def test_autocluster_needs_an_isolated_process(tiny_baseline, tiny_savedmodel, tiny_dataset,
+                                               tmp_path):
+    inputs = prepare_benchmark_inputs.fn(tiny_savedmodel, tiny_dataset, tmp_path)
     spec = VariantSpec(name="baseline-xla-autocluster", source="baseline", format="xla",
                        precision="fp32", path=tiny_baseline.path,
                        params={"xla_mode": "autocluster"})
     with pytest.raises(ValueError, match="isolate"):
-        benchmark_variant.fn(spec, tiny_dataset, BenchmarkConfig(isolate=False))
+        benchmark_variant.fn(spec, inputs, BenchmarkConfig(isolate=False))

@@ -1,0 +1,56 @@
+"""Decode the test split once and record the float model's outputs on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from prefect import task
+
+from tasks.input_pipeline import load_split_arrays
+from tasks.runners import SavedModelRunner, predict_batched
+from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, ModelArtifact
+
+
+def _save_array(path: Path, values: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp.npy")
+    np.save(tmp, values)
+    tmp.replace(path)
+
+
+@task(name="prepare_benchmark_inputs", tags=["benchmark"])
+def prepare_benchmark_inputs(
+    savedmodel: ModelArtifact, dataset: DatasetArtifact, out_dir: Path
+) -> BenchmarkInputs:
+    """Save the decoded test split and the float SavedModel's logits on it as ``.npy`` files.
+
+    Every variant is then benchmarked on the very same arrays (no decoding differences between
+    runs or backends), and its agreement is measured against the same reference.
+
+    Args:
+        savedmodel: The float model whose outputs are the reference (e.g. the baseline).
+        dataset: The data set whose test split is the benchmark input.
+        out_dir: Folder for ``test-images.npy``, ``test-labels.npy`` and
+            ``<name>-reference-logits.npy``.
+
+    Returns:
+        The three files and the number of examples.
+
+    Raises:
+        ValueError: The test split is empty.
+    """
+    images, labels = load_split_arrays(dataset.splits["test"].files, dataset.image_size)
+    if len(images) == 0:
+        raise ValueError("the test split is empty: nothing to benchmark on")
+    logits = predict_batched(SavedModelRunner(savedmodel.path), images)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    inputs = BenchmarkInputs(
+        images=out_dir / "test-images.npy",
+        labels=out_dir / "test-labels.npy",
+        reference_logits=out_dir / f"{savedmodel.name}-reference-logits.npy",
+        examples=len(images),
+    )
+    _save_array(inputs.images, images)
+    _save_array(inputs.labels, labels)
+    _save_array(inputs.reference_logits, logits)
+    return inputs
