@@ -129,7 +129,7 @@ class CompressConfig(_Section):
     distill: bool = Field(True, description="Distill the baseline into a small student.")
     student_width: int = Field(8, ge=4, le=256, description="Filters in the student's first layer.")
     distill_alpha: float = Field(
-        0.1, ge=0.0, le=1.0,
+        0.5, ge=0.0, le=1.0,
         description="Weight of the label loss; 1 - alpha weighs the teacher's softened outputs.",
     )
     temperature: float = Field(
