@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlflow.entities import Metric
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import State
@@ -16,15 +18,18 @@ from tasks.convert_tflite import convert_tflite
 from tasks.distill_model import distill_model
 from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
+from tasks.measure_data_layout import measure_data_layout
 from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.pick_champion import pick_champion
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.prune_model import prune_model, pruned_name
 from tasks.quantize_aware_train import quantize_aware_train
+from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from tfopt import tracking
 from tfopt.artifacts import (
+    BatchSweepResult,
     BenchmarkInputs,
     DatasetArtifact,
     ModelArtifact,
@@ -46,6 +51,18 @@ class _RunContext:
     parent_id: str
     flow_run_id: str
     tags: dict[str, str]
+
+
+def _sweep_points(sweep: BatchSweepResult) -> list[Metric]:
+    """The sweep as metric series with the batch size as step (MLflow plots them as curves)."""
+    now = int(time.time() * 1000)
+    return [
+        Metric(name, value, now, point.batch_size)
+        for point in sweep.points
+        for name, value in (("sweep_examples_per_s", point.examples_per_s),
+                            ("sweep_step_ms", point.step_ms),
+                            ("sweep_peak_extra_mb", point.peak_extra_mb))
+    ]
 
 
 def _error_of(state: State) -> str:
@@ -270,7 +287,15 @@ def _run_steps(
     })
     tracking.log_artifact(mlflow, parent_id, dataset.manifest_path, "dataset")
 
-    pipeline = measure_input_pipeline(dataset, config.train.batch_size)
+    sweep = sweep_batch_size(dataset, config.model, config.input, run_dir / "reports")
+    tracking.log_metric_points(mlflow, parent_id, _sweep_points(sweep))
+    tracking.log_artifact(mlflow, parent_id, sweep.plot_path, "reports")
+    batch_size = config.train.batch_size or sweep.chosen_batch_size
+    tracking.log_params(mlflow, parent_id, {
+        "batch_sweep.rule": sweep.rule, "training_batch_size": batch_size,
+    })
+
+    pipeline = measure_input_pipeline(dataset, sweep.chosen_batch_size, config.input)
     tracking.log_metrics(mlflow, parent_id, {
         "input_naive_examples_per_s": pipeline.naive_examples_per_s,
         "input_tuned_examples_per_s": pipeline.tuned_examples_per_s,
@@ -278,10 +303,25 @@ def _run_steps(
         "input_tuned_speedup": pipeline.tuned_examples_per_s / pipeline.naive_examples_per_s,
         "chosen_batch_size": pipeline.chosen_batch_size,
     })
+    tracking.log_params(mlflow, parent_id, {
+        "input.cache_decision": f"{pipeline.cache_mode}: {pipeline.cache_reason}",
+    })
+    layout = None
+    if config.input.measure_layouts:
+        layout = measure_data_layout(dataset, config.model, batch_size, config.input.sweep_steps)
+        tracking.log_metrics(mlflow, parent_id, {
+            "layout_nhwc_examples_per_s": layout.nhwc_examples_per_s,
+            **({"layout_nchw_examples_per_s": layout.nchw_examples_per_s}
+               if layout.nchw_examples_per_s else {}),
+        })
+        tracking.log_params(mlflow, parent_id, {
+            "layout.faster": layout.faster, "layout.device": layout.device,
+            "layout.note": layout.note,
+        })
 
     models_dir = run_dir / "models"
     baseline = train_model(
-        dataset, config.model, config.train, pipeline.chosen_batch_size, models_dir
+        dataset, config.model, config.train, batch_size, models_dir, config.input
     )
     tracking.log_metric_history(mlflow, parent_id, {
         f"train_{name}": values for name, values in baseline.history.items()
@@ -294,7 +334,7 @@ def _run_steps(
 
     variants = _baseline_variants(config, dataset, baseline, savedmodel, run_dir, context)
     compressed, technique_models = _compressed_variants(
-        config, dataset, baseline, pipeline.chosen_batch_size, run_dir
+        config, dataset, baseline, batch_size, run_dir
     )
     variants += compressed
     for model in technique_models:
@@ -329,4 +369,10 @@ def _run_steps(
         budget_points=config.benchmark.accuracy_budget_points,
         techniques={model.name: {"params": model.params, "metrics": model.metrics}
                     for model in technique_models},
+        extras={
+            "batch_size_sweep": sweep.model_dump(mode="json"),
+            "training_batch_size": batch_size,
+            "data_layout": layout.model_dump(mode="json") if layout else None,
+            "input_cache": {"mode": pipeline.cache_mode, "reason": pipeline.cache_reason},
+        },
     )

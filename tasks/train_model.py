@@ -12,10 +12,10 @@ import tensorflow as tf
 import tf_keras as keras
 from prefect import task
 
-from tasks.input_pipeline import tuned_dataset
+from tasks.input_pipeline import reader_options, tuned_dataset
 from tasks.model_zoo import build_model
 from tfopt.artifacts import DatasetArtifact, ModelArtifact
-from tfopt.config import ModelConfig, TrainConfig
+from tfopt.config import InputConfig, ModelConfig, TrainConfig
 from tfopt.logs import step_logger
 
 
@@ -55,17 +55,18 @@ def copy_model(model: keras.Model) -> keras.Model:
 
 
 def training_data(
-    dataset: DatasetArtifact, batch_size: int, seed: int
+    dataset: DatasetArtifact, batch_size: int, seed: int, input_cfg: InputConfig | None = None
 ) -> tuple[tf.data.Dataset, tf.data.Dataset | None]:
     """The tuned training pipeline and the validation pipeline (None without a val split)."""
-    train = tuned_dataset(
-        dataset.splits["train"].files, dataset.image_size, batch_size,
-        training=True, cache=True, seed=seed,
-    )
-    val_files = dataset.splits["val"].files
-    val = (
-        tuned_dataset(val_files, dataset.image_size, batch_size, cache=True) if val_files else None
-    )
+    input_cfg = input_cfg or InputConfig()
+    train_options, _ = reader_options(dataset, "train", input_cfg, training=True)
+    train = tuned_dataset(dataset.splits["train"].files, dataset.image_size, batch_size,
+                          training=True, seed=seed, options=train_options)
+    if not dataset.splits["val"].files:
+        return train, None
+    val_options, _ = reader_options(dataset, "val", input_cfg, training=False)
+    val = tuned_dataset(dataset.splits["val"].files, dataset.image_size, batch_size,
+                        options=val_options)
     return train, val
 
 
@@ -78,6 +79,7 @@ def fit(
     batch_size: int,
     seed: int,
     callbacks: list[keras.callbacks.Callback] | None = None,
+    input_cfg: InputConfig | None = None,
 ) -> tuple[dict[str, list[float]], float]:
     """Compile `model` for logits and integer labels, train it, and return its curves and seconds.
 
@@ -89,7 +91,7 @@ def fit(
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    train, val = training_data(dataset, batch_size, seed)
+    train, val = training_data(dataset, batch_size, seed, input_cfg)
     started = time.perf_counter()
     history = model.fit(train, validation_data=val, epochs=epochs, verbose=0,
                         callbacks=callbacks or [])
@@ -113,15 +115,17 @@ def train_model(
     train_cfg: TrainConfig,
     batch_size: int,
     out_dir: Path,
+    input_cfg: InputConfig | None = None,
 ) -> ModelArtifact:
     """Train the baseline network and save it as ``baseline.keras``.
 
     Args:
         dataset: The sharded data set (train and val splits are used).
         model_cfg: Which network to build.
-        train_cfg: Epochs, learning rate, seed.
+        train_cfg: Epochs, learning rate, seed, precision policy.
         batch_size: Training batch size (from the config or the measured sweep).
         out_dir: Folder for the saved model.
+        input_cfg: Reader settings (cache budget, crops, determinism); defaults if None.
 
     Returns:
         The saved model with its final metrics and per-epoch history.
@@ -132,7 +136,7 @@ def train_model(
         model = build_baseline(model_cfg, dataset)
         curves, train_seconds = fit(
             model, dataset, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
-            batch_size=batch_size, seed=train_cfg.seed,
+            batch_size=batch_size, seed=train_cfg.seed, input_cfg=input_cfg,
         )
     if train_cfg.mixed_precision != "off":
         # Variables stay float32 under a mixed policy; a float32 twin carries them into export

@@ -4,7 +4,11 @@ The shard plan is computed from the file listing alone (paths, sizes, labels, a 
 split), so it is deterministic and known before any image is read. Each shard is written under a
 temporary name and renamed when complete, then described by a small sidecar JSON. A rerun skips
 every shard whose sidecar matches the plan and whose bytes still match its checksum, so an
-interrupted run resumes instead of starting over.
+interrupted run resumes instead of starting over. Large writes run one process per core.
+
+The source is a class-per-folder image tree, or a folder of existing TFRecord files whose
+image and label features are named in the config; either way the shards hold the same
+features (encoded JPEG, label, class name, shape, source).
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import multiprocessing
 import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +35,7 @@ SPLITS = ("train", "val", "test")
 MANIFEST_NAME = "manifest.json"
 _MANIFEST_VERSION = 1
 _REENCODE_QUALITY = 95
+_PARALLEL_WRITE_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,86 @@ def list_source_images(cfg: DataConfig, class_names: list[str]) -> list[SourceIm
     return images
 
 
+def _tfrecord_files(source_dir: Path) -> list[Path]:
+    if not source_dir.is_dir():
+        raise NoUsableDataError(f"data.source_dir {source_dir} is not a folder")
+    files = sorted(p for p in source_dir.rglob("*") if p.is_file() and ".tfrecord" in p.name)
+    if not files:
+        raise NoUsableDataError(f"data.source_dir {source_dir} holds no *.tfrecord* files")
+    return files
+
+
+def _compression_of(path: Path) -> str:
+    return "GZIP" if path.suffix in (".gz", ".gzip") else ""
+
+
+def _source_feature_spec(cfg: DataConfig) -> dict:
+    import tensorflow as tf
+
+    return {
+        cfg.tfrecord_image_key: tf.io.FixedLenFeature([], tf.string),
+        cfg.tfrecord_label_key: tf.io.FixedLenFeature([], tf.int64),
+    }
+
+
+def iterate_source_records(cfg: DataConfig, path: Path) -> Iterator[tuple[int, bytes | str]]:
+    """Yield ``(index, serialized record)`` of one source file.
+
+    Where the file stops being readable (truncated or corrupt), yields ``(index, error text)``
+    once and ends.
+    """
+    import tensorflow as tf
+
+    index = 0
+    iterator = iter(tf.data.TFRecordDataset(str(path), compression_type=_compression_of(path)))
+    while True:
+        try:
+            record = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as error:
+            yield index, f"unreadable from record {index} on: {error.message[:200]}"
+            return
+        yield index, record.numpy()
+        index += 1
+
+
+def list_tfrecord_source(cfg: DataConfig) -> tuple[list[str], list[SourceImage], list[dict]]:
+    """Index a folder of TFRecord files: one entry per record, labels read from the records.
+
+    Returns:
+        Class names (the labels found, sorted), the entries, and the records that could not
+        be read or parsed.
+    """
+    import tensorflow as tf
+
+    spec = _source_feature_spec(cfg)
+    entries: list[tuple[str, int, int]] = []
+    skipped: list[dict] = []
+    for path in _tfrecord_files(cfg.source_dir):
+        relative = path.relative_to(cfg.source_dir).as_posix()
+        for index, record in iterate_source_records(cfg, path):
+            if isinstance(record, str):
+                skipped.append({"path": f"{relative}#{index}", "reason": record})
+                break
+            try:
+                parsed = tf.io.parse_single_example(record, spec)
+            except tf.errors.OpError as error:
+                skipped.append({"path": f"{relative}#{index}",
+                                "reason": f"cannot parse: {error.message[:200]}"})
+                continue
+            entries.append((f"{relative}#{index}", int(parsed[cfg.tfrecord_label_key]),
+                            len(record)))
+    labels = sorted({label for _, label, _ in entries})
+    position = {label: i for i, label in enumerate(labels)}
+    images = [
+        SourceImage(relative_path=name, label=position[label], size_bytes=size,
+                    split=split_of(name, cfg.val_fraction, cfg.test_fraction))
+        for name, label, size in entries
+    ]
+    return [str(label) for label in labels], images, skipped
+
+
 def plan_shards(images: list[SourceImage], target_bytes: int) -> list[ShardPlan]:
     """Pack each split's files, in order, into shards of about `target_bytes` each."""
     plans = []
@@ -146,7 +234,12 @@ def plan_shards(images: list[SourceImage], target_bytes: int) -> list[ShardPlan]
 
 
 def read_image(path: Path) -> tuple[bytes, int, int, bool]:
-    """Read and validate an image: JPEG bytes, height, width, and whether it was re-encoded.
+    """Read and validate an image file (see `validate_image`)."""
+    return validate_image(path.read_bytes())
+
+
+def validate_image(data: bytes) -> tuple[bytes, int, int, bool]:
+    """Validate encoded image bytes: JPEG bytes, height, width, and whether it was re-encoded.
 
     Baseline JPEGs in RGB or grayscale are kept byte for byte. Anything else PIL can read (PNG,
     RGBA, CMYK, palette, BMP, ...) is converted to RGB and re-encoded as JPEG, so every record
@@ -155,7 +248,6 @@ def read_image(path: Path) -> tuple[bytes, int, int, bool]:
     Raises:
         ValueError: The file is not a readable image (corrupt, truncated or not an image).
     """
-    data = path.read_bytes()
     try:
         with Image.open(io.BytesIO(data)) as probe:
             probe.verify()
@@ -218,7 +310,36 @@ def load_complete_shard(plan: ShardPlan, shard_path: Path) -> dict | None:
     return meta
 
 
-def write_shard(plan: ShardPlan, source_dir: Path, class_names: list[str],
+def _shard_sources(
+    plan: ShardPlan, cfg: DataConfig
+) -> Iterator[tuple[SourceImage, bytes | None, str | None]]:
+    """Each planned entry with its encoded bytes, or the reason they could not be read."""
+    if cfg.source_format == "image_folder":
+        for image in plan.images:
+            try:
+                yield image, (cfg.source_dir / image.relative_path).read_bytes(), None
+            except OSError as error:
+                yield image, None, f"cannot read: {error.strerror or error}"
+        return
+    import tensorflow as tf
+
+    wanted: dict[str, set[int]] = {}
+    for image in plan.images:
+        name, _, index = image.relative_path.rpartition("#")
+        wanted.setdefault(name, set()).add(int(index))
+    records: dict[str, bytes] = {}
+    spec = _source_feature_spec(cfg)
+    for name, indices in wanted.items():
+        for index, record in iterate_source_records(cfg, cfg.source_dir / name):
+            if index in indices and isinstance(record, bytes):
+                parsed = tf.io.parse_single_example(record, spec)
+                records[f"{name}#{index}"] = parsed[cfg.tfrecord_image_key].numpy()
+    for image in plan.images:
+        data = records.get(image.relative_path)
+        yield image, data, None if data is not None else "record no longer readable"
+
+
+def write_shard(plan: ShardPlan, cfg: DataConfig, class_names: list[str],
                 shard_path: Path) -> dict:
     """Write one shard atomically and its sidecar; skip and record unreadable images.
 
@@ -228,15 +349,17 @@ def write_shard(plan: ShardPlan, source_dir: Path, class_names: list[str],
     import tensorflow as tf
 
     tmp_path = shard_path.with_name(f".{shard_path.name}.{os.getpid()}.tmp")
+    options = tf.io.TFRecordOptions(compression_type=_writer_compression(cfg))
     skipped, class_counts, examples, reencoded = [], {}, 0, 0
     try:
-        with tf.io.TFRecordWriter(str(tmp_path)) as writer:
-            for image in plan.images:
-                path = source_dir / image.relative_path
+        with tf.io.TFRecordWriter(str(tmp_path), options) as writer:
+            for image, data, error in _shard_sources(plan, cfg):
                 try:
-                    encoded, height, width, converted = read_image(path)
-                except (OSError, ValueError) as error:
-                    skipped.append({"path": image.relative_path, "reason": str(error)[:300]})
+                    if data is None:
+                        raise ValueError(error)
+                    encoded, height, width, converted = validate_image(data)
+                except ValueError as problem:
+                    skipped.append({"path": image.relative_path, "reason": str(problem)[:300]})
                     continue
                 reencoded += converted
                 class_name = class_names[image.label]
@@ -265,10 +388,47 @@ def write_shard(plan: ShardPlan, source_dir: Path, class_names: list[str],
     return meta
 
 
+def _writer_compression(cfg: DataConfig) -> str:
+    return "GZIP" if cfg.compression == "gzip" else ""
+
+
+def shard_suffix(cfg: DataConfig) -> str:
+    """File suffix of the shards: ``.tfrecord``, or ``.tfrecord.gz`` when compressed."""
+    return ".tfrecord.gz" if cfg.compression == "gzip" else ".tfrecord"
+
+
+def writer_processes(cfg: DataConfig, pending: list[ShardPlan]) -> int:
+    """How many processes write the pending shards (see `DataConfig.write_workers`)."""
+    if cfg.write_workers:
+        return max(1, min(cfg.write_workers, len(pending)))
+    pending_bytes = sum(image.size_bytes for plan in pending for image in plan.images)
+    if pending_bytes < _PARALLEL_WRITE_BYTES or len(pending) < 2:
+        return 1
+    return max(1, min(os.cpu_count() or 1, len(pending)))
+
+
+def write_pending_shards(
+    pending: list[ShardPlan], cfg: DataConfig, class_names: list[str], out_dir: Path
+) -> list[dict]:
+    """Write shards, in parallel processes when that pays (spawned: no forked TensorFlow)."""
+    workers = writer_processes(cfg, pending)
+    paths = [out_dir / plan.file_name.replace(".tfrecord", shard_suffix(cfg)) for plan in pending]
+    if workers == 1:
+        return [write_shard(plan, cfg, class_names, path) for plan, path in zip(pending, paths,
+                                                                                strict=True)]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(write_shard, plan, cfg, class_names, path)
+                   for plan, path in zip(pending, paths, strict=True)]
+        return [future.result() for future in futures]
+
+
 def dataset_dir_for(cfg: DataConfig, work_dir: Path, images: list[SourceImage]) -> Path:
     """A folder named after the source listing, so the same data maps to the same shards."""
     listing = hashlib.sha256()
-    listing.update(f"{cfg.source_dir.resolve()}|{cfg.shard_size_mb}".encode())
+    listing.update(
+        f"{cfg.source_dir.resolve()}|{cfg.shard_size_mb}|{cfg.compression}".encode()
+    )
     for image in images:
         listing.update(f"{image.relative_path}\t{image.size_bytes}\t{image.split}\n".encode())
     return work_dir / "datasets" / f"{cfg.source_dir.name}-{listing.hexdigest()[:12]}"
@@ -289,31 +449,38 @@ def write_tfrecords(cfg: DataConfig, work_dir: Path) -> DatasetArtifact:
         NoUsableDataError: The folder has no usable image, or the training split is empty.
     """
     logger = step_logger()
-    class_names = list_class_folders(cfg.source_dir)
-    images = list_source_images(cfg, class_names)
-    if not images:
+    if cfg.source_format == "tfrecord":
+        class_names, images, listing_skipped = list_tfrecord_source(cfg)
+    else:
+        class_names = list_class_folders(cfg.source_dir)
+        images, listing_skipped = list_source_images(cfg, class_names), []
+    if not images and not listing_skipped:
         raise NoUsableDataError(f"data.source_dir {cfg.source_dir} has class folders but no files")
     out_dir = dataset_dir_for(cfg, work_dir, images)
     out_dir.mkdir(parents=True, exist_ok=True)
     plans = plan_shards(images, int(cfg.shard_size_mb * 1024 * 1024))
-    shard_metas, reused = [], 0
+    metas: dict[str, dict] = {}
+    pending = []
     for plan in plans:
-        shard_path = out_dir / plan.file_name
+        shard_path = out_dir / plan.file_name.replace(".tfrecord", shard_suffix(cfg))
         meta = load_complete_shard(plan, shard_path)
         if meta is None:
-            meta = write_shard(plan, cfg.source_dir, class_names, shard_path)
+            pending.append(plan)
         else:
-            reused += 1
-        shard_metas.append(meta)
+            metas[plan.file_name] = meta
+    written = write_pending_shards(pending, cfg, class_names, out_dir)
+    metas.update({plan.file_name: meta for plan, meta in zip(pending, written, strict=True)})
     logger.info(
-        "%d shards in %s (%d reused from an earlier run, %d written)",
-        len(plans), out_dir, reused, len(plans) - reused,
+        "%d shards in %s (%d reused from an earlier run, %d written by %d process(es))",
+        len(plans), out_dir, len(plans) - len(pending), len(pending),
+        writer_processes(cfg, pending) if pending else 0,
     )
-    return _finish_manifest(cfg, out_dir, class_names, shard_metas)
+    return _finish_manifest(cfg, out_dir, class_names,
+                            [metas[plan.file_name] for plan in plans], listing_skipped)
 
 
 def _finish_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
-                     shard_metas: list[dict]) -> DatasetArtifact:
+                     shard_metas: list[dict], listing_skipped: list[dict]) -> DatasetArtifact:
     splits: dict[str, SplitInfo] = {}
     manifest_splits = {}
     for split in SPLITS:
@@ -327,6 +494,7 @@ def _finish_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
             files=[out_dir / meta["file"] for meta in metas],
             examples=examples,
             class_counts=counts,
+            bytes=sum(meta["bytes"] for meta in metas),
         )
         manifest_splits[split] = {
             "examples": examples,
@@ -336,7 +504,7 @@ def _finish_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
                 for meta in metas
             ],
         }
-    quarantine = [item for meta in shard_metas for item in meta["skipped"]]
+    quarantine = listing_skipped + [item for meta in shard_metas for item in meta["skipped"]]
     total = sum(info.examples for info in splits.values())
     if total == 0:
         raise NoUsableDataError(
@@ -349,6 +517,8 @@ def _finish_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
         "version": _MANIFEST_VERSION,
         "source_dir": str(cfg.source_dir.resolve()),
         "class_names": class_names,
+        "source_format": cfg.source_format,
+        "compression": cfg.compression,
         "shard_target_bytes": int(cfg.shard_size_mb * 1024 * 1024),
         "split_rule": (
             f"sha256(relative path) -> [0,1): test < {cfg.test_fraction}, "
@@ -369,4 +539,5 @@ def _finish_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
         splits=splits,
         shards=sum(len(info.files) for info in splits.values()),
         skipped_records=len(quarantine),
+        compression=_writer_compression(cfg),
     )

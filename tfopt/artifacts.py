@@ -26,6 +26,7 @@ class SplitInfo(_Frozen):
     files: list[Path]
     examples: int
     class_counts: dict[str, int]
+    bytes: int = 0
 
 
 class DatasetArtifact(_Frozen):
@@ -38,6 +39,7 @@ class DatasetArtifact(_Frozen):
     splits: dict[str, SplitInfo]
     shards: int
     skipped_records: int
+    compression: str = ""
 
     @property
     def num_classes(self) -> int:
@@ -53,6 +55,36 @@ class InputPipelineResult(_Frozen):
     cached_examples_per_s: float
     chosen_batch_size: int
     examples_measured: int
+    cache_mode: str = "none"
+    cache_reason: str = ""
+
+
+class SweepPoint(_Frozen):
+    """Training-step measurements at one batch size."""
+
+    batch_size: int
+    examples_per_s: float
+    step_ms: float
+    peak_extra_mb: float
+
+
+class BatchSweepResult(_Frozen):
+    """The batch-size sweep, the rule applied to it, and its choice."""
+
+    points: list[SweepPoint]
+    chosen_batch_size: int
+    rule: str
+    plot_path: Path | None = None
+
+
+class LayoutResult(_Frozen):
+    """Training-step throughput in NHWC and NCHW on this device, and which was faster."""
+
+    device: str
+    nhwc_examples_per_s: float
+    nchw_examples_per_s: float | None
+    faster: str
+    note: str
 
 
 class ModelArtifact(_Frozen):

@@ -39,9 +39,33 @@ class DataConfig(_Section):
     shard_size_mb: float = Field(
         100.0, gt=0.0, le=4096.0, description="Target TFRecord shard size in MB (~100 MB is best)."
     )
+    compression: Literal["none", "gzip"] = Field(
+        "none", description="Compress TFRecord shards (smaller files, more CPU to read)."
+    )
+    write_workers: int = Field(
+        0, ge=0, le=256,
+        description=(
+            "Processes writing shards in parallel (0: one per core when more than 256 MB is "
+            "to be written, else one)."
+        ),
+    )
+    source_format: Literal["image_folder", "tfrecord"] = Field(
+        "image_folder",
+        description="image_folder: <source_dir>/<label>/<image>; tfrecord: *.tfrecord* files.",
+    )
+    tfrecord_image_key: str = Field(
+        "image/encoded", min_length=1,
+        description="For tfrecord sources: feature holding the encoded image bytes.",
+    )
+    tfrecord_label_key: str = Field(
+        "image/label", min_length=1,
+        description="For tfrecord sources: int64 feature holding the class label.",
+    )
 
     @model_validator(mode="after")
     def _splits_leave_training_data(self) -> DataConfig:
+        if self.source_format == "tfrecord" and self.max_examples_per_class is not None:
+            raise ValueError("max_examples_per_class applies to image_folder sources only")
         if self.val_fraction + self.test_fraction >= 0.8:
             raise ValueError("val_fraction + test_fraction must be below 0.8")
         return self
@@ -72,7 +96,10 @@ class TrainConfig(_Section):
             "support; mixed_float16 wants a GPU). The logits layer stays float32."
         ),
     )
-    batch_size: int = Field(64, ge=1, le=8192, description="Training batch size.")
+    batch_size: int | None = Field(
+        64, ge=1, le=8192,
+        description="Training batch size; null: the batch-size sweep's choice.",
+    )
     learning_rate: float = Field(
         2e-3, gt=0.0, le=1.0, description="Adam learning rate for the baseline."
     )
@@ -112,6 +139,51 @@ class ConvertConfig(_Section):
     )
     tensorrt_max_batch: int = Field(
         32, ge=1, le=4096, description="Max batch in the TensorRT (trtexec) shape profile."
+    )
+
+
+class InputConfig(_Section):
+    """The tuned tf.data pipeline and the measurements that tune it."""
+
+    cache_budget_mb: float = Field(
+        1024.0, ge=0.0, le=1_000_000.0,
+        description=(
+            "Memory the input cache may take: decoded images are cached when they fit, else "
+            "the encoded records when they fit, else nothing."
+        ),
+    )
+    deterministic: bool = Field(
+        False, description="Keep a fixed element order (reproducible, slower in parallel)."
+    )
+    random_crop_min_area: float = Field(
+        1.0, ge=0.1, le=1.0,
+        description=(
+            "Training crops: the smallest share of the image a random crop keeps, decoded with "
+            "the fused decode_and_crop_jpeg (1.0: no crops)."
+        ),
+    )
+    interleave_cycle: int = Field(8, ge=1, le=256, description="Shards read at the same time.")
+    private_threads: int = Field(
+        0, ge=0, le=256, description="Threads of the pipeline's own pool (0: TensorFlow's)."
+    )
+    measure_passes: int = Field(
+        2, ge=1, le=100, description="Passes over the training shards per reader measured."
+    )
+    sweep_batch_sizes: list[int] = Field(
+        default_factory=lambda: [16, 32, 64, 128, 256],
+        description="Batch sizes the sweep measures (train-step throughput, latency, memory).",
+    )
+    sweep_steps: int = Field(20, ge=2, le=10_000, description="Timed train steps per batch size.")
+    sweep_tolerance: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="Rule: the smallest batch within this share of the best throughput ...",
+    )
+    memory_budget_mb: float = Field(
+        8192.0, gt=0.0, le=10_000_000.0,
+        description="... whose training step's extra memory stays within this budget.",
+    )
+    measure_layouts: bool = Field(
+        True, description="Measure NHWC and NCHW training steps and record the faster."
     )
 
 
@@ -188,6 +260,7 @@ class PipelineConfig(_Section):
     )
     data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Baseline network.")
+    input: InputConfig = Field(default_factory=InputConfig, description="Input pipeline.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Baseline training.")
     compress: CompressConfig = Field(
         default_factory=CompressConfig, description="Pruning, distillation, QAT."

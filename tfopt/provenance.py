@@ -23,6 +23,19 @@ def git_commit(repo: Path = PROJECT_ROOT) -> str:
     return completed.stdout.strip() or "unknown"
 
 
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo), or the platform's processor string."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def mlflow_tracking_uri() -> str:
     """`MLFLOW_TRACKING_URI` if set, else the local server that `tfopt up` starts."""
     return os.environ.get("MLFLOW_TRACKING_URI") or ServiceSettings.from_env().mlflow_url

@@ -65,6 +65,7 @@ def build_summary(
     baseline_accuracy: float | None,
     budget_points: float,
     techniques: dict[str, Any] | None = None,
+    extras: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble the summary JSON (DESIGN.md's contract; keys are only ever added)."""
     return {
@@ -92,6 +93,7 @@ def build_summary(
         ],
         "baseline_accuracy": baseline_accuracy,
         "techniques": techniques or {},
+        **(extras or {}),
         "champion": champion or "",
         "champion_reason": champion_reason,
     }

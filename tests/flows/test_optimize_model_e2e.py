@@ -22,6 +22,10 @@ EXPECTED_OK = {
     "baseline-tflite-fp32", "baseline-tflite-dynamic", "baseline-tflite-float16",
     "baseline-tflite-int8", "baseline-onnx",
 }
+EXPECTED_COMPRESSED = {
+    "pruned-80-graph", "pruned-80-tflite-int8", "distilled-small-graph",
+    "distilled-small-tflite-int8", "qat-tflite-int8",
+}
 LATENCY_KEYS = {"p50", "p90", "p99", "mean", "std"}
 VARIANT_KEYS = {"name", "format", "precision", "status", "error", "size_bytes", "gzip_bytes",
                 "accuracy", "latency_ms", "throughput_per_s"}
@@ -57,7 +61,7 @@ def test_summary_has_the_contract_keys(smoke_run):
             "chosen_batch_size"} <= set(pipeline)
     assert all(pipeline[k] > 0 for k in pipeline)
     by_name = {v["name"]: v for v in summary["variants"]}
-    assert set(by_name) == EXPECTED_OK | {"baseline-tftrt-fp32"}
+    assert set(by_name) == EXPECTED_OK | EXPECTED_COMPRESSED | {"baseline-tftrt-fp32"}
     assert by_name["baseline-tftrt-fp32"]["status"] == "skipped"
     assert "TensorRT" in by_name["baseline-tftrt-fp32"]["error"]
     for name in EXPECTED_OK:
@@ -68,6 +72,16 @@ def test_summary_has_the_contract_keys(smoke_run):
         assert all(value > 0 for value in variant["latency_ms"].values())
         assert variant["accuracy"] > 0.5, "the smoke baseline should learn the digits"
         assert variant["top1_agreement"] >= 0.9
+    for name in EXPECTED_COMPRESSED:
+        assert by_name[name]["status"] == "ok", by_name[name]
+        assert set(by_name[name]["latency_ms"]) >= LATENCY_KEYS
+    baseline = summary["baseline_accuracy"]
+    assert by_name["qat-tflite-int8"]["accuracy"] >= baseline - 0.01, "QAT lost over 1 point"
+    techniques = summary["techniques"]
+    assert techniques["pruned-80"]["metrics"]["sparsity"] >= 0.78
+    assert {"test_accuracy", "scratch_test_accuracy"} <= set(
+        techniques["distilled-small"]["metrics"]
+    )
     int8, fp32 = by_name["baseline-tflite-int8"], by_name["baseline-tflite-fp32"]
     assert int8["size_bytes"] <= 0.3 * fp32["size_bytes"]
     assert by_name["baseline-onnx"]["max_abs_diff"] < 1e-4
