@@ -6,6 +6,7 @@ functions. All input work is pinned to the CPU.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +22,17 @@ FEATURE_SPEC = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/label": tf.io.FixedLenFeature([], tf.int64),
 }
-PARSE_BLOCK = 256
+_BLOCK_SPEC = {
+    **FEATURE_SPEC,
+    "image/height": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    "image/width": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+}
 AUTOTUNE = tf.data.AUTOTUNE
+_RECORD_SHUFFLE = 1024
+# Decodes of one batch that may run at once (map_fn's parallel_iterations); measured on 2 cores:
+# 1 -> 1.5x naive, 10 (the default) -> 2.6x, 64 -> 3.0x.
+_DECODES_IN_FLIGHT = 64
+_EXAMPLE_SHUFFLE = 10_000
 _FLOAT32_BYTES = 4
 
 
@@ -33,7 +43,7 @@ class ReaderOptions:
     cache: Literal["decoded", "encoded", "none"] = "none"
     deterministic: bool = False
     random_crop_min_area: float = 1.0
-    interleave_cycle: int = 8
+    interleave_cycle: int = 0
     private_threads: int = 0
     compression: str = ""
 
@@ -95,29 +105,39 @@ def reader_options(
     return options, decision
 
 
-def _to_float(image: tf.Tensor, image_size: int) -> tf.Tensor:
-    """Resize (only when needed) and scale a uint8 image to float32 in [0, 1]."""
+def decode_uint8(encoded: tf.Tensor, image_size: int) -> tf.Tensor:
+    """Decode one JPEG to uint8 ``[image_size, image_size, 3]`` (resized only when needed)."""
+    return _fit_size(tf.io.decode_jpeg(encoded, channels=3), image_size)
+
+
+def _fit_size(image: tf.Tensor, image_size: int) -> tf.Tensor:
     shape = tf.shape(image)
     same = tf.logical_and(tf.equal(shape[0], image_size), tf.equal(shape[1], image_size))
     resized = tf.cond(
         same,
-        lambda: tf.cast(image, tf.float32),
-        lambda: tf.image.resize(image, [image_size, image_size], antialias=True),
+        lambda: image,
+        lambda: tf.cast(tf.clip_by_value(
+            tf.round(tf.image.resize(image, [image_size, image_size], antialias=True)), 0, 255
+        ), tf.uint8),
     )
-    return tf.ensure_shape(tf.clip_by_value(resized / 255.0, 0.0, 1.0),
-                           [image_size, image_size, 3])
+    return tf.ensure_shape(resized, [image_size, image_size, 3])
+
+
+def to_unit_float(images: tf.Tensor) -> tf.Tensor:
+    """uint8 pixels to float32 in [0, 1] (one vectorized op for a whole batch)."""
+    return tf.cast(images, tf.float32) * (1.0 / 255.0)
 
 
 def decode_image(encoded: tf.Tensor, image_size: int) -> tf.Tensor:
     """Decode one JPEG into a float32 ``[image_size, image_size, 3]`` tensor in [0, 1]."""
-    return _to_float(tf.io.decode_jpeg(encoded, channels=3), image_size)
+    return to_unit_float(decode_uint8(encoded, image_size))
 
 
 def decode_random_crop(encoded: tf.Tensor, image_size: int, min_area: float) -> tf.Tensor:
     """Decode only a random crop of a JPEG with the fused `decode_and_crop_jpeg`, then resize.
 
     Decoding just the crop window skips the rest of the image's pixels, which is why the fused
-    op is faster than decoding everything and cropping afterwards.
+    op is faster than decoding everything and cropping afterwards. Returns uint8.
     """
     shape = tf.io.extract_jpeg_shape(encoded)
     begin, size, _ = tf.image.sample_distorted_bounding_box(
@@ -130,30 +150,72 @@ def decode_random_crop(encoded: tf.Tensor, image_size: int, min_area: float) -> 
         use_image_if_no_bounding_boxes=True,
     )
     window = tf.stack([begin[0], begin[1], size[0], size[1]])
-    return _to_float(tf.io.decode_and_crop_jpeg(encoded, window, channels=3), image_size)
+    return _fit_size(tf.io.decode_and_crop_jpeg(encoded, window, channels=3), image_size)
 
 
-def _parse_block(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    parsed = tf.io.parse_example(serialized, FEATURE_SPEC)
-    return parsed["image/encoded"], tf.cast(parsed["image/label"], tf.int32)
+def _parse_block(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+    return tf.io.parse_example(serialized, _BLOCK_SPEC)
 
 
-def _decode_block(encoded: tf.Tensor, image_size: int) -> tf.Tensor:
-    return tf.map_fn(
-        lambda one: decode_image(one, image_size), encoded,
-        fn_output_signature=tf.TensorSpec([image_size, image_size, 3], tf.float32),
+def _decode_block(
+    parsed: dict[str, tf.Tensor], image_size: int, crop_min_area: float
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Decode a parsed batch of JPEGs to uint8.
+
+    When every image already has the output size (the shape stored in the records says so),
+    one check for the batch replaces one per image.
+    """
+    encoded = parsed["image/encoded"]
+    labels = tf.cast(parsed["image/label"], tf.int32)
+    signature = tf.TensorSpec([image_size, image_size, 3], tf.uint8)
+    if crop_min_area < 1.0:
+        images = tf.map_fn(lambda one: decode_random_crop(one, image_size, crop_min_area),
+                           encoded, fn_output_signature=signature,
+                           parallel_iterations=_DECODES_IN_FLIGHT)
+        return images, labels
+    all_fit = tf.reduce_all(tf.logical_and(tf.equal(parsed["image/height"], image_size),
+                                           tf.equal(parsed["image/width"], image_size)))
+    images = tf.cond(
+        all_fit,
+        lambda: tf.map_fn(
+            lambda one: tf.ensure_shape(tf.io.decode_jpeg(one, channels=3),
+                                        [image_size, image_size, 3]),
+            encoded, fn_output_signature=signature, parallel_iterations=_DECODES_IN_FLIGHT,
+        ),
+        lambda: tf.map_fn(lambda one: decode_uint8(one, image_size), encoded,
+                          fn_output_signature=signature, parallel_iterations=_DECODES_IN_FLIGHT),
     )
+    return images, labels
 
 
 def _pipeline_options(options: ReaderOptions) -> tf.data.Options:
     data_options = tf.data.Options()
     data_options.deterministic = options.deterministic
     data_options.autotune.enabled = True
-    data_options.experimental_optimization.map_parallelization = True
-    data_options.threading.max_intra_op_parallelism = 1
     if options.private_threads:
         data_options.threading.private_threadpool_size = options.private_threads
     return data_options
+
+
+def parallel_readers(options: ReaderOptions) -> int:
+    """Shard readers working at once: the configured number, or one per core."""
+    return options.interleave_cycle or os.cpu_count() or 1
+
+
+def _reading_units(files: Sequence[Path], readers: int) -> tuple[list[str], list[int], list[int]]:
+    """(file, part, parts) triples so that there are at least `readers` units of work.
+
+    With fewer shards than readers, each shard is read by several readers, each keeping every
+    n-th record (`Dataset.shard`): raw reads repeat, parsing and decoding do not.
+    """
+    parts = max(1, -(-readers // max(1, len(files))))
+    names, indices, counts = [], [], []
+    for file in files:
+        for part in range(parts):
+            names.append(str(file))
+            indices.append(part)
+            counts.append(parts)
+    return names, indices, counts
 
 
 def tuned_dataset(
@@ -165,17 +227,20 @@ def tuned_dataset(
     seed: int = 0,
     options: ReaderOptions | None = None,
 ) -> tf.data.Dataset:
-    """The tuned reader: parallel interleave, vectorized parsing, AUTOTUNE maps, cache, prefetch.
+    """The tuned reader: parallel shard readers, vectorized parsing, block decoding, prefetch.
 
-    Records are parsed in blocks of `PARSE_BLOCK` with one `parse_example` call; JPEGs are
-    decoded block by block (a whole crop-free block per map call, blocks in parallel), or, for
-    training with random crops, one by one with the fused `decode_and_crop_jpeg`.
+    Each of `parallel_readers` workers (a parallel `interleave`) reads its shard sequentially,
+    batches the serialized records, parses each batch with one `parse_example` call and decodes
+    the batch's JPEGs (with the fused `decode_and_crop_jpeg` for training crops), handing over
+    whole batches. Measured on 2 cores, this beat per-example parallel `map`s, whose hand-offs
+    cost more than small images take to decode. Pixels become floats once per batch. Decoded
+    examples are cached when the cache rule allows; encoded records otherwise, if they fit.
 
     Args:
         files: TFRecord shards.
         image_size: Output image side.
         batch_size: Examples per batch.
-        training: Shuffle files and examples (and crop, if the options say so).
+        training: Shuffle shards and records (and crop, if the options say so).
         seed: Shuffle and crop seed.
         options: Cache mode, determinism, crops, parallelism (default: no cache).
 
@@ -183,41 +248,55 @@ def tuned_dataset(
         A dataset of ``(images float32 [B,S,S,3], labels int32 [B])``.
     """
     options = options or ReaderOptions()
-    crops = training and options.random_crop_min_area < 1.0
-    with tf.device("/CPU:0"):
-        names = tf.data.Dataset.from_tensor_slices([str(f) for f in files])
+    crop = options.random_crop_min_area if training else 1.0
+    readers = parallel_readers(options)
+
+    def read_unit(name: tf.Tensor, part: tf.Tensor, parts: tf.Tensor) -> tf.data.Dataset:
+        records = tf.data.TFRecordDataset(name, compression_type=options.compression)
+        records = records.shard(tf.cast(parts, tf.int64), tf.cast(part, tf.int64))
         if training:
-            names = names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        records = names.interleave(
-            lambda name: tf.data.TFRecordDataset(name, compression_type=options.compression),
-            cycle_length=max(1, min(len(files), options.interleave_cycle)),
-            num_parallel_calls=AUTOTUNE,
-            deterministic=options.deterministic,
-        )
-        blocks = records.batch(PARSE_BLOCK).map(_parse_block, num_parallel_calls=AUTOTUNE)
-        if crops:
-            examples = blocks.unbatch()
-            if options.cache == "encoded":
-                examples = examples.cache()
-            examples = examples.shuffle(10_000, seed=seed, reshuffle_each_iteration=True).map(
-                lambda encoded, label: (
-                    decode_random_crop(encoded, image_size, options.random_crop_min_area), label
-                ),
-                num_parallel_calls=AUTOTUNE, deterministic=options.deterministic,
-            )
+            records = records.shuffle(_RECORD_SHUFFLE, seed=seed, reshuffle_each_iteration=True)
+        return (records.batch(batch_size).map(_parse_block)
+                .map(lambda parsed: _decode_block(parsed, image_size, crop)))
+
+    with tf.device("/CPU:0"):
+        if options.cache == "encoded":
+            batches = _cached_encoded_batches(files, image_size, batch_size, crop, training,
+                                              seed, options)
         else:
-            if options.cache == "encoded":
-                blocks = blocks.cache()
-            examples = blocks.map(
-                lambda encoded, label: (_decode_block(encoded, image_size), label),
-                num_parallel_calls=AUTOTUNE, deterministic=options.deterministic,
-            ).unbatch()
-            if options.cache == "decoded":
-                examples = examples.cache()
+            units = tf.data.Dataset.from_tensor_slices(_reading_units(files, readers))
             if training:
-                examples = examples.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
-        dataset = examples.batch(batch_size).prefetch(AUTOTUNE)
+                units = units.shuffle(len(files) * readers, seed=seed,
+                                      reshuffle_each_iteration=True)
+            batches = units.interleave(read_unit, cycle_length=readers,
+                                       num_parallel_calls=readers,
+                                       deterministic=options.deterministic)
+        if options.cache == "decoded":
+            batches = batches.unbatch().cache()
+            if training:
+                batches = batches.shuffle(_EXAMPLE_SHUFFLE, seed=seed,
+                                          reshuffle_each_iteration=True)
+            batches = batches.batch(batch_size)
+        dataset = batches.map(lambda x, y: (to_unit_float(x), y)).prefetch(AUTOTUNE)
         return dataset.with_options(_pipeline_options(options))
+
+
+def _cached_encoded_batches(
+    files: Sequence[Path], image_size: int, batch_size: int, crop: float, training: bool,
+    seed: int, options: ReaderOptions,
+) -> tf.data.Dataset:
+    """Records cached in memory as read, then batched, parsed and decoded in parallel."""
+    records = tf.data.Dataset.from_tensor_slices([str(f) for f in files]).interleave(
+        lambda name: tf.data.TFRecordDataset(name, compression_type=options.compression),
+        cycle_length=max(1, min(len(files), parallel_readers(options))),
+        num_parallel_calls=AUTOTUNE, deterministic=options.deterministic,
+    ).cache()
+    if training:
+        records = records.shuffle(_EXAMPLE_SHUFFLE, seed=seed, reshuffle_each_iteration=True)
+    return records.batch(batch_size).map(_parse_block).map(
+        lambda parsed: _decode_block(parsed, image_size, crop),
+        num_parallel_calls=AUTOTUNE, deterministic=options.deterministic,
+    )
 
 
 def naive_dataset(

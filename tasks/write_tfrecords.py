@@ -285,7 +285,9 @@ def _example_bytes(encoded: bytes, label: int, class_name: str, height: int, wid
             "image/source": _bytes(source.encode("utf-8")),
         }
     )
-    return tf.train.Example(features=features).SerializeToString()
+    # Map fields serialize in process-dependent order unless asked otherwise; a shard rewritten
+    # by another process must have the same bytes (and checksum) as the first time.
+    return tf.train.Example(features=features).SerializeToString(deterministic=True)
 
 
 def _sidecar_path(shard_path: Path) -> Path:

@@ -162,7 +162,9 @@ class InputConfig(_Section):
             "the fused decode_and_crop_jpeg (1.0: no crops)."
         ),
     )
-    interleave_cycle: int = Field(8, ge=1, le=256, description="Shards read at the same time.")
+    interleave_cycle: int = Field(
+        0, ge=0, le=256, description="Shard readers working at once (0: one per core)."
+    )
     private_threads: int = Field(
         0, ge=0, le=256, description="Threads of the pipeline's own pool (0: TensorFlow's)."
     )
