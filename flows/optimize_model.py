@@ -26,6 +26,7 @@ from tasks.prune_model import prune_model, pruned_name
 from tasks.quantize_aware_train import quantize_aware_train
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
+from tasks.write_report import write_report
 from tasks.write_tfrecords import write_tfrecords
 from tfopt import tracking
 from tfopt.artifacts import (
@@ -39,7 +40,8 @@ from tfopt.artifacts import (
 )
 from tfopt.config import BenchmarkConfig, PipelineConfig
 from tfopt.fileio import atomic_write_json
-from tfopt.provenance import git_commit, mlflow_tracking_uri
+from tfopt.prefect_artifacts import publish_prefect_artifacts
+from tfopt.provenance import environment, git_commit, mlflow_tracking_uri
 from tfopt.summary import build_summary
 
 
@@ -330,7 +332,8 @@ def _run_steps(
     tracking.log_params(mlflow, parent_id, {"baseline": baseline.params})
     savedmodel = export_savedmodel(baseline, models_dir)
     tracking.log_artifact(mlflow, parent_id, savedmodel.path, "models/baseline-savedmodel")
-    inputs = prepare_benchmark_inputs(savedmodel, dataset, run_dir / "benchmark-inputs")
+    inputs = prepare_benchmark_inputs(savedmodel, dataset, run_dir / "benchmark-inputs",
+                                      batch_size)
 
     variants = _baseline_variants(config, dataset, baseline, savedmodel, run_dir, context)
     compressed, technique_models = _compressed_variants(
@@ -345,17 +348,25 @@ def _run_steps(
         })
     results = [_benchmark_isolated(v, inputs, config.benchmark) for v in variants]
     sources = {model.name: model for model in [baseline, *technique_models]}
+    run_ids = {}
     for result in results:
         source = sources.get(result.source)
-        tracking.log_variant_run(
+        run_ids[result.name] = tracking.log_variant_run(
             mlflow, context.experiment_id, parent_id, result, tags=context.tags,
             source_params=source.params if source else None,
             source_metrics=source.metrics if source else None,
         )
-    choice = pick_champion(results, config.benchmark.accuracy_budget_points)
+    choice = pick_champion(results, config.benchmark.accuracy_budget_points,
+                           config.benchmark.objective)
+    champion_model = None
     if choice.name:
         tracking.set_tags(mlflow, parent_id, {"tfopt.champion": choice.name})
-    return build_summary(
+        if config.benchmark.register_champion:
+            model_name = f"tfopt-{config.name}"
+            version = tracking.register_champion(mlflow, model_name, run_ids[choice.name])
+            champion_model = {"name": model_name, "version": version, "alias": "champion",
+                              "uri": f"models:/{model_name}@champion"}
+    summary = build_summary(
         tracking_uri=context.tracking_uri,
         experiment_id=context.experiment_id,
         run_id=parent_id,
@@ -370,9 +381,19 @@ def _run_steps(
         techniques={model.name: {"params": model.params, "metrics": model.metrics}
                     for model in technique_models},
         extras={
+            "config_name": config.name,
+            "mlflow_run_url": tracking.run_url(context.tracking_uri, context.experiment_id,
+                                               parent_id),
+            "environment": environment(config.benchmark.threads),
+            "champion_model": champion_model,
             "batch_size_sweep": sweep.model_dump(mode="json"),
             "training_batch_size": batch_size,
             "data_layout": layout.model_dump(mode="json") if layout else None,
             "input_cache": {"mode": pipeline.cache_mode, "reason": pipeline.cache_reason},
         },
     )
+    report_files = write_report(summary, results, run_dir / "report")
+    for path in report_files:
+        tracking.log_artifact(mlflow, parent_id, path, "report")
+    publish_prefect_artifacts(summary)
+    return summary

@@ -20,6 +20,8 @@ from tfopt.artifacts import BenchmarkInputs, LatencyStats, VariantResult, Varian
 from tfopt.config import BenchmarkConfig
 from tfopt.fileio import atomic_write_json, gzip_size_bytes, path_size_bytes
 
+_KEPT_SAMPLES = 2000
+
 
 def peak_rss_mb() -> float:
     """This process's peak resident memory (VmHWM) in MB.
@@ -36,47 +38,78 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def latency_stats(samples_ms: np.ndarray) -> LatencyStats:
-    """Summarize timed runs (milliseconds): percentiles, mean and standard deviation."""
-    p50, p90, p99 = np.percentile(samples_ms, [50, 90, 99])
+def latency_stats(samples_ms: np.ndarray, stability_tolerance: float = 0.1) -> LatencyStats:
+    """Summarize timed runs (milliseconds) and judge whether they settled.
+
+    The measurement is stable when the medians of its last two thirds agree within
+    `stability_tolerance` (a drift, e.g. thermal or a noisy neighbour, shows there first).
+    """
+    p50, p90, p95, p99 = np.percentile(samples_ms, [50, 90, 95, 99])
+    ordered = np.sort(samples_ms)
+    trim = len(ordered) // 10
+    trimmed = ordered[trim : len(ordered) - trim] if len(ordered) > 2 * trim else ordered
+    mean = float(np.mean(samples_ms))
+    thirds = np.array_split(samples_ms, 3)
+    middle, last = float(np.median(thirds[1])), float(np.median(thirds[2]))
+    stable = bool(abs(last - middle) <= stability_tolerance * max(middle, 1e-12))
     return LatencyStats(
-        p50=float(p50), p90=float(p90), p99=float(p99),
-        mean=float(np.mean(samples_ms)), std=float(np.std(samples_ms)),
+        p50=float(p50), p90=float(p90), p99=float(p99), mean=mean,
+        std=float(np.std(samples_ms)), min=float(ordered[0]), max=float(ordered[-1]),
+        p95=float(p95), trimmed_mean=float(np.mean(trimmed)),
+        cv=float(np.std(samples_ms) / mean) if mean else 0.0, stable=stable,
     )
 
 
 def time_runs(
     run_once: Callable[[int], object],
-    warmup_runs: int,
-    min_runs: int,
-    max_seconds: float,
+    cfg: BenchmarkConfig,
 ) -> np.ndarray:
-    """Time `run_once(i)` after untimed warm-up runs.
+    """Time `run_once(i)` after warm-up, with the run count and duration bounded both ways.
 
-    Runs until `min_runs` are timed, unless `max_seconds` of timed work pass first (a slow
-    model is still measured, with fewer runs).
+    Warm-up: at least `warmup_runs` and `warmup_seconds` (untimed: tracing, allocation,
+    caches). Timed: until both `min_runs` and `min_seconds` are reached, but never past
+    `max_seconds` (a slow model is still measured, with fewer runs).
 
     Args:
         run_once: One inference; receives the run index to pick its input.
-        warmup_runs: Untimed runs first (graph tracing, allocation, caches).
-        min_runs: Timed runs wanted.
-        max_seconds: Time budget for the timed runs.
+        cfg: The protocol's bounds.
 
     Returns:
         The timed runs' durations in milliseconds.
     """
-    for index in range(warmup_runs):
+    index = 0
+    warm_until = time.perf_counter() + cfg.warmup_seconds
+    while index < cfg.warmup_runs or time.perf_counter() < warm_until:
         run_once(index)
+        index += 1
     samples = []
-    budget_end = time.perf_counter() + max_seconds
-    for index in range(min_runs):
-        started = time.perf_counter()
+    started = time.perf_counter()
+    while True:
+        before = time.perf_counter()
         run_once(index)
-        finished = time.perf_counter()
-        samples.append((finished - started) * 1000.0)
-        if finished > budget_end:
+        after = time.perf_counter()
+        samples.append((after - before) * 1000.0)
+        index += 1
+        elapsed = after - started
+        if elapsed >= cfg.max_seconds:
+            break
+        if len(samples) >= cfg.min_runs and elapsed >= cfg.min_seconds:
             break
     return np.asarray(samples)
+
+
+def batch_throughput(runner: object, images: np.ndarray, batch_size: int,
+                     seconds: float) -> float:
+    """Examples per second at `batch_size` (one untimed batch first), for about `seconds`."""
+    batch = np.concatenate([images] * (-(-batch_size // len(images))))[:batch_size]
+    runner.predict(batch)
+    count, started = 0, time.perf_counter()
+    while True:
+        runner.predict(batch)
+        count += 1
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds and count >= 3:
+            return count * batch_size / elapsed
 
 
 def measure_variant(
@@ -95,10 +128,9 @@ def measure_variant(
     logits = predict_batched(runner, images)
     reference = np.load(inputs.reference_logits)
     singles = [images[i : i + 1] for i in range(len(images))]
-    samples = time_runs(
-        lambda i: runner.predict(singles[i % len(singles)]),
-        cfg.warmup_runs, cfg.min_runs, cfg.max_seconds,
-    )
+    samples = time_runs(lambda i: runner.predict(singles[i % len(singles)]), cfg)
+    throughput_at_batch = batch_throughput(runner, images, inputs.batch_size,
+                                           min(max(0.2, cfg.min_seconds), cfg.max_seconds))
     extra_files = []
     hlo_path = spec.params.get("hlo_path")
     if hlo_path and isinstance(runner, GraphRunner):
@@ -113,7 +145,7 @@ def measure_variant(
         size_bytes=path_size_bytes(spec.path),
         gzip_bytes=gzip_size_bytes(spec.path),
         accuracy=float(np.mean(np.argmax(logits, axis=1) == labels)),
-        latency_ms=latency_stats(samples),
+        latency_ms=latency_stats(samples, cfg.stability_tolerance),
         throughput_per_s=float(len(samples) / (samples.sum() / 1000.0)),
         timed_runs=len(samples),
         load_seconds=load_seconds,
@@ -121,6 +153,9 @@ def measure_variant(
         peak_rss_mb=peak_rss_mb(),
         top1_agreement=float(np.mean(np.argmax(reference, 1) == np.argmax(logits, 1))),
         max_abs_diff=float(np.max(np.abs(softmax(reference) - softmax(logits)))),
+        batch_throughput_per_s=throughput_at_batch,
+        batch_size=inputs.batch_size,
+        samples_ms=[float(v) for v in samples[:_KEPT_SAMPLES]],
         path=spec.path,
         extra_files=extra_files,
     )

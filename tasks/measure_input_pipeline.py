@@ -31,12 +31,14 @@ def measure_input_pipeline(
 ) -> InputPipelineResult:
     """Read the training shards with each reader and report examples per second.
 
-    The naive reader parses one example at a time in one thread with no prefetch; the tuned
-    reader interleaves shards in parallel, parses in vectorized blocks, decodes with AUTOTUNE
-    and prefetches, here without its cache, so it pays for every decode as a first epoch (or a
-    data set too large to cache) does; the cached figure is the tuned reader reading its
-    in-memory cache of decoded images after a filling pass: the ceiling of the input pipeline on
-    this machine, and what training gets from the second epoch on when the cache rule allows.
+    All three read the same shards for `measure_passes` passes each (as training's epochs do):
+
+    - naive: one example at a time in one thread, no parallelism, no prefetch, no cache;
+    - tuned: the pipeline training uses, with the cache rule applied, averaged over all passes
+      including the first (which fills the cache); `tuned_uncached` is the same reader with
+      no cache, what every pass costs when the data does not fit the cache budget;
+    - cached: the tuned reader serving decoded images from a filled cache, the ceiling of the
+      input pipeline on this machine.
 
     Args:
         dataset: The sharded data set (its training split is read).
@@ -51,19 +53,25 @@ def measure_input_pipeline(
     files = dataset.splits["train"].files
     size, passes = dataset.image_size, cfg.measure_passes
     options, decision = reader_options(dataset, "train", cfg, training=False)
-    uncached = replace(options, cache="none")
+    examples = dataset.splits["train"].examples
     naive, seen = examples_per_second(
         naive_dataset(files, size, batch_size, dataset.compression), passes
     )
-    tuned, _ = examples_per_second(tuned_dataset(files, size, batch_size, options=uncached),
-                                   passes)
+    uncached, _ = examples_per_second(
+        tuned_dataset(files, size, batch_size, options=replace(options, cache="none")), passes
+    )
+    tuned, _ = examples_per_second(
+        tuned_dataset(files, size, batch_size, options=options, examples_hint=examples), passes
+    )
     cached_dataset = tuned_dataset(files, size, batch_size,
-                                   options=replace(options, cache="decoded"))
+                                   options=replace(options, cache="decoded"),
+                                   examples_hint=examples)
     examples_per_second(cached_dataset)
     cached, _ = examples_per_second(cached_dataset, passes)
     logger.info(
-        "input pipeline (examples/s): naive %.0f, tuned %.0f (%.1fx), cached %.0f",
-        naive, tuned, tuned / naive, cached,
+        "input pipeline (examples/s, %d passes): naive %.0f, tuned %.0f (%.1fx; cache %s: %s), "
+        "tuned without cache %.0f, cached %.0f", passes, naive, tuned, tuned / naive,
+        options.cache, decision.reason, uncached, cached,
     )
     return InputPipelineResult(
         naive_examples_per_s=naive,
@@ -73,4 +81,6 @@ def measure_input_pipeline(
         examples_measured=seen,
         cache_mode=options.cache,
         cache_reason=decision.reason,
+        tuned_uncached_examples_per_s=uncached,
+        passes=passes,
     )

@@ -26,12 +26,30 @@ def baseline_accuracy(results: list[VariantResult]) -> float | None:
     return None
 
 
-def choose_champion(results: list[VariantResult], budget_points: float) -> ChampionChoice:
-    """Pick the lowest batch-1 p50 latency among ok variants within `budget_points` of baseline.
+def objective_value(result: VariantResult, objective: str) -> float:
+    """The number the champion minimizes: a latency statistic, size, or negated throughput."""
+    if objective == "throughput":
+        return -result.throughput_per_s
+    if objective == "size":
+        return float(result.size_bytes)
+    return float(getattr(result.latency_ms, objective))
+
+
+_OBJECTIVE_WORDS = {"p50": "batch-1 p50 latency", "p90": "batch-1 p90 latency",
+                    "p99": "batch-1 p99 latency", "mean": "batch-1 mean latency",
+                    "throughput": "-throughput", "size": "size"}
+
+
+def choose_champion(
+    results: list[VariantResult], budget_points: float, objective: str = "p50"
+) -> ChampionChoice:
+    """Pick the best ok variant on `objective` among those within `budget_points` of baseline.
 
     Args:
         results: Every benchmarked variant, failed ones included.
         budget_points: Accuracy points (0-100 scale) a champion may lose to the baseline.
+        objective: ``p50`` (default), ``p90``, ``p99``, ``mean`` (batch-1 latency, lower is
+            better), ``throughput`` (higher is better) or ``size`` (smaller is better).
 
     Returns:
         The champion's name, or None with the reason when no variant qualifies.
@@ -52,26 +70,30 @@ def choose_champion(results: list[VariantResult], budget_points: float) -> Champ
             reason=f"no ok variant is within {budget_points} accuracy points of the baseline",
             baseline_accuracy=reference,
         )
-    best = min(eligible, key=lambda r: r.latency_ms.p50)
+    best = min(eligible, key=lambda r: objective_value(r, objective))
+    value = abs(objective_value(best, objective))
     return ChampionChoice(
         name=best.name,
         reason=(
-            f"lowest batch-1 p50 latency ({best.latency_ms.p50:.3f} ms) among {len(eligible)} "
-            f"ok variants within {budget_points} accuracy points of the baseline"
+            f"best {_OBJECTIVE_WORDS[objective].lstrip('-')} ({value:,.3f}) among "
+            f"{len(eligible)} ok variants within {budget_points} accuracy points of the baseline"
         ),
         baseline_accuracy=reference,
     )
 
 
 @task(name="pick_champion", tags=["report"])
-def pick_champion(results: list[VariantResult], budget_points: float) -> ChampionChoice:
+def pick_champion(
+    results: list[VariantResult], budget_points: float, objective: str = "p50"
+) -> ChampionChoice:
     """Apply the champion rule (see `choose_champion`) to the benchmarked variants.
 
     Args:
         results: Every benchmarked variant.
         budget_points: Allowed accuracy loss in points.
+        objective: What the champion is best at.
 
     Returns:
         The choice and its reason.
     """
-    return choose_champion(results, budget_points)
+    return choose_champion(results, budget_points, objective)

@@ -20,7 +20,7 @@ def _save_array(path: Path, values: np.ndarray) -> None:
 
 @task(name="prepare_benchmark_inputs", tags=["benchmark"])
 def prepare_benchmark_inputs(
-    savedmodel: ModelArtifact, dataset: DatasetArtifact, out_dir: Path
+    savedmodel: ModelArtifact, dataset: DatasetArtifact, out_dir: Path, batch_size: int = 32
 ) -> BenchmarkInputs:
     """Save the decoded test split and the float SavedModel's logits on it as ``.npy`` files.
 
@@ -32,6 +32,7 @@ def prepare_benchmark_inputs(
         dataset: The data set whose test split is the benchmark input.
         out_dir: Folder for ``test-images.npy``, ``test-labels.npy`` and
             ``<name>-reference-logits.npy``.
+        batch_size: Batch size of the throughput measurement (besides batch 1).
 
     Returns:
         The three files and the number of examples.
@@ -49,6 +50,7 @@ def prepare_benchmark_inputs(
         labels=out_dir / "test-labels.npy",
         reference_logits=out_dir / f"{savedmodel.name}-reference-logits.npy",
         examples=len(images),
+        batch_size=batch_size,
     )
     _save_array(inputs.images, images)
     _save_array(inputs.labels, labels)

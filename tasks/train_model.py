@@ -61,12 +61,13 @@ def training_data(
     input_cfg = input_cfg or InputConfig()
     train_options, _ = reader_options(dataset, "train", input_cfg, training=True)
     train = tuned_dataset(dataset.splits["train"].files, dataset.image_size, batch_size,
-                          training=True, seed=seed, options=train_options)
+                          training=True, seed=seed, options=train_options,
+                          examples_hint=dataset.splits["train"].examples)
     if not dataset.splits["val"].files:
         return train, None
     val_options, _ = reader_options(dataset, "val", input_cfg, training=False)
     val = tuned_dataset(dataset.splits["val"].files, dataset.image_size, batch_size,
-                        options=val_options)
+                        options=val_options, examples_hint=dataset.splits["val"].examples)
     return train, val
 
 

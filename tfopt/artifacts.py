@@ -57,6 +57,8 @@ class InputPipelineResult(_Frozen):
     examples_measured: int
     cache_mode: str = "none"
     cache_reason: str = ""
+    tuned_uncached_examples_per_s: float = 0.0
+    passes: int = 1
 
 
 class SweepPoint(_Frozen):
@@ -124,6 +126,7 @@ class BenchmarkInputs(_Frozen):
     labels: Path
     reference_logits: Path
     examples: int
+    batch_size: int = 32
 
 
 class LatencyStats(_Frozen):
@@ -134,6 +137,12 @@ class LatencyStats(_Frozen):
     p99: float
     mean: float
     std: float
+    min: float = 0.0
+    max: float = 0.0
+    p95: float = 0.0
+    trimmed_mean: float = 0.0
+    cv: float = 0.0
+    stable: bool = True
 
 
 class VariantResult(_Frozen):
@@ -156,5 +165,8 @@ class VariantResult(_Frozen):
     peak_rss_mb: float = 0.0
     top1_agreement: float | None = None
     max_abs_diff: float | None = None
+    batch_throughput_per_s: float = 0.0
+    batch_size: int = 0
+    samples_ms: list[float] = Field(default_factory=list)
     path: Path | None = None
     extra_files: list[Path] = Field(default_factory=list)

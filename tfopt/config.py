@@ -169,7 +169,8 @@ class InputConfig(_Section):
         0, ge=0, le=256, description="Threads of the pipeline's own pool (0: TensorFlow's)."
     )
     measure_passes: int = Field(
-        2, ge=1, le=100, description="Passes over the training shards per reader measured."
+        3, ge=1, le=100,
+        description="Passes (epochs) over the training shards per reader measured.",
     )
     sweep_batch_sizes: list[int] = Field(
         default_factory=lambda: [16, 32, 64, 128, 256],
@@ -227,9 +228,19 @@ class BenchmarkConfig(_Section):
     warmup_runs: int = Field(
         10, ge=1, le=10_000, description="Untimed runs before measuring (excluded)."
     )
+    warmup_seconds: float = Field(
+        0.2, ge=0.0, le=600.0, description="... and at least this long of warm-up."
+    )
     min_runs: int = Field(50, ge=5, le=1_000_000, description="Timed batch-1 runs at least.")
+    min_seconds: float = Field(
+        1.0, ge=0.0, le=3600.0, description="Keep timing for at least this long."
+    )
     max_seconds: float = Field(
         10.0, gt=0.0, le=3600.0, description="Stop timing a variant after this long."
+    )
+    stability_tolerance: float = Field(
+        0.1, gt=0.0, le=1.0,
+        description="Unstable if the last two thirds' medians differ by more than this share.",
     )
     threads: int = Field(
         2, ge=1, le=256, description="Intra-op threads for TFLite and ONNX Runtime."
@@ -241,9 +252,16 @@ class BenchmarkConfig(_Section):
             "auto-clustering flags, a crash cannot take the run down)."
         ),
     )
+    objective: Literal["p50", "p90", "p99", "mean", "throughput", "size"] = Field(
+        "p50",
+        description="What the champion is best at: batch-1 latency statistic, throughput, size.",
+    )
     accuracy_budget_points: float = Field(
         1.0, ge=0.0, le=100.0,
         description="A champion may lose at most this many accuracy points to the baseline.",
+    )
+    register_champion: bool = Field(
+        True, description="Register the champion in the MLflow model registry (alias champion)."
     )
 
 

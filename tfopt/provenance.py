@@ -36,6 +36,33 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+_REPORTED_PACKAGES = ("tensorflow-cpu", "tf-keras", "tensorflow-model-optimization",
+                      "ai-edge-litert", "onnxruntime", "tf2onnx", "mlflow", "prefect")
+
+
+def environment(threads: int) -> dict[str, str]:
+    """What the benchmark ran on: CPU, cores, OS, library versions, thread settings."""
+    import os
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "cpu": cpu_model(),
+        "cores": str(os.cpu_count()),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        **{package: installed(package) for package in _REPORTED_PACKAGES},
+        "benchmark_threads": str(threads),
+        "tf_intra_op_threads": os.environ.get("TF_NUM_INTRAOP_THREADS", "default"),
+    }
+
+
 def mlflow_tracking_uri() -> str:
     """`MLFLOW_TRACKING_URI` if set, else the local server that `tfopt up` starts."""
     return os.environ.get("MLFLOW_TRACKING_URI") or ServiceSettings.from_env().mlflow_url

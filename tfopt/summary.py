@@ -7,12 +7,17 @@ from typing import Any
 from rich.table import Table
 
 from tfopt.artifacts import DatasetArtifact, InputPipelineResult, VariantResult
+from tfopt.diagnosis import diagnose
 
-_LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std")
+_LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std", "min", "max", "p95", "trimmed_mean", "cv",
+                 "stable")
 
 
 def variant_entry(
-    result: VariantResult, baseline_accuracy: float | None, budget_points: float
+    result: VariantResult,
+    baseline_accuracy: float | None,
+    budget_points: float,
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """One element of the summary's ``variants`` list."""
     latency = (
@@ -41,6 +46,10 @@ def variant_entry(
         "top1_agreement": result.top1_agreement,
         "max_abs_diff": result.max_abs_diff,
         "flags": variant_flags(delta, budget_points),
+        "notes": notes or [],
+        "batch_throughput_per_s": result.batch_throughput_per_s,
+        "batch_size": result.batch_size,
+        "load_seconds": result.load_seconds,
     }
 
 
@@ -68,6 +77,7 @@ def build_summary(
     extras: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble the summary JSON (DESIGN.md's contract; keys are only ever added)."""
+    notes = diagnose(results)
     return {
         "mlflow_tracking_uri": tracking_uri,
         "mlflow_experiment_id": experiment_id,
@@ -87,9 +97,13 @@ def build_summary(
             "tuned_examples_per_s": input_pipeline.tuned_examples_per_s,
             "cached_examples_per_s": input_pipeline.cached_examples_per_s,
             "chosen_batch_size": input_pipeline.chosen_batch_size,
+            "tuned_uncached_examples_per_s": input_pipeline.tuned_uncached_examples_per_s,
+            "passes": input_pipeline.passes,
+            "cache": input_pipeline.cache_mode,
         },
         "variants": [
-            variant_entry(result, baseline_accuracy, budget_points) for result in results
+            variant_entry(result, baseline_accuracy, budget_points, notes.get(result.name))
+            for result in results
         ],
         "baseline_accuracy": baseline_accuracy,
         "techniques": techniques or {},

@@ -180,16 +180,17 @@ def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
 
 def variant_metrics(result: object) -> dict[str, float]:
     """Flatten a benchmarked variant's numbers into MLflow metric names."""
-    data = result.model_dump()  # type: ignore[attr-defined]
+    data = result.model_dump(exclude={"samples_ms"})  # type: ignore[attr-defined]
     metrics = {
         key: float(data[key])
         for key in ("accuracy", "size_bytes", "gzip_bytes", "throughput_per_s", "timed_runs",
                     "load_seconds", "first_inference_ms", "peak_rss_mb", "top1_agreement",
-                    "max_abs_diff")
+                    "max_abs_diff", "batch_throughput_per_s")
         if data.get(key) is not None
     }
     for key, value in (data.get("latency_ms") or {}).items():
-        metrics[f"latency_{key}_ms"] = float(value)
+        name = key if key in ("cv", "stable") else f"latency_{key}_ms"
+        metrics[name] = float(value)
     return metrics
 
 
@@ -219,7 +220,7 @@ def log_variant_run(
     Returns:
         The child run's id.
     """
-    data = result.model_dump()  # type: ignore[attr-defined]
+    data = result.model_dump(exclude={"samples_ms"})  # type: ignore[attr-defined]
     run_id = start_run(
         mlflow,
         experiment_id,
@@ -247,3 +248,27 @@ def log_variant_run(
             log_artifact(mlflow, run_id, Path(extra), "extra")
     end_run(mlflow, run_id, "FINISHED" if data["status"] != "failed" else "FAILED")
     return run_id
+
+
+def register_champion(
+    mlflow: MlflowClient, model_name: str, run_id: str, alias: str = "champion"
+) -> str:
+    """Register a child run's ``model`` artifact as a new model version and point `alias` at it.
+
+    Returns:
+        The new version number.
+    """
+    try:
+        with_retries(lambda: mlflow.create_registered_model(model_name))
+    except MlflowException as error:
+        if "already exists" not in str(error).lower() and "RESOURCE_ALREADY_EXISTS" not in str(
+            error
+        ):
+            raise
+    source = f"{with_retries(lambda: mlflow.get_run(run_id)).info.artifact_uri}/model"
+    version = with_retries(
+        lambda: mlflow.create_model_version(model_name, source=source, run_id=run_id)
+    )
+    with_retries(lambda: mlflow.set_registered_model_alias(model_name, alias, version.version))
+    set_tags(mlflow, run_id, {"tfopt.champion": "true"})
+    return str(version.version)

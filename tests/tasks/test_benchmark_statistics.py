@@ -6,29 +6,60 @@ import pytest
 from tasks.benchmark_worker import latency_stats, time_runs
 from tasks.pick_champion import choose_champion
 from tfopt.artifacts import LatencyStats, VariantResult
+from tfopt.config import BenchmarkConfig
+
+
+def _protocol(**overrides):
+    values = {"warmup_runs": 7, "warmup_seconds": 0.0, "min_runs": 20, "min_seconds": 0.0,
+              "max_seconds": 60}
+    return BenchmarkConfig(**{**values, **overrides})
 
 
 def test_latency_stats_on_known_samples():
     stats = latency_stats(np.arange(1, 101, dtype=float))
     assert stats.p50 == pytest.approx(50.5)
     assert stats.p90 == pytest.approx(90.1)
+    assert stats.p95 == pytest.approx(95.05)
     assert stats.p99 == pytest.approx(99.01)
     assert stats.mean == pytest.approx(50.5)
     assert stats.std == pytest.approx(np.std(np.arange(1, 101)))
+    assert (stats.min, stats.max) == (1.0, 100.0)
+    assert stats.trimmed_mean == pytest.approx(np.mean(np.arange(11, 91)))
+    assert stats.cv == pytest.approx(np.std(np.arange(1, 101)) / 50.5)
+
+
+def test_stability_check_flags_a_drifting_measurement():
+    assert latency_stats(np.full(90, 2.0)).stable
+    drifting = np.concatenate([np.full(30, 1.0), np.full(30, 1.0), np.full(30, 1.5)])
+    assert not latency_stats(drifting, stability_tolerance=0.1).stable
+    assert latency_stats(drifting, stability_tolerance=0.6).stable
 
 
 def test_warmup_runs_are_excluded_from_the_timed_samples():
     calls = []
-    samples = time_runs(calls.append, warmup_runs=7, min_runs=20, max_seconds=60)
+    samples = time_runs(calls.append, _protocol())
     assert len(calls) == 27 and len(samples) == 20
     assert calls[:7] == list(range(7)), "warm-up runs come first"
+
+
+def test_minimum_warmup_and_timed_durations_are_honoured():
+    import time
+
+    calls = []
+    started = time.perf_counter()
+    samples = time_runs(lambda i: (calls.append(i), time.sleep(0.002)),
+                        _protocol(warmup_runs=1, warmup_seconds=0.05, min_runs=5,
+                                  min_seconds=0.1))
+    assert len(calls) - len(samples) >= 10, "warm-up lasted at least warmup_seconds"
+    assert sum(samples) >= 100 and len(samples) > 5
+    assert time.perf_counter() - started < 5
 
 
 def test_time_budget_stops_a_slow_variant_early():
     import time
 
-    samples = time_runs(lambda _: time.sleep(0.02), warmup_runs=1, min_runs=1000,
-                        max_seconds=0.1)
+    samples = time_runs(lambda _: time.sleep(0.02),
+                        _protocol(warmup_runs=1, min_runs=1000, max_seconds=0.1))
     assert 1 <= len(samples) < 20
 
 
@@ -52,6 +83,16 @@ def test_champion_is_the_fastest_within_the_accuracy_budget():
     choice = choose_champion(results, budget_points=1.0)
     assert choice.name == "qat-tflite-int8"
     assert choice.baseline_accuracy == 0.95
+
+
+def test_champion_objective_can_be_throughput_or_size():
+    fast = _result("baseline-tflite-int8", 0.95, 0.1).model_copy(
+        update={"throughput_per_s": 10.0, "size_bytes": 50})
+    wide = _result("baseline-graph", 0.95, 2.0).model_copy(
+        update={"throughput_per_s": 99.0, "size_bytes": 500})
+    assert choose_champion([wide, fast], 1.0, "p50").name == "baseline-tflite-int8"
+    assert choose_champion([wide, fast], 1.0, "throughput").name == "baseline-graph"
+    assert choose_champion([wide, fast], 1.0, "size").name == "baseline-tflite-int8"
 
 
 def test_no_variant_within_budget_is_a_clear_result_not_a_crash():

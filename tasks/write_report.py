@@ -1,0 +1,172 @@
+"""The benchmark report: JSON, CSV, Markdown and plots, with a diagnosis of surprises."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tfopt.artifacts import VariantResult
+from tfopt.fileio import atomic_write_text
+
+
+def pareto_front(points: list[tuple[str, float, float]]) -> set[str]:
+    """Names on the accuracy/latency Pareto front: no other point is faster and as accurate."""
+    front = set()
+    for name, latency, accuracy in points:
+        dominated = any(
+            other_latency <= latency and other_accuracy >= accuracy
+            and (other_latency < latency or other_accuracy > accuracy)
+            for _, other_latency, other_accuracy in points
+        )
+        if not dominated:
+            front.add(name)
+    return front
+
+
+_CSV_COLUMNS = ("name", "source", "format", "precision", "status", "accuracy",
+                "accuracy_delta_points", "top1_agreement", "max_abs_diff", "p50_ms", "p90_ms",
+                "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "trimmed_mean_ms",
+                "cv", "stable", "throughput_per_s", "batch_throughput_per_s", "batch_size",
+                "size_bytes", "gzip_bytes", "peak_rss_mb", "load_seconds", "first_inference_ms",
+                "timed_runs", "error", "notes")
+
+
+def report_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per variant (the CSV and Markdown tables)."""
+    rows = []
+    for entry in summary["variants"]:
+        latency = entry["latency_ms"]
+        row = {key: entry.get(key) for key in _CSV_COLUMNS}
+        for stat in ("p50", "p90", "p95", "p99", "mean", "std", "min", "max", "trimmed_mean"):
+            row[f"{stat}_ms"] = latency.get(stat)
+        row["cv"], row["stable"] = latency.get("cv"), latency.get("stable")
+        row["notes"] = " | ".join(entry.get("flags", []) + entry.get("notes", []))
+        rows.append(row)
+    return rows
+
+
+def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    env = summary.get("environment", {})
+    lines = [
+        f"# tfopt benchmark: {summary.get('config_name', '')}",
+        "",
+        f"Champion: **{summary['champion'] or 'none'}** ({summary['champion_reason']}).",
+        f"MLflow run: {summary.get('mlflow_run_url', summary['mlflow_run_id'])}",
+        "",
+        "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()),
+        "",
+        "| variant | status | accuracy | Δ pts | p50 ms | p99 ms | ex/s (b=1) | ex/s (batch) "
+        "| size KB | gzip KB | peak MB | notes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+
+    def fmt(value: Any, pattern: str) -> str:
+        return "-" if value is None else format(value, pattern)
+
+    for row in rows:
+        star = "★ " if row["name"] == summary["champion"] else ""
+        status = row["status"] if row["status"] == "ok" else f"{row['status']}: {row['error']}"
+        lines.append(
+            f"| {star}{row['name']} | {status} | {fmt(row['accuracy'], '.4f')} "
+            f"| {fmt(row['accuracy_delta_points'], '+.2f')} | {fmt(row['p50_ms'], '.3f')} "
+            f"| {fmt(row['p99_ms'], '.3f')} | {fmt(row['throughput_per_s'], ',.0f')} "
+            f"| {fmt(row['batch_throughput_per_s'], ',.0f')} "
+            f"| {fmt(row['size_bytes'] / 1024, ',.1f')} "
+            f"| {fmt(row['gzip_bytes'] / 1024, ',.1f')} | {fmt(row['peak_rss_mb'], ',.0f')} "
+            f"| {row['notes']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if r.status == "ok" and r.latency_ms]
+    paths = []
+    if not ok:
+        return paths
+    front = pareto_front([(r.name, r.latency_ms.p50, r.accuracy) for r in ok])
+    fig, axis = plt.subplots(figsize=(8, 5))
+    for result in ok:
+        on_front = result.name in front
+        axis.scatter(result.latency_ms.p50, result.accuracy, s=60 if on_front else 30,
+                     color="tab:red" if on_front else "tab:gray", zorder=3)
+        axis.annotate(result.name, (result.latency_ms.p50, result.accuracy), fontsize=7,
+                      xytext=(4, 2), textcoords="offset points")
+    front_points = sorted((r.latency_ms.p50, r.accuracy) for r in ok if r.name in front)
+    axis.plot(*zip(*front_points, strict=True), color="tab:red", linestyle="--",
+              label="Pareto front")
+    axis.set_xscale("log")
+    axis.set_xlabel("batch-1 p50 latency (ms, log)")
+    axis.set_ylabel("test accuracy")
+    axis.set_title(f"Accuracy vs latency (champion: {summary['champion'] or 'none'})")
+    axis.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "accuracy_vs_latency.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
+    names = [r.name for r in ok]
+    axis.barh(names, [r.size_bytes / 1024 for r in ok], color="tab:blue", label="size")
+    axis.barh(names, [r.gzip_bytes / 1024 for r in ok], color="tab:orange", alpha=0.7,
+              label="gzip size")
+    axis.set_xlabel("KB")
+    axis.set_title("Model size per variant")
+    axis.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "size.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
+    axis.boxplot([r.samples_ms or [r.latency_ms.p50] for r in ok], vert=False,
+                 tick_labels=names, showfliers=False)
+    axis.set_xscale("log")
+    axis.set_xlabel("batch-1 latency (ms, log), warm-up excluded")
+    axis.set_title("Latency distributions")
+    fig.tight_layout()
+    paths.append(out_dir / "latency_distributions.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+@task(name="write_report", tags=["report"])
+def write_report(
+    summary: dict[str, Any], results: list[VariantResult], out_dir: Path
+) -> list[Path]:
+    """Write ``report.json``, ``report.csv``, ``report.md`` and the PNG plots.
+
+    Args:
+        summary: The run summary (variants with their notes, champion, environment).
+        results: The benchmarked variants (for the latency samples in the plots).
+        out_dir: Folder for the report files.
+
+    Returns:
+        The files written.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = report_rows(summary)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(_CSV_COLUMNS))
+    writer.writeheader()
+    writer.writerows(rows)
+    files = {
+        "report.json": json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n",
+        "report.csv": buffer.getvalue(),
+        "report.md": _markdown(summary, rows),
+    }
+    paths = []
+    for name, text in files.items():
+        atomic_write_text(out_dir / name, text)
+        paths.append(out_dir / name)
+    return paths + _plots(summary, results, out_dir)

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import csv
+import json
+
+from tasks.write_report import pareto_front, write_report
+from tfopt.artifacts import DatasetArtifact, InputPipelineResult, LatencyStats, VariantResult
+from tfopt.diagnosis import diagnose
+from tfopt.summary import build_summary
+
+
+def _result(name, source, fmt, precision, p50, accuracy=0.95, size=1000, status="ok",
+            stable=True):
+    latency = LatencyStats(p50=p50, p90=p50, p99=p50, mean=p50, std=0.0, min=p50, max=p50,
+                           p95=p50, trimmed_mean=p50, cv=0.0, stable=stable)
+    return VariantResult(name=name, source=source, format=fmt, precision=precision,
+                         status=status, accuracy=accuracy, size_bytes=size, gzip_bytes=size // 2,
+                         latency_ms=latency if status == "ok" else None,
+                         error=None if status == "ok" else "boom",
+                         samples_ms=[p50, p50 * 1.1, p50 * 0.9] if status == "ok" else [])
+
+
+RESULTS = [
+    _result("baseline-graph", "baseline", "graph", "fp32", 1.0, size=4000),
+    _result("baseline-xla", "baseline", "xla", "fp32", 1.5, size=4000),
+    _result("baseline-tflite-fp32", "baseline", "tflite", "fp32", 0.10, size=3000),
+    _result("baseline-tflite-dynamic", "baseline", "tflite", "dynamic", 0.20, size=900),
+    _result("baseline-tflite-int8", "baseline", "tflite", "int8", 0.05, accuracy=0.94,
+            size=800, stable=False),
+    _result("pruned-80-tflite-int8", "pruned-80", "tflite", "int8", 0.05, accuracy=0.90,
+            size=800),
+    _result("baseline-onnx", "baseline", "onnx", "fp32", 0, status="failed"),
+]
+
+
+def test_diagnosis_explains_slower_optimizations():
+    notes = diagnose(RESULTS)
+    assert any("slower than baseline-graph" in n and "XLA" in n for n in notes["baseline-xla"])
+    assert any("dynamic-range" in n for n in notes["baseline-tflite-dynamic"])
+    assert any("unstable" in n for n in notes["baseline-tflite-int8"])
+    assert notes["baseline-tflite-fp32"] == []
+    assert "baseline-onnx" not in notes
+
+
+def test_pareto_front():
+    points = [("a", 1.0, 0.9), ("b", 2.0, 0.95), ("c", 2.0, 0.9), ("d", 0.5, 0.8)]
+    assert pareto_front(points) == {"a", "b", "d"}
+
+
+def test_report_files_are_written_and_readable(tmp_path):
+    dataset = DatasetArtifact(root=tmp_path, manifest_path=tmp_path / "m.json",
+                              class_names=["a", "b"], image_size=8, splits={
+                                  s: {"files": [], "examples": 1, "class_counts": {}}
+                                  for s in ("train", "val", "test")},
+                              shards=3, skipped_records=0)
+    pipeline = InputPipelineResult(naive_examples_per_s=1, tuned_examples_per_s=2,
+                                   cached_examples_per_s=3, chosen_batch_size=32,
+                                   examples_measured=10)
+    summary = build_summary(tracking_uri="http://x", experiment_id="1", run_id="r",
+                            flow_run_id="f", dataset=dataset, input_pipeline=pipeline,
+                            results=RESULTS, champion="baseline-tflite-int8",
+                            champion_reason="fastest", baseline_accuracy=0.95,
+                            budget_points=1.0)
+    paths = write_report.fn(summary, RESULTS, tmp_path / "report")
+    names = {p.name for p in paths}
+    assert {"report.json", "report.csv", "report.md", "accuracy_vs_latency.png", "size.png",
+            "latency_distributions.png"} <= names
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["champion"]
+    rows = list(csv.DictReader((tmp_path / "report" / "report.csv").open()))
+    assert [r["name"] for r in rows] == [r.name for r in RESULTS]
+    assert rows[-1]["status"] == "failed" and rows[-1]["error"] == "boom"
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "★ baseline-tflite-int8" in markdown and "| baseline-onnx | failed: boom" in markdown
+    flags = next(v for v in summary["variants"] if v["name"] == "pruned-80-tflite-int8")["flags"]
+    assert flags and "5.00 points" in flags[0]

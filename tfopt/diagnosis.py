@@ -1,0 +1,74 @@
+"""Why an "optimized" variant came out slower or larger than what it came from."""
+
+from __future__ import annotations
+
+from tfopt.artifacts import VariantResult
+
+_SLOWER_MARGIN = 1.05
+
+# Why an "optimized" form is slower than what it came from, on a CPU, as commonly observed.
+_SLOWER_REASONS = {
+    "tflite-dynamic": "dynamic-range kernels quantize activations on the fly at every call; "
+                      "on x86 the float XNNPACK path is often faster",
+    "tflite-float16": "float16 weights are expanded to float32 on CPUs without native fp16 "
+                      "arithmetic: the gain is size, not speed",
+    "tflite-int8": "this CPU's int8 kernels do not beat its float kernels for this op mix "
+                   "(quantize/dequantize at the edges costs too)",
+    "xla": "XLA's CPU backend parallelises worse than TensorFlow's own kernels, and small "
+           "models gain little from fusion",
+    "savedmodel": "the signature call adds argument flattening and a function call per inference",
+    "onnx": "ONNX Runtime's CPU kernels are slower than TensorFlow's for this graph",
+    "compressed": "sparsity and smaller weights do not speed up dense kernels: the gain is "
+                  "compressed size (or a smaller network's fewer operations, if any)",
+}
+
+
+def reference_of(result: VariantResult, names: set[str]) -> tuple[str | None, str]:
+    """The variant this one is an optimization of, and the reason key for a slowdown."""
+    name, source = result.name, result.source
+    if result.format == "tflite" and result.precision != "fp32":
+        candidate = f"{source}-tflite-fp32"
+        if candidate in names:
+            return candidate, f"tflite-{result.precision}"
+    if result.format == "xla":
+        return f"{source}-graph", "xla"
+    if result.format == "savedmodel":
+        return f"{source}-graph", "savedmodel"
+    if result.format == "onnx":
+        return f"{source}-savedmodel", "onnx"
+    if source != "baseline":
+        suffix = name[len(source) + 1:]
+        return f"baseline-{suffix}", "compressed"
+    return None, ""
+
+
+def diagnose(results: list[VariantResult]) -> dict[str, list[str]]:
+    """Notes for variants that came out slower or larger than what they optimize.
+
+    Returns:
+        Variant name to notes (empty for variants with nothing to remark).
+    """
+    ok = {r.name: r for r in results if r.status == "ok" and r.latency_ms}
+    notes: dict[str, list[str]] = {name: [] for name in ok}
+    for result in ok.values():
+        reference_name, reason = reference_of(result, set(ok))
+        reference = ok.get(reference_name or "")
+        if reference is None:
+            continue
+        if result.latency_ms.p50 > reference.latency_ms.p50 * _SLOWER_MARGIN:
+            notes[result.name].append(
+                f"slower than {reference.name} (p50 {result.latency_ms.p50:.3f} vs "
+                f"{reference.latency_ms.p50:.3f} ms): {_SLOWER_REASONS[reason]}"
+            )
+        if result.size_bytes > reference.size_bytes:
+            notes[result.name].append(
+                f"larger than {reference.name} ({result.size_bytes:,} vs "
+                f"{reference.size_bytes:,} bytes)"
+            )
+    for result in ok.values():
+        if not result.latency_ms.stable:
+            notes[result.name].append(
+                f"unstable measurement (the last runs drifted; cv {result.latency_ms.cv:.2f}): "
+                "rerun on a quieter machine before trusting small differences"
+            )
+    return notes

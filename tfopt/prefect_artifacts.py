@@ -1,0 +1,45 @@
+"""Prefect artifacts on a flow run: the results table and a summary linking to MLflow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    return "-" if value is None else format(value, pattern)
+
+
+def publish_prefect_artifacts(summary: dict[str, Any]) -> None:
+    """Attach a variants table and a Markdown summary (with the MLflow run's link) to the run."""
+    rows = [
+        {
+            "variant": ("★ " if v["name"] == summary["champion"] else "") + v["name"],
+            "status": v["status"] if v["status"] == "ok" else f"{v['status']}: {v['error']}",
+            "accuracy": _fmt(v["accuracy"], ".4f"),
+            "p50 ms": _fmt(v["latency_ms"]["p50"], ".3f"),
+            "p99 ms": _fmt(v["latency_ms"]["p99"], ".3f"),
+            "size KB": _fmt(v["size_bytes"] / 1024, ",.1f"),
+            "notes": " | ".join(v.get("flags", []) + v.get("notes", [])),
+        }
+        for v in summary["variants"]
+    ]
+    create_table_artifact(key="tfopt-variants", table=rows,
+                          description="Every variant, measured on the same test inputs")
+    failed = sum(1 for v in summary["variants"] if v["status"] == "failed")
+    ip = summary["input_pipeline"]
+    markdown = "\n".join([
+        f"# tfopt: {summary.get('config_name', '')}",
+        "",
+        f"**Champion:** {summary['champion'] or 'none'} — {summary['champion_reason']}",
+        "",
+        f"**MLflow run:** [{summary['mlflow_run_id']}]({summary.get('mlflow_run_url', '')})",
+        "",
+        f"Variants: {len(summary['variants'])} ({failed} failed). Input pipeline: naive "
+        f"{ip['naive_examples_per_s']:,.0f}, tuned {ip['tuned_examples_per_s']:,.0f}, cached "
+        f"{ip['cached_examples_per_s']:,.0f} examples/s; batch size "
+        f"{ip['chosen_batch_size']}.",
+    ])
+    create_markdown_artifact(key="tfopt-summary", markdown=markdown,
+                             description="Run summary with a link to the MLflow run")
