@@ -291,7 +291,7 @@ def _run_steps(
 
     sweep = sweep_batch_size(dataset, config.model, config.input, run_dir / "reports")
     tracking.log_metric_points(mlflow, parent_id, _sweep_points(sweep))
-    tracking.log_artifact(mlflow, parent_id, sweep.plot_path, "reports")
+    tracking.log_artifact(mlflow, parent_id, sweep.plot_path, "report")
     batch_size = config.train.batch_size or sweep.chosen_batch_size
     tracking.log_params(mlflow, parent_id, {
         "batch_sweep.rule": sweep.rule, "training_batch_size": batch_size,

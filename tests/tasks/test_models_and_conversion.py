@@ -63,7 +63,8 @@ def test_benchmark_reports_accuracy_latency_and_sizes(tiny_baseline, tiny_datase
 
     spec = VariantSpec(name="baseline-graph", source="baseline", format="graph",
                        precision="fp32", path=tiny_baseline.path)
-    cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, max_seconds=5, isolate=False)
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, min_seconds=0, max_seconds=5,
+                          isolate=False)
     exported = export_savedmodel.fn(tiny_baseline, tmp_path)
     inputs = prepare_benchmark_inputs.fn(exported, tiny_dataset, tmp_path / "inputs")
     result = benchmark_variant.fn(spec, inputs, cfg)

@@ -119,7 +119,8 @@ def test_isolated_benchmark_measures_agreement_and_memory(tiny_savedmodel, tiny_
                                                           tmp_path):
     variant = convert_tflite.fn(tiny_savedmodel, "fp32", tiny_dataset, ConvertConfig(), tmp_path)
     inputs = prepare_benchmark_inputs.fn(tiny_savedmodel, tiny_dataset, tmp_path / "inputs")
-    cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, max_seconds=5, isolate=True)
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, min_seconds=0, max_seconds=5,
+                          isolate=True)
     result = benchmark_variant.fn(variant, inputs, cfg)
     assert result.status == "ok" and result.timed_runs == 10
     assert result.top1_agreement == 1.0 and result.max_abs_diff < 1e-4
