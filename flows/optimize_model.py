@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,18 @@ class _RunContext:
     parent_id: str
     flow_run_id: str
     tags: dict[str, str]
+
+
+def _checkpoint_dir(
+    config: PipelineConfig, dataset: DatasetArtifact, work_dir: Path, batch_size: int
+) -> Path:
+    """A training folder named after the data and the training settings, not after the run.
+
+    A rerun after a crash therefore finds the last epoch's backup.
+    """
+    key = json.dumps([dataset.manifest_path.read_text(), config.model.model_dump(mode="json"),
+                      config.train.model_dump(mode="json"), batch_size], sort_keys=True)
+    return work_dir / "checkpoints" / f"baseline-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def _sweep_points(sweep: BatchSweepResult) -> list[Metric]:
@@ -323,7 +337,8 @@ def _run_steps(
 
     models_dir = run_dir / "models"
     baseline = train_model(
-        dataset, config.model, config.train, batch_size, models_dir, config.input
+        dataset, config.model, config.train, batch_size, models_dir, config.input,
+        checkpoint_dir=_checkpoint_dir(config, dataset, work_dir, batch_size),
     )
     tracking.log_metric_history(mlflow, parent_id, {
         f"train_{name}": values for name, values in baseline.history.items()

@@ -117,8 +117,14 @@ def train_model(
     batch_size: int,
     out_dir: Path,
     input_cfg: InputConfig | None = None,
+    checkpoint_dir: Path | None = None,
 ) -> ModelArtifact:
     """Train the baseline network and save it as ``baseline.keras``.
+
+    With `checkpoint_dir`, training state is backed up at every epoch end
+    (`BackupAndRestore`) and each finished epoch is appended to ``history.csv`` there: a run
+    killed mid-training resumes from its last finished epoch, and its curves hold every epoch
+    exactly once.
 
     Args:
         dataset: The sharded data set (train and val splits are used).
@@ -127,6 +133,8 @@ def train_model(
         batch_size: Training batch size (from the config or the measured sweep).
         out_dir: Folder for the saved model.
         input_cfg: Reader settings (cache budget, crops, determinism); defaults if None.
+        checkpoint_dir: Folder for the backup and history, stable across reruns of the same
+            data and config (None: no resumption).
 
     Returns:
         The saved model with its final metrics and per-epoch history.
@@ -138,7 +146,10 @@ def train_model(
         curves, train_seconds = fit(
             model, dataset, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
             batch_size=batch_size, seed=train_cfg.seed, input_cfg=input_cfg,
+            callbacks=resumable_callbacks(checkpoint_dir),
         )
+    if checkpoint_dir is not None:
+        curves = read_history(checkpoint_dir / HISTORY_NAME)
     if train_cfg.mixed_precision != "off":
         # Variables stay float32 under a mixed policy; a float32 twin carries them into export
         # and conversion without the policy's casts (TFLite has no bfloat16 kernels).
@@ -174,6 +185,32 @@ def train_model(
         metrics={**metrics, "test_accuracy": evaluate_test_accuracy(model, dataset)},
         history=curves,
     )
+
+
+HISTORY_NAME = "history.csv"
+
+
+def resumable_callbacks(checkpoint_dir: Path | None) -> list[keras.callbacks.Callback]:
+    """Per-epoch backup and an appended history log under `checkpoint_dir` (none if None)."""
+    if checkpoint_dir is None:
+        return []
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        keras.callbacks.BackupAndRestore(str(checkpoint_dir / "backup")),
+        keras.callbacks.CSVLogger(str(checkpoint_dir / HISTORY_NAME), append=True),
+    ]
+
+
+def read_history(path: Path) -> dict[str, list[float]]:
+    """Per-epoch curves from a CSVLogger file, one value per epoch (the last row wins)."""
+    import csv
+
+    by_epoch: dict[int, dict[str, str]] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            by_epoch[int(row["epoch"])] = row
+    names = [name for name in next(iter(by_epoch.values()), {}) if name != "epoch"]
+    return {name: [float(by_epoch[e][name]) for e in sorted(by_epoch)] for name in names}
 
 
 def build_baseline(model_cfg: ModelConfig, dataset: DatasetArtifact) -> keras.Model:

@@ -371,22 +371,24 @@ def write_shard(plan: ShardPlan, cfg: DataConfig, class_names: list[str],
                 )
                 class_counts[class_name] = class_counts.get(class_name, 0) + 1
                 examples += 1
+        # The sidecar goes first: a shard under its final name always has one, and a sidecar
+        # whose shard is missing or differs is ignored on resume.
+        meta = {
+            "file": shard_path.name,
+            "split": plan.split,
+            "examples": examples,
+            "bytes": tmp_path.stat().st_size,
+            "sha256": sha256_file(tmp_path),
+            "class_counts": class_counts,
+            "skipped": skipped,
+            "reencoded": reencoded,
+            "plan_digest": plan.digest(),
+        }
+        atomic_write_json(_sidecar_path(shard_path), meta)
         os.replace(tmp_path, shard_path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
-    meta = {
-        "file": shard_path.name,
-        "split": plan.split,
-        "examples": examples,
-        "bytes": shard_path.stat().st_size,
-        "sha256": sha256_file(shard_path),
-        "class_counts": class_counts,
-        "skipped": skipped,
-        "reencoded": reencoded,
-        "plan_digest": plan.digest(),
-    }
-    atomic_write_json(_sidecar_path(shard_path), meta)
     return meta
 
 
@@ -460,6 +462,9 @@ def write_tfrecords(cfg: DataConfig, work_dir: Path) -> DatasetArtifact:
         raise NoUsableDataError(f"data.source_dir {cfg.source_dir} has class folders but no files")
     out_dir = dataset_dir_for(cfg, work_dir, images)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob(".*.tmp"):
+        # Left by a writer that was killed (one writer per dataset folder at a time).
+        stale.unlink(missing_ok=True)
     plans = plan_shards(images, int(cfg.shard_size_mb * 1024 * 1024))
     metas: dict[str, dict] = {}
     pending = []

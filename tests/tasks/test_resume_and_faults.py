@@ -1,0 +1,103 @@
+"""Killed runs resume: preprocessing and training, each killed with SIGKILL mid-way."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.train_model import HISTORY_NAME, read_history, train_model
+from tasks.write_tfrecords import write_tfrecords
+from tests.conftest import write_digit_folder
+from tfopt.config import DataConfig, ModelConfig, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _spawn(script: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for(condition, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise TimeoutError("condition not reached")
+
+
+@pytest.mark.parametrize("kill_after_shards", [1, 4])
+def test_preprocessing_killed_mid_way_resumes_to_the_same_manifest_fault(tmp_path,
+                                                                       kill_after_shards):
+    source = write_digit_folder(tmp_path / "src", classes=3, per_class=40, size=48)
+    cfg = DataConfig(source_dir=source, shard_size_mb=0.01)
+    reference = write_tfrecords.fn(cfg, tmp_path / "clean")
+    work = tmp_path / "killed"
+    script = f"""
+        import tfopt
+        from pathlib import Path
+        from tasks.write_tfrecords import write_tfrecords
+        from tfopt.config import DataConfig
+        write_tfrecords.fn(DataConfig(source_dir=Path({str(source)!r}), shard_size_mb=0.01),
+                           Path({str(work)!r}))
+    """
+    process = _spawn(script)
+    sidecars = lambda: list(work.glob("datasets/*/*.tfrecord.json"))  # noqa: E731
+    _wait_for(lambda: len(sidecars()) >= kill_after_shards or process.poll() is not None)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    for shard in work.glob("datasets/*/*.tfrecord"):
+        meta = shard.with_name(shard.name + ".json")
+        assert meta.exists(), f"{shard.name} visible under its final name without its sidecar"
+    resumed = write_tfrecords.fn(cfg, work)
+    assert json.loads(resumed.manifest_path.read_text()) == json.loads(
+        reference.manifest_path.read_text()
+    )
+    assert not list(work.glob("datasets/*/.*.tmp")), "a temporary shard was left behind"
+
+
+def test_training_killed_mid_way_resumes_from_its_last_epoch(tiny_dataset, tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    dataset_json = tmp_path / "dataset.json"
+    dataset_json.write_text(tiny_dataset.model_dump_json())
+    epochs = 12
+    script = f"""
+        import tfopt
+        from pathlib import Path
+        from tasks.train_model import train_model
+        from tfopt.artifacts import DatasetArtifact
+        from tfopt.config import ModelConfig, TrainConfig
+        dataset = DatasetArtifact.model_validate_json(Path({str(dataset_json)!r}).read_text())
+        train_model.fn(dataset, ModelConfig(width=4), TrainConfig(epochs={epochs}, batch_size=8),
+                       8, Path({str(tmp_path / "models")!r}),
+                       checkpoint_dir=Path({str(checkpoint)!r}))
+    """
+    process = _spawn(script)
+    history = checkpoint / HISTORY_NAME
+
+    def epochs_done() -> int:
+        return max(0, len(history.read_text().splitlines()) - 1) if history.exists() else 0
+
+    _wait_for(lambda: epochs_done() >= 3 or process.poll() is not None, timeout_s=300)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    done_before = epochs_done()
+    assert 3 <= done_before < epochs, "the kill should land mid-training"
+    first_rows = history.read_text().splitlines()[: done_before + 1]
+    model = train_model.fn(tiny_dataset, ModelConfig(width=4),
+                           TrainConfig(epochs=epochs, batch_size=8), 8, tmp_path / "models",
+                           checkpoint_dir=checkpoint)
+    rows = history.read_text().splitlines()
+    assert rows[: done_before + 1] == first_rows, "finished epochs were redone"
+    assert len(rows) == epochs + 1, "every epoch exactly once"
+    assert len(model.history["loss"]) == epochs
+    assert read_history(history)["loss"] == model.history["loss"]
