@@ -40,7 +40,7 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.config import BenchmarkConfig, PipelineConfig
+from tfopt.config import BenchmarkConfig, PipelineConfig, check_paths
 from tfopt.fileio import atomic_write_json
 from tfopt.prefect_artifacts import publish_prefect_artifacts
 from tfopt.provenance import environment, git_commit, mlflow_tracking_uri
@@ -257,6 +257,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         The run summary (the JSON contract in DESIGN.md).
     """
     logger = get_run_logger()
+    check_paths(config)
     work_dir = config.work_dir.resolve()
     tracking_uri = mlflow_tracking_uri()
     mlflow = tracking.client(tracking_uri)

@@ -110,10 +110,11 @@ def list_source_images(cfg: DataConfig, class_names: list[str]) -> list[SourceIm
     images = []
     for label, class_name in enumerate(class_names):
         class_dir = cfg.source_dir / class_name
+        # Symlinks are listed even when broken, so an unreadable file is counted, not ignored.
         files = sorted(
             path
             for path in class_dir.rglob("*")
-            if path.is_file() and not path.name.startswith(".")
+            if (path.is_file() or path.is_symlink()) and not path.name.startswith(".")
         )
         if cfg.max_examples_per_class is not None:
             files = files[: cfg.max_examples_per_class]
@@ -123,7 +124,7 @@ def list_source_images(cfg: DataConfig, class_names: list[str]) -> list[SourceIm
                 SourceImage(
                     relative_path=relative,
                     label=label,
-                    size_bytes=path.stat().st_size,
+                    size_bytes=_size_or_zero(path),
                     split=split_of(relative, cfg.val_fraction, cfg.test_fraction),
                 )
             )
@@ -208,6 +209,13 @@ def list_tfrecord_source(cfg: DataConfig) -> tuple[list[str], list[SourceImage],
         for name, label, size in entries
     ]
     return [str(label) for label in labels], images, skipped
+
+
+def _size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def plan_shards(images: list[SourceImage], target_bytes: int) -> list[ShardPlan]:
@@ -458,6 +466,14 @@ def write_tfrecords(cfg: DataConfig, work_dir: Path) -> DatasetArtifact:
     else:
         class_names = list_class_folders(cfg.source_dir)
         images, listing_skipped = list_source_images(cfg, class_names), []
+        used = sorted({image.label for image in images})
+        empty = [name for label, name in enumerate(class_names) if label not in used]
+        if empty and images:
+            logger.warning("class folders with no files, left out: %s", empty)
+            listing_skipped = [{"path": f"{name}/", "reason": "empty class folder"}
+                               for name in empty]
+            class_names = [class_names[label] for label in used]
+            images = list_source_images(cfg, class_names)
     if not images and not listing_skipped:
         raise NoUsableDataError(f"data.source_dir {cfg.source_dir} has class folders but no files")
     out_dir = dataset_dir_for(cfg, work_dir, images)

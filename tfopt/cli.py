@@ -11,7 +11,7 @@ import yaml
 from rich.console import Console
 
 import tfopt  # noqa: F401  (environment first)
-from tfopt.config import ConfigError, load_config
+from tfopt.config import ConfigError, check_paths, load_config
 from tfopt.services import (
     ServiceError,
     ServiceSettings,
@@ -84,6 +84,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from tfopt.demo_data import write_demo_images
 
         write_demo_images(config.data.source_dir)
+    check_paths(config)
     api_url, tracking_uri = prefect_api_url(), mlflow_tracking_uri()
     require_services(api_url, tracking_uri)
     os.environ["PREFECT_API_URL"] = api_url

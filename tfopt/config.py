@@ -325,6 +325,27 @@ def load_config(path: Path, overrides: dict[str, object] | None = None) -> Pipel
         raise ConfigError(f"config {path} is invalid:\n{details}") from error
 
 
+def check_paths(config: PipelineConfig) -> None:
+    """Refuse a run whose data folder is missing or whose work folder cannot be written.
+
+    Raises:
+        ConfigError: Naming the field, the path and what is wrong with it.
+    """
+    source = config.data.source_dir
+    if not source.is_dir():
+        raise ConfigError(f"data.source_dir: {source} does not exist or is not a folder")
+    work = config.work_dir
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        probe = work / ".tfopt-write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"work_dir: {work} is not a writable folder ({error.strerror or error})"
+        ) from error
+
+
 def describe_validation_error(error: ValidationError) -> str:
     """Turn a pydantic error into one line per bad field: where, what was given, what is allowed."""
     lines = []

@@ -154,3 +154,42 @@ def test_prefect_shows_the_flow_run_and_its_task_runs(smoke_run):
             "benchmark_variant", "pick_champion", "sweep_batch_size", "measure_data_layout",
             "write_report"} <= names
     assert all(run["state_type"] == "COMPLETED" for run in task_runs)
+
+
+def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services, tmp_path):
+    demo = tmp_path / "demo"
+    write_demo_images(demo)
+    summary_path = tmp_path / "out.json"
+    overrides = {
+        "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "failing-variant",
+        "convert.onnx_atol": 1e-12, "convert.tflite": "[fp32]", "convert.xla": "[]",
+        "compress.prune": "false", "compress.distill": "false", "compress.qat": "false",
+        "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
+    }
+    command = [sys.executable, "-m", "tfopt.cli", "run", "--config", "configs/smoke.yaml",
+               "--summary-json", str(summary_path)]
+    for key, value in overrides.items():
+        command += ["--set", f"{key}={value}"]
+    completed = subprocess.run(command, cwd=ROOT, env=service_env(live_services),
+                               capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    by_name = {v["name"]: v for v in summary["variants"]}
+    onnx = by_name["baseline-onnx"]
+    assert onnx["status"] == "failed" and "OnnxMismatchError" in onnx["error"]
+    assert onnx["latency_ms"]["p50"] is None
+    ok = [v for v in summary["variants"] if v["status"] == "ok"]
+    assert {"baseline-graph", "baseline-savedmodel", "baseline-tflite-fp32"} <= {
+        v["name"] for v in ok
+    }
+    assert summary["champion"] in {v["name"] for v in ok}
+    with urllib.request.urlopen(
+        f"{live_services.prefect_api_url}/flow_runs/{summary['prefect_flow_run_id']}", timeout=10
+    ) as response:
+        assert json.load(response)["state_type"] == "COMPLETED"
+    child = MlflowClient(live_services.mlflow_url).search_runs(
+        [summary["mlflow_experiment_id"]],
+        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}' "
+                      "and tags.`tfopt.variant` = 'baseline-onnx'",
+    )[0]
+    assert child.data.tags["tfopt.status"] == "failed" and child.info.status == "FAILED"

@@ -1,0 +1,109 @@
+"""Bad parameters and bad data: refused before any work, or skipped and counted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tasks.write_tfrecords import NoUsableDataError, write_tfrecords
+from tests.conftest import write_digit_folder
+from tfopt.cli import main
+from tfopt.config import ConfigError, DataConfig, check_paths, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "smoke.yaml"
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "allowed"),
+    [
+        ({"compress.target_sparsity": 1.5}, "compress.target_sparsity", "0.95"),
+        ({"train.epochs": -3}, "train.epochs", "1"),
+        ({"model.architecture": "resnet9000"}, "model.architecture", "mobilenet_v2"),
+        ({"model.data_format": "NCWH"}, "model.data_format", "channels_first"),
+        ({"data.image_size": 4}, "data.image_size", "8"),
+        ({"data.test_fraction": 0.0}, "data.test_fraction", "0"),
+        ({"data.val_fraction": 0.4, "data.test_fraction": 0.4}, "data", "0.8"),
+        ({"data.compression": "zip"}, "data.compression", "gzip"),
+        ({"convert.tflite": ["int4"]}, "convert.tflite.0", "int8"),
+        ({"convert.onnx_opset": 11}, "convert.onnx_opset", "17"),
+        ({"convert.calibration_examples": 0}, "convert.calibration_examples", "1"),
+        ({"benchmark.threads": 0}, "benchmark.threads", "1"),
+        ({"benchmark.objective": "vibes"}, "benchmark.objective", "p50"),
+        ({"compress.temperature": 0.5}, "compress.temperature", "1"),
+        ({"train.batch_size": 0}, "train.batch_size", "1"),
+        ({"train.mixed_precision": "fp8"}, "train.mixed_precision", "mixed_bfloat16"),
+        ({"input.sweep_tolerance": 2}, "input.sweep_tolerance", "1"),
+        ({"train.warp_speed": True}, "train.warp_speed", "Extra inputs"),
+        ({"name": "has spaces"}, "name", "pattern"),
+    ],
+)
+def test_bad_input_parameters_are_refused_naming_field_and_allowed_values(override, field,
+                                                                         allowed):
+    with pytest.raises(ConfigError) as caught:
+        load_config(SMOKE, override)
+    message = str(caught.value)
+    assert f"  {field}:" in message and allowed in message, message
+
+
+def test_bad_input_missing_data_folder_is_refused_before_any_work(tmp_path, capsys):
+    code = main(["run", "--config", str(SMOKE), "--set", f"data.source_dir={tmp_path / 'nope'}",
+                 "--set", f"work_dir={tmp_path / 'work'}"])
+    assert code == 2
+    assert "data.source_dir" in capsys.readouterr().out
+    assert not (tmp_path / "work" / "datasets").exists()
+
+
+def test_bad_input_unwritable_work_folder_is_refused(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    config = load_config(SMOKE, {"data.source_dir": str(tmp_path),
+                                 "work_dir": str(tmp_path / "a-file" / "work")})
+    with pytest.raises(ConfigError, match="work_dir"):
+        check_paths(config)
+
+
+def test_bad_input_unreadable_config_file(tmp_path, capsys):
+    assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read config" in capsys.readouterr().out
+
+
+@pytest.fixture
+def messy_folder(tmp_path: Path) -> Path:
+    source = write_digit_folder(tmp_path / "messy data", classes=3, per_class=8)
+    (source / "0" / "corrupt.jpg").write_bytes(b"\xff\xd8\xff\xe0garbage")
+    good = next((source / "1").glob("*.jpg")).read_bytes()
+    (source / "1" / "truncated.jpg").write_bytes(good[: len(good) // 3])
+    (source / "2" / "readme.txt").write_text("not an image")
+    (source / "2" / "broken-link.jpg").symlink_to(tmp_path / "does-not-exist.jpg")
+    Image.new("RGBA", (20, 20), (0, 0, 255, 100)).save(source / "0" / "rgba.png")
+    Image.new("L", (30, 30), 90).save(source / "1" / "gray.jpg")
+    Image.new("P", (12, 12)).save(source / "2" / "palette.gif")
+    (source / "ünïcode class").mkdir()
+    Image.new("RGB", (16, 16), (1, 2, 3)).save(source / "ünïcode class" / "x y.jpg")
+    (source / "empty class").mkdir()
+    return source
+
+
+def test_bad_input_messy_folder_is_sharded_with_bad_files_counted(messy_folder, tmp_path):
+    dataset = write_tfrecords.fn(DataConfig(source_dir=messy_folder, shard_size_mb=1),
+                                 tmp_path / "work")
+    manifest = json.loads(dataset.manifest_path.read_text())
+    reasons = {item["path"]: item["reason"] for item in manifest["quarantine"]}
+    assert set(reasons) == {"0/corrupt.jpg", "1/truncated.jpg", "2/readme.txt",
+                            "2/broken-link.jpg", "empty class/"}
+    assert "cannot read" in reasons["2/broken-link.jpg"]
+    assert dataset.skipped_records == 5
+    assert dataset.class_names == ["0", "1", "2", "ünïcode class"]
+    assert manifest["reencoded_to_jpeg"] == 2  # the RGBA PNG and the palette GIF
+    assert sum(info.examples for info in dataset.splits.values()) == 3 * 8 + 4
+
+
+def test_bad_input_only_bad_files_is_a_clear_error(tmp_path):
+    (tmp_path / "src" / "cats").mkdir(parents=True)
+    (tmp_path / "src" / "cats" / "a.jpg").write_bytes(b"nope")
+    (tmp_path / "src" / "cats" / "b.txt").write_text("nope")
+    with pytest.raises(NoUsableDataError, match="no usable image"):
+        write_tfrecords.fn(DataConfig(source_dir=tmp_path / "src"), tmp_path / "work")
