@@ -348,7 +348,9 @@ def _run_steps(
     tracking.log_params(mlflow, parent_id, {"baseline": baseline.params})
     savedmodel = export_savedmodel(baseline, models_dir)
     tracking.log_artifact(mlflow, parent_id, savedmodel.path, "models/baseline-savedmodel")
-    inputs = prepare_benchmark_inputs(savedmodel, dataset, run_dir / "benchmark-inputs",
+    reference = VariantSpec(name=f"{savedmodel.name}-savedmodel", source=savedmodel.name,
+                            format="savedmodel", precision="fp32", path=savedmodel.path)
+    inputs = prepare_benchmark_inputs(reference, dataset, run_dir / "benchmark-inputs",
                                       batch_size)
 
     variants = _baseline_variants(config, dataset, baseline, savedmodel, run_dir, context)

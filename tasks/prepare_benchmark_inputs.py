@@ -8,8 +8,8 @@ import numpy as np
 from prefect import task
 
 from tasks.input_pipeline import load_split_arrays
-from tasks.runners import SavedModelRunner, predict_batched
-from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, ModelArtifact
+from tasks.runners import load_runner, predict_batched
+from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, VariantSpec
 
 
 def _save_array(path: Path, values: np.ndarray) -> None:
@@ -20,15 +20,16 @@ def _save_array(path: Path, values: np.ndarray) -> None:
 
 @task(name="prepare_benchmark_inputs", tags=["benchmark"])
 def prepare_benchmark_inputs(
-    savedmodel: ModelArtifact, dataset: DatasetArtifact, out_dir: Path, batch_size: int = 32
+    reference: VariantSpec, dataset: DatasetArtifact, out_dir: Path, batch_size: int = 32
 ) -> BenchmarkInputs:
-    """Save the decoded test split and the float SavedModel's logits on it as ``.npy`` files.
+    """Save the decoded test split and the reference model's logits on it as ``.npy`` files.
 
     Every variant is then benchmarked on the very same arrays (no decoding differences between
     runs or backends), and its agreement is measured against the same reference.
 
     Args:
-        savedmodel: The float model whose outputs are the reference (e.g. the baseline).
+        reference: The model whose outputs are the reference (the float baseline's SavedModel in
+            the pipeline; the benchmarked model itself in the benchmark-only flow).
         dataset: The data set whose test split is the benchmark input.
         out_dir: Folder for ``test-images.npy``, ``test-labels.npy`` and
             ``<name>-reference-logits.npy``.
@@ -43,12 +44,12 @@ def prepare_benchmark_inputs(
     images, labels = load_split_arrays(dataset.splits["test"].files, dataset.image_size)
     if len(images) == 0:
         raise ValueError("the test split is empty: nothing to benchmark on")
-    logits = predict_batched(SavedModelRunner(savedmodel.path), images)
+    logits = predict_batched(load_runner(reference), images)
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs = BenchmarkInputs(
         images=out_dir / "test-images.npy",
         labels=out_dir / "test-labels.npy",
-        reference_logits=out_dir / f"{savedmodel.name}-reference-logits.npy",
+        reference_logits=out_dir / f"{reference.name}-reference-logits.npy",
         examples=len(images),
         batch_size=batch_size,
     )

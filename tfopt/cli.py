@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 
 import tfopt  # noqa: F401  (environment first)
@@ -115,6 +116,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_benchmark(args: argparse.Namespace) -> int:
+    from tfopt.config import BenchmarkOnlyConfig, describe_validation_error
+    from tfopt.fileio import atomic_write_json
+    from tfopt.provenance import mlflow_tracking_uri, prefect_api_url
+    from tfopt.summary import summary_table
+
+    raw = {"model": args.model, "format": args.format, "name": args.name,
+           "data": {"source_dir": str(args.data), "image_size": args.image_size},
+           "work_dir": str(args.work_dir)}
+    try:
+        config = BenchmarkOnlyConfig.model_validate(raw)
+    except ValidationError as error:
+        details = describe_validation_error(error)
+        raise ConfigError(f"invalid benchmark parameters:\n{details}") from error
+    if not config.data.source_dir.is_dir():
+        raise ConfigError(f"data.source_dir: {config.data.source_dir} is not a folder")
+    api_url, tracking_uri = prefect_api_url(), mlflow_tracking_uri()
+    require_services(api_url, tracking_uri)
+    os.environ["PREFECT_API_URL"] = api_url
+    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
+
+    from flows.benchmark_model import benchmark_model
+
+    summary = benchmark_model(config=config)
+    if args.summary_json:
+        atomic_write_json(args.summary_json, summary)
+    console.print(summary_table(summary))
+    console.print(f"MLflow UI:  {summary['mlflow_run_url']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tfopt` command."""
     parser = argparse.ArgumentParser(prog="tfopt", description=__doc__)
@@ -138,6 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config value, e.g. --set train.epochs=2")
     run.add_argument("--print-json", action="store_true", help="print the summary JSON")
     run.set_defaults(handler=_cmd_run)
+    bench = commands.add_parser("benchmark", help="benchmark one registered or saved model")
+    bench.add_argument("--model", required=True,
+                       help="models:/<name>@<alias>, models:/<name>/<version>, or a path")
+    bench.add_argument("--data", type=Path, default=Path("data/demo"),
+                       help="class-per-folder images; the test split is used")
+    bench.add_argument("--image-size", type=int, default=32)
+    bench.add_argument("--format", default="auto")
+    bench.add_argument("--name", default="benchmark")
+    bench.add_argument("--work-dir", type=Path, default=Path(".tfopt/work"))
+    bench.add_argument("--summary-json", type=Path, default=None)
+    bench.set_defaults(handler=_cmd_benchmark)
     return parser
 
 

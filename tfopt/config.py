@@ -291,6 +291,37 @@ class PipelineConfig(_Section):
     )
 
 
+class BenchmarkOnlyConfig(_Section):
+    """Benchmark one existing model (a registered version or a file) without the pipeline."""
+
+    name: str = Field(
+        "benchmark", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Short name of this benchmark, used in run names.",
+    )
+    experiment: str = Field(
+        "tfopt-benchmarks", min_length=1, max_length=128, description="MLflow experiment."
+    )
+    model: str = Field(
+        "models:/tfopt-demo@champion", min_length=1,
+        description=(
+            "models:/<name>@<alias>, models:/<name>/<version>, or a path to a .tflite, .onnx or "
+            ".keras file or a SavedModel folder."
+        ),
+    )
+    format: Literal["auto", "graph", "xla", "savedmodel", "tflite", "onnx"] = Field(
+        "auto", description="The model's format (auto: from the file)."
+    )
+    precision: Literal["auto", "fp32", "float16", "dynamic", "int8"] = Field(
+        "auto", description="Its precision (auto: the registered run's, else fp32)."
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="Test data (test split).")
+    work_dir: Path = Field(Path(".tfopt/work"), description="Folder for shards and reports.")
+    batch_size: int = Field(32, ge=1, le=8192, description="Batch of the throughput figure.")
+    benchmark: BenchmarkConfig = Field(
+        default_factory=BenchmarkConfig, description="Benchmark protocol."
+    )
+
+
 class ConfigError(ValueError):
     """A configuration file that cannot be read or does not validate."""
 

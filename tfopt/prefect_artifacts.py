@@ -28,18 +28,22 @@ def publish_prefect_artifacts(summary: dict[str, Any]) -> None:
     create_table_artifact(key="tfopt-variants", table=rows,
                           description="Every variant, measured on the same test inputs")
     failed = sum(1 for v in summary["variants"] if v["status"] == "failed")
-    ip = summary["input_pipeline"]
-    markdown = "\n".join([
+    lines = [
         f"# tfopt: {summary.get('config_name', '')}",
         "",
         f"**Champion:** {summary['champion'] or 'none'} — {summary['champion_reason']}",
         "",
         f"**MLflow run:** [{summary['mlflow_run_id']}]({summary.get('mlflow_run_url', '')})",
         "",
-        f"Variants: {len(summary['variants'])} ({failed} failed). Input pipeline: naive "
-        f"{ip['naive_examples_per_s']:,.0f}, tuned {ip['tuned_examples_per_s']:,.0f}, cached "
-        f"{ip['cached_examples_per_s']:,.0f} examples/s; batch size "
-        f"{ip['chosen_batch_size']}.",
-    ])
+        f"Variants: {len(summary['variants'])} ({failed} failed).",
+    ]
+    if "input_pipeline" in summary:
+        ip = summary["input_pipeline"]
+        lines.append(
+            f"Input pipeline: naive {ip['naive_examples_per_s']:,.0f}, tuned "
+            f"{ip['tuned_examples_per_s']:,.0f}, cached {ip['cached_examples_per_s']:,.0f} "
+            f"examples/s; batch size {ip['chosen_batch_size']}."
+        )
+    markdown = "\n".join(lines)
     create_markdown_artifact(key="tfopt-summary", markdown=markdown,
                              description="Run summary with a link to the MLflow run")

@@ -44,11 +44,11 @@ def smoke_run(live_services, tmp_path_factory):
         cwd=ROOT, env=service_env(live_services), capture_output=True, text=True, timeout=900,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-5000:]
-    return live_services, json.loads(summary_path.read_text()), completed.stdout
+    return live_services, json.loads(summary_path.read_text()), completed.stdout, demo
 
 
 def test_summary_has_the_contract_keys(smoke_run):
-    settings, summary, stdout = smoke_run
+    settings, summary, stdout, _ = smoke_run
     assert {"mlflow_tracking_uri", "mlflow_run_id", "prefect_flow_run_id", "dataset",
             "input_pipeline", "variants", "champion"} <= set(summary)
     assert summary["mlflow_tracking_uri"] == settings.mlflow_url
@@ -92,7 +92,7 @@ def test_summary_has_the_contract_keys(smoke_run):
 
 
 def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
-    settings, summary, _ = smoke_run
+    settings, summary, _, _ = smoke_run
     client = MlflowClient(settings.mlflow_url)
     parent = client.get_run(summary["mlflow_run_id"])
     assert parent.info.status == "FINISHED"
@@ -134,7 +134,7 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
 
 
 def test_prefect_shows_the_flow_run_and_its_task_runs(smoke_run):
-    settings, summary, _ = smoke_run
+    settings, summary, _, _ = smoke_run
     api = settings.prefect_api_url
     flow_run_id = summary["prefect_flow_run_id"]
     with urllib.request.urlopen(f"{api}/flow_runs/{flow_run_id}", timeout=10) as response:
@@ -193,3 +193,29 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
                       "and tags.`tfopt.variant` = 'baseline-onnx'",
     )[0]
     assert child.data.tags["tfopt.status"] == "failed" and child.info.status == "FAILED"
+
+
+def test_benchmark_only_flow_measures_the_registered_champion(smoke_run, tmp_path):
+    settings, summary, _, demo = smoke_run
+    out = tmp_path / "bench.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfopt.cli", "benchmark", "--model", "models:/tfopt-smoke@champion",
+         "--data", str(demo), "--work-dir", str(tmp_path / "work"), "--summary-json", str(out)],
+        cwd=ROOT, env=service_env(settings), capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    bench = json.loads(out.read_text())
+    (variant,) = bench["variants"]
+    version = summary["champion_model"]["version"]
+    assert variant["name"] == f"tfopt-smoke-v{version}" and variant["status"] == "ok"
+    champion = next(v for v in summary["variants"] if v["name"] == summary["champion"])
+    assert variant["format"] == champion["format"] and variant["precision"] == champion["precision"]
+    # Same model, a larger test split (all of the demo data, not the smoke's 60 per class).
+    assert abs(variant["accuracy"] - champion["accuracy"]) < 0.1
+    assert set(variant["latency_ms"]) >= LATENCY_KEYS
+    client = MlflowClient(settings.mlflow_url)
+    run = client.get_run(bench["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert {"report/report.json", "report/report.md"} <= {
+        a.path for a in client.list_artifacts(run.info.run_id, "report")
+    }

@@ -66,7 +66,7 @@ def test_benchmark_reports_accuracy_latency_and_sizes(tiny_baseline, tiny_datase
     cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, min_seconds=0, max_seconds=5,
                           isolate=False)
     exported = export_savedmodel.fn(tiny_baseline, tmp_path)
-    inputs = prepare_benchmark_inputs.fn(exported, tiny_dataset, tmp_path / "inputs")
+    inputs = prepare_benchmark_inputs.fn(_reference(exported), tiny_dataset, tmp_path / "inputs")
     result = benchmark_variant.fn(spec, inputs, cfg)
     assert result.top1_agreement == 1.0
     images, labels = load_split_arrays(tiny_dataset.splits["test"].files, 16)
@@ -96,3 +96,10 @@ def test_mixed_precision_training_saves_a_float32_model(tiny_dataset, tmp_path):
     assert loaded.layers[1].dtype_policy.name == "float32"
     images = _test_images(tiny_dataset, 4)
     assert np.all(np.isfinite(loaded(images).numpy()))
+
+
+def _reference(savedmodel):
+    from tfopt.artifacts import VariantSpec
+
+    return VariantSpec(name="baseline-savedmodel", source="baseline", format="savedmodel",
+                       precision="fp32", path=savedmodel.path)

@@ -118,7 +118,8 @@ def test_tftrt_is_reported_unavailable_on_this_build():
 def test_isolated_benchmark_measures_agreement_and_memory(tiny_savedmodel, tiny_dataset,
                                                           tmp_path):
     variant = convert_tflite.fn(tiny_savedmodel, "fp32", tiny_dataset, ConvertConfig(), tmp_path)
-    inputs = prepare_benchmark_inputs.fn(tiny_savedmodel, tiny_dataset, tmp_path / "inputs")
+    inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset,
+                                         tmp_path / "inputs")
     cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, min_seconds=0, max_seconds=5,
                           isolate=True)
     result = benchmark_variant.fn(variant, inputs, cfg)
@@ -131,9 +132,16 @@ def test_isolated_benchmark_measures_agreement_and_memory(tiny_savedmodel, tiny_
 
 def test_autocluster_needs_an_isolated_process(tiny_baseline, tiny_savedmodel, tiny_dataset,
                                                tmp_path):
-    inputs = prepare_benchmark_inputs.fn(tiny_savedmodel, tiny_dataset, tmp_path)
+    inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset, tmp_path)
     spec = VariantSpec(name="baseline-xla-autocluster", source="baseline", format="xla",
                        precision="fp32", path=tiny_baseline.path,
                        params={"xla_mode": "autocluster"})
     with pytest.raises(ValueError, match="isolate"):
         benchmark_variant.fn(spec, inputs, BenchmarkConfig(isolate=False))
+
+
+def _reference(savedmodel):
+    from tfopt.artifacts import VariantSpec
+
+    return VariantSpec(name="baseline-savedmodel", source="baseline", format="savedmodel",
+                       precision="fp32", path=savedmodel.path)
