@@ -241,11 +241,6 @@ def plan_shards(images: list[SourceImage], target_bytes: int) -> list[ShardPlan]
     return plans
 
 
-def read_image(path: Path) -> tuple[bytes, int, int, bool]:
-    """Read and validate an image file (see `validate_image`)."""
-    return validate_image(path.read_bytes())
-
-
 def validate_image(data: bytes) -> tuple[bytes, int, int, bool]:
     """Validate encoded image bytes: JPEG bytes, height, width, and whether it was re-encoded.
 

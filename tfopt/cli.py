@@ -73,12 +73,30 @@ def _parse_overrides(pairs: list[str]) -> dict[str, object]:
     return overrides
 
 
+def _connect_services() -> tuple[str, str]:
+    """Check both servers answer, point this process at them, return their addresses."""
+    from tfopt.provenance import mlflow_tracking_uri, prefect_api_url
+
+    api_url, tracking_uri = prefect_api_url(), mlflow_tracking_uri()
+    require_services(api_url, tracking_uri)
+    os.environ["PREFECT_API_URL"] = api_url
+    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
+    return api_url, tracking_uri
+
+
+def _report(summary: dict, summary_json: Path | None) -> None:
+    """Write the summary JSON if asked and print the variants table."""
+    from tfopt.fileio import atomic_write_json
+    from tfopt.summary import summary_table
+
+    if summary_json:
+        atomic_write_json(summary_json, summary)
+    console.print(summary_table(summary))
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import json
 
-    from tfopt.fileio import atomic_write_json
-    from tfopt.provenance import mlflow_tracking_uri, prefect_api_url
-    from tfopt.summary import summary_table
 
     config = load_config(args.config, _parse_overrides(args.set))
     if not config.data.source_dir.is_dir() and config.data.source_dir == Path("data/demo"):
@@ -86,17 +104,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         write_demo_images(config.data.source_dir)
     check_paths(config)
-    api_url, tracking_uri = prefect_api_url(), mlflow_tracking_uri()
-    require_services(api_url, tracking_uri)
-    os.environ["PREFECT_API_URL"] = api_url
-    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
+    api_url, tracking_uri = _connect_services()
 
     from flows.optimize_model import optimize_model
 
     summary = optimize_model(config=config)
-    if args.summary_json:
-        atomic_write_json(args.summary_json, summary)
-    console.print(summary_table(summary))
+    _report(summary, args.summary_json)
     ip = summary["input_pipeline"]
     console.print(
         f"input pipeline: naive {ip['naive_examples_per_s']:,.0f} ex/s, tuned "
@@ -118,9 +131,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
     from tfopt.config import BenchmarkOnlyConfig, describe_validation_error
-    from tfopt.fileio import atomic_write_json
-    from tfopt.provenance import mlflow_tracking_uri, prefect_api_url
-    from tfopt.summary import summary_table
 
     raw = {"model": args.model, "format": args.format, "name": args.name,
            "data": {"source_dir": str(args.data), "image_size": args.image_size},
@@ -132,17 +142,12 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         raise ConfigError(f"invalid benchmark parameters:\n{details}") from error
     if not config.data.source_dir.is_dir():
         raise ConfigError(f"data.source_dir: {config.data.source_dir} is not a folder")
-    api_url, tracking_uri = prefect_api_url(), mlflow_tracking_uri()
-    require_services(api_url, tracking_uri)
-    os.environ["PREFECT_API_URL"] = api_url
-    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
+    _connect_services()
 
     from flows.benchmark_model import benchmark_model
 
     summary = benchmark_model(config=config)
-    if args.summary_json:
-        atomic_write_json(args.summary_json, summary)
-    console.print(summary_table(summary))
+    _report(summary, args.summary_json)
     console.print(f"MLflow UI:  {summary['mlflow_run_url']}")
     return 0
 
