@@ -304,7 +304,7 @@ def _run_steps(
     })
     tracking.log_artifact(mlflow, parent_id, dataset.manifest_path, "dataset")
 
-    sweep = sweep_batch_size(dataset, config.model, config.input, run_dir / "reports")
+    sweep = sweep_batch_size(dataset, config.model, config.input, run_dir / "report")
     tracking.log_metric_points(mlflow, parent_id, _sweep_points(sweep))
     tracking.log_artifact(mlflow, parent_id, sweep.plot_path, "report")
     batch_size = config.train.batch_size or sweep.chosen_batch_size
