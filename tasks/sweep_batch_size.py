@@ -15,26 +15,35 @@ from tfopt.logs import step_logger
 
 
 def choose_batch_size(
-    points: list[SweepPoint], tolerance: float, memory_budget_mb: float
+    points: list[SweepPoint],
+    tolerance: float,
+    memory_budget_mb: float,
+    max_batch_size: int | None = None,
 ) -> tuple[int, str]:
-    """The smallest batch size within `tolerance` of the best throughput that fits the memory.
+    """The smallest batch size within `tolerance` of the best throughput among those that fit.
 
-    Smaller batches generalize at least as well and leave memory for the rest of the machine,
-    so once throughput has (nearly) plateaued there is no reason to go larger.
+    A batch size fits when its step's extra memory is within `memory_budget_mb` and it is at
+    most `max_batch_size` (a training set of N examples and a minimum of S steps per epoch
+    allow N / S: the fastest batch is no good if an epoch is then only a few steps). Smaller
+    batches generalize at least as well and leave memory to the machine, so once throughput
+    has (nearly) plateaued there is no reason to go larger.
 
     Args:
         points: Measured batch sizes.
         tolerance: Allowed shortfall from the best throughput, as a share (0.05 = 5%).
         memory_budget_mb: Largest allowed extra memory of a training step.
+        max_batch_size: Largest batch size allowed (None: no limit).
 
     Returns:
         The chosen batch size and the rule with the numbers it used.
     """
-    fitting = [p for p in points if p.peak_extra_mb <= memory_budget_mb]
+    limit = max_batch_size if max_batch_size is not None else max(p.batch_size for p in points)
+    fitting = [p for p in points
+               if p.peak_extra_mb <= memory_budget_mb and p.batch_size <= limit]
     if not fitting:
         smallest = min(points, key=lambda p: p.batch_size)
         return smallest.batch_size, (
-            f"no batch size fits {memory_budget_mb:.0f} MB; took the smallest, "
+            f"no batch size fits {memory_budget_mb:.0f} MB and <= {limit}; took the smallest, "
             f"{smallest.batch_size}"
         )
     best = max(p.examples_per_s for p in fitting)
@@ -42,7 +51,8 @@ def choose_batch_size(
     chosen = min((p for p in fitting if p.examples_per_s >= floor), key=lambda p: p.batch_size)
     return chosen.batch_size, (
         f"smallest batch size within {tolerance:.0%} of the best throughput "
-        f"({best:,.0f} examples/s) whose step fits {memory_budget_mb:.0f} MB: {chosen.batch_size}"
+        f"({best:,.0f} examples/s) among those <= {limit} whose step fits "
+        f"{memory_budget_mb:.0f} MB: {chosen.batch_size}"
     )
 
 
@@ -99,7 +109,9 @@ def sweep_batch_size(
                                  step_ms=timing.step_ms, peak_extra_mb=timing.peak_extra_mb))
         logger.info("batch %d: %.0f examples/s, %.1f ms/step, +%.0f MB", batch_size,
                     timing.examples_per_s, timing.step_ms, timing.peak_extra_mb)
-    chosen, rule = choose_batch_size(points, cfg.sweep_tolerance, cfg.memory_budget_mb)
+    max_batch = max(1, dataset.splits["train"].examples // cfg.min_steps_per_epoch)
+    chosen, rule = choose_batch_size(points, cfg.sweep_tolerance, cfg.memory_budget_mb,
+                                     max_batch)
     logger.info("chosen batch size: %s", rule)
     plot = plot_sweep(points, chosen, out_dir / "batch_size_sweep.png")
     return BatchSweepResult(points=points, chosen_batch_size=chosen, rule=rule, plot_path=plot)

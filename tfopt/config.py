@@ -183,7 +183,11 @@ class InputConfig(_Section):
     )
     memory_budget_mb: float = Field(
         8192.0, gt=0.0, le=10_000_000.0,
-        description="... whose training step's extra memory stays within this budget.",
+        description="... whose training step's extra memory stays within this budget ...",
+    )
+    min_steps_per_epoch: int = Field(
+        20, ge=1, le=1_000_000,
+        description="... and that leaves at least this many steps per epoch (small data sets).",
     )
     measure_layouts: bool = Field(
         True, description="Measure NHWC and NCHW training steps and record the faster."

@@ -77,6 +77,9 @@ def test_batch_size_rule_picks_the_smallest_near_the_best():
     assert choose_batch_size(curve, tolerance=0.0, memory_budget_mb=8192)[0] == 128
     assert choose_batch_size(curve, tolerance=0.2, memory_budget_mb=8192)[0] == 32
     assert choose_batch_size(curve, tolerance=0.05, memory_budget_mb=5)[0] == 16
+    capped, rule = choose_batch_size(curve, tolerance=0.05, memory_budget_mb=8192,
+                                     max_batch_size=40)
+    assert capped == 32 and "<= 40" in rule
 
 
 def test_measure_input_pipeline_reports_three_rates(tiny_dataset):
