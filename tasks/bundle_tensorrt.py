@@ -13,9 +13,8 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.export_savedmodel import replace_dir
 from tfopt.artifacts import ModelArtifact, VariantSpec
-from tfopt.fileio import atomic_write_text
+from tfopt.fileio import atomic_write_text, replace_dir, staging_dir_for
 from tfopt.serving import INPUT_NAME, SIGNATURE_KEY
 
 
@@ -58,10 +57,8 @@ def bundle_tensorrt(
         The bundle folder: ``model.onnx``, ``saved_model/``, ``trtexec.sh``, ``bundle.json``.
     """
     final = out_dir / f"{savedmodel.name}-tensorrt-bundle"
-    staging = out_dir / f".{final.name}.tmp"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    staging = staging_dir_for(final)
+    staging.mkdir()
     shutil.copy2(onnx.path, staging / "model.onnx")
     shutil.copytree(savedmodel.path, staging / "saved_model")
     command = trtexec_command(savedmodel.image_size, max_batch)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import tensorflow as tf
@@ -10,14 +9,8 @@ from prefect import task
 
 from tasks.train_model import load_keras_model
 from tfopt.artifacts import ModelArtifact
+from tfopt.fileio import replace_dir, staging_dir_for
 from tfopt.serving import INPUT_NAME, OUTPUT_LOGITS, OUTPUT_PROBABILITIES, SIGNATURE_KEY
-
-
-def replace_dir(staging: Path, final: Path) -> None:
-    """Move a finished folder into place; the old one, if any, is removed only then."""
-    if final.exists():
-        shutil.rmtree(final)
-    staging.replace(final)
 
 
 def save_serving_savedmodel(keras_model: tf.keras.Model, image_size: int, final: Path) -> None:
@@ -38,10 +31,7 @@ def save_serving_savedmodel(keras_model: tf.keras.Model, image_size: int, final:
     module = tf.Module()
     module.model = keras_model
     module.serve = serve
-    staging = final.parent / f".{final.name}.tmp"
-    if staging.exists():
-        shutil.rmtree(staging)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = staging_dir_for(final)
     tf.saved_model.save(module, str(staging), signatures={SIGNATURE_KEY: serve})
     replace_dir(staging, final)
 

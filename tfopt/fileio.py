@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -41,6 +42,22 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_json(path: Path, payload: Any) -> None:
     """Write JSON atomically, indented and with sorted keys for stable diffs."""
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def staging_dir_for(final: Path) -> Path:
+    """A clean temporary sibling of folder `final` to build it in (leftovers removed)."""
+    staging = final.parent / f".{final.name}.tmp"
+    if staging.exists():
+        shutil.rmtree(staging)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return staging
+
+
+def replace_dir(staging: Path, final: Path) -> None:
+    """Move a finished folder into place; the old one, if any, is removed only then."""
+    if final.exists():
+        shutil.rmtree(final)
+    staging.replace(final)
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
