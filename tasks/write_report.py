@@ -83,6 +83,16 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _save(fig: object, path: Path) -> Path:
+    """Lay out, write as PNG and close a figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -109,10 +119,7 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
     axis.set_ylabel("test accuracy")
     axis.set_title(f"Accuracy vs latency (champion: {summary['champion'] or 'none'})")
     axis.legend()
-    fig.tight_layout()
-    paths.append(out_dir / "accuracy_vs_latency.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out_dir / "accuracy_vs_latency.png"))
 
     fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
     names = [r.name for r in ok]
@@ -122,10 +129,7 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
     axis.set_xlabel("KB")
     axis.set_title("Model size per variant")
     axis.legend()
-    fig.tight_layout()
-    paths.append(out_dir / "size.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out_dir / "size.png"))
 
     fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
     axis.boxplot([r.samples_ms or [r.latency_ms.p50] for r in ok], vert=False,
@@ -133,10 +137,7 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
     axis.set_xscale("log")
     axis.set_xlabel("batch-1 latency (ms, log), warm-up excluded")
     axis.set_title("Latency distributions")
-    fig.tight_layout()
-    paths.append(out_dir / "latency_distributions.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out_dir / "latency_distributions.png"))
     return paths
 
 
