@@ -7,11 +7,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from tasks.benchmark_variant import benchmark_variant
+from flows.common import benchmark_serialized, sharded_data
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.resolve_model import resolve_model
 from tasks.write_report import write_report
-from tasks.write_tfrecords import write_tfrecords
 from tfopt import tracking
 from tfopt.config import BenchmarkOnlyConfig
 from tfopt.prefect_artifacts import publish_prefect_artifacts
@@ -47,9 +46,9 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         tags={**tags, "mlflow.source.git.commit": git_commit()},
     )
     try:
-        dataset = write_tfrecords(config.data, work_dir)
+        dataset = sharded_data(config.data, work_dir)
         inputs = prepare_benchmark_inputs(spec, dataset, run_dir / "inputs", config.batch_size)
-        result = benchmark_variant(spec, inputs, config.benchmark)
+        result = benchmark_serialized(spec, inputs, config.benchmark).result()
         tracking.log_variant_run(mlflow, experiment_id, parent_id, result, tags=tags)
         summary = {
             "config_name": config.name,

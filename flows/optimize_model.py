@@ -14,7 +14,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import State
 
-from tasks.benchmark_variant import benchmark_variant
+from flows.common import benchmark_serialized, sharded_data
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
 from tasks.convert_tflite import convert_tflite
 from tasks.distill_model import distill_model
@@ -29,7 +29,6 @@ from tasks.quantize_aware_train import quantize_aware_train
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_report import write_report
-from tasks.write_tfrecords import write_tfrecords
 from tfopt import tracking
 from tfopt.artifacts import (
     BatchSweepResult,
@@ -108,7 +107,7 @@ def _benchmark_isolated(
     """Benchmark a built variant; a variant that failed or was skipped earlier keeps its status."""
     if spec.status != "ok":
         return _unmeasured(spec, spec.status, spec.error)
-    state = benchmark_variant(spec, inputs, cfg, return_state=True)
+    state = benchmark_serialized(spec, inputs, cfg)
     return state.result() if state.is_completed() else _unmeasured(spec, "failed", _error_of(state))
 
 
@@ -296,7 +295,7 @@ def _run_steps(
     context: _RunContext,
 ) -> dict[str, Any]:
     mlflow, parent_id = context.mlflow, context.parent_id
-    dataset = write_tfrecords(config.data, work_dir)
+    dataset = sharded_data(config.data, work_dir)
     tracking.log_metrics(mlflow, parent_id, {
         **{f"dataset_{split}_examples": info.examples for split, info in dataset.splits.items()},
         "dataset_shards": dataset.shards,

@@ -21,6 +21,7 @@ from tfopt.artifacts import BenchmarkInputs, VariantResult, VariantSpec
 from tfopt.config import BenchmarkConfig
 from tfopt.fileio import atomic_write_json
 from tfopt.logs import step_logger
+from tfopt.orchestration import TransientError, retry_if_transient
 
 XLA_AUTOCLUSTER_FLAGS = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"
 _WORKER_TIMEOUT_S = 3600
@@ -41,6 +42,7 @@ def measure_in_subprocess(
     """Run `tasks.benchmark_worker` in a fresh process and read its result.
 
     Raises:
+        TransientError: The process was killed by a signal (the OOM killer, a shutdown).
         RuntimeError: The process failed; the message holds its last error line.
     """
     with tempfile.TemporaryDirectory(prefix="tfopt-bench-") as tmp:
@@ -54,13 +56,21 @@ def measure_in_subprocess(
             [sys.executable, "-m", "tasks.benchmark_worker", str(request), str(response)],
             env=worker_env(spec), capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S,
         )
+        if completed.returncode < 0:
+            raise TransientError(f"benchmark process killed by signal {-completed.returncode}")
         if completed.returncode != 0 or not response.exists():
             tail = completed.stderr.strip().splitlines()[-1:] or [f"exit {completed.returncode}"]
             raise RuntimeError(f"benchmark process failed: {tail[0][:500]}")
         return VariantResult.model_validate_json(response.read_text())
 
 
-@task(name="benchmark_variant", tags=["benchmark"])
+@task(
+    name="benchmark_variant",
+    tags=["benchmark"],
+    retries=1,
+    retry_delay_seconds=10,
+    retry_condition_fn=retry_if_transient,
+)
 def benchmark_variant(
     variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
 ) -> VariantResult:
@@ -80,6 +90,7 @@ def benchmark_variant(
         The measurements.
 
     Raises:
+        TransientError: The measuring process was killed (retried once).
         RuntimeError: The measuring process failed.
         ValueError: A variant that needs its own process while `cfg.isolate` is off.
     """

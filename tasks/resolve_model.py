@@ -8,6 +8,7 @@ from pathlib import Path
 from prefect import task
 
 from tfopt.artifacts import VariantSpec
+from tfopt.orchestration import retry_if_transient
 
 _SUFFIX_FORMATS = {".tflite": "tflite", ".onnx": "onnx", ".keras": "graph"}
 _MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
@@ -35,7 +36,13 @@ def detect_format(path: Path) -> tuple[str, Path]:
     )
 
 
-@task(name="resolve_model", tags=["benchmark"], retries=2, retry_delay_seconds=5)
+@task(
+    name="resolve_model",
+    tags=["benchmark"],
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_if_transient,
+)
 def resolve_model(
     model: str, fmt: str, precision: str, tracking_uri: str, download_dir: Path
 ) -> VariantSpec:

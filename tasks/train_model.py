@@ -17,6 +17,7 @@ from tasks.model_zoo import build_model
 from tfopt.artifacts import DatasetArtifact, ModelArtifact
 from tfopt.config import InputConfig, ModelConfig, TrainConfig
 from tfopt.logs import step_logger
+from tfopt.orchestration import StepProgress
 
 
 def keras_model_path(out_dir: Path, name: str) -> Path:
@@ -141,12 +142,15 @@ def train_model(
     """
     logger = step_logger()
     keras.utils.set_random_seed(train_cfg.seed)
-    with precision_policy(train_cfg.mixed_precision):
+    strategy = distribution_strategy(train_cfg.distribute)
+    with precision_policy(train_cfg.mixed_precision), strategy.scope():
         model = build_baseline(model_cfg, dataset)
         curves, train_seconds = fit(
             model, dataset, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
             batch_size=batch_size, seed=train_cfg.seed, input_cfg=input_cfg,
-            callbacks=resumable_callbacks(checkpoint_dir),
+            callbacks=[*resumable_callbacks(checkpoint_dir),
+                       EpochProgress(StepProgress("train-baseline", "epochs trained"),
+                                     train_cfg.epochs)],
         )
     if checkpoint_dir is not None:
         curves = read_history(checkpoint_dir / HISTORY_NAME)
@@ -179,6 +183,7 @@ def train_model(
             "batch_size": batch_size,
             "epochs": train_cfg.epochs,
             "mixed_precision": train_cfg.mixed_precision,
+            "distribute": f"{train_cfg.distribute} ({strategy.num_replicas_in_sync} replicas)",
             "parameters": int(model.count_params()),
             "devices": ",".join(d.device_type for d in tf.config.list_physical_devices()),
         },
@@ -188,6 +193,18 @@ def train_model(
 
 
 HISTORY_NAME = "history.csv"
+
+
+class EpochProgress(keras.callbacks.Callback):
+    """Moves a Prefect progress artifact at every finished epoch (resumed runs included)."""
+
+    def __init__(self, progress: StepProgress, epochs: int) -> None:
+        super().__init__()
+        self._progress, self._epochs = progress, epochs
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Report `epoch + 1` of the planned epochs as done."""
+        self._progress.update(epoch + 1, self._epochs)
 
 
 def resumable_callbacks(checkpoint_dir: Path | None) -> list[keras.callbacks.Callback]:
@@ -219,6 +236,16 @@ def build_baseline(model_cfg: ModelConfig, dataset: DatasetArtifact) -> keras.Mo
         model_cfg.architecture, dataset.image_size, dataset.num_classes, width=model_cfg.width,
         alpha=model_cfg.alpha, data_format=model_cfg.data_format,
     )
+
+
+def distribution_strategy(name: str) -> tf.distribute.Strategy:
+    """The tf.distribute strategy for training: `mirrored` copies the model to every local GPU.
+
+    Without GPUs MirroredStrategy runs one CPU replica; `none` is TensorFlow's default strategy.
+    """
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
 
 
 @contextmanager

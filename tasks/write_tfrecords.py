@@ -30,6 +30,7 @@ from tfopt.artifacts import DatasetArtifact, SplitInfo
 from tfopt.config import DataConfig
 from tfopt.fileio import atomic_write_json, sha256_file
 from tfopt.logs import step_logger
+from tfopt.orchestration import retry_if_transient
 
 SPLITS = ("train", "val", "test")
 MANIFEST_NAME = "manifest.json"
@@ -441,9 +442,59 @@ def dataset_dir_for(cfg: DataConfig, work_dir: Path, images: list[SourceImage]) 
     return work_dir / "datasets" / f"{cfg.source_dir.name}-{listing.hexdigest()[:12]}"
 
 
-@task(name="write_tfrecords", tags=["preprocessing"])
+def source_fingerprint(source_dir: Path) -> str:
+    """A digest of every file under `source_dir`: relative path, size and modification time.
+
+    Editing, adding, removing or replacing a file changes it; reading the folder does not.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(source_dir.rglob("*")):
+        if path.name.startswith(".") or not (path.is_file() or path.is_symlink()):
+            continue
+        try:
+            stat = path.stat()
+            facts = f"{stat.st_size}\t{stat.st_mtime_ns}"
+        except OSError:
+            facts = "unreadable"
+        digest.update(f"{path.relative_to(source_dir).as_posix()}\t{facts}\n".encode())
+    return digest.hexdigest()
+
+
+def preprocessing_cache_key(_context: object, parameters: dict) -> str | None:
+    """Prefect cache key of `write_tfrecords`: the source folder's content and the settings.
+
+    Not time: an unchanged folder with unchanged settings hits the cache however old it is.
+    """
+    cfg: DataConfig = parameters["cfg"]
+    if not cfg.source_dir.is_dir():
+        return None
+    settings = json.dumps([cfg.model_dump(mode="json"), str(Path(parameters["work_dir"]).resolve()),
+                           str(cfg.source_dir.resolve())])
+    return "write_tfrecords-" + hashlib.sha256(
+        f"{settings}|{source_fingerprint(cfg.source_dir)}".encode()
+    ).hexdigest()[:32]
+
+
+def is_intact(dataset: DatasetArtifact) -> bool:
+    """The manifest and every shard a (possibly cached) result names are still on disk."""
+    files = [file for info in dataset.splits.values() for file in info.files]
+    return dataset.manifest_path.is_file() and all(file.is_file() for file in files)
+
+
+@task(
+    name="write_tfrecords",
+    tags=["preprocessing"],
+    cache_key_fn=preprocessing_cache_key,
+    persist_result=True,
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_if_transient,
+)
 def write_tfrecords(cfg: DataConfig, work_dir: Path) -> DatasetArtifact:
     """Shard an image folder into TFRecord files with a manifest; resume where a run stopped.
+
+    Prefect caches the result under the source folder's fingerprint and the settings, so an
+    unchanged input is not read again; shards already on disk are reused in any case.
 
     Args:
         cfg: Source folder, split fractions and shard size.

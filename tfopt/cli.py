@@ -152,6 +152,35 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from deployments.serve import PREFECT_YAML, serve_deployments
+
+    api_url, _ = _connect_services()
+    console.print(f"serving the deployments of {PREFECT_YAML.relative_to(Path.cwd().resolve())}"
+                  if PREFECT_YAML.is_relative_to(Path.cwd().resolve()) else
+                  f"serving the deployments of {PREFECT_YAML}")
+    console.print(f"run them from {api_url.removesuffix('/api')}/deployments (Ctrl+C stops)")
+    serve_deployments(limit=args.limit)
+    return 0
+
+
+def _cmd_deploy(_: argparse.Namespace) -> int:
+    from deployments.serve import deploy_to_work_pool, load_deployment_specs, work_pool_names
+
+    _connect_services()
+    for line in deploy_to_work_pool():
+        console.print(line, highlight=False)
+    for pool in work_pool_names(load_deployment_specs()):
+        console.print(f"start a worker for them: tfopt worker --pool {pool}")
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    _connect_services()
+    prefect = Path(sys.executable).with_name("prefect")
+    os.execv(prefect, [str(prefect), "worker", "start", "--pool", args.pool, "--type", "process"])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tfopt` command."""
     parser = argparse.ArgumentParser(prog="tfopt", description=__doc__)
@@ -186,6 +215,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--work-dir", type=Path, default=Path(".tfopt/work"))
     bench.add_argument("--summary-json", type=Path, default=None)
     bench.set_defaults(handler=_cmd_benchmark)
+    serve = commands.add_parser(
+        "serve", help="serve the deployments of deployments/prefect.yaml from this process"
+    )
+    serve.add_argument("--limit", type=int, default=1,
+                       help="flow runs at the same time (default 1: runs queue on 2 cores)")
+    serve.set_defaults(handler=_cmd_serve)
+    commands.add_parser(
+        "deploy", help="register the deployments to their process work pool (prefect deploy)"
+    ).set_defaults(handler=_cmd_deploy)
+    worker = commands.add_parser("worker", help="start a Prefect worker on a process work pool")
+    worker.add_argument("--pool", default="tfopt-process")
+    worker.set_defaults(handler=_cmd_worker)
     return parser
 
 

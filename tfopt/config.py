@@ -78,7 +78,7 @@ class ModelConfig(_Section):
         "small_cnn",
         description="Baseline network from tfopt's model zoo (built in code, no downloads).",
     )
-    width: int = Field(16, ge=4, le=256, description="Filters in small_cnn's first convolution.")
+    width: int = Field(32, ge=4, le=256, description="Filters in small_cnn's first convolution.")
     alpha: float = Field(0.35, gt=0.0, le=2.0, description="mobilenet_v2's width multiplier.")
     data_format: Literal["channels_last", "channels_first"] = Field(
         "channels_last", description="Layout inside the model: NHWC or NCHW."
@@ -88,7 +88,7 @@ class ModelConfig(_Section):
 class TrainConfig(_Section):
     """How the baseline is trained."""
 
-    epochs: int = Field(5, ge=1, le=1000, description="Training epochs.")
+    epochs: int = Field(8, ge=1, le=1000, description="Training epochs.")
     mixed_precision: Literal["off", "mixed_float16", "mixed_bfloat16"] = Field(
         "off",
         description=(
@@ -97,13 +97,20 @@ class TrainConfig(_Section):
         ),
     )
     batch_size: int | None = Field(
-        64, ge=1, le=8192,
+        None, ge=1, le=8192,
         description="Training batch size; null: the batch-size sweep's choice.",
     )
     learning_rate: float = Field(
         2e-3, gt=0.0, le=1.0, description="Adam learning rate for the baseline."
     )
     seed: int = Field(42, ge=0, description="Seed for weights, shuffling and splits.")
+    distribute: Literal["none", "mirrored"] = Field(
+        "none",
+        description=(
+            "tf.distribute strategy for baseline training: mirrored replicates the model on "
+            "every local GPU (one CPU replica without GPUs); see the README for multi-worker."
+        ),
+    )
 
 
 class ConvertConfig(_Section):
@@ -156,7 +163,7 @@ class InputConfig(_Section):
         False, description="Keep a fixed element order (reproducible, slower in parallel)."
     )
     random_crop_min_area: float = Field(
-        1.0, ge=0.1, le=1.0,
+        0.85, ge=0.1, le=1.0,
         description=(
             "Training crops: the smallest share of the image a random crop keeps, decoded with "
             "the fused decode_and_crop_jpeg (1.0: no crops)."
@@ -214,14 +221,14 @@ class CompressConfig(_Section):
     temperature: float = Field(
         4.0, ge=1.0, le=100.0, description="Softmax temperature of the distillation loss."
     )
-    distill_epochs: int = Field(8, ge=1, le=1000, description="Student training epochs.")
+    distill_epochs: int = Field(10, ge=1, le=1000, description="Student training epochs.")
     qat: bool = Field(True, description="Quantization-aware fine-tuning, then int8 TFLite.")
     qat_epochs: int = Field(2, ge=1, le=1000, description="Quantization-aware fine-tuning epochs.")
     finetune_learning_rate: float = Field(
         5e-4, gt=0.0, le=1.0, description="Learning rate of pruning and QAT fine-tuning."
     )
     tflite: list[Literal["fp32", "dynamic", "float16", "int8"]] = Field(
-        default_factory=lambda: ["fp32", "int8"],
+        default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
         description="TFLite precisions built for each compressed model (QAT is always int8).",
     )
 
@@ -230,14 +237,14 @@ class BenchmarkConfig(_Section):
     """How every variant is measured (the same protocol for all of them)."""
 
     warmup_runs: int = Field(
-        10, ge=1, le=10_000, description="Untimed runs before measuring (excluded)."
+        20, ge=1, le=10_000, description="Untimed runs before measuring (excluded)."
     )
     warmup_seconds: float = Field(
-        0.2, ge=0.0, le=600.0, description="... and at least this long of warm-up."
+        0.5, ge=0.0, le=600.0, description="... and at least this long of warm-up."
     )
-    min_runs: int = Field(50, ge=5, le=1_000_000, description="Timed batch-1 runs at least.")
+    min_runs: int = Field(200, ge=5, le=1_000_000, description="Timed batch-1 runs at least.")
     min_seconds: float = Field(
-        1.0, ge=0.0, le=3600.0, description="Keep timing for at least this long."
+        2.0, ge=0.0, le=3600.0, description="Keep timing for at least this long."
     )
     max_seconds: float = Field(
         10.0, gt=0.0, le=3600.0, description="Stop timing a variant after this long."
@@ -269,6 +276,25 @@ class BenchmarkConfig(_Section):
     )
 
 
+class ScaleConfig(_Section):
+    """Where the compression techniques and their conversions run."""
+
+    task_runner: Literal["sequential", "dask"] = Field(
+        "sequential",
+        description=(
+            "sequential: one after another in the flow's process; dask: fanned out to Dask "
+            "worker processes (benchmarks stay serialized by the tfopt-benchmark limit)."
+        ),
+    )
+    dask_address: str | None = Field(
+        None,
+        description="Address of a running Dask scheduler (tcp://host:8786); null: a local cluster.",
+    )
+    dask_workers: int = Field(
+        2, ge=1, le=256, description="Worker processes of the local Dask cluster."
+    )
+
+
 class PipelineConfig(_Section):
     """All parameters of one tfopt pipeline run."""
 
@@ -293,6 +319,23 @@ class PipelineConfig(_Section):
     benchmark: BenchmarkConfig = Field(
         default_factory=BenchmarkConfig, description="Benchmark protocol."
     )
+    scale: ScaleConfig = Field(
+        default_factory=ScaleConfig, description="Task runner for the compression techniques."
+    )
+
+
+class PreprocessConfig(_Section):
+    """Shard a data folder into TFRecords with a manifest, and nothing else."""
+
+    name: str = Field(
+        "preprocess", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Short name of this configuration, used in run names.",
+    )
+    experiment: str = Field(
+        "tfopt-preprocess", min_length=1, max_length=128, description="MLflow experiment."
+    )
+    work_dir: Path = Field(Path(".tfopt/work"), description="Folder for the TFRecord shards.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
 
 
 class BenchmarkOnlyConfig(_Section):
@@ -360,7 +403,7 @@ def load_config(path: Path, overrides: dict[str, object] | None = None) -> Pipel
         raise ConfigError(f"config {path} is invalid:\n{details}") from error
 
 
-def check_paths(config: PipelineConfig) -> None:
+def check_paths(config: PipelineConfig | PreprocessConfig) -> None:
     """Refuse a run whose data folder is missing or whose work folder cannot be written.
 
     Raises:

@@ -13,6 +13,19 @@ _LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std", "min", "max", "p95", "trimm
                  "stable")
 
 
+def dataset_entry(dataset: DatasetArtifact) -> dict[str, Any]:
+    """The summary's ``dataset`` block: examples per split, shards, skipped records."""
+    return {
+        "train_examples": dataset.splits["train"].examples,
+        "val_examples": dataset.splits["val"].examples,
+        "test_examples": dataset.splits["test"].examples,
+        "shards": dataset.shards,
+        "skipped_records": dataset.skipped_records,
+        "classes": dataset.num_classes,
+        "manifest": str(dataset.manifest_path),
+    }
+
+
 def variant_entry(
     result: VariantResult,
     baseline_accuracy: float | None,
@@ -83,15 +96,7 @@ def build_summary(
         "mlflow_experiment_id": experiment_id,
         "mlflow_run_id": run_id,
         "prefect_flow_run_id": flow_run_id,
-        "dataset": {
-            "train_examples": dataset.splits["train"].examples,
-            "val_examples": dataset.splits["val"].examples,
-            "test_examples": dataset.splits["test"].examples,
-            "shards": dataset.shards,
-            "skipped_records": dataset.skipped_records,
-            "classes": dataset.num_classes,
-            "manifest": str(dataset.manifest_path),
-        },
+        "dataset": dataset_entry(dataset),
         "input_pipeline": {
             "naive_examples_per_s": input_pipeline.naive_examples_per_s,
             "tuned_examples_per_s": input_pipeline.tuned_examples_per_s,

@@ -98,6 +98,21 @@ def test_mixed_precision_training_saves_a_float32_model(tiny_dataset, tmp_path):
     assert np.all(np.isfinite(loaded(images).numpy()))
 
 
+def test_mirrored_strategy_training_learns_and_reloads(tiny_dataset, tmp_path):
+    from tasks.train_model import train_model
+    from tfopt.config import ModelConfig, TrainConfig
+
+    model = train_model.fn(
+        tiny_dataset, ModelConfig(width=8),
+        TrainConfig(epochs=3, batch_size=16, distribute="mirrored"), 16, tmp_path,
+    )
+    assert model.params["distribute"].startswith("mirrored (")
+    assert model.history["loss"][-1] < model.history["loss"][0]
+    loaded = load_keras_model(model.path)
+    images = _test_images(tiny_dataset, 4)
+    assert loaded(images).shape == (4, tiny_dataset.num_classes)
+
+
 def _reference(savedmodel):
     from tfopt.artifacts import VariantSpec
 

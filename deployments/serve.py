@@ -1,0 +1,161 @@
+"""Serve or register the deployments of `deployments/prefect.yaml`, the one place they are defined.
+
+`serve_deployments` runs them from this process (`prefect.serve`): the Prefect UI triggers them
+and their schedules fire with no work pool or worker. `deploy_to_work_pool` registers them to
+their process work pool, for workers on this or other machines. It uses Prefect's Python API
+rather than `prefect deploy --all`: in Prefect 3.8.8 that command stops after the first
+deployment (its worker check sends ``limit: null``, which the server refuses with a 422).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+PREFECT_YAML = PROJECT_DIR / "deployments" / "prefect.yaml"
+
+
+class ScheduleSpec(BaseModel):
+    """One schedule of a deployment (cron only: what tfopt's yaml uses)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cron: str
+    timezone: str = "UTC"
+    active: bool = True
+
+
+class WorkPoolSpec(BaseModel):
+    """The work pool a registered deployment is sent to."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str
+
+
+class DeploymentSpec(BaseModel):
+    """One entry of the yaml's `deployments` list."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    entrypoint: str
+    description: str
+    tags: list[str] = Field(default_factory=list)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    schedules: list[ScheduleSpec] = Field(default_factory=list)
+    concurrency_limit: int | None = None
+    work_pool: WorkPoolSpec
+
+
+def load_deployment_specs(path: Path = PREFECT_YAML) -> list[DeploymentSpec]:
+    """The deployments of a prefect.yaml, validated."""
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return [DeploymentSpec.model_validate(entry) for entry in raw["deployments"]]
+
+
+def work_pool_names(specs: list[DeploymentSpec]) -> list[str]:
+    """The work pools the deployments name, each once."""
+    return sorted({spec.work_pool.name for spec in specs})
+
+
+def complete_parameters(flow: Any, parameters: dict[str, Any]) -> dict[str, Any]:
+    """Validate each parameter against the flow's pydantic model and fill in every default.
+
+    The yaml holds only what differs from the defaults; the registered deployment holds the
+    whole configuration, so the Prefect UI's form shows every value a run will use.
+
+    Raises:
+        pydantic.ValidationError: A value the flow would refuse (caught before registering).
+    """
+    from typing import get_type_hints
+
+    hints = get_type_hints(flow.fn)
+    completed = {}
+    for name, value in parameters.items():
+        annotation = hints[name]
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            value = annotation.model_validate(value).model_dump(mode="json")
+        completed[name] = value
+    return completed
+
+
+def build_runner_deployments(specs: list[DeploymentSpec], from_source: bool = False) -> list[Any]:
+    """Prefect `RunnerDeployment`s, one per spec.
+
+    Args:
+        specs: The deployments to build.
+        from_source: Load each flow through `Flow.from_source(PROJECT_DIR, ...)`, so the
+            registered deployment's pull step moves a worker into this checkout (for work pools);
+            else load it from its file (for serving from this process).
+    """
+    from prefect import Flow
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.schedules import Cron
+
+    deployments = []
+    for spec in specs:
+        flow = (Flow.from_source(str(PROJECT_DIR), spec.entrypoint) if from_source
+                else load_flow_from_entrypoint(str(PROJECT_DIR / spec.entrypoint)))
+        deployments.append(flow.to_deployment(
+            name=spec.name,
+            description=spec.description,
+            tags=spec.tags,
+            parameters=complete_parameters(flow, spec.parameters),
+            schedules=[Cron(s.cron, timezone=s.timezone, active=s.active)
+                       for s in spec.schedules],
+            concurrency_limit=spec.concurrency_limit,
+        ))
+    return deployments
+
+
+def serve_deployments(path: Path = PREFECT_YAML, limit: int | None = None) -> None:
+    """Serve every deployment of the yaml from this process until interrupted.
+
+    Args:
+        path: The prefect.yaml to read.
+        limit: Flow runs executed at the same time (None: Prefect's default).
+    """
+    from prefect import serve
+
+    os.chdir(PROJECT_DIR)
+    serve(*build_runner_deployments(load_deployment_specs(path)), limit=limit)
+
+
+def ensure_work_pools(names: list[str]) -> list[str]:
+    """Create the named process work pools that do not exist yet; return the created ones."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    created = []
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                client.read_work_pool(name)
+            except ObjectNotFound:
+                client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+                created.append(name)
+    return created
+
+
+def deploy_to_work_pool(path: Path = PREFECT_YAML) -> list[str]:
+    """Register every deployment of the yaml to its work pool (created if missing).
+
+    Returns:
+        One line per deployment: its name, work pool and id.
+    """
+    specs = load_deployment_specs(path)
+    ensure_work_pools(work_pool_names(specs))
+    registered = []
+    for spec, deployment in zip(specs, build_runner_deployments(specs, from_source=True),
+                                strict=True):
+        deployment_id = deployment.apply(work_pool_name=spec.work_pool.name)
+        registered.append(f"{deployment.flow_name}/{spec.name} -> work pool "
+                          f"{spec.work_pool.name} ({deployment_id})")
+    return registered

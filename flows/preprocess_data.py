@@ -1,0 +1,68 @@
+"""Preprocessing alone: shard a data folder into TFRecords with a manifest, cached by content."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from flows.common import sharded_data
+from tfopt import tracking
+from tfopt.config import PreprocessConfig, check_paths
+from tfopt.provenance import git_commit, mlflow_tracking_uri
+from tfopt.summary import dataset_entry
+
+
+@flow(name="preprocess_data", flow_run_name="preprocess-{config.name}", log_prints=True)
+def preprocess_data(config: PreprocessConfig = PreprocessConfig()) -> dict[str, Any]:  # noqa: B008
+    """Shard a folder of labelled images (or TFRecords) into TFRecord files with a manifest.
+
+    An unchanged folder with unchanged settings is a cache hit (no file is read again); a run
+    that stopped half-way resumes from the shards already written. The manifest is logged to
+    MLflow.
+
+    Args:
+        config: The data folder, its splits and sharding, and the work folder.
+
+    Returns:
+        The ``dataset`` block of the run summary, with the MLflow run id and the shard folder.
+    """
+    check_paths(config)
+    work_dir = config.work_dir.resolve()
+    tracking_uri = mlflow_tracking_uri()
+    mlflow = tracking.client(tracking_uri)
+    experiment_id = tracking.ensure_experiment(mlflow, config.experiment)
+    run_id = tracking.start_run(
+        mlflow, experiment_id, run_name=f"preprocess-{config.name}",
+        params=config.model_dump(mode="json"),
+        tags={"prefect.flow_run_id": str(flow_run.id), "tfopt.role": "preprocess",
+              "mlflow.source.git.commit": git_commit()},
+    )
+    try:
+        dataset = sharded_data(config.data, work_dir)
+        summary = {**dataset_entry(dataset), "root": str(dataset.root),
+                   "mlflow_run_id": run_id, "prefect_flow_run_id": str(flow_run.id)}
+        tracking.log_metrics(mlflow, run_id, {
+            key: summary[key] for key in ("train_examples", "val_examples", "test_examples",
+                                          "shards", "skipped_records")
+        })
+        tracking.log_artifact(mlflow, run_id, dataset.manifest_path, "dataset")
+    except BaseException:
+        tracking.end_run(mlflow, run_id, "FAILED")
+        raise
+    tracking.end_run(mlflow, run_id, "FINISHED")
+    url = tracking.run_url(tracking_uri, experiment_id, run_id)
+    create_markdown_artifact(
+        key="tfopt-dataset",
+        markdown=(
+            f"# {config.name}: {dataset.shards} shards in `{dataset.root}`\n\n"
+            f"train {summary['train_examples']}, val {summary['val_examples']}, test "
+            f"{summary['test_examples']} examples; {dataset.skipped_records} skipped.\n\n"
+            f"**MLflow run:** [{run_id}]({url})"
+        ),
+        description="Shards and manifest, with a link to the MLflow run",
+    )
+    get_run_logger().info("%d shards in %s", dataset.shards, dataset.root)
+    return summary
