@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ from sklearn.datasets import load_digits
 import tfopt  # noqa: F401  (environment before TensorFlow)
 from tfopt.config import DataConfig
 from tfopt.demo_data import digit_to_jpeg
+from tfopt.services import ServiceSettings
 
 
 def write_digit_folder(root: Path, classes: int = 3, per_class: int = 20, size: int = 16) -> Path:
@@ -61,3 +63,36 @@ def tiny_savedmodel(tiny_baseline, tmp_path_factory: pytest.TempPathFactory):
     from tasks.export_savedmodel import export_savedmodel
 
     return export_savedmodel.fn(tiny_baseline, tmp_path_factory.mktemp("savedmodel"))
+
+
+@pytest.fixture(scope="session")
+def live_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceSettings]:
+    """Real Prefect and MLflow server processes on free ports, state in a temporary folder."""
+    from tests.live import running_services
+
+    with running_services(tmp_path_factory.mktemp("tfopt-home")) as settings:
+        yield settings
+
+
+@pytest.fixture(scope="session")
+def served_deployments(
+    live_services: ServiceSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceSettings]:
+    """`tfopt serve` running against `live_services` until the session ends."""
+    from tests.live import tfopt_process
+
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with tfopt_process(live_services, ["serve"], log,
+                       ready=lambda: "being served" in log.read_text()):
+        yield live_services
+
+
+@pytest.fixture()
+def prefect_client(live_services: ServiceSettings):
+    """A synchronous Prefect client talking to `live_services`' server."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}), \
+            get_client(sync_client=True) as client:
+        yield client

@@ -6,15 +6,13 @@ import json
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.flows.conftest import service_env
+from tests.live import ROOT, service_env
 from tfopt.demo_data import write_demo_images
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 EXPECTED_OK = {

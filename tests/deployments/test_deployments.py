@@ -1,0 +1,128 @@
+"""deployments/prefect.yaml served by `tfopt serve` and registered by `tfopt deploy`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from deployments.serve import (
+    PREFECT_YAML,
+    build_runner_deployments,
+    complete_parameters,
+    load_deployment_specs,
+)
+from tests.conftest import write_digit_folder
+from tests.live import running_services, service_env, tfopt_process
+
+EXPECTED = {"optimize-nightly": "optimize_model", "preprocess-hourly": "preprocess_data",
+            "benchmark-champion-weekly": "benchmark_model"}
+
+
+def test_the_yaml_names_three_flows_with_schedules_and_valid_parameters():
+    specs = {spec.name: spec for spec in load_deployment_specs(PREFECT_YAML)}
+    assert set(specs) == set(EXPECTED)
+    deployments = build_runner_deployments(list(specs.values()))
+    for deployment in deployments:
+        spec = specs[deployment.name]
+        assert deployment.flow_name == EXPECTED[spec.name]
+        assert spec.schedules and spec.description and "tfopt" in spec.tags
+        config = deployment.parameters["config"]
+        assert config["name"] == spec.parameters["config"]["name"]
+        assert len(config) > len(spec.parameters["config"]), "defaults are filled in"
+
+
+def test_a_bad_value_in_the_yaml_is_refused_before_registering():
+    from pydantic import ValidationError
+
+    from flows.optimize_model import optimize_model
+
+    with pytest.raises(ValidationError, match="epochs"):
+        complete_parameters(optimize_model, {"config": {"train": {"epochs": 0}}})
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(2.0)
+    raise TimeoutError(what)
+
+
+@pytest.mark.e2e
+def test_serve_registers_scheduled_deployments_with_a_parameter_form(
+    served_deployments, prefect_client
+):
+    deployments = {d.name: d for d in prefect_client.read_deployments()}
+    assert set(EXPECTED) <= set(deployments)
+    nightly = deployments["optimize-nightly"]
+    assert nightly.schedules and nightly.schedules[0].schedule.cron == "0 2 * * *"
+    assert nightly.schedules[0].active
+    assert "pipeline" in nightly.tags and nightly.description.startswith("The full pipeline")
+    schema = nightly.parameter_openapi_schema
+    definitions = schema["definitions"]
+    architecture = definitions["ModelConfig"]["properties"]["architecture"]
+    assert architecture["enum"] == ["small_cnn", "mobilenet_v2"], "a dropdown in the form"
+    epochs = definitions["TrainConfig"]["properties"]["epochs"]
+    assert epochs["minimum"] == 1 and epochs["description"]
+    assert nightly.parameters["config"]["train"]["epochs"] == epochs["default"]
+
+
+@pytest.mark.e2e
+def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(tmp_path):
+    """`tfopt deploy` + `tfopt worker`; the second run of unchanged data is a cache hit."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    data = write_digit_folder(tmp_path / "digits", classes=3, per_class=12)
+    parameters = {"config": {"name": "worker-test", "work_dir": str(tmp_path / "work"),
+                             "data": {"source_dir": str(data), "image_size": 16,
+                                      "shard_size_mb": 0.004}}}
+    with running_services(tmp_path / "home") as settings, \
+            temporary_settings({PREFECT_API_URL: settings.prefect_api_url}):
+        import subprocess
+        import sys
+
+        from tests.live import ROOT
+
+        deployed = subprocess.run([sys.executable, "-m", "tfopt.cli", "deploy"], cwd=ROOT,
+                                  env=service_env(settings), capture_output=True, text=True,
+                                  timeout=300)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        assert deployed.stdout.count("-> work pool tfopt-process") == 3
+        with get_client(sync_client=True) as client:
+            registered = {d.name: d for d in client.read_deployments()}
+            assert {d.work_pool_name for d in registered.values()} == {"tfopt-process"}
+            pull = registered["preprocess-hourly"].pull_steps[0]
+            assert Path(pull["prefect.deployments.steps.set_working_directory"]["directory"]) \
+                == ROOT
+        log = tmp_path / "worker.log"
+        with tfopt_process(settings, ["worker"], log,
+                           ready=lambda: "started" in log.read_text().lower()):
+            states = []
+            for _ in range(2):
+                run = run_deployment("preprocess_data/preprocess-hourly",
+                                     parameters=parameters, timeout=300)
+                assert run.state.is_completed(), (run.state, log.read_text()[-3000:])
+                states.append(_task_state(settings, run.id, "write_tfrecords"))
+        assert states[0] != "Cached" and states[1] == "Cached", states
+        runs = MlflowClient(settings.mlflow_url).search_runs(
+            [MlflowClient(settings.mlflow_url).get_experiment_by_name(
+                "tfopt-preprocess").experiment_id])
+        assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+        assert runs[0].data.metrics["shards"] >= 3
+
+
+def _task_state(settings, flow_run_id, task_name: str) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return next(t.state.name for t in task_runs if t.name.startswith(task_name))

@@ -1,0 +1,79 @@
+"""Real service processes for tests: Prefect and MLflow servers, `tfopt serve`, a worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tfopt.services import ServiceSettings, start_services, stop_services
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def running_services(state_dir: Path) -> Iterator[ServiceSettings]:
+    """Prefect and MLflow servers on free ports with their state in `state_dir`."""
+    settings = ServiceSettings(state_dir=state_dir, prefect_port=free_port(),
+                               mlflow_port=free_port())
+    start_services(settings, timeout_s=240)
+    try:
+        yield settings
+    finally:
+        stop_services(settings)
+
+
+def service_env(settings: ServiceSettings) -> dict[str, str]:
+    """Environment for a `tfopt` subprocess that talks to `settings`' servers."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    env.update(
+        TFOPT_HOME=str(settings.state_dir),
+        TFOPT_PREFECT_PORT=str(settings.prefect_port),
+        TFOPT_MLFLOW_PORT=str(settings.mlflow_port),
+        PREFECT_HOME=str(Path(settings.state_dir) / "client"),
+    )
+    return env
+
+
+@contextmanager
+def tfopt_process(
+    settings: ServiceSettings, args: list[str], log: Path, ready: Callable[[], bool],
+    timeout_s: float = 180.0,
+) -> Iterator[subprocess.Popen]:
+    """Run ``tfopt <args>`` in the background until the block ends; wait until `ready()`."""
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tfopt.cli", *args], cwd=ROOT, env=service_env(settings),
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if process.poll() is not None:
+                raise RuntimeError(f"tfopt {args[0]} exited: {log.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tfopt {args[0]} not ready: {log.read_text()[-3000:]}")
+            time.sleep(1.0)
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
