@@ -114,17 +114,56 @@ def build_runner_deployments(specs: list[DeploymentSpec], from_source: bool = Fa
     return deployments
 
 
+class DeploymentConflictError(RuntimeError):
+    """A deployment to serve is already registered to a work pool under the same name."""
+
+
+def refuse_work_pool_twins(deployments: list[Any]) -> None:
+    """Refuse to serve a deployment that `tfopt deploy` registered to a work pool.
+
+    Serving it would re-register it without the pull step while it keeps its work pool, and
+    its runs would crash looking for flow code ("No such file or directory: '.../None'").
+
+    Raises:
+        DeploymentConflictError: Naming each such deployment and how to remove it.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    twins = []
+    with get_client(sync_client=True) as client:
+        for deployment in deployments:
+            full_name = f"{deployment.flow_name}/{deployment.name}"
+            try:
+                existing = client.read_deployment_by_name(full_name)
+            except ObjectNotFound:
+                continue
+            if existing.work_pool_name:
+                twins.append(f"{full_name} (work pool {existing.work_pool_name})")
+    if twins:
+        raise DeploymentConflictError(
+            "already registered to a work pool by `tfopt deploy`: " + ", ".join(twins)
+            + ". Run them with `tfopt worker`, or remove them first (`prefect deployment "
+            "delete <flow>/<name>`) to serve them from this process instead."
+        )
+
+
 def serve_deployments(path: Path = PREFECT_YAML, limit: int | None = None) -> None:
     """Serve every deployment of the yaml from this process until interrupted.
 
     Args:
         path: The prefect.yaml to read.
         limit: Flow runs executed at the same time (None: Prefect's default).
+
+    Raises:
+        DeploymentConflictError: One of them is registered to a work pool already.
     """
     from prefect import serve
 
     os.chdir(PROJECT_DIR)
-    serve(*build_runner_deployments(load_deployment_specs(path)), limit=limit)
+    deployments = build_runner_deployments(load_deployment_specs(path))
+    refuse_work_pool_twins(deployments)
+    serve(*deployments, limit=limit)
 
 
 def ensure_work_pools(names: list[str]) -> list[str]:

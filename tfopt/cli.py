@@ -153,14 +153,16 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from deployments.serve import PREFECT_YAML, serve_deployments
+    from deployments.serve import PREFECT_YAML, DeploymentConflictError, serve_deployments
 
     api_url, _ = _connect_services()
-    console.print(f"serving the deployments of {PREFECT_YAML.relative_to(Path.cwd().resolve())}"
-                  if PREFECT_YAML.is_relative_to(Path.cwd().resolve()) else
-                  f"serving the deployments of {PREFECT_YAML}")
+    console.print(f"serving the deployments of {PREFECT_YAML}")
     console.print(f"run them from {api_url.removesuffix('/api')}/deployments (Ctrl+C stops)")
-    serve_deployments(limit=args.limit)
+    try:
+        serve_deployments(limit=args.limit)
+    except DeploymentConflictError as error:
+        console.print(f"[bold red]error:[/] {error}", highlight=False)
+        return 2
     return 0
 
 

@@ -1,0 +1,176 @@
+"""The Prefect and MLflow UIs in headless Debian Chromium, driven by Playwright.
+
+A user opens the pipeline deployment that `tfopt serve` serves, fills the run form with the
+smoke configuration, runs it and waits for Completed; then opens MLflow and compares the run's
+variants. Screenshots land in ``.tfopt/screenshots/`` (or ``$TFOPT_SCREENSHOTS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.live import ROOT
+from tfopt.config import load_config
+from tfopt.demo_data import write_demo_images
+from tfopt.tracking import flatten_params
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
+CHROMIUM = Path(os.environ.get("TFOPT_CHROMIUM", "/usr/bin/chromium"))
+SCREENSHOTS = Path(os.environ.get("TFOPT_SCREENSHOTS", ROOT / ".tfopt" / "screenshots"))
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+RUN_TIMEOUT_S = 15 * 60
+FINAL_STATES = {"Completed", "Failed", "Crashed", "Cancelled"}
+
+
+@pytest.fixture(scope="module")
+def browser_page() -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: `make browser-deps` installs Debian's "
+                    "chromium (or set TFOPT_CHROMIUM)")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                             args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.set_default_timeout(60_000)
+        try:
+            yield page
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def smoke_parameters(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The smoke config as the form's JSON, on demo images in a temporary folder."""
+    tmp = tmp_path_factory.mktemp("ui")
+    write_demo_images(tmp / "demo")
+    config = load_config(ROOT / "configs" / "smoke.yaml", {
+        "name": "ui-smoke", "experiment": "tfopt-ui", "data.source_dir": str(tmp / "demo"),
+        "work_dir": str(tmp / "work"),
+    })
+    return {"config": config.model_dump(mode="json")}
+
+
+def _form_field(page, label: str):
+    """The form property labelled `label` (the innermost one holding that label)."""
+    text = page.get_by_text(re.compile(rf"^{label}( \(Optional\))?$")).first
+    return text.locator("xpath=ancestor::div[contains(concat(' ', normalize-space(@class), ' '),"
+                        " ' schema-form-property ')][1]")
+
+
+def _parameters_menu(page):
+    """The ⋮ button beside the form's "Parameters" heading."""
+    return page.get_by_text("Parameters", exact=True).locator("xpath=..").get_by_role("button")
+
+
+def _wait_for_final_state(page) -> str:
+    """Reload the flow run's page until its header's state badge shows a final state."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        badge = page.locator(".state-badge").first
+        badge.wait_for()
+        state = badge.inner_text().strip()
+        if state in FINAL_STATES or time.monotonic() > deadline:
+            return state
+        page.wait_for_timeout(10_000)
+        page.reload()
+
+
+@pytest.fixture(scope="module")
+def ui_flow_run(served_deployments, browser_page, smoke_parameters) -> dict:
+    """Trigger the pipeline deployment from the Prefect UI's form and wait for Completed."""
+    from playwright.sync_api import expect
+
+    page, settings = browser_page, served_deployments
+    page.goto(f"{settings.prefect_url}/deployments")
+    page.get_by_role("link", name="optimize-nightly").first.click()
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_text("Custom run").click()
+
+    expect(page.get_by_text("Short name of this configuration, used in run names.")).to_be_visible()
+    architecture = _form_field(page, "Architecture").locator(".p-select-button__control")
+    expect(architecture).to_contain_text("small_cnn")
+    page.screenshot(path=SCREENSHOTS / "prefect-1-run-form.png")
+
+    _parameters_menu(page).click()
+    page.get_by_text("Use JSON input").click()
+    editor = page.locator("textarea.p-code-input__textarea").first
+    shown = json.loads(editor.input_value())
+    assert shown["config"]["name"] == "nightly", "the form starts from the deployment's values"
+    editor.fill(json.dumps(smoke_parameters, indent=2))
+    _parameters_menu(page).click()
+    page.get_by_text("Use form input").click()
+    expect(_form_field(page, "Name").locator("textarea")).to_have_value("ui-smoke")
+    expect(_form_field(page, "Max Examples Per Class").locator("input[type=number]")) \
+        .to_have_value("60")
+    page.screenshot(path=SCREENSHOTS / "prefect-2-form-filled.png")
+
+    page.get_by_role("button", name="Submit").click()
+    # The toast's "View run" link (the toast animates, so follow its address instead of clicking).
+    run_link = page.locator("a[href*='/runs/flow-run/']").first
+    run_link.wait_for()
+    page.goto(settings.prefect_url + run_link.get_attribute("href"))
+    flow_run_url = page.url
+    state = _wait_for_final_state(page)
+    assert state == "Completed", f"the run ended {state}"
+    expect(page.get_by_text("ui-smoke-small_cnn").first).to_be_visible()
+    page.screenshot(path=SCREENSHOTS / "prefect-3-run-completed.png")
+    return {"url": flow_run_url, "flow_run_id": flow_run_url.rstrip("/").rsplit("/", 1)[-1]}
+
+
+def test_a_run_from_the_ui_form_completes_and_logs_like_tfopt_run(
+    ui_flow_run, served_deployments, smoke_parameters
+):
+    mlflow = MlflowClient(served_deployments.mlflow_url)
+    experiment = mlflow.get_experiment_by_name("tfopt-ui")
+    assert experiment is not None, "the UI run logged nothing to MLflow"
+    parents = mlflow.search_runs([experiment.experiment_id],
+                                 "tags.`tfopt.role` = 'pipeline'")
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["prefect.flow_run_id"] == ui_flow_run["flow_run_id"]
+    expected = flatten_params(smoke_parameters["config"])
+    logged = {key: parent.data.params[key] for key in expected}
+    assert logged == expected, "the form's values reached the run unchanged"
+    children = mlflow.search_runs(
+        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert len(children) >= 10
+    assert parent.data.tags.get("tfopt.champion") in {c.info.run_name for c in children}
+
+
+def test_the_mlflow_ui_compares_the_runs_variants(ui_flow_run, served_deployments, browser_page):
+    from playwright.sync_api import expect
+
+    page = browser_page
+    page.goto(served_deployments.mlflow_url)
+    page.get_by_text("Model training", exact=True).click()
+    page.get_by_text("tfopt-ui", exact=True).first.click()
+    expect(page.get_by_text("matching runs")).to_be_visible()
+    page.locator("button[data-component-id*=runnamecellrenderer]").first.click()
+    chosen = ["baseline-graph", "baseline-tflite-int8", "baseline-onnx"]
+    for name in chosen:
+        row = page.locator(".ag-row", has=page.get_by_role("link", name=name, exact=True)).first
+        index = row.get_attribute("row-index")
+        page.locator(f".ag-row[row-index='{index}'] input.ag-checkbox-input").first.check()
+    page.screenshot(path=SCREENSHOTS / "mlflow-1-children-selected.png")
+    page.get_by_role("button", name="Compare").first.click()
+    expect(page.get_by_text("Comparing 3 Runs")).to_be_visible()
+    assert "compare-runs" in page.url
+    for name in chosen:
+        expect(page.get_by_text(name, exact=True).first).to_be_visible()
+    page.screenshot(path=SCREENSHOTS / "mlflow-2-compare.png", full_page=True)
