@@ -12,20 +12,22 @@ from typing import Any
 from mlflow.entities import Metric
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from prefect.states import State
 
-from flows.common import benchmark_serialized, sharded_data
+from flows.common import (
+    benchmark_serialized,
+    built_or_failed,
+    error_of,
+    sharded_data,
+    tflite_conversions,
+)
+from flows.compress_model import compress_model, task_runner_for
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
-from tasks.convert_tflite import convert_tflite
-from tasks.distill_model import distill_model
 from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
 from tasks.measure_data_layout import measure_data_layout
 from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.pick_champion import pick_champion
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
-from tasks.prune_model import prune_model, pruned_name
-from tasks.quantize_aware_train import quantize_aware_train
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_report import write_report
@@ -35,7 +37,6 @@ from tfopt.artifacts import (
     BenchmarkInputs,
     DatasetArtifact,
     ModelArtifact,
-    Precision,
     VariantResult,
     VariantSpec,
 )
@@ -80,20 +81,6 @@ def _sweep_points(sweep: BatchSweepResult) -> list[Metric]:
     ]
 
 
-def _error_of(state: State) -> str:
-    error = state.result(raise_on_failure=False)
-    return f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
-
-
-def _failed_variant(spec: VariantSpec, error: str) -> VariantSpec:
-    return spec.model_copy(update={"status": "failed", "error": error, "path": None})
-
-
-def _built_or_failed(state: State, planned: VariantSpec) -> VariantSpec:
-    """A conversion's variant, or the planned one marked failed with the conversion's error."""
-    return state.result() if state.is_completed() else _failed_variant(planned, _error_of(state))
-
-
 def _unmeasured(spec: VariantSpec, status: str, error: str | None) -> VariantResult:
     return VariantResult(
         name=spec.name, source=spec.source, format=spec.format, precision=spec.precision,
@@ -108,26 +95,7 @@ def _benchmark_isolated(
     if spec.status != "ok":
         return _unmeasured(spec, spec.status, spec.error)
     state = benchmark_serialized(spec, inputs, cfg)
-    return state.result() if state.is_completed() else _unmeasured(spec, "failed", _error_of(state))
-
-
-def _conversions(
-    source: ModelArtifact,
-    savedmodel: ModelArtifact,
-    precisions: list[Precision],
-    dataset: DatasetArtifact,
-    config: PipelineConfig,
-    variants_dir: Path,
-) -> list[VariantSpec]:
-    """TFLite conversions of one SavedModel; a conversion that fails becomes a failed variant."""
-    variants = []
-    for precision in precisions:
-        planned = VariantSpec(name=f"{source.name}-tflite-{precision}", source=source.name,
-                              format="tflite", precision=precision, path=None)
-        state = convert_tflite(savedmodel, precision, dataset, config.convert, variants_dir,
-                               return_state=True)
-        variants.append(_built_or_failed(state, planned))
-    return variants
+    return state.result() if state.is_completed() else _unmeasured(spec, "failed", error_of(state))
 
 
 def _baseline_variants(
@@ -155,12 +123,12 @@ def _baseline_variants(
             params["hlo_path"] = str(variants_dir / f"{name}.hlo.txt")
         variants.append(VariantSpec(name=name, source=source, format="xla", precision="fp32",
                                     path=keras_model.path, params=params))
-    variants += _conversions(keras_model, savedmodel, config.convert.tflite, dataset, config,
-                             variants_dir)
+    variants += tflite_conversions(keras_model, savedmodel, config.convert.tflite, dataset,
+                                   config.convert, variants_dir)
     if config.convert.onnx:
         planned = VariantSpec(name=f"{source}-onnx", source=source, format="onnx",
                               precision="fp32", path=None)
-        onnx = _built_or_failed(
+        onnx = built_or_failed(
             export_onnx(savedmodel, dataset, config.convert, variants_dir, return_state=True),
             planned,
         )
@@ -173,7 +141,7 @@ def _baseline_variants(
                 tracking.log_artifact(context.mlflow, context.parent_id, bundle,
                                       f"export/{bundle.name}")
             else:
-                get_run_logger().warning("TensorRT bundle failed: %s", _error_of(bundled))
+                get_run_logger().warning("TensorRT bundle failed: %s", error_of(bundled))
     variants.append(VariantSpec(
         name=f"{source}-tftrt-fp32", source=source, format="savedmodel", precision="fp32",
         path=None, status="skipped",
@@ -181,60 +149,6 @@ def _baseline_variants(
         or "TF-TRT conversion is not built into tfopt; use the ONNX TensorRT bundle",
     ))
     return variants
-
-
-def _compressed_variants(
-    config: PipelineConfig,
-    dataset: DatasetArtifact,
-    baseline: ModelArtifact,
-    batch_size: int,
-    run_dir: Path,
-) -> tuple[list[VariantSpec], list[ModelArtifact]]:
-    """Prune, distill and quantization-aware train the baseline, then convert each result.
-
-    A technique that fails marks its planned variants failed; the other techniques go on.
-
-    Returns:
-        The variants to benchmark, and the compressed models (for their technique metrics).
-    """
-    cfg, seed = config.compress, config.train.seed
-    models_dir, variants_dir = run_dir / "models", run_dir / "variants"
-    planned: list[tuple[str, list[tuple[str, Precision]], State]] = []
-    if cfg.prune:
-        state = prune_model(baseline, dataset, cfg, batch_size, seed, models_dir,
-                            return_state=True)
-        planned.append((pruned_name(cfg), [("graph", "fp32")] + [("tflite", p) for p in cfg.tflite],
-                        state))
-    if cfg.distill:
-        state = distill_model(baseline, dataset, cfg, config.train.learning_rate, batch_size, seed,
-                              models_dir, return_state=True)
-        planned.append(("distilled-small",
-                        [("graph", "fp32")] + [("tflite", p) for p in cfg.tflite], state))
-    if cfg.qat:
-        state = quantize_aware_train(baseline, dataset, cfg, batch_size, seed, models_dir,
-                                     return_state=True)
-        planned.append(("qat", [("tflite", "int8")], state))
-    variants: list[VariantSpec] = []
-    models: list[ModelArtifact] = []
-    for source, forms, state in planned:
-        if not state.is_completed():
-            error = f"{source} failed: {_error_of(state)}"
-            variants += [
-                VariantSpec(name=f"{source}-{fmt}" + (f"-{p}" if fmt == "tflite" else ""),
-                            source=source, format=fmt, precision=p, path=None, status="failed",
-                            error=error)
-                for fmt, p in forms
-            ]
-            continue
-        model = state.result()
-        models.append(model)
-        savedmodel = model if model.format == "savedmodel" else export_savedmodel(model, models_dir)
-        if ("graph", "fp32") in forms:
-            variants.append(VariantSpec(name=f"{source}-graph", source=source, format="graph",
-                                        precision="fp32", path=model.path))
-        precisions = [p for fmt, p in forms if fmt == "tflite"]
-        variants += _conversions(model, savedmodel, precisions, dataset, config, variants_dir)
-    return variants, models
 
 
 @flow(
@@ -353,9 +267,9 @@ def _run_steps(
                                       batch_size)
 
     variants = _baseline_variants(config, dataset, baseline, savedmodel, run_dir, context)
-    compressed, technique_models = _compressed_variants(
-        config, dataset, baseline, batch_size, run_dir
-    )
+    compressed, technique_models = compress_model.with_options(
+        task_runner=task_runner_for(config.scale)
+    )(config, dataset, baseline, batch_size, run_dir)
     variants += compressed
     for model in technique_models:
         tracking.log_metrics(mlflow, parent_id,
