@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint up down status clean
+CHROMIUM ?= /usr/bin/chromium
+
+.PHONY: install browser-deps run test lint up down status serve clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,12 +16,20 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Debian's Chromium for the browser tests (Playwright drives it; no browser download).
+browser-deps:
+	@test -x $(CHROMIUM) || { \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+	@$(CHROMIUM) --version 2>/dev/null
+
 run: install
 	$(BIN)/tfopt up
 	$(BIN)/tfopt demo-data
 	$(BIN)/tfopt run --config configs/demo.yaml --summary-json .tfopt/demo-summary.json
 
-test: install
+test: install browser-deps
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 
@@ -34,6 +44,11 @@ down:
 
 status: install
 	$(BIN)/tfopt status
+
+serve: install
+	$(BIN)/tfopt up
+	$(BIN)/tfopt demo-data
+	$(BIN)/tfopt serve
 
 clean: down
 	rm -rf .tfopt data/demo

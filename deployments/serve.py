@@ -2,9 +2,10 @@
 
 `serve_deployments` runs them from this process (`prefect.serve`): the Prefect UI triggers them
 and their schedules fire with no work pool or worker. `deploy_to_work_pool` registers them to
-their process work pool, for workers on this or other machines. It uses Prefect's Python API
-rather than `prefect deploy --all`: in Prefect 3.8.8 that command stops after the first
-deployment (its worker check sends ``limit: null``, which the server refuses with a 422).
+their process work pool, for workers on this or other machines. Both validate each
+deployment's parameters against its flow's pydantic model and register the complete
+configuration (the yaml holds only what differs from the defaults), which `prefect deploy`
+would register as written.
 """
 
 from __future__ import annotations
@@ -85,14 +86,14 @@ def complete_parameters(flow: Any, parameters: dict[str, Any]) -> dict[str, Any]
     return completed
 
 
-def build_runner_deployments(specs: list[DeploymentSpec], from_source: bool = False) -> list[Any]:
+def build_runner_deployments(specs: list[DeploymentSpec], source: str | None = None) -> list[Any]:
     """Prefect `RunnerDeployment`s, one per spec.
 
     Args:
         specs: The deployments to build.
-        from_source: Load each flow through `Flow.from_source(PROJECT_DIR, ...)`, so the
-            registered deployment's pull step moves a worker into this checkout (for work pools);
-            else load it from its file (for serving from this process).
+        source: Where a worker gets the flow code (for work pools): a folder, set as its working
+            directory, or a git URL it clones. None: load each flow from its file here (for
+            serving from this process).
     """
     from prefect import Flow
     from prefect.flows import load_flow_from_entrypoint
@@ -100,7 +101,7 @@ def build_runner_deployments(specs: list[DeploymentSpec], from_source: bool = Fa
 
     deployments = []
     for spec in specs:
-        flow = (Flow.from_source(str(PROJECT_DIR), spec.entrypoint) if from_source
+        flow = (Flow.from_source(source, spec.entrypoint) if source
                 else load_flow_from_entrypoint(str(PROJECT_DIR / spec.entrypoint)))
         deployments.append(flow.to_deployment(
             name=spec.name,
@@ -183,8 +184,12 @@ def ensure_work_pools(names: list[str]) -> list[str]:
     return created
 
 
-def deploy_to_work_pool(path: Path = PREFECT_YAML) -> list[str]:
+def deploy_to_work_pool(path: Path = PREFECT_YAML, source: str | None = None) -> list[str]:
     """Register every deployment of the yaml to its work pool (created if missing).
+
+    Args:
+        path: The prefect.yaml to read.
+        source: Where workers get the code: this checkout (None) or a git URL.
 
     Returns:
         One line per deployment: its name, work pool and id.
@@ -192,7 +197,7 @@ def deploy_to_work_pool(path: Path = PREFECT_YAML) -> list[str]:
     specs = load_deployment_specs(path)
     ensure_work_pools(work_pool_names(specs))
     registered = []
-    for spec, deployment in zip(specs, build_runner_deployments(specs, from_source=True),
+    for spec, deployment in zip(specs, build_runner_deployments(specs, source or str(PROJECT_DIR)),
                                 strict=True):
         deployment_id = deployment.apply(work_pool_name=spec.work_pool.name)
         registered.append(f"{deployment.flow_name}/{spec.name} -> work pool "

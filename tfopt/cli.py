@@ -166,11 +166,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_deploy(_: argparse.Namespace) -> int:
+def _cmd_deploy(args: argparse.Namespace) -> int:
     from deployments.serve import deploy_to_work_pool, load_deployment_specs, work_pool_names
 
     _connect_services()
-    for line in deploy_to_work_pool():
+    for line in deploy_to_work_pool(source=args.source):
         console.print(line, highlight=False)
     for pool in work_pool_names(load_deployment_specs()):
         console.print(f"start a worker for them: tfopt worker --pool {pool}")
@@ -223,9 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--limit", type=int, default=1,
                        help="flow runs at the same time (default 1: runs queue on 2 cores)")
     serve.set_defaults(handler=_cmd_serve)
-    commands.add_parser(
-        "deploy", help="register the deployments to their process work pool (prefect deploy)"
-    ).set_defaults(handler=_cmd_deploy)
+    deploy = commands.add_parser(
+        "deploy", help="register the deployments of deployments/prefect.yaml to their work pool"
+    )
+    deploy.add_argument("--source", default=None,
+                        help="git URL workers clone the code from (default: this checkout)")
+    deploy.set_defaults(handler=_cmd_deploy)
     worker = commands.add_parser("worker", help="start a Prefect worker on a process work pool")
     worker.add_argument("--pool", default="tfopt-process")
     worker.set_defaults(handler=_cmd_worker)
