@@ -42,6 +42,7 @@ from tfopt.artifacts import (
 )
 from tfopt.config import BenchmarkConfig, PipelineConfig, check_paths
 from tfopt.fileio import atomic_write_json
+from tfopt.orchestration import StepProgress
 from tfopt.prefect_artifacts import publish_prefect_artifacts
 from tfopt.provenance import environment, git_commit, mlflow_tracking_uri
 from tfopt.summary import build_summary
@@ -277,7 +278,11 @@ def _run_steps(
         tracking.log_metric_history(mlflow, parent_id, {
             f"{model.name}.train_{k}": v for k, v in model.history.items()
         })
-    results = [_benchmark_isolated(v, inputs, config.benchmark) for v in variants]
+    progress = StepProgress("benchmark-variants", "variants benchmarked")
+    results = []
+    for spec in variants:
+        results.append(_benchmark_isolated(spec, inputs, config.benchmark))
+        progress.update(len(results), len(variants))
     sources = {model.name: model for model in [baseline, *technique_models]}
     run_ids = {}
     for result in results:

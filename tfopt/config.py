@@ -7,7 +7,7 @@ that bad values are refused before any work starts, with a message naming the fi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -15,6 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def run_name_field(default: str) -> Any:
+    """The `name` field every flow's parameters start with (it names runs and models)."""
+    return Field(
+        default, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Short name of this configuration, used in run names.",
+    )
 
 
 class DataConfig(_Section):
@@ -298,10 +306,7 @@ class ScaleConfig(_Section):
 class PipelineConfig(_Section):
     """All parameters of one tfopt pipeline run."""
 
-    name: str = Field(
-        "demo", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Short name of this configuration, used in run names.",
-    )
+    name: str = run_name_field("demo")
     experiment: str = Field(
         "tfopt", min_length=1, max_length=128, description="MLflow experiment to log into."
     )
@@ -327,10 +332,7 @@ class PipelineConfig(_Section):
 class PreprocessConfig(_Section):
     """Shard a data folder into TFRecords with a manifest, and nothing else."""
 
-    name: str = Field(
-        "preprocess", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Short name of this configuration, used in run names.",
-    )
+    name: str = run_name_field("preprocess")
     experiment: str = Field(
         "tfopt-preprocess", min_length=1, max_length=128, description="MLflow experiment."
     )
@@ -341,10 +343,7 @@ class PreprocessConfig(_Section):
 class BenchmarkOnlyConfig(_Section):
     """Benchmark one existing model (a registered version or a file) without the pipeline."""
 
-    name: str = Field(
-        "benchmark", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Short name of this benchmark, used in run names.",
-    )
+    name: str = run_name_field("benchmark")
     experiment: str = Field(
         "tfopt-benchmarks", min_length=1, max_length=128, description="MLflow experiment."
     )

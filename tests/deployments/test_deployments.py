@@ -101,6 +101,11 @@ def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(
             pull = registered["preprocess-hourly"].pull_steps[0]
             assert Path(pull["prefect.deployments.steps.set_working_directory"]["directory"]) \
                 == ROOT
+        refused = subprocess.run([sys.executable, "-m", "tfopt.cli", "serve"], cwd=ROOT,
+                                 env=service_env(settings), capture_output=True, text=True,
+                                 timeout=300)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "already registered to a work pool" in refused.stdout
         log = tmp_path / "worker.log"
         with tfopt_process(settings, ["worker"], log,
                            ready=lambda: "started" in log.read_text().lower()):

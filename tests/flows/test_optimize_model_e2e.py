@@ -131,20 +131,26 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
         assert client.list_artifacts(child.info.run_id, "model")
 
 
-def test_prefect_shows_the_flow_run_and_its_task_runs(smoke_run):
+def _post(url: str, body: dict) -> list[dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def test_prefect_shows_the_flow_run_its_subflow_and_their_task_runs(smoke_run):
     settings, summary, _, _ = smoke_run
     api = settings.prefect_api_url
     flow_run_id = summary["prefect_flow_run_id"]
     with urllib.request.urlopen(f"{api}/flow_runs/{flow_run_id}", timeout=10) as response:
         flow_run = json.load(response)
     assert flow_run["state_type"] == "COMPLETED"
-    request = urllib.request.Request(
-        f"{api}/task_runs/filter",
-        data=json.dumps({"flow_runs": {"id": {"any_": [flow_run_id]}}}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        task_runs = json.load(response)
+    subflows = _post(f"{api}/flow_runs/filter",
+                     {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}})
+    assert [run["name"] for run in subflows] == ["compress-smoke"]
+    assert subflows[0]["state_type"] == "COMPLETED"
+    task_runs = _post(f"{api}/task_runs/filter", {"flow_runs": {"id": {"any_": [
+        flow_run_id, subflows[0]["id"]]}}})
     names = {run["name"].rsplit("-", 1)[0] for run in task_runs}
     assert {"write_tfrecords", "measure_input_pipeline", "train_model", "export_savedmodel",
             "prepare_benchmark_inputs", "convert_tflite", "prune_model", "distill_model",
