@@ -12,7 +12,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from flows.common import error_of, final_state, tflite_conversions
+from flows.common import error_of, failed_variant, final_state, tflite_conversions
 from tasks.distill_model import distill_model
 from tasks.export_savedmodel import export_savedmodel
 from tasks.prune_model import prune_model, pruned_name
@@ -37,9 +37,28 @@ def task_runner_for(scale: ScaleConfig) -> TaskRunner:
     return ThreadPoolTaskRunner(max_workers=1)
 
 
-def _planned_names(source: str, forms: list[tuple[str, Precision]]) -> list[tuple[str, str,
-                                                                                 Precision]]:
-    return [(f"{source}-{fmt}" + (f"-{p}" if fmt == "tflite" else ""), fmt, p) for fmt, p in forms]
+def planned_variants(config: PipelineConfig) -> list[tuple[str, list[VariantSpec]]]:
+    """Each enabled technique's source name and the variants it will yield (not built yet)."""
+    cfg = config.compress
+    tflite = [("tflite", p) for p in cfg.tflite]
+    plan: list[tuple[str, list[tuple[str, Precision]]]] = []
+    if cfg.prune:
+        plan.append((pruned_name(cfg), [("graph", "fp32"), *tflite]))
+    if cfg.distill:
+        plan.append(("distilled-small", [("graph", "fp32"), *tflite]))
+    if cfg.qat:
+        plan.append(("qat", [("tflite", "int8")]))
+    return [
+        (source, [VariantSpec(name=f"{source}-{fmt}" + (f"-{p}" if fmt == "tflite" else ""),
+                              source=source, format=fmt, precision=p, path=None)
+                  for fmt, p in forms])
+        for source, forms in plan
+    ]
+
+
+def all_failed(config: PipelineConfig, error: str) -> list[VariantSpec]:
+    """Every planned compressed variant, marked failed with `error`."""
+    return [failed_variant(spec, error) for _, specs in planned_variants(config) for spec in specs]
 
 
 @flow(name="compress_model", flow_run_name="compress-{config.name}", log_prints=True)
@@ -66,37 +85,31 @@ def compress_model(
     """
     cfg, seed = config.compress, config.train.seed
     models_dir, variants_dir = run_dir / "models", run_dir / "variants"
-    tflite_forms: list[tuple[str, Precision]] = [("tflite", p) for p in cfg.tflite]
-    planned = []
-    if cfg.prune:
-        planned.append((pruned_name(cfg), [("graph", "fp32"), *tflite_forms],
-                        prune_model.submit(baseline, dataset, cfg, batch_size, seed, models_dir)))
-    if cfg.distill:
-        planned.append(("distilled-small", [("graph", "fp32"), *tflite_forms],
-                        distill_model.submit(baseline, dataset, cfg, config.train.learning_rate,
-                                             batch_size, seed, models_dir)))
-    if cfg.qat:
-        planned.append(("qat", [("tflite", "int8")],
-                        quantize_aware_train.submit(baseline, dataset, cfg, batch_size, seed,
-                                                    models_dir)))
+    submit = {
+        pruned_name(cfg): lambda: prune_model.submit(baseline, dataset, cfg, batch_size, seed,
+                                                     models_dir),
+        "distilled-small": lambda: distill_model.submit(
+            baseline, dataset, cfg, config.train.learning_rate, batch_size, seed, models_dir),
+        "qat": lambda: quantize_aware_train.submit(baseline, dataset, cfg, batch_size, seed,
+                                                   models_dir),
+    }
+    plan = planned_variants(config)
+    futures = [submit[source]() for source, _ in plan]
     variants: list[VariantSpec] = []
     models: list[ModelArtifact] = []
-    for source, forms, future in planned:
+    for (source, specs), future in zip(plan, futures, strict=True):
         state = final_state(future)
         if not state.is_completed():
             error = f"{source} failed: {error_of(state)}"
-            variants += [VariantSpec(name=name, source=source, format=fmt, precision=p,
-                                     path=None, status="failed", error=error)
-                         for name, fmt, p in _planned_names(source, forms)]
+            variants += [failed_variant(spec, error) for spec in specs]
             continue
         model = state.result()
         models.append(model)
         savedmodel = (model if model.format == "savedmodel"
                       else export_savedmodel.submit(model, models_dir).result())
-        if ("graph", "fp32") in forms:
-            variants.append(VariantSpec(name=f"{source}-graph", source=source, format="graph",
-                                        precision="fp32", path=model.path))
-        precisions = [p for fmt, p in forms if fmt == "tflite"]
+        variants += [spec.model_copy(update={"path": model.path})
+                     for spec in specs if spec.format == "graph"]
+        precisions = [spec.precision for spec in specs if spec.format == "tflite"]
         variants += tflite_conversions(model, savedmodel, precisions, dataset, config.convert,
                                        variants_dir, submit=True)
     return variants, models

@@ -20,7 +20,7 @@ from flows.common import (
     sharded_data,
     tflite_conversions,
 )
-from flows.compress_model import compress_model, task_runner_for
+from flows.compress_model import all_failed, compress_model, task_runner_for
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
 from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
@@ -268,9 +268,14 @@ def _run_steps(
                                       batch_size)
 
     variants = _baseline_variants(config, dataset, baseline, savedmodel, run_dir, context)
-    compressed, technique_models = compress_model.with_options(
-        task_runner=task_runner_for(config.scale)
-    )(config, dataset, baseline, batch_size, run_dir)
+    compressing = compress_model.with_options(task_runner=task_runner_for(config.scale))(
+        config, dataset, baseline, batch_size, run_dir, return_state=True)
+    if compressing.is_completed():
+        compressed, technique_models = compressing.result()
+    else:
+        get_run_logger().warning("compress_model failed: %s", error_of(compressing))
+        compressed = all_failed(config, f"compress_model failed: {error_of(compressing)}")
+        technique_models = []
     variants += compressed
     for model in technique_models:
         tracking.log_metrics(mlflow, parent_id,

@@ -6,12 +6,22 @@ import os
 
 import pytest
 
-from flows.compress_model import compress_model, task_runner_for
+from flows.compress_model import all_failed, compress_model, planned_variants, task_runner_for
 from tfopt.config import PipelineConfig
 
-pytestmark = pytest.mark.e2e
+
+def test_the_plan_names_every_compressed_variant_and_can_fail_them_all():
+    config = PipelineConfig.model_validate({"compress": {"tflite": ["int8"], "distill": False}})
+    plan = planned_variants(config)
+    assert [source for source, _ in plan] == ["pruned-80", "qat"]
+    names = [spec.name for _, specs in plan for spec in specs]
+    assert names == ["pruned-80-graph", "pruned-80-tflite-int8", "qat-tflite-int8"]
+    failed = all_failed(config, "compress_model failed: KilledWorker")
+    assert [v.name for v in failed] == names
+    assert all(v.status == "failed" and "KilledWorker" in v.error for v in failed)
 
 
+@pytest.mark.e2e
 def test_dask_runs_every_technique_and_conversion_on_worker_processes(
     live_services, tiny_dataset, tiny_baseline, tmp_path
 ):
