@@ -243,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ServiceError) as error:
         console.print(f"[bold red]error:[/] {error}", highlight=False)
         return 2
+    except ValidationError as error:
+        from tfopt.config import describe_validation_error
+
+        console.print(f"[bold red]error:[/] invalid {error.title}:\n"
+                      f"{describe_validation_error(error)}", highlight=False)
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from uuid import UUID
 
@@ -14,6 +14,8 @@ from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.states import State
+
+from tfopt.logs import step_logger
 
 BENCHMARK_LIMIT = "tfopt-benchmark"
 """Global concurrency limit (1 slot) held while a variant is measured, across all flow runs."""
@@ -68,7 +70,7 @@ class StepProgress:
         if TaskRunContext.get() or FlowRunContext.get():
             from prefect.artifacts import create_progress_artifact
 
-            self._artifact_id = create_progress_artifact(0.0, key=key, description=description)
+            self._call(lambda: create_progress_artifact(0.0, key=key, description=description))
 
     def update(self, done: int, total: int) -> None:
         """Report `done` of `total` units finished."""
@@ -76,5 +78,15 @@ class StepProgress:
             return
         from prefect.artifacts import update_progress_artifact
 
-        update_progress_artifact(self._artifact_id, 100.0 * min(done, total) / total,
-                                 description=f"{self._description}: {done}/{total}")
+        artifact_id = self._artifact_id
+        self._call(lambda: update_progress_artifact(
+            artifact_id, 100.0 * min(done, total) / total,
+            description=f"{self._description}: {done}/{total}"))
+
+    def _call(self, request: Callable[[], UUID]) -> None:
+        """Make an artifact request; a failure stops the reporting, never the step."""
+        try:
+            self._artifact_id = request()
+        except Exception as error:  # progress is optional, the step is not
+            step_logger().warning("progress reporting stopped: %s", error)
+            self._artifact_id = None
