@@ -1,4 +1,4 @@
-"""The `tfopt` command: local services, demo data and pipeline runs."""
+"""The `tfopt` command: local services, demo data, pipeline runs and Prefect deployments."""
 
 from __future__ import annotations
 
