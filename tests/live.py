@@ -49,6 +49,19 @@ def service_env(settings: ServiceSettings) -> dict[str, str]:
     return env
 
 
+def tfopt_command(args: list[str]) -> list[str]:
+    """The command line of ``tfopt <args>`` run by this interpreter."""
+    return [sys.executable, "-m", "tfopt.cli", *args]
+
+
+def run_tfopt(
+    settings: ServiceSettings, args: list[str], timeout_s: float = 900.0
+) -> subprocess.CompletedProcess:
+    """Run ``tfopt <args>`` from the checkout against `settings`' servers; capture its output."""
+    return subprocess.run(tfopt_command(args), cwd=ROOT, env=service_env(settings),
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
 @contextmanager
 def tfopt_process(
     settings: ServiceSettings, args: list[str], log: Path, ready: Callable[[], bool],
@@ -57,7 +70,7 @@ def tfopt_process(
     """Run ``tfopt <args>`` in the background until the block ends; wait until `ready()`."""
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tfopt.cli", *args], cwd=ROOT, env=service_env(settings),
+            tfopt_command(args), cwd=ROOT, env=service_env(settings),
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:

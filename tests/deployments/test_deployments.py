@@ -15,7 +15,7 @@ from deployments.serve import (
     load_deployment_specs,
 )
 from tests.conftest import write_digit_folder
-from tests.live import running_services, service_env, tfopt_process
+from tests.live import ROOT, run_tfopt, running_services, tfopt_process
 
 EXPECTED = {"optimize-nightly": "optimize_model", "preprocess-hourly": "preprocess_data",
             "benchmark-champion-weekly": "benchmark_model"}
@@ -85,14 +85,7 @@ def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(
                                       "shard_size_mb": 0.004}}}
     with running_services(tmp_path / "home") as settings, \
             temporary_settings({PREFECT_API_URL: settings.prefect_api_url}):
-        import subprocess
-        import sys
-
-        from tests.live import ROOT
-
-        deployed = subprocess.run([sys.executable, "-m", "tfopt.cli", "deploy"], cwd=ROOT,
-                                  env=service_env(settings), capture_output=True, text=True,
-                                  timeout=300)
+        deployed = run_tfopt(settings, ["deploy"], timeout_s=300)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         assert deployed.stdout.count("-> work pool tfopt-process") == 3
         with get_client(sync_client=True) as client:
@@ -101,9 +94,7 @@ def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(
             pull = registered["preprocess-hourly"].pull_steps[0]
             assert Path(pull["prefect.deployments.steps.set_working_directory"]["directory"]) \
                 == ROOT
-        refused = subprocess.run([sys.executable, "-m", "tfopt.cli", "serve"], cwd=ROOT,
-                                 env=service_env(settings), capture_output=True, text=True,
-                                 timeout=300)
+        refused = run_tfopt(settings, ["serve"], timeout_s=300)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert "already registered to a work pool" in refused.stdout
         log = tmp_path / "worker.log"
@@ -114,16 +105,16 @@ def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(
                 run = run_deployment("preprocess_data/preprocess-hourly",
                                      parameters=parameters, timeout=300)
                 assert run.state.is_completed(), (run.state, log.read_text()[-3000:])
-                states.append(_task_state(settings, run.id, "write_tfrecords"))
+                states.append(_task_state(run.id, "write_tfrecords"))
         assert states[0] != "Cached" and states[1] == "Cached", states
-        runs = MlflowClient(settings.mlflow_url).search_runs(
-            [MlflowClient(settings.mlflow_url).get_experiment_by_name(
-                "tfopt-preprocess").experiment_id])
+        mlflow = MlflowClient(settings.mlflow_url)
+        runs = mlflow.search_runs(
+            [mlflow.get_experiment_by_name("tfopt-preprocess").experiment_id])
         assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
         assert runs[0].data.metrics["shards"] >= 3
 
 
-def _task_state(settings, flow_run_id, task_name: str) -> str:
+def _task_state(flow_run_id, task_name: str) -> str:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.live import ROOT, service_env
+from tests.live import run_tfopt
 from tfopt.demo_data import write_demo_images
 
 pytestmark = pytest.mark.e2e
@@ -35,11 +33,11 @@ def smoke_run(live_services, tmp_path_factory):
     demo = tmp / "demo"
     write_demo_images(demo)
     summary_path = tmp / "out.json"
-    completed = subprocess.run(
-        [sys.executable, "-m", "tfopt.cli", "run", "--config", "configs/smoke.yaml",
+    completed = run_tfopt(
+        live_services,
+        ["run", "--config", "configs/smoke.yaml",
          "--summary-json", str(summary_path),
          "--set", f"data.source_dir={demo}", "--set", f"work_dir={tmp / 'work'}"],
-        cwd=ROOT, env=service_env(live_services), capture_output=True, text=True, timeout=900,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-5000:]
     return live_services, json.loads(summary_path.read_text()), completed.stdout, demo
@@ -170,12 +168,10 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
         "compress.prune": "false", "compress.distill": "false", "compress.qat": "false",
         "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
     }
-    command = [sys.executable, "-m", "tfopt.cli", "run", "--config", "configs/smoke.yaml",
-               "--summary-json", str(summary_path)]
+    command = ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path)]
     for key, value in overrides.items():
         command += ["--set", f"{key}={value}"]
-    completed = subprocess.run(command, cwd=ROOT, env=service_env(live_services),
-                               capture_output=True, text=True, timeout=900)
+    completed = run_tfopt(live_services, command)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     summary = json.loads(summary_path.read_text())
     by_name = {v["name"]: v for v in summary["variants"]}
@@ -202,10 +198,11 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
 def test_benchmark_only_flow_measures_the_registered_champion(smoke_run, tmp_path):
     settings, summary, _, demo = smoke_run
     out = tmp_path / "bench.json"
-    completed = subprocess.run(
-        [sys.executable, "-m", "tfopt.cli", "benchmark", "--model", "models:/tfopt-smoke@champion",
+    completed = run_tfopt(
+        settings,
+        ["benchmark", "--model", "models:/tfopt-smoke@champion",
          "--data", str(demo), "--work-dir", str(tmp_path / "work"), "--summary-json", str(out)],
-        cwd=ROOT, env=service_env(settings), capture_output=True, text=True, timeout=600,
+        timeout_s=600,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     bench = json.loads(out.read_text())
