@@ -21,17 +21,19 @@ import numpy as np
 
 import tfopt  # noqa: F401
 from tasks.convert_tflite import convert_tflite
-from tasks.distill_model import distill_model
 from tasks.export_savedmodel import export_savedmodel
 from tasks.input_pipeline import load_split_arrays
-from tasks.prune_model import prune_model
-from tasks.quantize_aware_train import quantize_aware_train
 from tasks.runners import TFLiteRunner, predict_batched
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
+from techniques.distill import distill_model
+from techniques.prune import prune_model
+from techniques.qat import quantize_aware_train
+from tfopt.artifacts import TrainingData
 from tfopt.config import load_config
 from tfopt.demo_data import write_demo_images
 from tfopt.fileio import gzip_size_bytes
+from tfopt.variants import plan_variant
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,26 +45,26 @@ def main(argv: list[str] | None = None) -> int:
     if config.data.source_dir == Path("data/demo"):
         write_demo_images(config.data.source_dir)
     work = args.work or Path(tempfile.mkdtemp(prefix="tfopt-compression-"))
-    batch = config.train.batch_size or 64
-    seed, cfg = config.train.seed, config.compress
-
+    cfg = config.compress
     dataset = write_tfrecords.fn(config.data, work)
-    baseline = train_model.fn(dataset, config.model, config.train, batch, work / "models",
-                              config.input)
-    pruned = prune_model.fn(baseline, dataset, cfg, batch, seed, work / "models")
-    distilled = distill_model.fn(baseline, dataset, cfg, config.train.learning_rate, batch, seed,
-                                 work / "models")
-    qat = quantize_aware_train.fn(baseline, dataset, cfg, batch, seed, work / "models")
+    data = TrainingData(dataset=dataset, batch_size=config.train.batch_size or 64,
+                        seed=config.train.seed, input=config.input)
+    baseline = train_model.fn(data, config.model, config.train, work / "models")
+    pruned = prune_model.fn(baseline, cfg.prune, data, work / "models")
+    distilled = distill_model.fn(baseline, cfg.distill, data, work / "models")
+    qat = quantize_aware_train.fn(baseline, cfg.qat, data, work / "models")
 
     variants = {}
     for source, precisions in ((baseline, ("fp32", "dynamic", "float16", "int8")),
                                (pruned, ("fp32", "int8")), (distilled, ("fp32", "int8"))):
         savedmodel = export_savedmodel.fn(source, work / "models")
         for precision in precisions:
-            spec = convert_tflite.fn(savedmodel, precision, dataset, config.convert, work / "v")
+            planned = plan_variant(source.name, "tflite", precision)
+            spec = convert_tflite.fn(savedmodel, planned, dataset, config.convert, work / "v")
             variants[spec.name] = spec.path
-    variants["qat-tflite-int8"] = convert_tflite.fn(qat, "int8", dataset, config.convert,
-                                                    work / "v").path
+    qat_int8 = plan_variant(qat.name, "tflite", "int8")
+    variants[qat_int8.name] = convert_tflite.fn(qat, qat_int8, dataset, config.convert,
+                                                work / "v").path
 
     images, labels = load_split_arrays(dataset.splits["test"].files, dataset.image_size)
     float_accuracy = baseline.metrics["test_accuracy"]
@@ -76,13 +78,14 @@ def main(argv: list[str] | None = None) -> int:
         zipped = gzip_size_bytes(path)
         print(f"{name:30s} {accuracy[name]:9.4f} {(accuracy[name] - float_accuracy) * 100:+7.2f} "
               f"{zipped / 1024:9.1f} {reference_zip / zipped:9.1f}x")
-    pruned_int8 = f"{pruned.name}-tflite-int8"
+    pruned_int8 = plan_variant(pruned.name, "tflite", "int8").name
     zip_gain = reference_zip / gzip_size_bytes(variants[pruned_int8])
-    qat_drop = (float_accuracy - accuracy["qat-tflite-int8"]) * 100
+    qat_drop = (float_accuracy - accuracy[qat_int8.name]) * 100
     student, scratch = (distilled.metrics["test_accuracy"],
                         distilled.metrics["scratch_test_accuracy"])
     print()
-    print(f"sparsity reached: {pruned.metrics['sparsity']:.3f} (target {cfg.target_sparsity})")
+    print(f"sparsity reached: {pruned.metrics['sparsity']:.3f} "
+          f"(target {pruned.params['target_sparsity']})")
     print(f"goal {pruned_int8} >= 8x smaller zipped: {zip_gain:.1f}x "
           f"({'met' if zip_gain >= 8 else 'missed'})")
     print(f"goal QAT int8 within 1 point of float: {qat_drop:+.2f} points lost "

@@ -23,16 +23,17 @@ import tfopt  # noqa: F401
 from flows.compress_model import compress_model, task_runner_for
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
+from tfopt.artifacts import TrainingData
 from tfopt.config import PipelineConfig, ScaleConfig, load_config
 from tfopt.demo_data import write_demo_images
 
 
-def timed_subflow(config: PipelineConfig, scale: ScaleConfig, dataset, baseline, batch: int,
+def timed_subflow(config: PipelineConfig, scale: ScaleConfig, data: TrainingData, baseline,
                   run_dir: Path) -> float:
     """Seconds one `compress_model` run takes on the runner `scale` names; fails on any variant."""
     started = time.perf_counter()
     variants, _ = compress_model.with_options(task_runner=task_runner_for(scale))(
-        config, dataset, baseline, batch, run_dir)
+        config, baseline, data, run_dir)
     elapsed = time.perf_counter() - started
     failed = [v.name for v in variants if v.status != "ok"]
     if failed:
@@ -50,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     if config.data.source_dir == Path("data/demo"):
         write_demo_images(config.data.source_dir)
     work = Path(tempfile.mkdtemp(prefix="tfopt-runners-"))
-    batch = config.train.batch_size or 64
-    dataset = write_tfrecords.fn(config.data, work)
-    baseline = train_model.fn(dataset, config.model, config.train, batch, work / "models",
-                              config.input)
+    data = TrainingData(dataset=write_tfrecords.fn(config.data, work),
+                        batch_size=config.train.batch_size or 64, seed=config.train.seed,
+                        input=config.input)
+    baseline = train_model.fn(data, config.model, config.train, work / "models")
     runners = {"sequential": ScaleConfig(),
                "dask": ScaleConfig(task_runner="dask", dask_workers=args.dask_workers)}
 
@@ -64,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         for round_index in range(args.rounds):
             for name, scale in runners.items():
                 run_dir = work / f"{name}-{round_index}"
-                seconds[name].append(timed_subflow(config, scale, dataset, baseline, batch,
-                                                   run_dir))
+                seconds[name].append(timed_subflow(config, scale, data, baseline, run_dir))
                 print(f"round {round_index + 1}: {name:<10} {seconds[name][-1]:6.1f} s",
                       flush=True)
     sequential, dask = (statistics.median(seconds[name]) for name in ("sequential", "dask"))

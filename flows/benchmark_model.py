@@ -14,7 +14,7 @@ from tasks.write_report import write_report
 from tfopt import tracking
 from tfopt.config import BenchmarkOnlyConfig
 from tfopt.prefect_artifacts import publish_prefect_artifacts
-from tfopt.provenance import environment, git_commit, mlflow_tracking_uri
+from tfopt.provenance import environment, mlflow_tracking_uri
 from tfopt.summary import variant_entry
 
 
@@ -31,45 +31,36 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
     Returns:
         A summary with one variant entry, also written as a report to MLflow.
     """
-    logger = get_run_logger()
     work_dir = config.work_dir.resolve()
     tracking_uri = mlflow_tracking_uri()
-    mlflow = tracking.client(tracking_uri)
-    experiment_id = tracking.ensure_experiment(mlflow, config.experiment)
     run_dir = work_dir / "benchmarks" / f"{config.name}-{flow_run.id}"
     spec = resolve_model(config.model, config.format, config.precision, tracking_uri,
                          run_dir / "model")
     tags = {"prefect.flow_run_id": str(flow_run.id), "tfopt.role": "benchmark"}
-    parent_id = tracking.start_run(
-        mlflow, experiment_id, run_name=f"benchmark-{config.name}-{spec.name}",
-        params=config.model_dump(mode="json"),
-        tags={**tags, "mlflow.source.git.commit": git_commit()},
-    )
-    try:
+    with tracking.tracked_run(
+        tracking_uri, config.experiment, f"benchmark-{config.name}-{spec.name}",
+        params=config.model_dump(mode="json"), tags=tags,
+    ) as run:
         dataset = sharded_data(config.data, work_dir)
         inputs = prepare_benchmark_inputs(spec, dataset, run_dir / "inputs", config.batch_size)
         result = benchmark_serialized(spec, inputs, config.benchmark).result()
-        tracking.log_variant_run(mlflow, experiment_id, parent_id, result, tags=tags)
+        tracking.log_variants(run, [result], {}, tags)
         summary = {
             "config_name": config.name,
             "model": config.model,
             "mlflow_tracking_uri": tracking_uri,
-            "mlflow_experiment_id": experiment_id,
-            "mlflow_run_id": parent_id,
-            "mlflow_run_url": tracking.run_url(tracking_uri, experiment_id, parent_id),
+            "mlflow_experiment_id": run.experiment_id,
+            "mlflow_run_id": run.run_id,
+            "mlflow_run_url": run.url,
             "prefect_flow_run_id": str(flow_run.id),
-            "environment": environment(config.benchmark.threads),
+            "environment": environment(config.benchmark.threads, result.tf_intra_op_threads),
             "variants": [variant_entry(result, None, config.benchmark.accuracy_budget_points)],
             "champion": result.name,
             "champion_reason": "the only model benchmarked",
         }
         for path in write_report(summary, [result], run_dir / "report"):
-            tracking.log_artifact(mlflow, parent_id, path, "report")
+            tracking.log_file(run, path, "report")
         publish_prefect_artifacts(summary)
-    except BaseException:
-        tracking.end_run(mlflow, parent_id, "FAILED")
-        raise
-    tracking.end_run(mlflow, parent_id, "FINISHED")
-    logger.info("%s: accuracy %.4f, p50 %.3f ms", result.name, result.accuracy,
-                result.latency_ms.p50)
+    get_run_logger().info("%s: accuracy %.4f, p50 %.3f ms", result.name, result.accuracy,
+                          result.latency_ms.p50)
     return summary

@@ -11,15 +11,10 @@ from prefect.states import State
 from tasks.benchmark_variant import benchmark_variant
 from tasks.convert_tflite import convert_tflite
 from tasks.write_tfrecords import is_intact, write_tfrecords
-from tfopt.artifacts import (
-    BenchmarkInputs,
-    DatasetArtifact,
-    ModelArtifact,
-    Precision,
-    VariantSpec,
-)
+from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, ModelArtifact, VariantSpec
 from tfopt.config import BenchmarkConfig, ConvertConfig, DataConfig
 from tfopt.orchestration import benchmark_slot
+from tfopt.variants import failed
 
 
 def sharded_data(cfg: DataConfig, work_dir: Path) -> DatasetArtifact:
@@ -48,14 +43,9 @@ def error_of(state: State) -> str:
     return f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
 
 
-def failed_variant(spec: VariantSpec, error: str) -> VariantSpec:
-    """`spec` marked failed with `error`, without a file."""
-    return spec.model_copy(update={"status": "failed", "error": error, "path": None})
-
-
 def built_or_failed(state: State, planned: VariantSpec) -> VariantSpec:
     """A conversion's variant, or the planned one marked failed with the conversion's error."""
-    return state.result() if state.is_completed() else failed_variant(planned, error_of(state))
+    return state.result() if state.is_completed() else failed(planned, error_of(state))
 
 
 def final_state(future: PrefectFuture) -> State:
@@ -65,9 +55,8 @@ def final_state(future: PrefectFuture) -> State:
 
 
 def tflite_conversions(
-    source: ModelArtifact,
     savedmodel: ModelArtifact,
-    precisions: list[Precision],
+    planned: list[VariantSpec],
     dataset: DatasetArtifact,
     cfg: ConvertConfig,
     variants_dir: Path,
@@ -77,23 +66,19 @@ def tflite_conversions(
     """TFLite conversions of one SavedModel; a conversion that fails becomes a failed variant.
 
     Args:
-        source: The model the variants are named after.
-        savedmodel: Its SavedModel export (the converter's input).
-        precisions: One variant per precision.
+        savedmodel: The converter's input.
+        planned: The TFLite variants to build (one per precision).
         dataset: Training examples calibrate int8.
         cfg: Converter settings.
         variants_dir: Where the .tflite files go.
         submit: Submit the conversions to the flow's task runner (they may run at once)
             instead of running them one after another here.
     """
-    planned = [VariantSpec(name=f"{source.name}-tflite-{precision}", source=source.name,
-                           format="tflite", precision=precision, path=None)
-               for precision in precisions]
     if submit:
-        futures = [convert_tflite.submit(savedmodel, precision, dataset, cfg, variants_dir)
-                   for precision in precisions]
+        futures = [convert_tflite.submit(savedmodel, spec, dataset, cfg, variants_dir)
+                   for spec in planned]
         states = [final_state(future) for future in futures]
     else:
-        states = [convert_tflite(savedmodel, precision, dataset, cfg, variants_dir,
-                                 return_state=True) for precision in precisions]
+        states = [convert_tflite(savedmodel, spec, dataset, cfg, variants_dir,
+                                 return_state=True) for spec in planned]
     return [built_or_failed(state, spec) for state, spec in zip(states, planned, strict=True)]

@@ -1,8 +1,9 @@
-"""Subflow: prune, distill and quantization-aware train the baseline, then convert each result.
+"""Subflow: apply every enabled compression technique to the baseline, then convert each result.
 
-The techniques are submitted to the subflow's task runner, chosen by `ScaleConfig`: one at a
-time in this process (sequential), or at once on Dask worker processes (a local cluster or a
-running scheduler). Benchmarks are not run here; the main flow serializes them.
+The techniques come from the registry (`techniques.plan`) and are submitted to the subflow's
+task runner, chosen by `ScaleConfig`: one at a time in this process (sequential), or at once on
+Dask worker processes (a local cluster or a running scheduler). Benchmarks are not run here;
+the main flow serializes them.
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ from pathlib import Path
 from prefect import flow
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from flows.common import error_of, failed_variant, final_state, tflite_conversions
-from tasks.distill_model import distill_model
+from flows.common import error_of, final_state, tflite_conversions
 from tasks.export_savedmodel import export_savedmodel
-from tasks.prune_model import prune_model, pruned_name
-from tasks.quantize_aware_train import quantize_aware_train
-from tfopt.artifacts import DatasetArtifact, ModelArtifact, Precision, VariantSpec
+from techniques import Planned, plan
+from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.config import PipelineConfig, ScaleConfig
+from tfopt.variants import built, failed
 
 
 def task_runner_for(scale: ScaleConfig) -> TaskRunner:
@@ -37,79 +37,47 @@ def task_runner_for(scale: ScaleConfig) -> TaskRunner:
     return ThreadPoolTaskRunner(max_workers=1)
 
 
-def planned_variants(config: PipelineConfig) -> list[tuple[str, list[VariantSpec]]]:
-    """Each enabled technique's source name and the variants it will yield (not built yet)."""
-    cfg = config.compress
-    tflite = [("tflite", p) for p in cfg.tflite]
-    plan: list[tuple[str, list[tuple[str, Precision]]]] = []
-    if cfg.prune:
-        plan.append((pruned_name(cfg), [("graph", "fp32"), *tflite]))
-    if cfg.distill:
-        plan.append(("distilled-small", [("graph", "fp32"), *tflite]))
-    if cfg.qat:
-        plan.append(("qat", [("tflite", "int8")]))
-    return [
-        (source, [VariantSpec(name=f"{source}-{fmt}" + (f"-{p}" if fmt == "tflite" else ""),
-                              source=source, format=fmt, precision=p, path=None)
-                  for fmt, p in forms])
-        for source, forms in plan
-    ]
-
-
-def all_failed(config: PipelineConfig, error: str) -> list[VariantSpec]:
-    """Every planned compressed variant, marked failed with `error`."""
-    return [failed_variant(spec, error) for _, specs in planned_variants(config) for spec in specs]
-
-
 @flow(name="compress_model", flow_run_name="compress-{config.name}", log_prints=True)
 def compress_model(
-    config: PipelineConfig,
-    dataset: DatasetArtifact,
-    baseline: ModelArtifact,
-    batch_size: int,
-    run_dir: Path,
+    config: PipelineConfig, baseline: ModelArtifact, data: TrainingData, run_dir: Path
 ) -> tuple[list[VariantSpec], list[ModelArtifact]]:
-    """Run every enabled compression technique on the baseline and convert what it produces.
+    """Apply every enabled compression technique to the baseline and convert what it produces.
 
     A technique that fails marks its planned variants failed; the others go on.
 
     Args:
-        config: The pipeline configuration (compress, train, convert and scale sections).
-        dataset: The sharded data set.
+        config: The pipeline configuration (compress, convert and scale sections).
         baseline: The trained baseline (never modified).
-        batch_size: Fine-tuning batch size.
+        data: The run's training data and input settings (every fine-tuning uses them).
         run_dir: The run's folder (models/ and variants/ go under it).
 
     Returns:
         The variants to benchmark, and the compressed models (for their technique metrics).
     """
-    cfg, seed = config.compress, config.train.seed
-    models_dir, variants_dir = run_dir / "models", run_dir / "variants"
-    submit = {
-        pruned_name(cfg): lambda: prune_model.submit(baseline, dataset, cfg, batch_size, seed,
-                                                     models_dir),
-        "distilled-small": lambda: distill_model.submit(
-            baseline, dataset, cfg, config.train.learning_rate, batch_size, seed, models_dir),
-        "qat": lambda: quantize_aware_train.submit(baseline, dataset, cfg, batch_size, seed,
-                                                   models_dir),
-    }
-    plan = planned_variants(config)
-    futures = [submit[source]() for source, _ in plan]
-    variants: list[VariantSpec] = []
+    planned_all = plan(config.compress, baseline)
+    plans = [p for p in planned_all if p.refusal is None]
+    futures = [p.technique.apply.submit(baseline, p.cfg, data, run_dir / "models") for p in plans]
+    variants = [spec for p in planned_all if p.refusal for spec in p.variants]
     models: list[ModelArtifact] = []
-    for (source, specs), future in zip(plan, futures, strict=True):
+    for planned, future in zip(plans, futures, strict=True):
         state = final_state(future)
         if not state.is_completed():
-            error = f"{source} failed: {error_of(state)}"
-            variants += [failed_variant(spec, error) for spec in specs]
+            error = f"{planned.source} failed: {error_of(state)}"
+            variants += [failed(spec, error) for spec in planned.variants]
             continue
-        model = state.result()
-        models.append(model)
-        savedmodel = (model if model.format == "savedmodel"
-                      else export_savedmodel.submit(model, models_dir).result())
-        variants += [spec.model_copy(update={"path": model.path})
-                     for spec in specs if spec.format == "graph"]
-        precisions = [spec.precision for spec in specs if spec.format == "tflite"]
-        variants += tflite_conversions(model, savedmodel, precisions, dataset, config.convert,
-                                       variants_dir, submit=True)
+        models.append(state.result())
+        variants += _forms_of(state.result(), planned, config, data, run_dir)
     return variants, models
+
+
+def _forms_of(
+    model: ModelArtifact, planned: Planned, config: PipelineConfig, data: TrainingData,
+    run_dir: Path,
+) -> list[VariantSpec]:
+    """The planned variants of one technique's model: its graph form and TFLite conversions."""
+    savedmodel = (model if model.format == "savedmodel"
+                  else export_savedmodel.submit(model, run_dir / "models").result())
+    graphs = [built(spec, model.path) for spec in planned.variants if spec.format == "graph"]
+    tflite = [spec for spec in planned.variants if spec.format == "tflite"]
+    return graphs + tflite_conversions(savedmodel, tflite, data.dataset, config.convert,
+                                       run_dir / "variants", submit=True)

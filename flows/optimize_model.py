@@ -1,26 +1,24 @@
-"""The main pipeline: image folder -> TFRecords -> training -> variants -> benchmarks -> summary."""
+"""The main pipeline: image folder -> TFRecords -> training -> variants -> benchmarks -> summary.
+
+`optimize_model` reads like the README's diagram: prepare the data, train the baseline, build
+its variants and the compressed ones, benchmark them all, pick a champion, report. Each step
+logs its result to MLflow through `tfopt.tracking`'s typed functions.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.common import (
-    benchmark_serialized,
-    built_or_failed,
-    error_of,
-    sharded_data,
-    tflite_conversions,
-)
-from flows.compress_model import all_failed, compress_model, task_runner_for
+from flows.common import benchmark_serialized, built_or_failed, error_of, sharded_data
+from flows.common import tflite_conversions as convert_to_tflite
+from flows.compress_model import compress_model, task_runner_for
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
 from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
@@ -31,12 +29,15 @@ from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_report import write_report
+from techniques import all_failed, plan
 from tfopt import tracking
 from tfopt.artifacts import (
     BatchSweepResult,
     BenchmarkInputs,
-    DatasetArtifact,
+    InputPipelineResult,
+    LayoutResult,
     ModelArtifact,
+    TrainingData,
     VariantResult,
     VariantSpec,
 )
@@ -44,112 +45,19 @@ from tfopt.config import BenchmarkConfig, PipelineConfig, check_paths
 from tfopt.fileio import atomic_write_json
 from tfopt.orchestration import StepProgress
 from tfopt.prefect_artifacts import publish_prefect_artifacts
-from tfopt.provenance import environment, git_commit, mlflow_tracking_uri
+from tfopt.provenance import environment, mlflow_tracking_uri
 from tfopt.summary import build_summary
+from tfopt.variants import failed, plan_variant, skipped
 
 
 @dataclass(frozen=True)
-class _RunContext:
-    mlflow: tracking.MlflowClient
-    tracking_uri: str
-    experiment_id: str
-    parent_id: str
-    flow_run_id: str
-    tags: dict[str, str]
+class _Measured:
+    """The data and what was measured about it before training."""
 
-
-def _checkpoint_dir(
-    config: PipelineConfig, dataset: DatasetArtifact, work_dir: Path, batch_size: int
-) -> Path:
-    """A training folder named after the data and the training settings, not after the run.
-
-    A rerun after a crash therefore finds the last epoch's backup.
-    """
-    key = json.dumps([dataset.manifest_path.read_text(), config.model.model_dump(mode="json"),
-                      config.train.model_dump(mode="json"), batch_size], sort_keys=True)
-    return work_dir / "checkpoints" / f"baseline-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-
-
-def _sweep_points(sweep: BatchSweepResult) -> list[Metric]:
-    """The sweep as metric series with the batch size as step (MLflow plots them as curves)."""
-    now = int(time.time() * 1000)
-    return [
-        Metric(name, value, now, point.batch_size)
-        for point in sweep.points
-        for name, value in (("sweep_examples_per_s", point.examples_per_s),
-                            ("sweep_step_ms", point.step_ms),
-                            ("sweep_peak_extra_mb", point.peak_extra_mb))
-    ]
-
-
-def _unmeasured(spec: VariantSpec, status: str, error: str | None) -> VariantResult:
-    return VariantResult(
-        name=spec.name, source=spec.source, format=spec.format, precision=spec.precision,
-        status=status, error=error,
-    )
-
-
-def _benchmark_isolated(
-    spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
-) -> VariantResult:
-    """Benchmark a built variant; a variant that failed or was skipped earlier keeps its status."""
-    if spec.status != "ok":
-        return _unmeasured(spec, spec.status, spec.error)
-    state = benchmark_serialized(spec, inputs, cfg)
-    return state.result() if state.is_completed() else _unmeasured(spec, "failed", error_of(state))
-
-
-def _baseline_variants(
-    config: PipelineConfig,
-    dataset: DatasetArtifact,
-    keras_model: ModelArtifact,
-    savedmodel: ModelArtifact,
-    run_dir: Path,
-    context: _RunContext,
-) -> list[VariantSpec]:
-    """Every form of the baseline: graph, SavedModel, XLA, TFLite, ONNX, TF-TRT."""
-    source = keras_model.name
-    variants_dir = run_dir / "variants"
-    variants = [
-        VariantSpec(name=f"{source}-graph", source=source, format="graph", precision="fp32",
-                    path=keras_model.path),
-        VariantSpec(name=f"{source}-savedmodel", source=source, format="savedmodel",
-                    precision="fp32", path=savedmodel.path),
-    ]
-    for mode in config.convert.xla:
-        name = f"{source}-xla" if mode == "jit_compile" else f"{source}-xla-{mode}"
-        params: dict[str, str | int | float | bool] = {"xla_mode": mode}
-        if config.convert.dump_hlo and mode == "jit_compile":
-            variants_dir.mkdir(parents=True, exist_ok=True)
-            params["hlo_path"] = str(variants_dir / f"{name}.hlo.txt")
-        variants.append(VariantSpec(name=name, source=source, format="xla", precision="fp32",
-                                    path=keras_model.path, params=params))
-    variants += tflite_conversions(keras_model, savedmodel, config.convert.tflite, dataset,
-                                   config.convert, variants_dir)
-    if config.convert.onnx:
-        planned = VariantSpec(name=f"{source}-onnx", source=source, format="onnx",
-                              precision="fp32", path=None)
-        onnx = built_or_failed(
-            export_onnx(savedmodel, dataset, config.convert, variants_dir, return_state=True),
-            planned,
-        )
-        variants.append(onnx)
-        if onnx.status == "ok":
-            bundled = bundle_tensorrt(savedmodel, onnx, config.convert.tensorrt_max_batch,
-                                      run_dir / "export", return_state=True)
-            if bundled.is_completed():
-                bundle = bundled.result()
-                tracking.log_artifact(context.mlflow, context.parent_id, bundle,
-                                      f"export/{bundle.name}")
-            else:
-                get_run_logger().warning("TensorRT bundle failed: %s", error_of(bundled))
-    variants.append(VariantSpec(
-        name=f"{source}-tftrt-fp32", source=source, format="savedmodel", precision="fp32",
-        path=None, status="skipped",
-        error=tftrt_unavailable_reason()
-        or "TF-TRT conversion is not built into tfopt; use the ONNX TensorRT bundle",
-    ))
-    return variants
+    data: TrainingData
+    sweep: BatchSweepResult
+    pipeline: InputPipelineResult
+    layout: LayoutResult | None
 
 
 @flow(
@@ -170,171 +78,223 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
     Returns:
         The run summary (the JSON contract in DESIGN.md).
     """
-    logger = get_run_logger()
     check_paths(config)
     work_dir = config.work_dir.resolve()
-    tracking_uri = mlflow_tracking_uri()
-    mlflow = tracking.client(tracking_uri)
-    experiment_id = tracking.ensure_experiment(mlflow, config.experiment)
-    flow_run_id = str(flow_run.id)
-    run_tags = {"prefect.flow_run_id": flow_run_id, "tfopt.config": config.name}
-    parent_id = tracking.start_run(
-        mlflow, experiment_id, run_name=f"{config.name}-{flow_run.name}",
-        params=config.model_dump(mode="json"),
-        tags={**run_tags, "mlflow.source.git.commit": git_commit(), "tfopt.role": "pipeline"},
-    )
-    logger.info("MLflow run: %s", tracking.run_url(tracking_uri, experiment_id, parent_id))
-    run_dir = work_dir / "runs" / f"{config.name}-{parent_id[:12]}"
-    context = _RunContext(mlflow, tracking_uri, experiment_id, parent_id, flow_run_id, run_tags)
-    try:
-        summary = _run_steps(config, work_dir, run_dir, context)
-    except BaseException:
-        tracking.end_run(mlflow, parent_id, "FAILED")
-        raise
-    summary_path = run_dir / "summary.json"
-    atomic_write_json(summary_path, summary)
-    tracking.log_artifact(mlflow, parent_id, summary_path, "report")
-    tracking.end_run(mlflow, parent_id, "FINISHED")
-    failed = sum(1 for v in summary["variants"] if v["status"] == "failed")
-    logger.info(
-        "%d variants benchmarked, %d failed; champion: %s", len(summary["variants"]), failed,
-        summary["champion"] or "none",
-    )
+    tags = {"prefect.flow_run_id": str(flow_run.id), "tfopt.config": config.name}
+    with tracking.tracked_run(
+        mlflow_tracking_uri(), config.experiment, f"{config.name}-{flow_run.name}",
+        params=config.model_dump(mode="json"), tags={**tags, "tfopt.role": "pipeline"},
+    ) as run:
+        get_run_logger().info("MLflow run: %s", run.url)
+        run_dir = work_dir / "runs" / f"{config.name}-{run.run_id[:12]}"
+        measured = _prepare_data(config, work_dir, run_dir, run)
+        baseline, savedmodel = _train_baseline(config, measured.data, work_dir, run_dir, run)
+        inputs = _benchmark_inputs(savedmodel, measured.data, run_dir)
+        variants = _baseline_variants(config, measured.data, baseline, savedmodel, run_dir, run)
+        compressed, technique_models = _compressed_variants(config, measured.data, baseline,
+                                                            run_dir, run)
+        results = _benchmark_all([*variants, *compressed], inputs, config.benchmark)
+        run_ids = tracking.log_variants(
+            run, results, {m.name: m for m in [baseline, *technique_models]}, tags)
+        summary = _summarize(config, run, measured, results, run_ids, technique_models)
+        _write_outputs(summary, results, run_dir, run)
+    failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
+    get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
+                          len(summary["variants"]), failures, summary["champion"] or "none")
     return summary
 
 
-def _run_steps(
-    config: PipelineConfig,
-    work_dir: Path,
-    run_dir: Path,
-    context: _RunContext,
-) -> dict[str, Any]:
-    mlflow, parent_id = context.mlflow, context.parent_id
+def _prepare_data(
+    config: PipelineConfig, work_dir: Path, run_dir: Path, run: tracking.TrackedRun
+) -> _Measured:
+    """Shard the data, sweep the batch size, measure the readers and the data layouts."""
     dataset = sharded_data(config.data, work_dir)
-    tracking.log_metrics(mlflow, parent_id, {
-        **{f"dataset_{split}_examples": info.examples for split, info in dataset.splits.items()},
-        "dataset_shards": dataset.shards,
-        "dataset_skipped_records": dataset.skipped_records,
-    })
-    tracking.log_artifact(mlflow, parent_id, dataset.manifest_path, "dataset")
-
+    tracking.log_dataset(run, dataset)
     sweep = sweep_batch_size(dataset, config.model, config.input, run_dir / "report")
-    tracking.log_metric_points(mlflow, parent_id, _sweep_points(sweep))
-    tracking.log_artifact(mlflow, parent_id, sweep.plot_path, "report")
     batch_size = config.train.batch_size or sweep.chosen_batch_size
-    tracking.log_params(mlflow, parent_id, {
-        "batch_sweep.rule": sweep.rule, "training_batch_size": batch_size,
-    })
-
+    tracking.log_sweep(run, sweep, batch_size)
     pipeline = measure_input_pipeline(dataset, sweep.chosen_batch_size, config.input)
-    tracking.log_metrics(mlflow, parent_id, {
-        "input_naive_examples_per_s": pipeline.naive_examples_per_s,
-        "input_tuned_examples_per_s": pipeline.tuned_examples_per_s,
-        "input_cached_examples_per_s": pipeline.cached_examples_per_s,
-        "input_tuned_speedup": pipeline.tuned_examples_per_s / pipeline.naive_examples_per_s,
-        "chosen_batch_size": pipeline.chosen_batch_size,
-    })
-    tracking.log_params(mlflow, parent_id, {
-        "input.cache_decision": f"{pipeline.cache_mode}: {pipeline.cache_reason}",
-    })
+    tracking.log_input_pipeline(run, pipeline)
     layout = None
     if config.input.measure_layouts:
         layout = measure_data_layout(dataset, config.model, batch_size, config.input.sweep_steps)
-        tracking.log_metrics(mlflow, parent_id, {
-            "layout_nhwc_examples_per_s": layout.nhwc_examples_per_s,
-            **({"layout_nchw_examples_per_s": layout.nchw_examples_per_s}
-               if layout.nchw_examples_per_s else {}),
-        })
-        tracking.log_params(mlflow, parent_id, {
-            "layout.faster": layout.faster, "layout.device": layout.device,
-            "layout.note": layout.note,
-        })
+        tracking.log_layout(run, layout)
+    data = TrainingData(dataset=dataset, batch_size=batch_size, seed=config.train.seed,
+                        input=config.input)
+    return _Measured(data, sweep, pipeline, layout)
 
+
+def _checkpoint_dir(config: PipelineConfig, data: TrainingData, work_dir: Path) -> Path:
+    """A training folder named after the data and the training settings, not after the run.
+
+    A rerun after a crash therefore finds the last epoch's backup.
+    """
+    key = json.dumps([data.dataset.manifest_path.read_text(),
+                      config.model.model_dump(mode="json"), config.train.model_dump(mode="json"),
+                      data.batch_size], sort_keys=True)
+    return work_dir / "checkpoints" / f"baseline-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _train_baseline(
+    config: PipelineConfig, data: TrainingData, work_dir: Path, run_dir: Path,
+    run: tracking.TrackedRun,
+) -> tuple[ModelArtifact, ModelArtifact]:
+    """Train the baseline and export its SavedModel."""
     models_dir = run_dir / "models"
-    baseline = train_model(
-        dataset, config.model, config.train, batch_size, models_dir, config.input,
-        checkpoint_dir=_checkpoint_dir(config, dataset, work_dir, batch_size),
-    )
-    tracking.log_metric_history(mlflow, parent_id, {
-        f"train_{name}": values for name, values in baseline.history.items()
-    })
-    tracking.log_metrics(mlflow, parent_id, baseline.metrics)
-    tracking.log_params(mlflow, parent_id, {"baseline": baseline.params})
+    baseline = train_model(data, config.model, config.train, models_dir,
+                           checkpoint_dir=_checkpoint_dir(config, data, work_dir))
+    tracking.log_training(run, baseline)
     savedmodel = export_savedmodel(baseline, models_dir)
-    tracking.log_artifact(mlflow, parent_id, savedmodel.path, "models/baseline-savedmodel")
-    reference = VariantSpec(name=f"{savedmodel.name}-savedmodel", source=savedmodel.name,
-                            format="savedmodel", precision="fp32", path=savedmodel.path)
-    inputs = prepare_benchmark_inputs(reference, dataset, run_dir / "benchmark-inputs",
-                                      batch_size)
+    tracking.log_file(run, savedmodel.path, f"models/{savedmodel.name}-savedmodel")
+    return baseline, savedmodel
 
-    variants = _baseline_variants(config, dataset, baseline, savedmodel, run_dir, context)
-    compressing = compress_model.with_options(task_runner=task_runner_for(config.scale))(
-        config, dataset, baseline, batch_size, run_dir, return_state=True)
-    if compressing.is_completed():
-        compressed, technique_models = compressing.result()
+
+def _benchmark_inputs(
+    savedmodel: ModelArtifact, data: TrainingData, run_dir: Path
+) -> BenchmarkInputs:
+    """The decoded test split and the float SavedModel's logits on it (every variant's input)."""
+    reference = plan_variant(savedmodel.name, "savedmodel", path=savedmodel.path)
+    return prepare_benchmark_inputs(reference, data.dataset, run_dir / "benchmark-inputs",
+                                    data.batch_size)
+
+
+def _baseline_variants(
+    config: PipelineConfig, data: TrainingData, keras_model: ModelArtifact,
+    savedmodel: ModelArtifact, run_dir: Path, run: tracking.TrackedRun,
+) -> list[VariantSpec]:
+    """Every form of the baseline: graph, SavedModel, XLA, TFLite, ONNX (+ TensorRT), TF-TRT."""
+    source, cfg, variants_dir = keras_model.name, config.convert, run_dir / "variants"
+    graph = plan_variant(source, "graph", path=keras_model.path)
+    variants = [graph, plan_variant(source, "savedmodel", derived_from=graph.name,
+                                    path=savedmodel.path)]
+    for mode in cfg.xla:
+        form = "xla" if mode == "jit_compile" else f"xla-{mode}"
+        params: dict[str, str | int | float | bool] = {"xla_mode": mode}
+        if cfg.dump_hlo and mode == "jit_compile":
+            variants_dir.mkdir(parents=True, exist_ok=True)
+            params["hlo_path"] = str(variants_dir / f"{source}-{form}.hlo.txt")
+        variants.append(plan_variant(source, "xla", form=form, derived_from=graph.name,
+                                     path=keras_model.path, params=params))
+    fp32 = plan_variant(source, "tflite", "fp32")
+    tflite = [plan_variant(source, "tflite", p, derived_from=None if p == "fp32" else fp32.name)
+              for p in cfg.tflite]
+    variants += convert_to_tflite(savedmodel, tflite, data.dataset, cfg, variants_dir)
+    if cfg.onnx:
+        planned = plan_variant(source, "onnx", derived_from=variants[1].name)
+        onnx = built_or_failed(export_onnx(savedmodel, planned, data.dataset, cfg, variants_dir,
+                                           return_state=True), planned)
+        variants.append(onnx)
+        if onnx.status == "ok":
+            _bundle_tensorrt(savedmodel, onnx, cfg.tensorrt_max_batch, run_dir, run)
+    variants.append(skipped(
+        plan_variant(source, "savedmodel", form="tftrt"),
+        tftrt_unavailable_reason()
+        or "TF-TRT conversion is not built into tfopt; use the ONNX TensorRT bundle"))
+    return variants
+
+
+def _bundle_tensorrt(
+    savedmodel: ModelArtifact, onnx: VariantSpec, max_batch: int, run_dir: Path,
+    run: tracking.TrackedRun,
+) -> None:
+    """The TensorRT bundle (ONNX + trtexec line) as an artifact; a failure is only logged."""
+    bundled = bundle_tensorrt(savedmodel, onnx, max_batch, run_dir / "export", return_state=True)
+    if bundled.is_completed():
+        tracking.log_file(run, bundled.result(), f"export/{bundled.result().name}")
     else:
-        get_run_logger().warning("compress_model failed: %s", error_of(compressing))
-        compressed = all_failed(config, f"compress_model failed: {error_of(compressing)}")
-        technique_models = []
-    variants += compressed
-    for model in technique_models:
-        tracking.log_metrics(mlflow, parent_id,
-                             {f"{model.name}.{k}": v for k, v in model.metrics.items()})
-        tracking.log_metric_history(mlflow, parent_id, {
-            f"{model.name}.train_{k}": v for k, v in model.history.items()
-        })
+        get_run_logger().warning("TensorRT bundle failed: %s", error_of(bundled))
+
+
+def _compressed_variants(
+    config: PipelineConfig, data: TrainingData, baseline: ModelArtifact, run_dir: Path,
+    run: tracking.TrackedRun,
+) -> tuple[list[VariantSpec], list[ModelArtifact]]:
+    """The compression subflow on the configured task runner, its models' metrics logged.
+
+    If the subflow fails as a whole (e.g. its Dask cluster), every planned compressed variant is
+    marked failed and the baseline variants still go on.
+    """
+    compressing = compress_model.with_options(task_runner=task_runner_for(config.scale))(
+        config, baseline, data, run_dir, return_state=True)
+    if not compressing.is_completed():
+        error = f"compress_model failed: {error_of(compressing)}"
+        get_run_logger().warning(error)
+        return all_failed(plan(config.compress, baseline), error), []
+    variants, models = compressing.result()
+    for model in models:
+        tracking.log_technique(run, model)
+    return variants, models
+
+
+def _benchmark_all(
+    variants: list[VariantSpec], inputs: BenchmarkInputs, cfg: BenchmarkConfig
+) -> list[VariantResult]:
+    """Benchmark every variant, one at a time, with a progress artifact."""
     progress = StepProgress("benchmark-variants", "variants benchmarked")
     results = []
     for spec in variants:
-        results.append(_benchmark_isolated(spec, inputs, config.benchmark))
+        results.append(_benchmark_one(spec, inputs, cfg))
         progress.update(len(results), len(variants))
-    sources = {model.name: model for model in [baseline, *technique_models]}
-    run_ids = {}
-    for result in results:
-        source = sources.get(result.source)
-        run_ids[result.name] = tracking.log_variant_run(
-            mlflow, context.experiment_id, parent_id, result, tags=context.tags,
-            source_params=source.params if source else None,
-            source_metrics=source.metrics if source else None,
-        )
-    choice = pick_champion(results, config.benchmark.accuracy_budget_points,
-                           config.benchmark.objective)
+    return results
+
+
+def _benchmark_one(
+    spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
+) -> VariantResult:
+    """A built variant's measurements; one not built (or whose benchmark failed) keeps why."""
+    if spec.status == "ok":
+        state = benchmark_serialized(spec, inputs, cfg)
+        if state.is_completed():
+            return state.result()
+        spec = failed(spec, error_of(state))
+    return VariantResult(name=spec.name, source=spec.source, format=spec.format,
+                         precision=spec.precision, status=spec.status, error=spec.error,
+                         derived_from=spec.derived_from)
+
+
+def _summarize(
+    config: PipelineConfig, run: tracking.TrackedRun, measured: _Measured,
+    results: list[VariantResult], run_ids: dict[str, str], technique_models: list[ModelArtifact],
+) -> dict[str, Any]:
+    """Pick and register the champion; assemble the summary JSON."""
+    bench = config.benchmark
+    choice = pick_champion(results, bench.accuracy_budget_points, bench.objective)
     champion_model = None
     if choice.name:
-        tracking.set_tags(mlflow, parent_id, {"tfopt.champion": choice.name})
-        if config.benchmark.register_champion:
-            model_name = f"tfopt-{config.name}"
-            version = tracking.register_champion(mlflow, model_name, run_ids[choice.name])
-            champion_model = {"name": model_name, "version": version, "alias": "champion",
-                              "uri": f"models:/{model_name}@champion"}
-    summary = build_summary(
-        tracking_uri=context.tracking_uri,
-        experiment_id=context.experiment_id,
-        run_id=parent_id,
-        flow_run_id=context.flow_run_id,
-        dataset=dataset,
-        input_pipeline=pipeline,
-        results=results,
-        champion=choice.name,
-        champion_reason=choice.reason,
-        baseline_accuracy=choice.baseline_accuracy,
-        budget_points=config.benchmark.accuracy_budget_points,
-        techniques={model.name: {"params": model.params, "metrics": model.metrics}
-                    for model in technique_models},
+        champion_model = tracking.log_champion(
+            run, choice.name, run_ids[choice.name],
+            f"tfopt-{config.name}" if bench.register_champion else None)
+    tf_threads = next((r.tf_intra_op_threads for r in results
+                       if r.tf_intra_op_threads is not None), None)
+    return build_summary(
+        tracking_uri=run.tracking_uri, experiment_id=run.experiment_id, run_id=run.run_id,
+        flow_run_id=str(flow_run.id), dataset=measured.data.dataset,
+        input_pipeline=measured.pipeline, results=results, champion=choice.name,
+        champion_reason=choice.reason, baseline_accuracy=choice.baseline_accuracy,
+        budget_points=bench.accuracy_budget_points,
+        techniques={m.name: {"params": m.params, "metrics": m.metrics} for m in technique_models},
         extras={
             "config_name": config.name,
-            "mlflow_run_url": tracking.run_url(context.tracking_uri, context.experiment_id,
-                                               parent_id),
-            "environment": environment(config.benchmark.threads),
+            "mlflow_run_url": run.url,
+            "environment": environment(bench.threads, tf_threads),
             "champion_model": champion_model,
-            "batch_size_sweep": sweep.model_dump(mode="json"),
-            "training_batch_size": batch_size,
-            "data_layout": layout.model_dump(mode="json") if layout else None,
-            "input_cache": {"mode": pipeline.cache_mode, "reason": pipeline.cache_reason},
+            "batch_size_sweep": measured.sweep.model_dump(mode="json"),
+            "training_batch_size": measured.data.batch_size,
+            "data_layout": measured.layout.model_dump(mode="json") if measured.layout else None,
+            "input_cache": {"mode": measured.pipeline.cache_mode,
+                            "reason": measured.pipeline.cache_reason},
         },
     )
-    report_files = write_report(summary, results, run_dir / "report")
-    for path in report_files:
-        tracking.log_artifact(mlflow, parent_id, path, "report")
+
+
+def _write_outputs(
+    summary: dict[str, Any], results: list[VariantResult], run_dir: Path,
+    run: tracking.TrackedRun,
+) -> None:
+    """The report files and the summary JSON, to the run folder, MLflow and Prefect."""
+    for path in write_report(summary, results, run_dir / "report"):
+        tracking.log_file(run, path, "report")
     publish_prefect_artifacts(summary)
-    return summary
+    summary_path = run_dir / "summary.json"
+    atomic_write_json(summary_path, summary)
+    tracking.log_file(run, summary_path, "report")

@@ -11,7 +11,7 @@ from prefect.runtime import flow_run
 from flows.common import sharded_data
 from tfopt import tracking
 from tfopt.config import PreprocessConfig, check_paths
-from tfopt.provenance import git_commit, mlflow_tracking_uri
+from tfopt.provenance import mlflow_tracking_uri
 from tfopt.summary import dataset_entry
 
 
@@ -31,36 +31,22 @@ def preprocess_data(config: PreprocessConfig = PreprocessConfig()) -> dict[str, 
     """
     check_paths(config)
     work_dir = config.work_dir.resolve()
-    tracking_uri = mlflow_tracking_uri()
-    mlflow = tracking.client(tracking_uri)
-    experiment_id = tracking.ensure_experiment(mlflow, config.experiment)
-    run_id = tracking.start_run(
-        mlflow, experiment_id, run_name=f"preprocess-{config.name}",
+    with tracking.tracked_run(
+        mlflow_tracking_uri(), config.experiment, f"preprocess-{config.name}",
         params=config.model_dump(mode="json"),
-        tags={"prefect.flow_run_id": str(flow_run.id), "tfopt.role": "preprocess",
-              "mlflow.source.git.commit": git_commit()},
-    )
-    try:
+        tags={"prefect.flow_run_id": str(flow_run.id), "tfopt.role": "preprocess"},
+    ) as run:
         dataset = sharded_data(config.data, work_dir)
-        summary = {**dataset_entry(dataset), "root": str(dataset.root),
-                   "mlflow_run_id": run_id, "prefect_flow_run_id": str(flow_run.id)}
-        tracking.log_metrics(mlflow, run_id, {
-            key: summary[key] for key in ("train_examples", "val_examples", "test_examples",
-                                          "shards", "skipped_records")
-        })
-        tracking.log_artifact(mlflow, run_id, dataset.manifest_path, "dataset")
-    except BaseException:
-        tracking.end_run(mlflow, run_id, "FAILED")
-        raise
-    tracking.end_run(mlflow, run_id, "FINISHED")
-    url = tracking.run_url(tracking_uri, experiment_id, run_id)
+        tracking.log_dataset(run, dataset)
+    summary = {**dataset_entry(dataset), "root": str(dataset.root),
+               "mlflow_run_id": run.run_id, "prefect_flow_run_id": str(flow_run.id)}
     create_markdown_artifact(
         key="tfopt-dataset",
         markdown=(
             f"# {config.name}: {dataset.shards} shards in `{dataset.root}`\n\n"
             f"train {summary['train_examples']}, val {summary['val_examples']}, test "
             f"{summary['test_examples']} examples; {dataset.skipped_records} skipped.\n\n"
-            f"**MLflow run:** [{run_id}]({url})"
+            f"**MLflow run:** [{run.run_id}]({run.url})"
         ),
         description="Shards and manifest, with a link to the MLflow run",
     )

@@ -116,7 +116,14 @@ def measure_variant(
     spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
 ) -> VariantResult:
     """Measure a variant in this process (see `benchmark_variant` for the protocol)."""
-    from tasks.runners import GraphRunner, load_runner, predict_batched, softmax
+    from tasks.runners import (
+        TF_FORMATS,
+        GraphRunner,
+        load_runner,
+        predict_batched,
+        softmax,
+        tf_threads_in_force,
+    )
 
     images, labels = np.load(inputs.images), np.load(inputs.labels)
     started = time.perf_counter()
@@ -131,6 +138,7 @@ def measure_variant(
     samples = time_runs(lambda i: runner.predict(singles[i % len(singles)]), cfg)
     throughput_at_batch = batch_throughput(runner, images, inputs.batch_size,
                                            min(max(0.2, cfg.min_seconds), cfg.max_seconds))
+    intra, inter = tf_threads_in_force() if spec.format in TF_FORMATS else (None, None)
     extra_files = []
     hlo_path = spec.params.get("hlo_path")
     if hlo_path and isinstance(runner, GraphRunner):
@@ -142,6 +150,7 @@ def measure_variant(
         format=spec.format,
         precision=spec.precision,
         status="ok",
+        derived_from=spec.derived_from,
         size_bytes=path_size_bytes(spec.path),
         gzip_bytes=gzip_size_bytes(spec.path),
         accuracy=float(np.mean(np.argmax(logits, axis=1) == labels)),
@@ -157,6 +166,8 @@ def measure_variant(
         batch_size=inputs.batch_size,
         samples_ms=[float(v) for v in samples[:_KEPT_SAMPLES]],
         path=spec.path,
+        tf_intra_op_threads=intra,
+        tf_inter_op_threads=inter,
         extra_files=extra_files,
     )
 

@@ -14,6 +14,7 @@ from tfopt.artifacts import DatasetArtifact, ModelArtifact, Precision, VariantSp
 from tfopt.config import ConvertConfig
 from tfopt.fileio import atomic_write_bytes
 from tfopt.serving import SIGNATURE_KEY
+from tfopt.variants import built
 
 
 def representative_images(
@@ -50,7 +51,7 @@ def configure_converter(
 @task(name="convert_tflite", tags=["conversion"])
 def convert_tflite(
     savedmodel: ModelArtifact,
-    precision: Precision,
+    variant: VariantSpec,
     dataset: DatasetArtifact,
     cfg: ConvertConfig,
     out_dir: Path,
@@ -59,28 +60,24 @@ def convert_tflite(
 
     Args:
         savedmodel: The exported SavedModel (left unchanged).
-        precision: ``fp32`` (no quantization), ``dynamic`` (int8 weights, float activations),
-            ``float16`` (float16 weights) or ``int8`` (integer weights and activations,
-            calibrated on training examples).
+        variant: The planned TFLite variant; its precision is ``fp32`` (no quantization),
+            ``dynamic`` (int8 weights, float activations), ``float16`` (float16 weights) or
+            ``int8`` (integer weights and activations, calibrated on training examples).
         dataset: Source of the int8 calibration examples (training split).
         cfg: Calibration size and integer input/output choice.
-        out_dir: Folder to write ``<source>-tflite-<precision>.tflite`` into.
+        out_dir: Folder to write ``<variant name>.tflite`` into.
 
     Returns:
-        The variant to benchmark.
+        The variant, built.
     """
     converter = tf.lite.TFLiteConverter.from_saved_model(
         str(savedmodel.path), signature_keys=[SIGNATURE_KEY]
     )
-    configure_converter(converter, precision, dataset, cfg)
+    configure_converter(converter, variant.precision, dataset, cfg)
     flatbuffer = converter.convert()
-    name = f"{savedmodel.name}-tflite-{precision}"
-    path = out_dir / f"{name}.tflite"
+    path = out_dir / f"{variant.name}.tflite"
     atomic_write_bytes(path, flatbuffer)
     params: dict[str, str | int | float | bool] = {"converter": "TFLiteConverter.from_saved_model"}
-    if precision == "int8":
+    if variant.precision == "int8":
         params.update(calibration_examples=cfg.calibration_examples, int8_io=cfg.int8_io)
-    return VariantSpec(
-        name=name, source=savedmodel.name, format="tflite", precision=precision, path=path,
-        params=params,
-    )
+    return built(variant, path, **params)

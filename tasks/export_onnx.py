@@ -15,6 +15,7 @@ from tfopt.artifacts import DatasetArtifact, ModelArtifact, VariantSpec
 from tfopt.config import ConvertConfig
 from tfopt.logs import step_logger
 from tfopt.serving import SIGNATURE_KEY
+from tfopt.variants import built
 
 CHECK_EXAMPLES = 256
 
@@ -55,15 +56,20 @@ def max_probability_difference(
 
 @task(name="export_onnx", tags=["export"])
 def export_onnx(
-    savedmodel: ModelArtifact, dataset: DatasetArtifact, cfg: ConvertConfig, out_dir: Path
+    savedmodel: ModelArtifact,
+    variant: VariantSpec,
+    dataset: DatasetArtifact,
+    cfg: ConvertConfig,
+    out_dir: Path,
 ) -> VariantSpec:
-    """Write ``<name>.onnx`` from the serving signature and check it with ONNX Runtime.
+    """Write ``<source>.onnx`` from the serving signature and check it with ONNX Runtime.
 
     The check runs both models on real test examples (a batch of several, so the dynamic batch
     dimension is exercised) and requires the probabilities to agree within ``cfg.onnx_atol``.
 
     Args:
         savedmodel: The exported SavedModel (left unchanged).
+        variant: The planned ONNX variant.
         dataset: Source of the check inputs (test split).
         cfg: Opset and tolerance.
         out_dir: Folder to write into.
@@ -88,9 +94,5 @@ def export_onnx(
         raise OnnxMismatchError(
             f"ONNX differs from the SavedModel by {max_diff:.3e} > onnx_atol {cfg.onnx_atol}"
         )
-    return VariantSpec(
-        name=f"{savedmodel.name}-onnx", source=savedmodel.name, format="onnx", precision="fp32",
-        path=path,
-        params={"opset": cfg.onnx_opset, "check_max_abs_diff": max_diff,
-                "check_examples": len(images)},
-    )
+    return built(variant, path, opset=cfg.onnx_opset, check_max_abs_diff=max_diff,
+                 check_examples=len(images))

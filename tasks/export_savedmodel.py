@@ -7,7 +7,7 @@ from pathlib import Path
 import tensorflow as tf
 from prefect import task
 
-from tasks.train_model import load_keras_model
+from tasks.keras_models import load_keras_model
 from tfopt.artifacts import ModelArtifact
 from tfopt.fileio import replace_dir, staging_dir_for
 from tfopt.serving import INPUT_NAME, OUTPUT_LOGITS, OUTPUT_PROBABILITIES, SIGNATURE_KEY

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import task
 
 from tasks.input_pipeline import load_split_arrays
+from tasks.keras_models import build_configured
 from tasks.step_timing import tile_batch, time_train_steps
-from tasks.train_model import build_baseline
 from tfopt.artifacts import DatasetArtifact, LayoutResult
 from tfopt.config import ModelConfig
 from tfopt.logs import step_logger
@@ -40,8 +40,10 @@ def measure_data_layout(
     for layout in ("channels_last", "channels_first"):
         layout_cfg = model_cfg.model_copy(update={"data_format": layout})
         try:
-            timing = time_train_steps(lambda cfg=layout_cfg: build_baseline(cfg, dataset),
-                                      images, labels, steps)
+            timing = time_train_steps(
+                lambda cfg=layout_cfg: build_configured(cfg, dataset.image_size,
+                                                        dataset.num_classes),
+                images, labels, steps)
             rates[layout] = timing.examples_per_s
         except Exception as error:
             rates[layout] = None

@@ -15,6 +15,9 @@ import numpy as np
 from tfopt.artifacts import VariantSpec
 from tfopt.serving import INPUT_NAME, OUTPUT_LOGITS, SIGNATURE_KEY
 
+TF_FORMATS = frozenset({"keras", "graph", "xla", "savedmodel"})
+"""Formats measured through TensorFlow itself (its thread pools apply)."""
+
 
 class Runner(Protocol):
     """Runs a model on a float32 batch ``[N, S, S, 3]`` and returns logits ``[N, classes]``."""
@@ -24,13 +27,37 @@ class Runner(Protocol):
         ...
 
 
+def set_tf_threads(threads: int) -> None:
+    """Size TensorFlow's intra-op and inter-op pools to `threads`.
+
+    TensorFlow fixes its pools when its runtime starts, so this works only before the first
+    TensorFlow operation of the process (a fresh benchmark process); afterwards the pools stay
+    as they are, and `tf_threads_in_force` says so.
+    """
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        pass
+
+
+def tf_threads_in_force() -> tuple[int, int]:
+    """TensorFlow's intra-op and inter-op pool sizes (0: its default, one thread per core)."""
+    import tensorflow as tf
+
+    return (tf.config.threading.get_intra_op_parallelism_threads(),
+            tf.config.threading.get_inter_op_parallelism_threads())
+
+
 class GraphRunner:
     """A Keras model traced into a TensorFlow graph with `tf.function` (optionally XLA-compiled)."""
 
     def __init__(self, path: Path, jit_compile: bool = False) -> None:
         import tensorflow as tf
 
-        from tasks.train_model import load_keras_model
+        from tasks.keras_models import load_keras_model
 
         self._tf = tf
         model = load_keras_model(path)
@@ -127,9 +154,14 @@ def dequantize(values: np.ndarray, detail: dict) -> np.ndarray:
 def load_runner(spec: VariantSpec, threads: int = 1) -> Runner:
     """Open a variant's model file or folder with the runner for its format.
 
+    `threads` sizes the runtime's pools: LiteRT's and ONNX Runtime's intra-op threads, and
+    TensorFlow's intra- and inter-op pools (see `set_tf_threads`).
+
     Raises:
         ValueError: A format with no runner.
     """
+    if spec.format in TF_FORMATS:
+        set_tf_threads(threads)
     if spec.format in ("keras", "graph"):
         return GraphRunner(spec.path)
     if spec.format == "xla":

@@ -7,8 +7,8 @@ from pathlib import Path
 from prefect import task
 
 from tasks.input_pipeline import load_split_arrays
+from tasks.keras_models import build_configured
 from tasks.step_timing import tile_batch, time_train_steps
-from tasks.train_model import build_baseline
 from tfopt.artifacts import BatchSweepResult, DatasetArtifact, SweepPoint
 from tfopt.config import InputConfig, ModelConfig
 from tfopt.logs import step_logger
@@ -103,8 +103,9 @@ def sweep_batch_size(
     points = []
     for batch_size in sorted(set(cfg.sweep_batch_sizes)):
         batch_images, batch_labels = tile_batch(images, labels, batch_size)
-        timing = time_train_steps(lambda: build_baseline(model_cfg, dataset), batch_images,
-                                  batch_labels, cfg.sweep_steps)
+        timing = time_train_steps(
+            lambda: build_configured(model_cfg, dataset.image_size, dataset.num_classes),
+            batch_images, batch_labels, cfg.sweep_steps)
         points.append(SweepPoint(batch_size=batch_size, examples_per_s=timing.examples_per_s,
                                  step_ms=timing.step_ms, peak_extra_mb=timing.peak_extra_mb))
         logger.info("batch %d: %.0f examples/s, %.1f ms/step, +%.0f MB", batch_size,

@@ -48,13 +48,21 @@ def tiny_dataset(tiny_data_cfg: DataConfig, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="session")
-def tiny_baseline(tiny_dataset, tmp_path_factory: pytest.TempPathFactory):
+def tiny_data(tiny_dataset):
+    """The tiny data set as training steps take it (batch 16, seed 0, default input settings)."""
+    from tests.steps import training_data
+
+    return training_data(tiny_dataset)
+
+
+@pytest.fixture(scope="session")
+def tiny_baseline(tiny_data, tmp_path_factory: pytest.TempPathFactory):
     from tasks.train_model import train_model
     from tfopt.config import ModelConfig, TrainConfig
 
     return train_model.fn(
-        tiny_dataset, ModelConfig(width=8), TrainConfig(epochs=10, batch_size=16), 16,
-        tmp_path_factory.mktemp("models"),
+        tiny_data.model_copy(update={"seed": 42}), ModelConfig(width=8),
+        TrainConfig(epochs=10, batch_size=16), tmp_path_factory.mktemp("models"),
     )
 
 

@@ -20,7 +20,7 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
 @pytest.mark.parametrize(
     ("override", "field", "allowed"),
     [
-        ({"compress.target_sparsity": 1.5}, "compress.target_sparsity", "0.95"),
+        ({"compress.prune.target_sparsity": 1.5}, "compress.prune.target_sparsity", "0.95"),
         ({"train.epochs": -3}, "train.epochs", "1"),
         ({"model.architecture": "resnet9000"}, "model.architecture", "mobilenet_v2"),
         ({"model.data_format": "NCWH"}, "model.data_format", "channels_first"),
@@ -33,7 +33,7 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
         ({"convert.calibration_examples": 0}, "convert.calibration_examples", "1"),
         ({"benchmark.threads": 0}, "benchmark.threads", "1"),
         ({"benchmark.objective": "vibes"}, "benchmark.objective", "p50"),
-        ({"compress.temperature": 0.5}, "compress.temperature", "1"),
+        ({"compress.distill.temperature": 0.5}, "compress.distill.temperature", "1"),
         ({"train.batch_size": 0}, "train.batch_size", "1"),
         ({"train.mixed_precision": "fp8"}, "train.mixed_precision", "mixed_bfloat16"),
         ({"input.sweep_tolerance": 2}, "input.sweep_tolerance", "1"),

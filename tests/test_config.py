@@ -50,3 +50,35 @@ def test_unreadable_or_non_mapping_config(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(tmp_path / "list.yaml")
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ({"compress.prune_epochs": 2}, "compress.prune.epochs"),
+        ({"compress.finetune_learning_rate": 1e-3}, "compress.qat.learning_rate"),
+        ({"compress.distill_alpha": 0.3}, "compress.distill.alpha"),
+        ({"compress.qat": False}, "compress.qat.enabled"),
+    ],
+)
+def test_old_compress_keys_are_refused_naming_the_new_ones(old, new):
+    with pytest.raises(ConfigError) as caught:
+        load_config(ROOT / "configs" / "smoke.yaml", old)
+    assert new in str(caught.value), caught.value
+
+
+def test_each_technique_has_its_own_budget():
+    compress = load_config(ROOT / "configs" / "demo.yaml").compress
+    assert [name for name, _ in compress.techniques()] == ["prune", "distill", "qat"]
+    assert compress.distill.learning_rate == 2e-3 and compress.prune.learning_rate == 5e-4
+    assert compress.prune.epochs == 3 and compress.qat.epochs == 2
+
+
+def test_parameters_without_a_file_validate_into_any_flow_schema():
+    from tfopt.config import BenchmarkOnlyConfig
+
+    config = load_config(None, {"model": "m.tflite", "benchmark.threads": 1},
+                         BenchmarkOnlyConfig)
+    assert config.model == "m.tflite" and config.benchmark.threads == 1
+    with pytest.raises(ConfigError, match=r"benchmark\.threads"):
+        load_config(None, {"benchmark.threads": 0}, BenchmarkOnlyConfig)

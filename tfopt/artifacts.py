@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tfopt.config import InputConfig
+
 VariantFormat = Literal["keras", "graph", "xla", "savedmodel", "tflite", "onnx"]
 Precision = Literal["fp32", "float16", "dynamic", "int8"]
 Status = Literal["ok", "failed", "skipped"]
@@ -45,6 +47,19 @@ class DatasetArtifact(_Frozen):
     def num_classes(self) -> int:
         """Number of labels."""
         return len(self.class_names)
+
+
+class TrainingData(_Frozen):
+    """What every training step of a run learns from: the same shards, batch, seed and reader.
+
+    The baseline, every technique's fine-tuning and the distillation students all take this, so
+    no step can fall back to other input settings than the run's.
+    """
+
+    dataset: DatasetArtifact
+    batch_size: int
+    seed: int
+    input: InputConfig
 
 
 class InputPipelineResult(_Frozen):
@@ -104,7 +119,12 @@ class ModelArtifact(_Frozen):
 
 
 class VariantSpec(_Frozen):
-    """One thing to benchmark: a model in a format and precision, or why it could not be built."""
+    """One thing to benchmark: a model in a format and precision, or why it could not be built.
+
+    Made by `tfopt.variants.plan_variant` (the one place that names variants); `derived_from`
+    names the variant this one is an optimized form of (what its speed and size are judged
+    against), or None for a starting point.
+    """
 
     name: str
     source: str
@@ -113,6 +133,7 @@ class VariantSpec(_Frozen):
     path: Path | None
     status: Status = "ok"
     error: str | None = None
+    derived_from: str | None = None
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
 
@@ -154,6 +175,7 @@ class VariantResult(_Frozen):
     precision: Precision
     status: Status
     error: str | None = None
+    derived_from: str | None = None
     size_bytes: int = 0
     gzip_bytes: int = 0
     accuracy: float = 0.0
@@ -168,5 +190,7 @@ class VariantResult(_Frozen):
     batch_throughput_per_s: float = 0.0
     batch_size: int = 0
     samples_ms: list[float] = Field(default_factory=list)
+    tf_intra_op_threads: int | None = None
+    tf_inter_op_threads: int | None = None
     path: Path | None = None
     extra_files: list[Path] = Field(default_factory=list)

@@ -97,7 +97,6 @@ def _report(summary: dict, summary_json: Path | None) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     import json
 
-
     config = load_config(args.config, _parse_overrides(args.set))
     if not config.data.source_dir.is_dir() and config.data.source_dir == Path("data/demo"):
         from tfopt.demo_data import write_demo_images
@@ -129,17 +128,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_benchmark(args: argparse.Namespace) -> int:
-    from tfopt.config import BenchmarkOnlyConfig, describe_validation_error
+# `tfopt benchmark` flags that are shorthands for config keys (an explicit --set wins).
+_BENCHMARK_FLAGS = {"model": "model", "format": "format", "name": "name",
+                    "data": "data.source_dir", "image_size": "data.image_size",
+                    "work_dir": "work_dir"}
 
-    raw = {"model": args.model, "format": args.format, "name": args.name,
-           "data": {"source_dir": str(args.data), "image_size": args.image_size},
-           "work_dir": str(args.work_dir)}
-    try:
-        config = BenchmarkOnlyConfig.model_validate(raw)
-    except ValidationError as error:
-        details = describe_validation_error(error)
-        raise ConfigError(f"invalid benchmark parameters:\n{details}") from error
+
+def _cmd_benchmark(args: argparse.Namespace) -> int:
+    from tfopt.config import BenchmarkOnlyConfig
+
+    overrides: dict[str, object] = {
+        key: str(value) if isinstance(value, Path) else value
+        for flag, key in _BENCHMARK_FLAGS.items()
+        if (value := getattr(args, flag)) is not None
+    }
+    overrides.update(_parse_overrides(args.set))
+    config = load_config(args.config, overrides, BenchmarkOnlyConfig)
     if not config.data.source_dir.is_dir():
         raise ConfigError(f"data.source_dir: {config.data.source_dir} is not a folder")
     _connect_services()
@@ -207,14 +211,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--print-json", action="store_true", help="print the summary JSON")
     run.set_defaults(handler=_cmd_run)
     bench = commands.add_parser("benchmark", help="benchmark one registered or saved model")
-    bench.add_argument("--model", required=True,
+    bench.add_argument("--config", type=Path, default=None,
+                       help="YAML of the benchmark_model flow's parameters (BenchmarkOnlyConfig)")
+    bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a parameter, e.g. --set benchmark.threads=1")
+    bench.add_argument("--model", default=None,
                        help="models:/<name>@<alias>, models:/<name>/<version>, or a path")
-    bench.add_argument("--data", type=Path, default=Path("data/demo"),
-                       help="class-per-folder images; the test split is used")
-    bench.add_argument("--image-size", type=int, default=32)
-    bench.add_argument("--format", default="auto")
-    bench.add_argument("--name", default="benchmark")
-    bench.add_argument("--work-dir", type=Path, default=Path(".tfopt/work"))
+    bench.add_argument("--data", type=Path, default=None,
+                       help="class-per-folder images; the test split is used (data.source_dir)")
+    bench.add_argument("--image-size", type=int, default=None, help="data.image_size")
+    bench.add_argument("--format", default=None)
+    bench.add_argument("--name", default=None)
+    bench.add_argument("--work-dir", type=Path, default=None)
     bench.add_argument("--summary-json", type=Path, default=None)
     bench.set_defaults(handler=_cmd_benchmark)
     serve = commands.add_parser(

@@ -7,7 +7,7 @@ that bad values are refused before any work starts, with a message naming the fi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -209,36 +209,106 @@ class InputConfig(_Section):
     )
 
 
-class CompressConfig(_Section):
-    """Model compression: pruning, knowledge distillation, quantization-aware training."""
+class TechniqueSection(_Section):
+    """A compression technique's own settings (one section under ``compress`` per technique).
 
-    prune: bool = Field(True, description="Prune the baseline (magnitude pruning, then strip).")
+    Each technique module in ``techniques/`` names its section; the registry pairs them.
+    """
+
+    enabled: bool = Field(True, description="Apply this technique to the baseline.")
+
+
+class PruneConfig(TechniqueSection):
+    """Magnitude pruning (tfmot ``prune_low_magnitude``), fine-tuning, then stripping."""
+
     target_sparsity: float = Field(
         0.8, ge=0.05, le=0.95, description="Share of prunable weights set to zero."
     )
     structured_2_4: bool = Field(
-        False, description="Prune 2 of every 4 weights (2:4 structured sparsity) instead."
+        False,
+        description="Prune 2 of every 4 weights (2:4 structured sparsity, 50%) instead of "
+                    "ramping to target_sparsity.",
     )
-    prune_epochs: int = Field(3, ge=1, le=1000, description="Fine-tuning epochs while pruning.")
-    distill: bool = Field(True, description="Distill the baseline into a small student.")
-    student_width: int = Field(8, ge=4, le=256, description="Filters in the student's first layer.")
-    distill_alpha: float = Field(
+    epochs: int = Field(3, ge=1, le=1000, description="Fine-tuning epochs while pruning.")
+    learning_rate: float = Field(
+        5e-4, gt=0.0, le=1.0, description="Adam learning rate of the pruning fine-tuning."
+    )
+
+
+class DistillConfig(TechniqueSection):
+    """Knowledge distillation into a small student; the same student from scratch is its control."""
+
+    student_width: int = Field(
+        8, ge=4, le=256, description="Filters in the student's first layer."
+    )
+    alpha: float = Field(
         0.5, ge=0.0, le=1.0,
         description="Weight of the label loss; 1 - alpha weighs the teacher's softened outputs.",
     )
     temperature: float = Field(
         4.0, ge=1.0, le=100.0, description="Softmax temperature of the distillation loss."
     )
-    distill_epochs: int = Field(10, ge=1, le=1000, description="Student training epochs.")
-    qat: bool = Field(True, description="Quantization-aware fine-tuning, then int8 TFLite.")
-    qat_epochs: int = Field(2, ge=1, le=1000, description="Quantization-aware fine-tuning epochs.")
-    finetune_learning_rate: float = Field(
-        5e-4, gt=0.0, le=1.0, description="Learning rate of pruning and QAT fine-tuning."
+    epochs: int = Field(10, ge=1, le=1000, description="Epochs of both students.")
+    learning_rate: float = Field(
+        2e-3, gt=0.0, le=1.0, description="Adam learning rate of both students."
     )
+
+
+class QatConfig(TechniqueSection):
+    """Quantization-aware fine-tuning (tfmot ``quantize_model``), then int8 TFLite."""
+
+    epochs: int = Field(2, ge=1, le=1000, description="Quantization-aware fine-tuning epochs.")
+    learning_rate: float = Field(
+        5e-4, gt=0.0, le=1.0, description="Adam learning rate of the QAT fine-tuning."
+    )
+
+
+# Keys of the flat `compress` section before techniques had sections of their own.
+_MOVED_COMPRESS_KEYS = {
+    "target_sparsity": "compress.prune.target_sparsity",
+    "structured_2_4": "compress.prune.structured_2_4",
+    "prune_epochs": "compress.prune.epochs",
+    "student_width": "compress.distill.student_width",
+    "distill_alpha": "compress.distill.alpha",
+    "temperature": "compress.distill.temperature",
+    "distill_epochs": "compress.distill.epochs",
+    "qat_epochs": "compress.qat.epochs",
+    "finetune_learning_rate": "compress.prune.learning_rate and compress.qat.learning_rate",
+}
+
+
+class CompressConfig(_Section):
+    """Model compression: one section per technique, and the TFLite forms of their models."""
+
+    prune: PruneConfig = Field(default_factory=PruneConfig, description="Pruning.")
+    distill: DistillConfig = Field(
+        default_factory=DistillConfig, description="Knowledge distillation."
+    )
+    qat: QatConfig = Field(default_factory=QatConfig, description="Quantization-aware training.")
     tflite: list[Literal["fp32", "dynamic", "float16", "int8"]] = Field(
         default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
         description="TFLite precisions built for each compressed model (QAT is always int8).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_old_keys(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        moved = [f"compress.{key} is now {_MOVED_COMPRESS_KEYS[key]}"
+                 for key in raw if key in _MOVED_COMPRESS_KEYS]
+        moved += [f"compress.{key}: {value!r} is now compress.{key}.enabled: {value!r}"
+                  for key, value in raw.items()
+                  if key in ("prune", "distill", "qat") and isinstance(value, bool)]
+        if moved:
+            raise ValueError("old compress keys: " + "; ".join(moved))
+        return raw
+
+    def techniques(self) -> list[tuple[str, TechniqueSection]]:
+        """Each technique section's name and settings, in declaration order."""
+        return [(name, getattr(self, name)) for name, field in type(self).model_fields.items()
+                if isinstance(field.annotation, type)
+                and issubclass(field.annotation, TechniqueSection)]
 
 
 class BenchmarkConfig(_Section):
@@ -368,16 +438,24 @@ class BenchmarkOnlyConfig(_Section):
     )
 
 
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
 class ConfigError(ValueError):
     """A configuration file that cannot be read or does not validate."""
 
 
-def load_config(path: Path, overrides: dict[str, object] | None = None) -> PipelineConfig:
-    """Read a YAML file and validate it into a `PipelineConfig`.
+def load_config(
+    path: Path | None,
+    overrides: dict[str, object] | None = None,
+    schema: type[ConfigT] = PipelineConfig,  # type: ignore[assignment]
+) -> ConfigT:
+    """Read a YAML file (or nothing) and validate it, with overrides, into `schema`.
 
     Args:
-        path: YAML file whose keys mirror `PipelineConfig`'s fields.
+        path: YAML file whose keys mirror the schema's fields; None: start from the defaults.
         overrides: Dotted keys (``"train.epochs"``) replacing values from the file.
+        schema: The flow's parameter model (`PipelineConfig`, `BenchmarkOnlyConfig` ...).
 
     Returns:
         The validated configuration.
@@ -385,6 +463,18 @@ def load_config(path: Path, overrides: dict[str, object] | None = None) -> Pipel
     Raises:
         ConfigError: The file is missing, is not YAML, or a value is out of range.
     """
+    raw = _read_mapping(path) if path is not None else {}
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value)
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as error:
+        details = describe_validation_error(error)
+        where = f"config {path}" if path is not None else "the parameters"
+        raise ConfigError(f"{where} is invalid:\n{details}") from error
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except OSError as error:
@@ -393,13 +483,7 @@ def load_config(path: Path, overrides: dict[str, object] | None = None) -> Pipel
         raise ConfigError(f"config {path} is not valid YAML: {error}") from error
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path} must be a mapping of fields, not {type(raw).__name__}")
-    for dotted, value in (overrides or {}).items():
-        _set_dotted(raw, dotted, value)
-    try:
-        return PipelineConfig.model_validate(raw)
-    except ValidationError as error:
-        details = describe_validation_error(error)
-        raise ConfigError(f"config {path} is invalid:\n{details}") from error
+    return raw
 
 
 def check_paths(config: PipelineConfig | PreprocessConfig) -> None:

@@ -23,23 +23,13 @@ _SLOWER_REASONS = {
 }
 
 
-def reference_of(result: VariantResult, names: set[str]) -> tuple[str | None, str]:
-    """The variant this one is an optimization of, and the reason key for a slowdown."""
-    name, source = result.name, result.source
-    if result.format == "tflite" and result.precision != "fp32":
-        candidate = f"{source}-tflite-fp32"
-        if candidate in names:
-            return candidate, f"tflite-{result.precision}"
-    if result.format == "xla":
-        return f"{source}-graph", "xla"
-    if result.format == "savedmodel":
-        return f"{source}-graph", "savedmodel"
-    if result.format == "onnx":
-        return f"{source}-savedmodel", "onnx"
-    if source != "baseline":
-        suffix = name[len(source) + 1:]
-        return f"baseline-{suffix}", "compressed"
-    return None, ""
+def slowdown_reason(result: VariantResult, reference: VariantResult) -> str:
+    """The reason key for `result` coming out slower than `reference`, from their fields."""
+    if result.source != reference.source:
+        return "compressed"
+    if result.format == "tflite":
+        return f"tflite-{result.precision}"
+    return result.format
 
 
 def diagnose(results: list[VariantResult]) -> dict[str, list[str]]:
@@ -51,14 +41,14 @@ def diagnose(results: list[VariantResult]) -> dict[str, list[str]]:
     ok = {r.name: r for r in results if r.status == "ok" and r.latency_ms}
     notes: dict[str, list[str]] = {name: [] for name in ok}
     for result in ok.values():
-        reference_name, reason = reference_of(result, set(ok))
-        reference = ok.get(reference_name or "")
+        reference = ok.get(result.derived_from or "")
         if reference is None:
             continue
+        why = _SLOWER_REASONS.get(slowdown_reason(result, reference), "no known cause")
         if result.latency_ms.p50 > reference.latency_ms.p50 * _SLOWER_MARGIN:
             notes[result.name].append(
                 f"slower than {reference.name} (p50 {result.latency_ms.p50:.3f} vs "
-                f"{reference.latency_ms.p50:.3f} ms): {_SLOWER_REASONS[reason]}"
+                f"{reference.latency_ms.p50:.3f} ms): {why}"
             )
         if result.size_bytes > reference.size_bytes:
             notes[result.name].append(

@@ -40,8 +40,14 @@ _REPORTED_PACKAGES = ("tensorflow-cpu", "tf-keras", "tensorflow-model-optimizati
                       "ai-edge-litert", "onnxruntime", "tf2onnx", "mlflow", "prefect")
 
 
-def environment(threads: int) -> dict[str, str]:
-    """What the benchmark ran on: CPU, cores, OS, library versions, thread settings."""
+def environment(threads: int, tf_intra_op_threads: int | None = None) -> dict[str, str | int]:
+    """What the benchmark ran on: CPU, cores, OS, library versions, thread settings.
+
+    Args:
+        threads: The configured ``benchmark.threads``.
+        tf_intra_op_threads: TensorFlow's intra-op pool size in force where TensorFlow variants
+            were measured (None: no TensorFlow variant was).
+    """
     import os
     import platform
     from importlib.metadata import PackageNotFoundError, version
@@ -59,7 +65,8 @@ def environment(threads: int) -> dict[str, str]:
         "python": platform.python_version(),
         **{package: installed(package) for package in _REPORTED_PACKAGES},
         "benchmark_threads": str(threads),
-        "tf_intra_op_threads": os.environ.get("TF_NUM_INTRAOP_THREADS", "default"),
+        "tf_intra_op_threads": (tf_intra_op_threads if tf_intra_op_threads is not None
+                                else "no TensorFlow variant measured"),
     }
 
 

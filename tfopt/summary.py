@@ -43,6 +43,7 @@ def variant_entry(
     return {
         "name": result.name,
         "source": result.source,
+        "derived_from": result.derived_from,
         "format": result.format,
         "precision": result.precision,
         "status": result.status,

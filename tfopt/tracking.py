@@ -1,20 +1,34 @@
 """The one module that writes to MLflow.
 
-Every function takes the run id explicitly: MLflow's "active run" is thread-local and Prefect
+Every function takes the run explicitly: MLflow's "active run" is thread-local and Prefect
 runs tasks on worker threads, so nothing here relies on `mlflow.active_run()`. Metrics go out
-in batches (`log_batch`), never one call per value.
+in batches (`log_batch`), never one call per value. Flows log through `tracked_run` (the run's
+lifecycle) and one typed function per result type (`log_dataset`, `log_sweep`, ...), so one
+fact has one metric name in every flow.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from tfopt.artifacts import (
+    BatchSweepResult,
+    DatasetArtifact,
+    InputPipelineResult,
+    LayoutResult,
+    ModelArtifact,
+    VariantResult,
+)
+from tfopt.provenance import git_commit
 
 _BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
@@ -272,3 +286,164 @@ def register_champion(
     with_retries(lambda: mlflow.set_registered_model_alias(model_name, alias, version.version))
     set_tags(mlflow, run_id, {"tfopt.champion": "true"})
     return str(version.version)
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    """An open MLflow run and where it lives."""
+
+    client: MlflowClient
+    tracking_uri: str
+    experiment_id: str
+    run_id: str
+
+    @property
+    def url(self) -> str:
+        """The run's address in the MLflow UI."""
+        return run_url(self.tracking_uri, self.experiment_id, self.run_id)
+
+
+@contextmanager
+def tracked_run(
+    tracking_uri: str,
+    experiment: str,
+    run_name: str,
+    params: Mapping[str, object],
+    tags: Mapping[str, str],
+) -> Iterator[TrackedRun]:
+    """An MLflow run for the length of a block: FINISHED when it ends, FAILED when it raises.
+
+    The run is created with the params, the tags and the code's git commit; an error in the
+    block marks it FAILED and is raised on.
+
+    Args:
+        tracking_uri: The MLflow server.
+        experiment: Experiment name (created if missing).
+        run_name: The run's name.
+        params: Nested parameters (flattened to dotted keys).
+        tags: Tags, e.g. the Prefect flow run id and the run's role.
+    """
+    mlflow = client(tracking_uri)
+    experiment_id = ensure_experiment(mlflow, experiment)
+    run_id = start_run(mlflow, experiment_id, run_name, params=params,
+                       tags={**tags, "mlflow.source.git.commit": git_commit()})
+    try:
+        yield TrackedRun(mlflow, tracking_uri, experiment_id, run_id)
+    except BaseException:
+        end_run(mlflow, run_id, "FAILED")
+        raise
+    end_run(mlflow, run_id, "FINISHED")
+
+
+def log_file(run: TrackedRun, path: Path, artifact_path: str | None = None) -> None:
+    """Upload a file or folder to the run's artifacts."""
+    log_artifact(run.client, run.run_id, path, artifact_path)
+
+
+def log_dataset(run: TrackedRun, dataset: DatasetArtifact) -> None:
+    """Examples per split, shards and skipped records; the manifest as an artifact."""
+    log_metrics(run.client, run.run_id, {
+        **{f"dataset_{split}_examples": info.examples for split, info in dataset.splits.items()},
+        "dataset_shards": dataset.shards,
+        "dataset_skipped_records": dataset.skipped_records,
+    })
+    log_file(run, dataset.manifest_path, "dataset")
+
+
+def log_sweep(run: TrackedRun, sweep: BatchSweepResult, training_batch_size: int) -> None:
+    """The batch-size sweep as curves over the batch size, its rule, plot and the batch used."""
+    now = int(time.time() * 1000)
+    log_metric_points(run.client, run.run_id, (
+        Metric(name, value, now, point.batch_size)
+        for point in sweep.points
+        for name, value in (("sweep_examples_per_s", point.examples_per_s),
+                            ("sweep_step_ms", point.step_ms),
+                            ("sweep_peak_extra_mb", point.peak_extra_mb))
+    ))
+    if sweep.plot_path:
+        log_file(run, sweep.plot_path, "report")
+    log_params(run.client, run.run_id, {
+        "batch_sweep.rule": sweep.rule, "training_batch_size": training_batch_size,
+    })
+
+
+def log_input_pipeline(run: TrackedRun, pipeline: InputPipelineResult) -> None:
+    """Naive, tuned and cached reader throughput, and the cache rule's decision."""
+    log_metrics(run.client, run.run_id, {
+        "input_naive_examples_per_s": pipeline.naive_examples_per_s,
+        "input_tuned_examples_per_s": pipeline.tuned_examples_per_s,
+        "input_cached_examples_per_s": pipeline.cached_examples_per_s,
+        "input_tuned_speedup": pipeline.tuned_examples_per_s / pipeline.naive_examples_per_s,
+        "chosen_batch_size": pipeline.chosen_batch_size,
+    })
+    log_params(run.client, run.run_id, {
+        "input.cache_decision": f"{pipeline.cache_mode}: {pipeline.cache_reason}",
+    })
+
+
+def log_layout(run: TrackedRun, layout: LayoutResult) -> None:
+    """NHWC and NCHW training throughput and which was faster on this device."""
+    log_metrics(run.client, run.run_id, {
+        "layout_nhwc_examples_per_s": layout.nhwc_examples_per_s,
+        **({"layout_nchw_examples_per_s": layout.nchw_examples_per_s}
+           if layout.nchw_examples_per_s else {}),
+    })
+    log_params(run.client, run.run_id, {
+        "layout.faster": layout.faster, "layout.device": layout.device, "layout.note": layout.note,
+    })
+
+
+def log_training(run: TrackedRun, model: ModelArtifact) -> None:
+    """The baseline's per-epoch curves (``train_<name>``), final metrics and build params."""
+    log_metric_history(run.client, run.run_id, {
+        f"train_{name}": values for name, values in model.history.items()
+    })
+    log_metrics(run.client, run.run_id, model.metrics)
+    log_params(run.client, run.run_id, {model.name: model.params})
+
+
+def log_technique(run: TrackedRun, model: ModelArtifact) -> None:
+    """A technique's metrics and curves, prefixed with the model's name (``pruned-80.``)."""
+    log_metrics(run.client, run.run_id,
+                {f"{model.name}.{key}": value for key, value in model.metrics.items()})
+    log_metric_history(run.client, run.run_id, {
+        f"{model.name}.train_{key}": values for key, values in model.history.items()
+    })
+
+
+def log_variants(
+    run: TrackedRun,
+    results: list[VariantResult],
+    sources: Mapping[str, ModelArtifact],
+    tags: Mapping[str, str],
+) -> dict[str, str]:
+    """A child run per variant, with the params and metrics of the model it was made from.
+
+    Returns:
+        Variant name to child run id.
+    """
+    run_ids = {}
+    for result in results:
+        source = sources.get(result.source)
+        run_ids[result.name] = log_variant_run(
+            run.client, run.experiment_id, run.run_id, result, tags=tags,
+            source_params=source.params if source else None,
+            source_metrics=source.metrics if source else None,
+        )
+    return run_ids
+
+
+def log_champion(
+    run: TrackedRun, champion: str, child_run_id: str, model_name: str | None
+) -> dict[str, Any] | None:
+    """Tag the run with its champion; register the champion's model as `model_name` if given.
+
+    Returns:
+        The registered model's name, version, alias and URI (None when not registered).
+    """
+    set_tags(run.client, run.run_id, {"tfopt.champion": champion})
+    if model_name is None:
+        return None
+    version = register_champion(run.client, model_name, child_run_id)
+    return {"name": model_name, "version": version, "alias": "champion",
+            "uri": f"models:/{model_name}@champion"}

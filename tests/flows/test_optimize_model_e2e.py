@@ -84,6 +84,11 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert int8["size_bytes"] <= 0.3 * fp32["size_bytes"]
     assert by_name["baseline-onnx"]["max_abs_diff"] < 1e-4
     assert by_name[summary["champion"]]["status"] == "ok"
+    assert summary["environment"]["tf_intra_op_threads"] == 2, "smoke's benchmark.threads"
+    assert by_name["pruned-80-tflite-int8"]["derived_from"] == "baseline-tflite-int8"
+    assert by_name["baseline-xla"]["derived_from"] == "baseline-graph"
+    assert techniques["distilled-small"]["params"]["learning_rate"] == 0.003
+    assert techniques["pruned-80"]["params"]["input.random_crop_min_area"] == 1.0, "smoke's"
     assert "Prefect UI" in stdout and "MLflow UI" in stdout
 
 
@@ -165,7 +170,8 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
     overrides = {
         "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "failing-variant",
         "convert.onnx_atol": 1e-12, "convert.tflite": "[fp32]", "convert.xla": "[]",
-        "compress.prune": "false", "compress.distill": "false", "compress.qat": "false",
+        "compress.prune.enabled": "false", "compress.distill.enabled": "false",
+        "compress.qat.enabled": "false",
         "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
     }
     command = ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path)]

@@ -4,12 +4,12 @@ import numpy as np
 import tensorflow as tf
 
 from tasks.benchmark_variant import benchmark_variant
-from tasks.convert_tflite import convert_tflite
 from tasks.export_savedmodel import export_savedmodel
 from tasks.input_pipeline import load_split_arrays
+from tasks.keras_models import load_keras_model
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.runners import GraphRunner, SavedModelRunner, TFLiteRunner
-from tasks.train_model import load_keras_model
+from tests.steps import to_tflite
 from tfopt.config import BenchmarkConfig, ConvertConfig
 from tfopt.fileio import sha256_file
 
@@ -48,7 +48,7 @@ def test_exported_savedmodel_reloads_and_matches_keras(tiny_baseline, tiny_datas
 
 def test_tflite_fp32_matches_the_savedmodel(tiny_baseline, tiny_dataset, tmp_path):
     exported = export_savedmodel.fn(tiny_baseline, tmp_path)
-    variant = convert_tflite.fn(exported, "fp32", tiny_dataset, ConvertConfig(),
+    variant = to_tflite(exported, "fp32", tiny_dataset, ConvertConfig(),
                                 tmp_path / "variants")
     assert variant.name == "baseline-tflite-fp32" and variant.path.stat().st_size > 0
     images = _test_images(tiny_dataset)
@@ -83,11 +83,12 @@ def test_mixed_precision_training_saves_a_float32_model(tiny_dataset, tmp_path):
     import tf_keras as keras
 
     from tasks.train_model import train_model
+    from tests.steps import training_data
     from tfopt.config import ModelConfig, TrainConfig
 
     model = train_model.fn(
-        tiny_dataset, ModelConfig(width=4),
-        TrainConfig(epochs=1, batch_size=16, mixed_precision="mixed_bfloat16"), 16, tmp_path,
+        training_data(tiny_dataset, seed=42), ModelConfig(width=4),
+        TrainConfig(epochs=1, batch_size=16, mixed_precision="mixed_bfloat16"), tmp_path,
     )
     assert model.params["mixed_precision"] == "mixed_bfloat16"
     assert keras.mixed_precision.global_policy().name == "float32", "policy leaked"
@@ -100,11 +101,12 @@ def test_mixed_precision_training_saves_a_float32_model(tiny_dataset, tmp_path):
 
 def test_mirrored_strategy_training_learns_and_reloads(tiny_dataset, tmp_path):
     from tasks.train_model import train_model
+    from tests.steps import training_data
     from tfopt.config import ModelConfig, TrainConfig
 
     model = train_model.fn(
-        tiny_dataset, ModelConfig(width=8),
-        TrainConfig(epochs=3, batch_size=16, distribute="mirrored"), 16, tmp_path,
+        training_data(tiny_dataset, seed=42), ModelConfig(width=8),
+        TrainConfig(epochs=3, batch_size=16, distribute="mirrored"), tmp_path,
     )
     assert model.params["distribute"].startswith("mirrored (")
     assert model.history["loss"][-1] < model.history["loss"][0]

@@ -1,20 +1,25 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tasks.benchmark_variant import benchmark_variant
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
-from tasks.convert_tflite import convert_tflite
-from tasks.export_onnx import export_onnx
 from tasks.input_pipeline import load_split_arrays
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.runners import GraphRunner, OnnxRunner, SavedModelRunner, TFLiteRunner, softmax
+from tests.steps import to_onnx, to_tflite
 from tfopt.artifacts import VariantSpec
 from tfopt.config import BenchmarkConfig, ConvertConfig
 from tfopt.fileio import sha256_file
+from tfopt.variants import plan_variant
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # Largest |Δ probability| against the float SavedModel, and least top-1 agreement, per precision.
 TOLERANCE = {"fp32": (1e-4, 1.0), "float16": (2e-2, 0.95), "dynamic": (0.1, 0.9),
@@ -38,7 +43,7 @@ def test_ptq_variant_converts_loads_and_agrees_with_float(
 ):
     before = sha256_file(tiny_savedmodel.path / "saved_model.pb")
     cfg = ConvertConfig(calibration_examples=20)
-    variant = convert_tflite.fn(tiny_savedmodel, precision, tiny_dataset, cfg, tmp_path)
+    variant = to_tflite(tiny_savedmodel, precision, tiny_dataset, cfg, tmp_path)
     assert variant.name == f"baseline-tflite-{precision}" and variant.precision == precision
     assert sha256_file(tiny_savedmodel.path / "saved_model.pb") == before
     probs = softmax(TFLiteRunner(variant.path).predict(test_images))
@@ -51,7 +56,7 @@ def test_ptq_variant_converts_loads_and_agrees_with_float(
 def test_int8_model_holds_int8_tensors_and_int8_io(tiny_savedmodel, tiny_dataset, tmp_path,
                                                    test_images, reference_probs):
     cfg = ConvertConfig(calibration_examples=20, int8_io=True)
-    variant = convert_tflite.fn(tiny_savedmodel, "int8", tiny_dataset, cfg, tmp_path)
+    variant = to_tflite(tiny_savedmodel, "int8", tiny_dataset, cfg, tmp_path)
     runner = TFLiteRunner(variant.path)
     assert runner.input_dtype == np.int8
     details = runner.interpreter.get_tensor_details()
@@ -66,14 +71,14 @@ def test_int8_model_holds_int8_tensors_and_int8_io(tiny_savedmodel, tiny_dataset
 
 def test_int8_is_much_smaller_than_fp32(tiny_savedmodel, tiny_dataset, tmp_path):
     cfg = ConvertConfig(calibration_examples=10)
-    fp32 = convert_tflite.fn(tiny_savedmodel, "fp32", tiny_dataset, cfg, tmp_path)
-    int8 = convert_tflite.fn(tiny_savedmodel, "int8", tiny_dataset, cfg, tmp_path)
+    fp32 = to_tflite(tiny_savedmodel, "fp32", tiny_dataset, cfg, tmp_path)
+    int8 = to_tflite(tiny_savedmodel, "int8", tiny_dataset, cfg, tmp_path)
     assert int8.path.stat().st_size < 0.6 * fp32.path.stat().st_size
 
 
 def test_onnx_export_agrees_with_the_savedmodel(tiny_savedmodel, tiny_dataset, tmp_path,
                                                 test_images, reference_probs):
-    variant = export_onnx.fn(tiny_savedmodel, tiny_dataset, ConvertConfig(), tmp_path)
+    variant = to_onnx(tiny_savedmodel, tiny_dataset, ConvertConfig(), tmp_path)
     assert variant.name == "baseline-onnx" and variant.params["check_max_abs_diff"] <= 1e-4
     probs = softmax(OnnxRunner(variant.path).predict(test_images))
     np.testing.assert_allclose(probs, reference_probs, atol=1e-4)
@@ -85,7 +90,7 @@ def test_onnx_mismatch_beyond_tolerance_fails(tiny_savedmodel, tiny_dataset, tmp
     from tasks.export_onnx import OnnxMismatchError
 
     with pytest.raises(OnnxMismatchError):
-        export_onnx.fn(tiny_savedmodel, tiny_dataset, ConvertConfig(onnx_atol=1e-12), tmp_path)
+        to_onnx(tiny_savedmodel, tiny_dataset, ConvertConfig(onnx_atol=1e-12), tmp_path)
 
 
 def test_xla_output_equals_graph_output(tiny_baseline, test_images):
@@ -96,7 +101,7 @@ def test_xla_output_equals_graph_output(tiny_baseline, test_images):
 
 
 def test_tensorrt_bundle_holds_what_it_promises(tiny_savedmodel, tiny_dataset, tmp_path):
-    onnx = export_onnx.fn(tiny_savedmodel, tiny_dataset, ConvertConfig(), tmp_path)
+    onnx = to_onnx(tiny_savedmodel, tiny_dataset, ConvertConfig(), tmp_path)
     bundle = bundle_tensorrt.fn(tiny_savedmodel, onnx, 32, tmp_path / "export")
     assert (bundle / "model.onnx").read_bytes() == onnx.path.read_bytes()
     assert (bundle / "saved_model" / "saved_model.pb").exists()
@@ -117,7 +122,7 @@ def test_tftrt_is_reported_unavailable_on_this_build():
 
 def test_isolated_benchmark_measures_agreement_and_memory(tiny_savedmodel, tiny_dataset,
                                                           tmp_path):
-    variant = convert_tflite.fn(tiny_savedmodel, "fp32", tiny_dataset, ConvertConfig(), tmp_path)
+    variant = to_tflite(tiny_savedmodel, "fp32", tiny_dataset, ConvertConfig(), tmp_path)
     inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset,
                                          tmp_path / "inputs")
     cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, min_seconds=0, max_seconds=5,
@@ -145,3 +150,40 @@ def _reference(savedmodel):
 
     return VariantSpec(name="baseline-savedmodel", source="baseline", format="savedmodel",
                        precision="fp32", path=savedmodel.path)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tensorflow_variants_run_on_the_configured_threads(threads, tiny_baseline,
+                                                          tiny_savedmodel, tiny_dataset,
+                                                          tmp_path):
+    inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset, tmp_path)
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=5, min_seconds=0, max_seconds=2,
+                          threads=threads, isolate=True)
+    graph = plan_variant("baseline", "graph", path=tiny_baseline.path)
+    result = benchmark_variant.fn(graph, inputs, cfg)
+    assert (result.tf_intra_op_threads, result.tf_inter_op_threads) == (threads, threads)
+    tflite = benchmark_variant.fn(to_tflite(tiny_savedmodel, "fp32", tiny_dataset,
+                                            ConvertConfig(), tmp_path), inputs, cfg)
+    assert tflite.tf_intra_op_threads is None, "a TFLite process never loads TensorFlow"
+
+
+def test_a_graph_or_xla_benchmark_process_imports_neither_prefect_nor_tfmot(
+    tiny_baseline, tiny_savedmodel, tiny_dataset, tmp_path
+):
+    inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset, tmp_path)
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=5, min_seconds=0, max_seconds=2)
+    for spec in (plan_variant("baseline", "graph", path=tiny_baseline.path),
+                 plan_variant("baseline", "xla", path=tiny_baseline.path,
+                              params={"xla_mode": "jit_compile"})):
+        request, response = tmp_path / f"{spec.name}.json", tmp_path / f"{spec.name}.out"
+        request.write_text(json.dumps({"spec": spec.model_dump(mode="json"),
+                                       "inputs": inputs.model_dump(mode="json"),
+                                       "cfg": cfg.model_dump(mode="json")}))
+        script = ("import sys, tasks.benchmark_worker as w; w.main(sys.argv[1], sys.argv[2]); "
+                  "print(sorted({m.split('.')[0] for m in sys.modules}))")
+        completed = subprocess.run([sys.executable, "-c", script, str(request), str(response)],
+                                   cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr[-2000:]
+        loaded = completed.stdout.strip().splitlines()[-1]
+        assert "'tensorflow'" in loaded and response.exists()
+        assert "'prefect'" not in loaded and "'tensorflow_model_optimization'" not in loaded

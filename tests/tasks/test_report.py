@@ -10,11 +10,12 @@ from tfopt.summary import build_summary
 
 
 def _result(name, source, fmt, precision, p50, accuracy=0.95, size=1000, status="ok",
-            stable=True):
+            stable=True, derived_from=None):
     latency = LatencyStats(p50=p50, p90=p50, p99=p50, mean=p50, std=0.0, min=p50, max=p50,
                            p95=p50, trimmed_mean=p50, cv=0.0, stable=stable)
     return VariantResult(name=name, source=source, format=fmt, precision=precision,
-                         status=status, accuracy=accuracy, size_bytes=size, gzip_bytes=size // 2,
+                         status=status, derived_from=derived_from, accuracy=accuracy,
+                         size_bytes=size, gzip_bytes=size // 2,
                          latency_ms=latency if status == "ok" else None,
                          error=None if status == "ok" else "boom",
                          samples_ms=[p50, p50 * 1.1, p50 * 0.9] if status == "ok" else [])
@@ -22,13 +23,17 @@ def _result(name, source, fmt, precision, p50, accuracy=0.95, size=1000, status=
 
 RESULTS = [
     _result("baseline-graph", "baseline", "graph", "fp32", 1.0, size=4000),
-    _result("baseline-xla", "baseline", "xla", "fp32", 1.5, size=4000),
+    _result("baseline-xla", "baseline", "xla", "fp32", 1.5, size=4000,
+            derived_from="baseline-graph"),
     _result("baseline-tflite-fp32", "baseline", "tflite", "fp32", 0.10, size=3000),
-    _result("baseline-tflite-dynamic", "baseline", "tflite", "dynamic", 0.20, size=900),
+    _result("baseline-tflite-dynamic", "baseline", "tflite", "dynamic", 0.20, size=900,
+            derived_from="baseline-tflite-fp32"),
     _result("baseline-tflite-int8", "baseline", "tflite", "int8", 0.05, accuracy=0.94,
-            size=800, stable=False),
+            size=800, stable=False, derived_from="baseline-tflite-fp32"),
     _result("pruned-80-tflite-int8", "pruned-80", "tflite", "int8", 0.05, accuracy=0.90,
-            size=800),
+            size=800, derived_from="baseline-tflite-int8"),
+    _result("pruned-80-graph", "pruned-80", "graph", "fp32", 1.2, size=4000,
+            derived_from="baseline-graph"),
     _result("baseline-onnx", "baseline", "onnx", "fp32", 0, status="failed"),
 ]
 
@@ -39,7 +44,17 @@ def test_diagnosis_explains_slower_optimizations():
     assert any("dynamic-range" in n for n in notes["baseline-tflite-dynamic"])
     assert any("unstable" in n for n in notes["baseline-tflite-int8"])
     assert notes["baseline-tflite-fp32"] == []
+    assert notes["pruned-80-tflite-int8"] == []
+    assert any("slower than baseline-graph" in n and "sparsity" in n
+               for n in notes["pruned-80-graph"])
     assert "baseline-onnx" not in notes
+
+
+def test_the_reference_is_the_derived_from_field_not_the_name():
+    renamed = [r.model_copy(update={"name": f"x{i}"}) for i, r in enumerate(RESULTS[:2])]
+    assert diagnose(renamed) == {"x0": [], "x1": []}
+    linked = [renamed[0], renamed[1].model_copy(update={"derived_from": "x0"})]
+    assert any("slower than x0" in n for n in diagnose(linked)["x1"])
 
 
 def test_pareto_front():

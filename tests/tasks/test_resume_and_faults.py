@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.train_model import HISTORY_NAME, read_history, train_model
+from tasks.train_model import train_model
+from tasks.training import HISTORY_NAME, read_history
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
+from tests.steps import training_data
 from tfopt.config import DataConfig, ModelConfig, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,11 +76,12 @@ def test_training_killed_mid_way_resumes_from_its_last_epoch(tiny_dataset, tmp_p
         import tfopt
         from pathlib import Path
         from tasks.train_model import train_model
-        from tfopt.artifacts import DatasetArtifact
-        from tfopt.config import ModelConfig, TrainConfig
+        from tfopt.artifacts import DatasetArtifact, TrainingData
+        from tfopt.config import InputConfig, ModelConfig, TrainConfig
         dataset = DatasetArtifact.model_validate_json(Path({str(dataset_json)!r}).read_text())
-        train_model.fn(dataset, ModelConfig(width=4), TrainConfig(epochs={epochs}, batch_size=8),
-                       8, Path({str(tmp_path / "models")!r}),
+        data = TrainingData(dataset=dataset, batch_size=8, seed=42, input=InputConfig())
+        train_model.fn(data, ModelConfig(width=4), TrainConfig(epochs={epochs}, batch_size=8),
+                       Path({str(tmp_path / "models")!r}),
                        checkpoint_dir=Path({str(checkpoint)!r}))
     """
     process = _spawn(script)
@@ -93,9 +96,9 @@ def test_training_killed_mid_way_resumes_from_its_last_epoch(tiny_dataset, tmp_p
     done_before = epochs_done()
     assert 3 <= done_before < epochs, "the kill should land mid-training"
     first_rows = history.read_text().splitlines()[: done_before + 1]
-    model = train_model.fn(tiny_dataset, ModelConfig(width=4),
-                           TrainConfig(epochs=epochs, batch_size=8), 8, tmp_path / "models",
-                           checkpoint_dir=checkpoint)
+    model = train_model.fn(training_data(tiny_dataset, batch_size=8, seed=42),
+                           ModelConfig(width=4), TrainConfig(epochs=epochs, batch_size=8),
+                           tmp_path / "models", checkpoint_dir=checkpoint)
     rows = history.read_text().splitlines()
     assert rows[: done_before + 1] == first_rows, "finished epochs were redone"
     assert len(rows) == epochs + 1, "every epoch exactly once"

@@ -10,26 +10,28 @@ import numpy as np
 import tf_keras as keras
 from prefect import task
 
-from tasks.train_model import (
-    copy_model,
-    evaluate_test_accuracy,
-    fit,
-    keras_model_path,
-    load_keras_model,
-    save_keras_model,
-)
-from tfopt.artifacts import DatasetArtifact, ModelArtifact
-from tfopt.config import CompressConfig
+from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
+from tasks.training import Fitted, evaluate_test_accuracy, fit
+from techniques.base import KERAS_ONLY, Technique
+from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.config import PruneConfig
 from tfopt.fileio import gzip_size_bytes
 from tfopt.logs import step_logger
 
+_TWO_OF_FOUR = 0.5
 
-def pruned_name(cfg: CompressConfig) -> str:
+
+def pruned_name(cfg: PruneConfig) -> str:
     """``pruned-<percent>`` (e.g. ``pruned-80``), or ``pruned-2of4`` for 2:4 sparsity."""
     return "pruned-2of4" if cfg.structured_2_4 else f"pruned-{round(cfg.target_sparsity * 100)}"
 
 
-def pruning_params(cfg: CompressConfig, total_steps: int) -> dict:
+def effective_sparsity(cfg: PruneConfig) -> float:
+    """The sparsity the settings aim at: 0.5 for 2:4, else the target."""
+    return _TWO_OF_FOUR if cfg.structured_2_4 else cfg.target_sparsity
+
+
+def pruning_params(cfg: PruneConfig, total_steps: int) -> dict:
     """Tfmot's pruning arguments: a polynomial ramp to the target, or constant 2:4 sparsity.
 
     The ramp ends at 70% of the fine-tuning steps, so the last steps recover accuracy at the
@@ -41,7 +43,8 @@ def pruning_params(cfg: CompressConfig, total_steps: int) -> dict:
     frequency = max(1, total_steps // 20)
     if cfg.structured_2_4:
         return {
-            "pruning_schedule": sparsity.ConstantSparsity(0.5, begin_step=0, frequency=frequency),
+            "pruning_schedule": sparsity.ConstantSparsity(_TWO_OF_FOUR, begin_step=0,
+                                                          frequency=frequency),
             "sparsity_m_by_n": (2, 4),
         }
     return {
@@ -73,45 +76,35 @@ def overall_sparsity(model: keras.Model) -> float:
 
 
 def prune_and_finetune(
-    base: keras.Model, dataset: DatasetArtifact, cfg: CompressConfig, batch_size: int, seed: int
-) -> tuple[keras.Model, dict[str, list[float]]]:
+    base: keras.Model, cfg: PruneConfig, data: TrainingData
+) -> tuple[keras.Model, Fitted]:
     """Wrap a copy of `base` for pruning and fine-tune it; `base` itself is not changed.
 
     Returns:
-        The pruned model, still wrapped (call `strip_pruning` to export it), and its curves.
+        The pruned model, still wrapped (call `strip_pruning` to export it), and its training.
     """
     import tensorflow_model_optimization as tfmot
 
-    steps_per_epoch = math.ceil(dataset.splits["train"].examples / batch_size)
-    total_steps = steps_per_epoch * cfg.prune_epochs
+    steps_per_epoch = math.ceil(data.dataset.splits["train"].examples / data.batch_size)
+    total_steps = steps_per_epoch * cfg.epochs
     pruned = tfmot.sparsity.keras.prune_low_magnitude(
         copy_model(base), **pruning_params(cfg, total_steps)
     )
-    curves, _ = fit(
-        pruned, dataset, epochs=cfg.prune_epochs, learning_rate=cfg.finetune_learning_rate,
-        batch_size=batch_size, seed=seed,
-        callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
-    )
-    return pruned, curves
+    fitted = fit(pruned, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+                 callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    return pruned, fitted
 
 
 @task(name="prune_model", tags=["compression"])
 def prune_model(
-    model: ModelArtifact,
-    dataset: DatasetArtifact,
-    cfg: CompressConfig,
-    batch_size: int,
-    seed: int,
-    out_dir: Path,
+    model: ModelArtifact, cfg: PruneConfig, data: TrainingData, out_dir: Path
 ) -> ModelArtifact:
     """Prune a trained model to the target sparsity, fine-tune it, and strip the wrappers.
 
     Args:
         model: The trained Keras model (left unchanged).
-        dataset: Training data for fine-tuning; the test split measures accuracy.
         cfg: Target sparsity (or 2:4), fine-tuning epochs and learning rate.
-        batch_size: Fine-tuning batch size.
-        seed: Shuffle seed.
+        data: The run's training data and input settings; the test split measures accuracy.
         out_dir: Folder for ``pruned-<percent>.keras``.
 
     Returns:
@@ -121,9 +114,8 @@ def prune_model(
     import tensorflow_model_optimization as tfmot
 
     logger = step_logger()
-    keras.utils.set_random_seed(seed)
-    pruned, curves = prune_and_finetune(load_keras_model(model.path), dataset, cfg,
-                                        batch_size, seed)
+    keras.utils.set_random_seed(data.seed)
+    pruned, fitted = prune_and_finetune(load_keras_model(model.path), cfg, data)
     stripped = tfmot.sparsity.keras.strip_pruning(pruned)
     name = pruned_name(cfg)
     path = keras_model_path(out_dir, name)
@@ -131,20 +123,27 @@ def prune_model(
     per_layer = kernel_sparsity(stripped)
     overall = overall_sparsity(stripped)
     logger.info("%s: overall kernel sparsity %.3f (target %.2f); per layer %s", name, overall,
-                cfg.target_sparsity, {k: round(v, 3) for k, v in per_layer.items()})
+                effective_sparsity(cfg), {k: round(v, 3) for k, v in per_layer.items()})
     return ModelArtifact(
         name=name,
         path=path,
         format="keras",
         image_size=model.image_size,
         num_classes=model.num_classes,
-        params={"technique": "pruning", "target_sparsity": cfg.target_sparsity,
-                "structured_2_4": cfg.structured_2_4, "prune_epochs": cfg.prune_epochs},
+        params={"technique": "pruning", "target_sparsity": effective_sparsity(cfg),
+                "pattern": "2:4" if cfg.structured_2_4 else "unstructured",
+                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate, **fitted.reader},
         metrics={
             "sparsity": overall,
             **{f"sparsity.{layer}": value for layer, value in per_layer.items()},
-            "test_accuracy": evaluate_test_accuracy(stripped, dataset),
+            "test_accuracy": evaluate_test_accuracy(stripped, data.dataset),
             "keras_gzip_bytes": float(gzip_size_bytes(path)),
         },
-        history=curves,
+        history=fitted.curves,
     )
+
+
+TECHNIQUE = Technique(
+    name="prune", section=PruneConfig, accepts=KERAS_ONLY, source_name=pruned_name,
+    apply=prune_model,
+)

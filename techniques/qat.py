@@ -8,10 +8,14 @@ import tf_keras as keras
 from prefect import task
 
 from tasks.export_savedmodel import save_serving_savedmodel
-from tasks.train_model import copy_model, evaluate_test_accuracy, fit, load_keras_model
-from tfopt.artifacts import DatasetArtifact, ModelArtifact
-from tfopt.config import CompressConfig
+from tasks.keras_models import copy_model, load_keras_model
+from tasks.training import evaluate_test_accuracy, fit
+from techniques.base import KERAS_ONLY, Technique
+from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.config import QatConfig
 from tfopt.logs import step_logger
+
+SOURCE_NAME = "qat"
 
 
 def make_quantization_aware(base: keras.Model) -> keras.Model:
@@ -23,12 +27,7 @@ def make_quantization_aware(base: keras.Model) -> keras.Model:
 
 @task(name="quantize_aware_train", tags=["compression"])
 def quantize_aware_train(
-    model: ModelArtifact,
-    dataset: DatasetArtifact,
-    cfg: CompressConfig,
-    batch_size: int,
-    seed: int,
-    out_dir: Path,
+    model: ModelArtifact, cfg: QatConfig, data: TrainingData, out_dir: Path
 ) -> ModelArtifact:
     """Fine-tune a fake-quantized copy of the model and export it as a SavedModel.
 
@@ -37,32 +36,35 @@ def quantize_aware_train(
 
     Args:
         model: The trained Keras model (left unchanged).
-        dataset: Training data for fine-tuning; the test split measures accuracy.
         cfg: QAT epochs and learning rate.
-        batch_size: Fine-tuning batch size.
-        seed: Seed for shuffling.
+        data: The run's training data and input settings; the test split measures accuracy.
         out_dir: Folder for ``qat-savedmodel/``.
 
     Returns:
         The QAT SavedModel (named ``qat``), with the fake-quantized model's test accuracy.
     """
     logger = step_logger()
-    keras.utils.set_random_seed(seed)
+    keras.utils.set_random_seed(data.seed)
     qat = make_quantization_aware(load_keras_model(model.path))
-    curves, _ = fit(qat, dataset, epochs=cfg.qat_epochs, learning_rate=cfg.finetune_learning_rate,
-                    batch_size=batch_size, seed=seed)
-    accuracy = evaluate_test_accuracy(qat, dataset)
+    fitted = fit(qat, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate)
+    accuracy = evaluate_test_accuracy(qat, data.dataset)
     logger.info("QAT model test accuracy (fake-quantized): %.4f", accuracy)
-    path = out_dir / "qat-savedmodel"
+    path = out_dir / f"{SOURCE_NAME}-savedmodel"
     save_serving_savedmodel(qat, model.image_size, path)
     return ModelArtifact(
-        name="qat",
+        name=SOURCE_NAME,
         path=path,
         format="savedmodel",
         image_size=model.image_size,
         num_classes=model.num_classes,
         params={"technique": "quantization-aware training", "scheme": "Default8BitQuantizeScheme",
-                "qat_epochs": cfg.qat_epochs},
+                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate, **fitted.reader},
         metrics={"test_accuracy": accuracy},
-        history=curves,
+        history=fitted.curves,
     )
+
+
+TECHNIQUE = Technique(
+    name="qat", section=QatConfig, accepts=KERAS_ONLY, source_name=lambda _: SOURCE_NAME,
+    apply=quantize_aware_train, yields_graph=False, tflite=("int8",),
+)

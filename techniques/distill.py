@@ -14,17 +14,12 @@ import tensorflow as tf
 import tf_keras as keras
 from prefect import task
 
+from tasks.keras_models import keras_model_path, load_keras_model, save_keras_model
 from tasks.model_zoo import build_model
-from tasks.train_model import (
-    evaluate_test_accuracy,
-    fit,
-    keras_model_path,
-    load_keras_model,
-    save_keras_model,
-    training_data,
-)
-from tfopt.artifacts import DatasetArtifact, ModelArtifact
-from tfopt.config import CompressConfig
+from tasks.training import Fitted, evaluate_test_accuracy, fit, fit_compiled
+from techniques.base import KERAS_ONLY, Technique
+from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.config import DistillConfig
 from tfopt.logs import step_logger
 
 STUDENT_ARCHITECTURE = "small_student"
@@ -93,73 +88,77 @@ class Distiller(keras.Model):
 
 
 def distill(
-    teacher: keras.Model, student: keras.Model, dataset: DatasetArtifact, cfg: CompressConfig,
-    learning_rate: float, batch_size: int, seed: int,
-) -> dict[str, list[float]]:
-    """Train `student` against `teacher` in place and return the per-epoch curves."""
-    distiller = Distiller(student, teacher, cfg.distill_alpha, cfg.temperature)
-    distiller.compile(optimizer=keras.optimizers.Adam(learning_rate))
-    train, val = training_data(dataset, batch_size, seed)
-    history = distiller.fit(train, validation_data=val, epochs=cfg.distill_epochs, verbose=0)
-    return {name: [float(v) for v in values] for name, values in history.history.items()}
+    teacher: keras.Model, student: keras.Model, cfg: DistillConfig, data: TrainingData
+) -> Fitted:
+    """Train `student` against `teacher` in place on the run's pipeline."""
+    distiller = Distiller(student, teacher, cfg.alpha, cfg.temperature)
+    distiller.compile(optimizer=keras.optimizers.Adam(cfg.learning_rate))
+    return fit_compiled(distiller, data, epochs=cfg.epochs)
+
+
+def student_name(_: DistillConfig) -> str:
+    """The distilled student's name (the source of its variants)."""
+    return "distilled-small"
 
 
 @task(name="distill_model", tags=["compression"])
 def distill_model(
-    teacher: ModelArtifact,
-    dataset: DatasetArtifact,
-    cfg: CompressConfig,
-    learning_rate: float,
-    batch_size: int,
-    seed: int,
-    out_dir: Path,
+    model: ModelArtifact, cfg: DistillConfig, data: TrainingData, out_dir: Path
 ) -> ModelArtifact:
-    """Distill the teacher into a small student, and train the same student from scratch.
+    """Distill the model (the teacher) into a small student; train its control from scratch.
+
+    The control is the same student trained with the same budget on labels alone.
 
     Args:
-        teacher: The trained baseline (left unchanged).
-        dataset: Training data; the test split measures both students.
-        cfg: Student width, alpha, temperature, epochs.
-        learning_rate: Adam learning rate for both students (the same budget).
-        batch_size: Batch size for both students.
-        seed: Seed for both students' initial weights and shuffling.
+        model: The trained teacher (left unchanged).
+        cfg: Student width, alpha, temperature, epochs and learning rate (both students).
+        data: The run's training data and input settings (both students); the test split
+            measures both.
         out_dir: Folder for ``distilled-small.keras``.
 
     Returns:
         The distilled student, with both students' test accuracy and the gain in points.
     """
     logger = step_logger()
-    teacher_model = load_keras_model(teacher.path)
+    dataset = data.dataset
+    teacher = load_keras_model(model.path)
 
     def new_student() -> keras.Model:
-        keras.utils.set_random_seed(seed)
+        keras.utils.set_random_seed(data.seed)
         return build_model(STUDENT_ARCHITECTURE, dataset.image_size, dataset.num_classes,
                            width=cfg.student_width)
 
     student = new_student()
-    curves = distill(teacher_model, student, dataset, cfg, learning_rate, batch_size, seed)
+    fitted = distill(teacher, student, cfg, data)
     scratch = new_student()
-    fit(scratch, dataset, epochs=cfg.distill_epochs, learning_rate=learning_rate,
-        batch_size=batch_size, seed=seed)
+    fit(scratch, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate)
     distilled_accuracy = evaluate_test_accuracy(student, dataset)
     scratch_accuracy = evaluate_test_accuracy(scratch, dataset)
     gain = (distilled_accuracy - scratch_accuracy) * 100.0
     logger.info("student test accuracy: distilled %.4f, from scratch %.4f (%+.2f points)",
                 distilled_accuracy, scratch_accuracy, gain)
-    path = keras_model_path(out_dir, "distilled-small")
+    name = student_name(cfg)
+    path = keras_model_path(out_dir, name)
     save_keras_model(student, path)
     return ModelArtifact(
-        name="distilled-small",
+        name=name,
         path=path,
         format="keras",
         image_size=dataset.image_size,
         num_classes=dataset.num_classes,
         params={"technique": "distillation", "student": STUDENT_ARCHITECTURE,
-                "student_width": cfg.student_width, "alpha": cfg.distill_alpha,
-                "temperature": cfg.temperature, "epochs": cfg.distill_epochs,
+                "student_width": cfg.student_width, "alpha": cfg.alpha,
+                "temperature": cfg.temperature, "epochs": cfg.epochs,
+                "learning_rate": cfg.learning_rate,
                 "student_parameters": int(student.count_params()),
-                "teacher_parameters": int(teacher_model.count_params())},
+                "teacher_parameters": int(teacher.count_params()), **fitted.reader},
         metrics={"test_accuracy": distilled_accuracy, "scratch_test_accuracy": scratch_accuracy,
                  "distillation_gain_points": gain},
-        history=curves,
+        history=fitted.curves,
     )
+
+
+TECHNIQUE = Technique(
+    name="distill", section=DistillConfig, accepts=KERAS_ONLY, source_name=student_name,
+    apply=distill_model,
+)

@@ -1,0 +1,145 @@
+"""Training helpers shared by the baseline and every technique's fine-tuning. Not a task.
+
+Every step that trains takes a `TrainingData`, so all of them read the run's shards with the
+run's input settings (cache rule, crops, determinism), the same batch size and seed.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+from tasks.input_pipeline import load_split_arrays, reader_options, tuned_dataset
+from tfopt.artifacts import DatasetArtifact, TrainingData
+
+HISTORY_NAME = "history.csv"
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What a training call did: per-epoch curves, seconds, and the reader settings it used."""
+
+    curves: dict[str, list[float]]
+    seconds: float
+    reader: dict[str, str | float | bool] = field(default_factory=dict)
+
+
+def training_data(
+    data: TrainingData,
+) -> tuple[tf.data.Dataset, tf.data.Dataset | None, dict[str, str | float | bool]]:
+    """The run's tuned training and validation pipelines, and the training reader's settings.
+
+    Returns:
+        The training pipeline, the validation pipeline (None without a val split), and the
+        training reader's settings as built (cache mode, crop area, determinism).
+    """
+    dataset = data.dataset
+    train_options, decision = reader_options(dataset, "train", data.input, training=True)
+    train = tuned_dataset(dataset.splits["train"].files, dataset.image_size, data.batch_size,
+                          training=True, seed=data.seed, options=train_options,
+                          examples_hint=dataset.splits["train"].examples)
+    reader = {"input.cache": decision.mode,
+              "input.random_crop_min_area": train_options.random_crop_min_area,
+              "input.deterministic": train_options.deterministic}
+    if not dataset.splits["val"].files:
+        return train, None, reader
+    val_options, _ = reader_options(dataset, "val", data.input, training=False)
+    val = tuned_dataset(dataset.splits["val"].files, dataset.image_size, data.batch_size,
+                        options=val_options, examples_hint=dataset.splits["val"].examples)
+    return train, val, reader
+
+
+def fit(
+    model: keras.Model,
+    data: TrainingData,
+    *,
+    epochs: int,
+    learning_rate: float,
+    callbacks: list[keras.callbacks.Callback] | None = None,
+) -> Fitted:
+    """Compile `model` for logits and integer labels and train it on the run's pipeline.
+
+    Used for the baseline and for every fine-tuning step (pruning, QAT, the scratch student),
+    so they all learn from the same pipeline with the same loss.
+    """
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return fit_compiled(model, data, epochs=epochs, callbacks=callbacks)
+
+
+def fit_compiled(
+    model: keras.Model,
+    data: TrainingData,
+    *,
+    epochs: int,
+    callbacks: list[keras.callbacks.Callback] | None = None,
+) -> Fitted:
+    """Train a compiled model (e.g. a distiller with its own loss) on the run's pipeline."""
+    train, val, reader = training_data(data)
+    started = time.perf_counter()
+    history = model.fit(train, validation_data=val, epochs=epochs, verbose=0,
+                        callbacks=callbacks or [])
+    curves = {name: [float(v) for v in values] for name, values in history.history.items()}
+    return Fitted(curves, time.perf_counter() - started, reader)
+
+
+def evaluate_test_accuracy(model: keras.Model, dataset: DatasetArtifact) -> float:
+    """Top-1 accuracy of a Keras model on the whole test split."""
+    images, labels = load_split_arrays(dataset.splits["test"].files, dataset.image_size)
+    logits = model.predict(images, batch_size=256, verbose=0)
+    return float(np.mean(np.argmax(logits, axis=1) == labels))
+
+
+def resumable_callbacks(checkpoint_dir: Path | None) -> list[keras.callbacks.Callback]:
+    """Per-epoch backup and an appended history log under `checkpoint_dir` (none if None)."""
+    if checkpoint_dir is None:
+        return []
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        keras.callbacks.BackupAndRestore(str(checkpoint_dir / "backup")),
+        keras.callbacks.CSVLogger(str(checkpoint_dir / HISTORY_NAME), append=True),
+    ]
+
+
+def read_history(path: Path) -> dict[str, list[float]]:
+    """Per-epoch curves from a CSVLogger file, one value per epoch (the last row wins)."""
+    by_epoch: dict[int, dict[str, str]] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            by_epoch[int(row["epoch"])] = row
+    names = [name for name in next(iter(by_epoch.values()), {}) if name != "epoch"]
+    return {name: [float(by_epoch[e][name]) for e in sorted(by_epoch)] for name in names}
+
+
+def distribution_strategy(name: str) -> tf.distribute.Strategy:
+    """The tf.distribute strategy for training: `mirrored` copies the model to every local GPU.
+
+    Without GPUs MirroredStrategy runs one CPU replica; `none` is TensorFlow's default strategy.
+    """
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+@contextmanager
+def precision_policy(policy: str) -> Iterator[None]:
+    """Apply a Keras mixed-precision policy while building and training, then restore float32."""
+    if policy == "off":
+        yield
+        return
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

@@ -1,0 +1,66 @@
+"""The technique contract: what every compression technique declares, in one place.
+
+A technique module defines a Prefect task ``(model, cfg, data, out_dir) -> ModelArtifact`` that
+never changes its input model, and a module-level ``TECHNIQUE = Technique(...)`` naming its
+config section, the model kinds it accepts and the variants its model yields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import Task
+
+from tfopt.artifacts import ModelArtifact, Precision, VariantFormat, VariantSpec
+from tfopt.config import TechniqueSection
+from tfopt.variants import plan_variant, variant_name
+
+KERAS_ONLY: frozenset[VariantFormat] = frozenset({"keras"})
+
+
+@dataclass(frozen=True)
+class Technique:
+    """One optimization technique, declared by its module as ``TECHNIQUE``.
+
+    Attributes:
+        name: Its section under ``compress`` in the config (``compress.<name>``).
+        section: That section's class: the technique's own epochs, learning rate, settings.
+        accepts: The model kinds (a `ModelArtifact`'s format) it can work on.
+        source_name: The name of the model it makes, from its settings (``pruned-80``); its
+            variants are named after it.
+        apply: The Prefect task ``(model, cfg, data, out_dir) -> ModelArtifact``.
+        yields_graph: Its model is benchmarked as a TensorFlow graph (it returns a Keras model).
+        tflite: The TFLite precisions it yields; None: the configured ``compress.tflite``.
+    """
+
+    name: str
+    section: type[TechniqueSection]
+    accepts: frozenset[VariantFormat]
+    source_name: Callable[[Any], str]
+    apply: Task
+    yields_graph: bool = True
+    tflite: tuple[Precision, ...] | None = None
+
+    def variants(
+        self, cfg: TechniqueSection, tflite: list[Precision], model: ModelArtifact
+    ) -> list[VariantSpec]:
+        """The variants it yields from `model` (not built yet).
+
+        Each is derived from the same form of `model` (``pruned-80-tflite-int8`` from
+        ``baseline-tflite-int8``): that is what its speed and size are judged against.
+        """
+        forms: list[tuple[VariantFormat, Precision]] = (
+            [("graph", "fp32")] if self.yields_graph else [])
+        forms += [("tflite", p) for p in (self.tflite if self.tflite is not None else tflite)]
+        return [plan_variant(self.source_name(cfg), fmt, precision,
+                             derived_from=variant_name(model.name, fmt, precision))
+                for fmt, precision in forms]
+
+    def refusal(self, model: ModelArtifact) -> str | None:
+        """Why it cannot work on `model`, or None when it can."""
+        if model.format in self.accepts:
+            return None
+        kinds = ", ".join(sorted(self.accepts))
+        return f"{self.name} works on {kinds} models, not on a {model.format} model"

@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.input_pipeline import load_split_arrays
+from tasks.keras_models import load_keras_model
+from tasks.runners import SavedModelRunner, TFLiteRunner
+from techniques import all_failed, plan, registry
+from techniques.distill import distill_model
+from techniques.prune import kernel_sparsity, prune_and_finetune, prune_model
+from techniques.qat import quantize_aware_train
+from tests.steps import to_tflite
+from tfopt.config import (
+    CompressConfig,
+    ConvertConfig,
+    DistillConfig,
+    PruneConfig,
+    QatConfig,
+    TechniqueSection,
+)
+from tfopt.fileio import sha256_file
+
+
+@pytest.fixture(scope="module")
+def test_images(tiny_dataset):
+    images, _ = load_split_arrays(tiny_dataset.splits["test"].files, tiny_dataset.image_size)
+    return images
+
+
+def test_every_config_section_has_a_technique_module_and_back():
+    sections = {name for name, _ in CompressConfig().techniques()}
+    assert sections == set(registry()) == {"prune", "distill", "qat"}
+    for name, technique in registry().items():
+        assert issubclass(technique.section, TechniqueSection)
+        assert isinstance(getattr(CompressConfig(), name), technique.section)
+        assert technique.apply.fn.__module__ == f"techniques.{name}"
+
+
+def test_the_plan_names_each_variant_once_with_what_it_derives_from(tiny_baseline):
+    compress = CompressConfig.model_validate({"tflite": ["int8"], "distill": {"enabled": False}})
+    plans = plan(compress, tiny_baseline)
+    assert [p.source for p in plans] == ["pruned-80", "qat"]
+    variants = [spec for p in plans for spec in p.variants]
+    assert [(v.name, v.source, v.format, v.precision, v.derived_from) for v in variants] == [
+        ("pruned-80-graph", "pruned-80", "graph", "fp32", "baseline-graph"),
+        ("pruned-80-tflite-int8", "pruned-80", "tflite", "int8", "baseline-tflite-int8"),
+        ("qat-tflite-int8", "qat", "tflite", "int8", "baseline-tflite-int8"),
+    ]
+    two_of_four = CompressConfig.model_validate({"prune": {"structured_2_4": True}})
+    assert plan(two_of_four, tiny_baseline)[0].source == "pruned-2of4"
+    failed = all_failed(plans, "compress_model failed: KilledWorker")
+    assert [v.name for v in failed] == [v.name for v in variants]
+    assert all(v.status == "failed" and "KilledWorker" in v.error for v in failed)
+
+
+def test_a_technique_refuses_a_model_kind_it_cannot_take(tiny_baseline):
+    tflite_model = tiny_baseline.model_copy(update={"format": "tflite"})
+    plans = plan(CompressConfig(), tflite_model)
+    assert all(p.refusal and "not on a tflite model" in p.refusal for p in plans)
+    assert all(v.status == "skipped" for p in plans for v in p.variants)
+
+
+def test_pruning_reaches_the_target_sparsity_and_leaves_its_input(tiny_baseline, tiny_data,
+                                                                  tmp_path):
+    before = sha256_file(tiny_baseline.path)
+    cfg = PruneConfig(target_sparsity=0.8, epochs=2)
+    pruned = prune_model.fn(tiny_baseline, cfg, tiny_data, tmp_path)
+    assert sha256_file(tiny_baseline.path) == before
+    assert pruned.name == "pruned-80" and pruned.path != tiny_baseline.path
+    assert pruned.metrics["sparsity"] >= 0.78
+    per_layer = kernel_sparsity(load_keras_model(pruned.path))
+    assert per_layer and all(value >= 0.75 for value in per_layer.values()), per_layer
+    assert kernel_sparsity(load_keras_model(tiny_baseline.path))["logits"] < 0.05
+    assert pruned.params["learning_rate"] == cfg.learning_rate
+
+
+def test_fine_tuning_reads_with_the_runs_input_settings(tiny_baseline, tiny_data, tmp_path):
+    no_crops = tiny_data.model_copy(update={"input": tiny_data.input.model_copy(
+        update={"random_crop_min_area": 1.0})})
+    pruned = prune_model.fn(tiny_baseline, PruneConfig(epochs=1), no_crops, tmp_path)
+    assert pruned.params["input.random_crop_min_area"] == 1.0
+    assert pruned.params["input.cache"] == "decoded", "without crops decoded images are cached"
+    cropped = prune_model.fn(tiny_baseline, PruneConfig(epochs=1), tiny_data, tmp_path)
+    assert cropped.params["input.random_crop_min_area"] == 0.85
+    assert cropped.params["input.cache"] == "encoded"
+
+
+def test_stripped_model_equals_the_pruned_model(tiny_baseline, tiny_data, test_images):
+    import tensorflow_model_optimization as tfmot
+
+    base = load_keras_model(tiny_baseline.path)
+    base_weights = [w.copy() for w in base.get_weights()]
+    pruned, _ = prune_and_finetune(base, PruneConfig(epochs=1), tiny_data)
+    stripped = tfmot.sparsity.keras.strip_pruning(pruned)
+    np.testing.assert_allclose(stripped(test_images, training=False).numpy(),
+                               pruned(test_images, training=False).numpy(), atol=1e-6)
+    for before, after in zip(base_weights, base.get_weights(), strict=True):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_structured_2_4_sparsity_is_what_it_logs(tiny_baseline, tiny_data, tmp_path):
+    cfg = PruneConfig(structured_2_4=True, epochs=1)
+    pruned = prune_model.fn(tiny_baseline, cfg, tiny_data, tmp_path)
+    assert pruned.name == "pruned-2of4"
+    assert pruned.params["target_sparsity"] == 0.5 and pruned.params["pattern"] == "2:4"
+    model = load_keras_model(pruned.path)
+    kernel = model.get_layer("logits").kernel.numpy()
+    groups = kernel.T.reshape(-1, 4)
+    assert np.all(np.sum(groups == 0.0, axis=1) >= 2)
+
+
+def test_qat_converts_to_int8_that_agrees_with_the_float_qat_model(
+    tiny_baseline, tiny_data, tiny_dataset, test_images, tmp_path
+):
+    before = sha256_file(tiny_baseline.path)
+    qat = quantize_aware_train.fn(tiny_baseline, QatConfig(epochs=1), tiny_data, tmp_path)
+    assert sha256_file(tiny_baseline.path) == before
+    int8 = to_tflite(qat, "int8", tiny_dataset, ConvertConfig(calibration_examples=20),
+                     tmp_path / "variants")
+    assert int8.name == "qat-tflite-int8"
+    float_top1 = np.argmax(SavedModelRunner(qat.path).predict(test_images), 1)
+    int8_top1 = np.argmax(TFLiteRunner(int8.path).predict(test_images), 1)
+    assert np.mean(float_top1 == int8_top1) >= 0.85
+
+
+def test_distillation_loss_decreases_and_the_control_is_reported(tiny_baseline, tiny_data,
+                                                                 tmp_path):
+    before = sha256_file(tiny_baseline.path)
+    cfg = DistillConfig(epochs=4, student_width=4, learning_rate=3e-3)
+    student = distill_model.fn(tiny_baseline, cfg, tiny_data, tmp_path)
+    assert sha256_file(tiny_baseline.path) == before
+    curve = student.history["distillation_loss"]
+    assert len(curve) == 4 and curve[-1] < curve[0]
+    assert {"test_accuracy", "scratch_test_accuracy", "distillation_gain_points"} <= set(
+        student.metrics
+    )
+    assert student.params["student_parameters"] < student.params["teacher_parameters"]
+    assert student.params["learning_rate"] == 3e-3

@@ -1,0 +1,71 @@
+"""Variant identity: the one place that names a variant and records what it derives from.
+
+A variant's name reads ``<source>-<form>[-<precision>]``: the source names the model (the
+baseline, or a technique and its setting such as ``pruned-80``), the form its format (or a
+more specific form of it, e.g. ``xla-autocluster``). Nothing parses a name back: source, format,
+precision and `derived_from` travel as fields.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tfopt.artifacts import Precision, VariantFormat, VariantSpec
+
+# Forms where the precision is a choice made for that form, so the name always states it.
+_PRECISION_NAMED = frozenset({"tflite", "tftrt"})
+
+
+def variant_name(source: str, form: str, precision: Precision) -> str:
+    """``<source>-<form>``, plus ``-<precision>`` for TFLite/TensorRT forms or non-fp32 models.
+
+    Args:
+        source: The model's name (``baseline``, ``pruned-80``, ``qat`` ...).
+        form: The format, with its flavor if any (``graph``, ``xla-autocluster``, ``tflite``).
+        precision: The numeric precision.
+    """
+    shown = form in _PRECISION_NAMED or precision != "fp32"
+    return f"{source}-{form}-{precision}" if shown else f"{source}-{form}"
+
+
+def plan_variant(
+    source: str,
+    format: VariantFormat,
+    precision: Precision = "fp32",
+    *,
+    form: str = "",
+    derived_from: str | None = None,
+    path: Path | None = None,
+    params: dict[str, str | int | float | bool] | None = None,
+) -> VariantSpec:
+    """A variant to build (``path`` None) or already built, named by `variant_name`.
+
+    Args:
+        source: The model's name.
+        format: The variant's format (the runner that measures it).
+        precision: Its numeric precision.
+        form: The form's name when it is more than the format: ``xla-autocluster`` (XLA
+            auto-clustering), ``tftrt`` (a form measured through the SavedModel runner).
+        derived_from: The variant this one is an optimized form of (None: a starting point).
+        path: The model file or folder, if it exists already.
+        params: How it was built (converter settings, XLA mode ...).
+    """
+    return VariantSpec(
+        name=variant_name(source, form or format, precision), source=source, format=format,
+        precision=precision, path=path, derived_from=derived_from, params=params or {},
+    )
+
+
+def built(spec: VariantSpec, path: Path, **params: str | int | float | bool) -> VariantSpec:
+    """`spec` with its model file in place and the parameters it was built with."""
+    return spec.model_copy(update={"path": path, "params": {**spec.params, **params}})
+
+
+def failed(spec: VariantSpec, error: str) -> VariantSpec:
+    """`spec` marked failed with `error`, without a file."""
+    return spec.model_copy(update={"status": "failed", "error": error, "path": None})
+
+
+def skipped(spec: VariantSpec, reason: str) -> VariantSpec:
+    """`spec` marked skipped (it cannot be built here) with the reason."""
+    return spec.model_copy(update={"status": "skipped", "error": reason, "path": None})
