@@ -47,7 +47,7 @@ from tfopt.orchestration import StepProgress
 from tfopt.prefect_artifacts import publish_prefect_artifacts
 from tfopt.provenance import environment, mlflow_tracking_uri
 from tfopt.summary import build_summary
-from tfopt.variants import failed, plan_variant, skipped
+from tfopt.variants import built, failed, plan_variant, skipped
 
 
 @dataclass(frozen=True)
@@ -165,22 +165,22 @@ def _baseline_variants(
     """Every form of the baseline: graph, SavedModel, XLA, TFLite, ONNX (+ TensorRT), TF-TRT."""
     source, cfg, variants_dir = keras_model.name, config.convert, run_dir / "variants"
     graph = plan_variant(source, "graph", path=keras_model.path)
-    variants = [graph, plan_variant(source, "savedmodel", derived_from=graph.name,
-                                    path=savedmodel.path)]
+    served = plan_variant(source, "savedmodel", derived_from=graph.name, path=savedmodel.path)
+    variants = [graph, served]
     for mode in cfg.xla:
-        form = "xla" if mode == "jit_compile" else f"xla-{mode}"
-        params: dict[str, str | int | float | bool] = {"xla_mode": mode}
+        xla = plan_variant(source, "xla", form="xla" if mode == "jit_compile" else f"xla-{mode}",
+                           derived_from=graph.name, path=keras_model.path,
+                           params={"xla_mode": mode})
         if cfg.dump_hlo and mode == "jit_compile":
             variants_dir.mkdir(parents=True, exist_ok=True)
-            params["hlo_path"] = str(variants_dir / f"{source}-{form}.hlo.txt")
-        variants.append(plan_variant(source, "xla", form=form, derived_from=graph.name,
-                                     path=keras_model.path, params=params))
+            xla = built(xla, keras_model.path, hlo_path=str(variants_dir / f"{xla.name}.hlo.txt"))
+        variants.append(xla)
     fp32 = plan_variant(source, "tflite", "fp32")
     tflite = [plan_variant(source, "tflite", p, derived_from=None if p == "fp32" else fp32.name)
               for p in cfg.tflite]
     variants += convert_to_tflite(savedmodel, tflite, data.dataset, cfg, variants_dir)
     if cfg.onnx:
-        planned = plan_variant(source, "onnx", derived_from=variants[1].name)
+        planned = plan_variant(source, "onnx", derived_from=served.name)
         onnx = built_or_failed(export_onnx(savedmodel, planned, data.dataset, cfg, variants_dir,
                                            return_state=True), planned)
         variants.append(onnx)

@@ -111,7 +111,10 @@ def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(
         runs = mlflow.search_runs(
             [mlflow.get_experiment_by_name("tfopt-preprocess").experiment_id])
         assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
-        assert runs[0].data.metrics["shards"] >= 3
+        # The same facts under the same names as in the pipeline's runs (tracking.log_dataset).
+        assert runs[0].data.metrics["dataset_shards"] >= 3
+        assert {"dataset_train_examples", "dataset_val_examples", "dataset_test_examples",
+                "dataset_skipped_records"} <= set(runs[0].data.metrics)
 
 
 def _task_state(flow_run_id, task_name: str) -> str:

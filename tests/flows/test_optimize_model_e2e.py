@@ -101,6 +101,8 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     assert parent.data.tags["tfopt.champion"] == summary["champion"]
     assert parent.data.tags["prefect.flow_run_id"] == summary["prefect_flow_run_id"]
     assert "mlflow.source.git.commit" in parent.data.tags
+    assert {"dataset_train_examples", "dataset_shards", "input_tuned_examples_per_s",
+            "pruned-80.sparsity"} <= set(parent.data.metrics)
     history = client.get_metric_history(parent.info.run_id, "train_loss")
     assert len(history) == 8 and [m.step for m in history] == list(range(8))
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
@@ -207,7 +209,8 @@ def test_benchmark_only_flow_measures_the_registered_champion(smoke_run, tmp_pat
     completed = run_tfopt(
         settings,
         ["benchmark", "--model", "models:/tfopt-smoke@champion",
-         "--data", str(demo), "--work-dir", str(tmp_path / "work"), "--summary-json", str(out)],
+         "--data", str(demo), "--work-dir", str(tmp_path / "work"), "--summary-json", str(out),
+         "--set", "benchmark.threads=1", "--set", "benchmark.min_runs=15"],
         timeout_s=600,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
@@ -220,6 +223,8 @@ def test_benchmark_only_flow_measures_the_registered_champion(smoke_run, tmp_pat
     # Same model, a larger test split (all of the demo data, not the smoke's 60 per class).
     assert abs(variant["accuracy"] - champion["accuracy"]) < 0.1
     assert set(variant["latency_ms"]) >= LATENCY_KEYS
+    assert bench["environment"]["benchmark_threads"] == "1", "--set reaches benchmark.*"
+    assert variant["timed_runs"] >= 15
     client = MlflowClient(settings.mlflow_url)
     run = client.get_run(bench["mlflow_run_id"])
     assert run.info.status == "FINISHED"

@@ -137,3 +137,64 @@ def test_distillation_loss_decreases_and_the_control_is_reported(tiny_baseline, 
     )
     assert student.params["student_parameters"] < student.params["teacher_parameters"]
     assert student.params["learning_rate"] == 3e-3
+
+
+NEW_TECHNIQUE = '''
+"""A technique that changes nothing: the README's walk-through, as a test writes it."""
+
+import shutil
+from pathlib import Path
+
+from prefect import task
+from pydantic import Field
+
+from techniques.base import KERAS_ONLY, Technique
+from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.config import TechniqueSection
+
+
+class NoopConfig(TechniqueSection):
+    """Settings of the no-op technique."""
+
+    label: str = Field("same", description="Names the model it makes.")
+
+
+@task(name="copy_model")
+def copy_model(model: ModelArtifact, cfg: NoopConfig, data: TrainingData,
+               out_dir: Path) -> ModelArtifact:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{cfg.label}.keras"
+    shutil.copy(model.path, path)
+    return model.model_copy(update={"name": cfg.label, "path": path})
+
+
+TECHNIQUE = Technique(name="noop", section=NoopConfig, accepts=KERAS_ONLY,
+                      source_name=lambda cfg: cfg.label, apply=copy_model,
+                      tflite=("int8",))
+'''
+
+
+def test_a_new_technique_is_one_module_and_one_config_section(tiny_baseline, tiny_data,
+                                                              tmp_path, monkeypatch):
+    from pydantic import Field
+
+    import techniques
+
+    (tmp_path / "noop.py").write_text(NEW_TECHNIQUE)
+    monkeypatch.setattr(techniques, "__path__", [*techniques.__path__, str(tmp_path)])
+    registry.cache_clear()
+    try:
+        technique = registry()["noop"]
+
+        class WithNoop(CompressConfig):
+            noop: technique.section = Field(  # type: ignore[valid-type]
+                default_factory=technique.section, description="The no-op technique.")
+
+        compress = WithNoop.model_validate({"noop": {"label": "copied"}, "tflite": ["fp32"]})
+        planned = {p.source: p for p in plan(compress, tiny_baseline)}
+        assert [v.name for v in planned["copied"].variants] == ["copied-graph",
+                                                                "copied-tflite-int8"]
+        made = technique.apply.fn(tiny_baseline, planned["copied"].cfg, tiny_data, tmp_path)
+        assert made.name == "copied" and made.path.exists()
+    finally:
+        registry.cache_clear()
