@@ -22,7 +22,7 @@ import numpy as np
 import tfopt  # noqa: F401
 from tasks.convert_tflite import convert_tflite
 from tasks.export_savedmodel import export_savedmodel
-from tasks.input_pipeline import load_split_arrays
+from tasks.input_pipeline import load_split
 from tasks.runners import TFLiteRunner, predict_batched
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     variants[qat_int8.name] = convert_tflite.fn(qat, qat_int8, dataset, config.convert,
                                                 work / "v").path
 
-    images, labels = load_split_arrays(dataset.splits["test"].files, dataset.image_size)
+    images, labels = load_split(dataset, "test", scale=config.model.input_scale)
     float_accuracy = baseline.metrics["test_accuracy"]
     reference_zip = gzip_size_bytes(variants["baseline-tflite-fp32"])
     print(f"demo test split: {len(labels)} images; float baseline accuracy {float_accuracy:.4f}")

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="tfopt-runners-"))
     data = TrainingData(dataset=write_tfrecords.fn(config.data, work),
                         batch_size=config.train.batch_size or 64, seed=config.train.seed,
-                        input=config.input)
+                        input=config.input, input_scale=config.model.input_scale)
     baseline = train_model.fn(data, config.model, config.train, work / "models")
     runners = {"sequential": ScaleConfig(),
                "dask": ScaleConfig(task_runner="dask", dask_workers=args.dask_workers)}

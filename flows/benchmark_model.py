@@ -42,7 +42,8 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         params=config.model_dump(mode="json"), tags=tags,
     ) as run:
         dataset = sharded_data(config.data, work_dir)
-        inputs = prepare_benchmark_inputs(spec, dataset, run_dir / "inputs", config.batch_size)
+        inputs = prepare_benchmark_inputs(spec, dataset, run_dir / "inputs", config.batch_size,
+                                          config.input_scale)
         result = benchmark_serialized(spec, inputs, config.benchmark).result()
         tracking.log_variants(run, [result], {}, tags)
         summary = {

@@ -120,7 +120,7 @@ def _prepare_data(
         layout = measure_data_layout(dataset, config.model, batch_size, config.input.sweep_steps)
         tracking.log_layout(run, layout)
     data = TrainingData(dataset=dataset, batch_size=batch_size, seed=config.train.seed,
-                        input=config.input)
+                        input=config.input, input_scale=config.model.input_scale)
     return _Measured(data, sweep, pipeline, layout)
 
 
@@ -155,7 +155,7 @@ def _benchmark_inputs(
     """The decoded test split and the float SavedModel's logits on it (every variant's input)."""
     reference = plan_variant(savedmodel.name, "savedmodel", path=savedmodel.path)
     return prepare_benchmark_inputs(reference, data.dataset, run_dir / "benchmark-inputs",
-                                    data.batch_size)
+                                    data.batch_size, savedmodel.input_scale)
 
 
 def _baseline_variants(

@@ -9,19 +9,19 @@ import numpy as np
 import tensorflow as tf
 from prefect import task
 
-from tasks.input_pipeline import load_split_arrays
+from tasks.input_pipeline import load_split
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, Precision, VariantSpec
-from tfopt.config import ConvertConfig
+from tfopt.config import ConvertConfig, InputScale
 from tfopt.fileio import atomic_write_bytes
 from tfopt.serving import SIGNATURE_KEY
 from tfopt.variants import built
 
 
 def representative_images(
-    dataset: DatasetArtifact, examples: int
+    dataset: DatasetArtifact, examples: int, scale: InputScale = "unit"
 ) -> Iterator[list[np.ndarray]]:
-    """Yield calibration inputs, one example at a time, from the training shards."""
-    images, _ = load_split_arrays(dataset.splits["train"].files, dataset.image_size, examples)
+    """Yield calibration inputs one at a time from the training shards, scaled for the model."""
+    images, _ = load_split(dataset, "train", examples, scale)
     for image in images:
         yield [image[np.newaxis]]
 
@@ -31,6 +31,7 @@ def configure_converter(
     precision: Precision,
     dataset: DatasetArtifact,
     cfg: ConvertConfig,
+    scale: InputScale = "unit",
 ) -> None:
     """Set the converter's optimizations for one post-training precision."""
     if precision == "fp32":
@@ -40,7 +41,7 @@ def configure_converter(
         converter.target_spec.supported_types = [tf.float16]
     elif precision == "int8":
         converter.representative_dataset = lambda: representative_images(
-            dataset, cfg.calibration_examples
+            dataset, cfg.calibration_examples, scale
         )
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
         if cfg.int8_io:
@@ -73,7 +74,7 @@ def convert_tflite(
     converter = tf.lite.TFLiteConverter.from_saved_model(
         str(savedmodel.path), signature_keys=[SIGNATURE_KEY]
     )
-    configure_converter(converter, variant.precision, dataset, cfg)
+    configure_converter(converter, variant.precision, dataset, cfg, savedmodel.input_scale)
     flatbuffer = converter.convert()
     path = out_dir / f"{variant.name}.tflite"
     atomic_write_bytes(path, flatbuffer)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
-from tasks.input_pipeline import load_split_arrays
+from tasks.input_pipeline import load_split
 from tasks.runners import OnnxRunner, SavedModelRunner, predict_batched, softmax
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, VariantSpec
 from tfopt.config import ConvertConfig
@@ -84,7 +84,7 @@ def export_onnx(
     path = out_dir / f"{savedmodel.name}.onnx"
     out_dir.mkdir(parents=True, exist_ok=True)
     run_tf2onnx(savedmodel.path, path, cfg.onnx_opset)
-    images, _ = load_split_arrays(dataset.splits["test"].files, dataset.image_size, CHECK_EXAMPLES)
+    images, _ = load_split(dataset, "test", CHECK_EXAMPLES, savedmodel.input_scale)
     reference = predict_batched(SavedModelRunner(savedmodel.path), images, 32)
     candidate = predict_batched(OnnxRunner(path), images, 32)
     max_diff, agreement = max_probability_difference(reference, candidate)

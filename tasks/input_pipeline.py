@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfopt.artifacts import DatasetArtifact
-from tfopt.config import InputConfig
+from tfopt.config import InputConfig, InputScale
 
 FEATURE_SPEC = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
@@ -49,6 +49,7 @@ class ReaderOptions:
     interleave_cycle: int = 0
     private_threads: int = 0
     compression: str = ""
+    scale: InputScale = "unit"
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def plan_cache(
 
 
 def reader_options(
-    dataset: DatasetArtifact, split: str, cfg: InputConfig, training: bool
+    dataset: DatasetArtifact, split: str, cfg: InputConfig, training: bool,
+    scale: InputScale = "unit",
 ) -> tuple[ReaderOptions, CacheDecision]:
     """The tuned reader's options for one split, with the cache rule applied and explained."""
     info = dataset.splits[split]
@@ -104,6 +106,7 @@ def reader_options(
         interleave_cycle=cfg.interleave_cycle,
         private_threads=cfg.private_threads,
         compression=dataset.compression,
+        scale=scale,
     )
     return options, decision
 
@@ -128,7 +131,24 @@ def _fit_size(image: tf.Tensor, image_size: int) -> tf.Tensor:
 
 def to_unit_float(images: tf.Tensor) -> tf.Tensor:
     """uint8 pixels to float32 in [0, 1] (one vectorized op for a whole batch)."""
-    return tf.cast(images, tf.float32) * (1.0 / 255.0)
+    return to_model_float(images, "unit")
+
+
+# (multiplier, offset) from uint8 pixels to what the model expects.
+_SCALES: dict[str, tuple[float, float]] = {
+    "unit": (1.0 / 255.0, 0.0), "symmetric": (1.0 / 127.5, -1.0), "raw": (1.0, 0.0),
+}
+
+
+def to_model_float(images: tf.Tensor, scale: InputScale) -> tf.Tensor:
+    """uint8 pixels to the model's float32 input, one vectorized op for a whole batch.
+
+    ``unit``: [0, 1]; ``symmetric``: [-1, 1]; ``raw``: [0, 255] (models with their own
+    rescaling layer).
+    """
+    multiplier, offset = _SCALES[scale]
+    floats = tf.cast(images, tf.float32) * multiplier
+    return floats + offset if offset else floats
 
 
 def decode_image(encoded: tf.Tensor, image_size: int) -> tf.Tensor:
@@ -289,7 +309,8 @@ def tuned_dataset(
                 batches = batches.shuffle(_EXAMPLE_SHUFFLE, seed=seed,
                                           reshuffle_each_iteration=True)
             batches = batches.batch(batch_size)
-        dataset = batches.map(lambda x, y: (to_unit_float(x), y)).prefetch(AUTOTUNE)
+        dataset = batches.map(lambda x, y: (to_model_float(x, options.scale), y)).prefetch(
+            AUTOTUNE)
         return dataset.with_options(_pipeline_options(options))
 
 
@@ -344,21 +365,35 @@ def naive_dataset(
         return dataset.with_options(options)
 
 
-def load_split_arrays(
-    files: Sequence[Path], image_size: int, limit: int | None = None, compression: str = ""
+def load_split(
+    dataset: DatasetArtifact, split: str, limit: int | None = None, scale: InputScale = "unit"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Decode a split into memory in file order (for evaluation and benchmark inputs).
+    """Decode one split of a data set into memory in file order, scaled for the model.
+
+    Evaluation, calibration, export checks and benchmark inputs all read through this, so the
+    model sees the same pixels everywhere.
+    """
+    return load_split_arrays(dataset.splits[split].files, dataset.image_size, limit,
+                             dataset.compression, scale)
+
+
+def load_split_arrays(
+    files: Sequence[Path], image_size: int, limit: int | None = None, compression: str = "",
+    scale: InputScale = "unit",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode shards into memory in file order (for evaluation and benchmark inputs).
 
     Args:
         files: TFRecord shards of the split.
         image_size: Output image side.
         limit: Stop after this many examples.
         compression: ``""`` or ``"GZIP"``.
+        scale: The model's input scale (see `to_model_float`).
 
     Returns:
         ``(images float32 [N,S,S,3], labels int32 [N])``.
     """
-    options = ReaderOptions(deterministic=True, compression=compression)
+    options = ReaderOptions(deterministic=True, compression=compression, scale=scale)
     dataset = tuned_dataset(files, image_size, 256, options=options)
     images, labels, total = [], [], 0
     for batch_images, batch_labels in dataset:

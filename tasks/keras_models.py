@@ -1,4 +1,4 @@
-"""Keras model files: save, load, copy, and the configured zoo network. Not a task.
+"""Keras models: save, load, copy; the baseline from its source (zoo, file, builder). Not a task.
 
 The benchmark's graph runner loads models through this module, so it imports tf_keras only:
 neither Prefect nor tensorflow-model-optimization (loaded only for files that need its layers).
@@ -6,12 +6,15 @@ neither Prefect nor tensorflow-model-optimization (loaded only for files that ne
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import tf_keras as keras
 
 from tasks.model_zoo import build_model
-from tfopt.config import ModelConfig
+from tfopt.config import ConfigError, ModelConfig
 
 
 def keras_model_path(out_dir: Path, name: str) -> Path:
@@ -61,3 +64,139 @@ def build_configured(model_cfg: ModelConfig, image_size: int, num_classes: int) 
         model_cfg.architecture, image_size, num_classes, width=model_cfg.width,
         alpha=model_cfg.alpha, data_format=model_cfg.data_format,
     )
+
+
+class ModelSourceError(ConfigError):
+    """The configured model cannot be the baseline: missing, unreadable, or not fitting the data."""
+
+
+def load_builder(spec: str) -> Callable[[int, int], keras.Model]:
+    """The function ``"my_model.py:build"`` (a file) or ``"my_package.models:build"`` names.
+
+    Raises:
+        ModelSourceError: No such file, module or function, or the module fails to import.
+    """
+    target, _, name = spec.rpartition(":")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                raise ModelSourceError(f"model.builder: {path} does not exist")
+            module_spec = importlib.util.spec_from_file_location(f"tfopt_builder_{path.stem}", path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except ModelSourceError:
+        raise
+    except Exception as error:
+        raise ModelSourceError(
+            f"model.builder: importing {target} failed: {type(error).__name__}: {error}"
+        ) from error
+    builder = getattr(module, name, None)
+    if not callable(builder):
+        raise ModelSourceError(f"model.builder: {target} has no function {name!r}")
+    return builder
+
+
+def build_with(spec: str, image_size: int, num_classes: int) -> keras.Model:
+    """Call the user's builder and check that it returned a tf_keras model.
+
+    Raises:
+        ModelSourceError: The builder raised, or returned something else than a tf_keras model.
+    """
+    builder = load_builder(spec)
+    try:
+        model = builder(image_size, num_classes)
+    except Exception as error:
+        raise ModelSourceError(
+            f"model.builder: {spec} raised {type(error).__name__}: {error}"
+        ) from error
+    if not isinstance(model, keras.Model):
+        raise ModelSourceError(
+            f"model.builder: {spec} returned a {type(model).__module__}.{type(model).__name__}, "
+            "not a tf_keras.Model (build it with `import tf_keras`, not Keras 3)"
+        )
+    return model
+
+
+def load_model_file(path: Path) -> keras.Model:
+    """Load the user's trained model file, with a clear error when it cannot be.
+
+    Raises:
+        ModelSourceError: Missing, corrupt, or saved by Keras 3 (tfmot needs tf_keras).
+    """
+    if not path.is_file():
+        raise ModelSourceError(f"model.path: {path} does not exist")
+    saved_by = keras_version_of(path)
+    if saved_by and not saved_by.startswith("2."):
+        raise ModelSourceError(
+            f"model.path: {path} was saved by Keras {saved_by}; tfopt needs a tf_keras (Keras 2) "
+            "model, since tensorflow-model-optimization works with Keras 2 only: rebuild or "
+            "re-save it with `import tf_keras as keras`"
+        )
+    try:
+        return load_keras_model(path)
+    except Exception as error:
+        raise ModelSourceError(
+            f"model.path: {path} cannot be loaded as a tf_keras model: "
+            f"{type(error).__name__}: {str(error)[:300]}"
+        ) from error
+
+
+def keras_version_of(path: Path) -> str | None:
+    """The Keras version that saved a ``.keras`` file (its metadata.json), None if unknown."""
+    import json
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return str(json.loads(archive.read("metadata.json")).get("keras_version")) or None
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def baseline_factory(
+    model_cfg: ModelConfig, image_size: int, num_classes: int
+) -> Callable[[], keras.Model]:
+    """A function that makes a fresh baseline: zoo network, user's builder or user's file.
+
+    A file's model comes with its trained weights. The first model is made and checked now, so
+    a model that does not fit the data is refused before any training.
+
+    Raises:
+        ModelSourceError: The model cannot be made, or its input or output disagrees with the
+            data (naming both values).
+    """
+    makers: dict[str, Callable[[], keras.Model]] = {
+        "zoo": lambda: build_configured(model_cfg, image_size, num_classes),
+        "builder": lambda: build_with(str(model_cfg.builder), image_size, num_classes),
+        "file": lambda: load_model_file(Path(str(model_cfg.path))),
+    }
+    make = makers[model_cfg.source]
+    check_fits(make(), image_size, num_classes, model_cfg.source)
+    return make
+
+
+def check_fits(model: keras.Model, image_size: int, num_classes: int, source: str) -> None:
+    """Refuse a model whose input is not ``[batch, S, S, 3]`` or whose outputs miss classes.
+
+    Raises:
+        ModelSourceError: Naming the model's value and the data's.
+    """
+    shape = tuple(model.input_shape) if not isinstance(model.input_shape, list) else None
+    if shape is None or len(shape) != 4 or shape[3] != 3:
+        raise ModelSourceError(
+            f"model ({source}): input {model.input_shape} is not one [batch, height, width, 3] "
+            "image tensor"
+        )
+    if shape[1:3] != (image_size, image_size):
+        raise ModelSourceError(
+            f"model ({source}): input is {shape[1]}x{shape[2]} but data.image_size is "
+            f"{image_size}: set data.image_size to the model's input size"
+        )
+    outputs = model.output_shape[-1] if not isinstance(model.output_shape, list) else None
+    if outputs != num_classes:
+        raise ModelSourceError(
+            f"model ({source}): {outputs} outputs but the data folder has {num_classes} classes"
+        )

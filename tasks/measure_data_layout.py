@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prefect import task
 
-from tasks.input_pipeline import load_split_arrays
-from tasks.keras_models import build_configured
+from tasks.input_pipeline import load_split
+from tasks.keras_models import baseline_factory
 from tasks.step_timing import tile_batch, time_train_steps
 from tfopt.artifacts import DatasetArtifact, LayoutResult
 from tfopt.config import ModelConfig
@@ -20,7 +20,9 @@ def measure_data_layout(
     """Time the same network's training step built NHWC and NCHW, on the same batch.
 
     TensorFlow's default is NHWC; NCHW is what cuDNN prefers on GPUs. On a CPU build NCHW may
-    be unsupported for some ops, or slower: the result says which, for this device.
+    be unsupported for some ops, or slower: the result says which, for this device. A user's
+    model (file or builder) has its layout built in: only its own layout is measured, and the
+    note says so.
 
     Args:
         dataset: Real training examples fill the batch.
@@ -32,17 +34,18 @@ def measure_data_layout(
         Both throughputs (NCHW None when unsupported), the faster layout and a note.
     """
     logger = step_logger()
-    images, labels = load_split_arrays(dataset.splits["train"].files, dataset.image_size,
-                                       batch_size)
+    images, labels = load_split(dataset, "train", batch_size)
     images, labels = tile_batch(images, labels, batch_size)
-    rates: dict[str, float | None] = {}
+    rates: dict[str, float | None] = {"channels_first": None}
     notes = []
-    for layout in ("channels_last", "channels_first"):
+    if model_cfg.source != "zoo":
+        notes.append(f"NCHW not measured: a model.source={model_cfg.source} model fixes its own "
+                     "layout (only zoo networks are built in either layout)")
+    for layout in ("channels_last", "channels_first")[: 2 if model_cfg.source == "zoo" else 1]:
         layout_cfg = model_cfg.model_copy(update={"data_format": layout})
         try:
             timing = time_train_steps(
-                lambda cfg=layout_cfg: build_configured(cfg, dataset.image_size,
-                                                        dataset.num_classes),
+                baseline_factory(layout_cfg, dataset.image_size, dataset.num_classes),
                 images, labels, steps)
             rates[layout] = timing.examples_per_s
         except Exception as error:

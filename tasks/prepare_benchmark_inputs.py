@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
-from tasks.input_pipeline import load_split_arrays
+from tasks.input_pipeline import load_split
 from tasks.runners import load_runner, predict_batched
 from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, VariantSpec
+from tfopt.config import InputScale
 
 
 def _save_array(path: Path, values: np.ndarray) -> None:
@@ -20,7 +21,11 @@ def _save_array(path: Path, values: np.ndarray) -> None:
 
 @task(name="prepare_benchmark_inputs", tags=["benchmark"])
 def prepare_benchmark_inputs(
-    reference: VariantSpec, dataset: DatasetArtifact, out_dir: Path, batch_size: int = 32
+    reference: VariantSpec,
+    dataset: DatasetArtifact,
+    out_dir: Path,
+    batch_size: int = 32,
+    input_scale: InputScale = "unit",
 ) -> BenchmarkInputs:
     """Save the decoded test split and the reference model's logits on it as ``.npy`` files.
 
@@ -34,6 +39,7 @@ def prepare_benchmark_inputs(
         out_dir: Folder for ``test-images.npy``, ``test-labels.npy`` and
             ``<name>-reference-logits.npy``.
         batch_size: Batch size of the throughput measurement (besides batch 1).
+        input_scale: The pixels the models expect (the same for every variant of a run).
 
     Returns:
         The three files and the number of examples.
@@ -41,7 +47,7 @@ def prepare_benchmark_inputs(
     Raises:
         ValueError: The test split is empty.
     """
-    images, labels = load_split_arrays(dataset.splits["test"].files, dataset.image_size)
+    images, labels = load_split(dataset, "test", scale=input_scale)
     if len(images) == 0:
         raise ValueError("the test split is empty: nothing to benchmark on")
     logits = predict_batched(load_runner(reference), images)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.input_pipeline import load_split_arrays
-from tasks.keras_models import build_configured
+from tasks.input_pipeline import load_split
+from tasks.keras_models import baseline_factory
 from tasks.step_timing import tile_batch, time_train_steps
 from tfopt.artifacts import BatchSweepResult, DatasetArtifact, SweepPoint
 from tfopt.config import InputConfig, ModelConfig
@@ -98,14 +98,12 @@ def sweep_batch_size(
         Every point, the chosen batch size, the rule, and the plot's path.
     """
     logger = step_logger()
-    images, labels = load_split_arrays(dataset.splits["train"].files, dataset.image_size,
-                                       max(cfg.sweep_batch_sizes))
+    images, labels = load_split(dataset, "train", max(cfg.sweep_batch_sizes))
+    make_model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes)
     points = []
     for batch_size in sorted(set(cfg.sweep_batch_sizes)):
         batch_images, batch_labels = tile_batch(images, labels, batch_size)
-        timing = time_train_steps(
-            lambda: build_configured(model_cfg, dataset.image_size, dataset.num_classes),
-            batch_images, batch_labels, cfg.sweep_steps)
+        timing = time_train_steps(make_model, batch_images, batch_labels, cfg.sweep_steps)
         points.append(SweepPoint(batch_size=batch_size, examples_per_s=timing.examples_per_s,
                                  step_ms=timing.step_ms, peak_extra_mb=timing.peak_extra_mb))
         logger.info("batch %d: %.0f examples/s, %.1f ms/step, +%.0f MB", batch_size,

@@ -8,9 +8,15 @@ import tensorflow as tf
 import tf_keras as keras
 from prefect import task
 
-from tasks.keras_models import build_configured, keras_model_path, save_keras_model
+from tasks.keras_models import (
+    baseline_factory,
+    build_configured,
+    keras_model_path,
+    save_keras_model,
+)
 from tasks.training import (
     HISTORY_NAME,
+    Fitted,
     distribution_strategy,
     evaluate_test_accuracy,
     fit,
@@ -32,7 +38,11 @@ def train_model(
     out_dir: Path,
     checkpoint_dir: Path | None = None,
 ) -> ModelArtifact:
-    """Train the baseline network and save it as ``baseline.keras``.
+    """Make the baseline from its source, train it, and save it as ``baseline.keras``.
+
+    The source is a zoo network or the user's builder (trained for ``train.epochs``), or the
+    user's trained file (fine-tuned for ``train.epochs``; 0 keeps it as it is). A model whose
+    input size or number of outputs disagrees with the data is refused before training.
 
     With `checkpoint_dir`, training state is backed up at every epoch end
     (`BackupAndRestore`) and each finished epoch is appended to ``history.csv`` there: a run
@@ -41,7 +51,7 @@ def train_model(
 
     Args:
         data: The shards (train and val splits), batch size, seed and input settings.
-        model_cfg: Which network to build.
+        model_cfg: Where the model comes from (zoo network, file, builder).
         train_cfg: Epochs, learning rate, precision policy, distribution strategy.
         out_dir: Folder for the saved model.
         checkpoint_dir: Folder for the backup and history, stable across reruns of the same
@@ -55,14 +65,18 @@ def train_model(
     keras.utils.set_random_seed(data.seed)
     strategy = distribution_strategy(train_cfg.distribute)
     with precision_policy(train_cfg.mixed_precision), strategy.scope():
-        model = build_configured(model_cfg, dataset.image_size, dataset.num_classes)
-        fitted = fit(
-            model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
-            callbacks=[*resumable_callbacks(checkpoint_dir),
-                       EpochProgress(StepProgress("train-baseline", "epochs trained"),
-                                     train_cfg.epochs)],
-        )
-    curves = read_history(checkpoint_dir / HISTORY_NAME) if checkpoint_dir else fitted.curves
+        model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes)()
+        if train_cfg.epochs == 0:
+            fitted = Fitted(curves={}, seconds=0.0)
+        else:
+            fitted = fit(
+                model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
+                callbacks=[*resumable_callbacks(checkpoint_dir),
+                           EpochProgress(StepProgress("train-baseline", "epochs trained"),
+                                         train_cfg.epochs)],
+            )
+    curves = (read_history(checkpoint_dir / HISTORY_NAME) if checkpoint_dir and fitted.curves
+              else fitted.curves)
     if train_cfg.mixed_precision != "off":
         # Variables stay float32 under a mixed policy; a float32 twin carries them into export
         # and conversion without the policy's casts (TFLite has no bfloat16 kernels).
@@ -84,11 +98,9 @@ def train_model(
         format="keras",
         image_size=dataset.image_size,
         num_classes=dataset.num_classes,
+        input_scale=data.input_scale,
         params={
-            "architecture": model_cfg.architecture,
-            "width": model_cfg.width,
-            "alpha": model_cfg.alpha,
-            "data_format": model_cfg.data_format,
+            **_source_params(model_cfg),
             "batch_size": data.batch_size,
             "epochs": train_cfg.epochs,
             "mixed_precision": train_cfg.mixed_precision,
@@ -97,9 +109,19 @@ def train_model(
             "devices": ",".join(d.device_type for d in tf.config.list_physical_devices()),
             **fitted.reader,
         },
-        metrics={**metrics, "test_accuracy": evaluate_test_accuracy(model, dataset)},
+        metrics={**metrics, "test_accuracy": evaluate_test_accuracy(model, data)},
         history=curves,
     )
+
+
+def _source_params(model_cfg: ModelConfig) -> dict[str, str | int | float]:
+    """Where the baseline came from, in the words of its source."""
+    if model_cfg.source == "file":
+        return {"source": "file", "path": str(model_cfg.path)}
+    if model_cfg.source == "builder":
+        return {"source": "builder", "builder": str(model_cfg.builder)}
+    return {"source": "zoo", "architecture": model_cfg.architecture, "width": model_cfg.width,
+            "alpha": model_cfg.alpha, "data_format": model_cfg.data_format}
 
 
 class EpochProgress(keras.callbacks.Callback):

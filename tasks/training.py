@@ -17,8 +17,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from tasks.input_pipeline import load_split_arrays, reader_options, tuned_dataset
-from tfopt.artifacts import DatasetArtifact, TrainingData
+from tasks.input_pipeline import load_split, reader_options, tuned_dataset
+from tfopt.artifacts import TrainingData
 
 HISTORY_NAME = "history.csv"
 
@@ -42,7 +42,8 @@ def training_data(
         training reader's settings as built (cache mode, crop area, determinism).
     """
     dataset = data.dataset
-    train_options, decision = reader_options(dataset, "train", data.input, training=True)
+    train_options, decision = reader_options(dataset, "train", data.input, training=True,
+                                             scale=data.input_scale)
     train = tuned_dataset(dataset.splits["train"].files, dataset.image_size, data.batch_size,
                           training=True, seed=data.seed, options=train_options,
                           examples_hint=dataset.splits["train"].examples)
@@ -51,7 +52,8 @@ def training_data(
               "input.deterministic": train_options.deterministic}
     if not dataset.splits["val"].files:
         return train, None, reader
-    val_options, _ = reader_options(dataset, "val", data.input, training=False)
+    val_options, _ = reader_options(dataset, "val", data.input, training=False,
+                                    scale=data.input_scale)
     val = tuned_dataset(dataset.splits["val"].files, dataset.image_size, data.batch_size,
                         options=val_options, examples_hint=dataset.splits["val"].examples)
     return train, val, reader
@@ -94,9 +96,9 @@ def fit_compiled(
     return Fitted(curves, time.perf_counter() - started, reader)
 
 
-def evaluate_test_accuracy(model: keras.Model, dataset: DatasetArtifact) -> float:
-    """Top-1 accuracy of a Keras model on the whole test split."""
-    images, labels = load_split_arrays(dataset.splits["test"].files, dataset.image_size)
+def evaluate_test_accuracy(model: keras.Model, data: TrainingData) -> float:
+    """Top-1 accuracy of a Keras model on the whole test split, scaled for the model."""
+    images, labels = load_split(data.dataset, "test", scale=data.input_scale)
     logits = model.predict(images, batch_size=256, verbose=0)
     return float(np.mean(np.argmax(logits, axis=1) == labels))
 

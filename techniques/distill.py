@@ -132,8 +132,8 @@ def distill_model(
     fitted = distill(teacher, student, cfg, data)
     scratch = new_student()
     fit(scratch, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate)
-    distilled_accuracy = evaluate_test_accuracy(student, dataset)
-    scratch_accuracy = evaluate_test_accuracy(scratch, dataset)
+    distilled_accuracy = evaluate_test_accuracy(student, data)
+    scratch_accuracy = evaluate_test_accuracy(scratch, data)
     gain = (distilled_accuracy - scratch_accuracy) * 100.0
     logger.info("student test accuracy: distilled %.4f, from scratch %.4f (%+.2f points)",
                 distilled_accuracy, scratch_accuracy, gain)
@@ -146,6 +146,7 @@ def distill_model(
         format="keras",
         image_size=dataset.image_size,
         num_classes=dataset.num_classes,
+        input_scale=model.input_scale,
         params={"technique": "distillation", "student": STUDENT_ARCHITECTURE,
                 "student_width": cfg.student_width, "alpha": cfg.alpha,
                 "temperature": cfg.temperature, "epochs": cfg.epochs,

@@ -47,7 +47,7 @@ def quantize_aware_train(
     keras.utils.set_random_seed(data.seed)
     qat = make_quantization_aware(load_keras_model(model.path))
     fitted = fit(qat, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate)
-    accuracy = evaluate_test_accuracy(qat, data.dataset)
+    accuracy = evaluate_test_accuracy(qat, data)
     logger.info("QAT model test accuracy (fake-quantized): %.4f", accuracy)
     path = out_dir / f"{SOURCE_NAME}-savedmodel"
     save_serving_savedmodel(qat, model.image_size, path)
@@ -57,6 +57,7 @@ def quantize_aware_train(
         format="savedmodel",
         image_size=model.image_size,
         num_classes=model.num_classes,
+        input_scale=model.input_scale,
         params={"technique": "quantization-aware training", "scheme": "Default8BitQuantizeScheme",
                 "epochs": cfg.epochs, "learning_rate": cfg.learning_rate, **fitted.reader},
         metrics={"test_accuracy": accuracy},

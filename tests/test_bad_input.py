@@ -21,7 +21,7 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
     ("override", "field", "allowed"),
     [
         ({"compress.prune.target_sparsity": 1.5}, "compress.prune.target_sparsity", "0.95"),
-        ({"train.epochs": -3}, "train.epochs", "1"),
+        ({"train.epochs": -3}, "train.epochs", "greater than or equal to 0"),
         ({"model.architecture": "resnet9000"}, "model.architecture", "mobilenet_v2"),
         ({"model.data_format": "NCWH"}, "model.data_format", "channels_first"),
         ({"data.image_size": 4}, "data.image_size", "8"),

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tfopt.config import InputConfig
+from tfopt.config import InputConfig, InputScale
 
 VariantFormat = Literal["keras", "graph", "xla", "savedmodel", "tflite", "onnx"]
 Precision = Literal["fp32", "float16", "dynamic", "int8"]
@@ -60,6 +60,7 @@ class TrainingData(_Frozen):
     batch_size: int
     seed: int
     input: InputConfig
+    input_scale: InputScale = "unit"
 
 
 class InputPipelineResult(_Frozen):
@@ -113,6 +114,7 @@ class ModelArtifact(_Frozen):
     precision: Precision = "fp32"
     image_size: int
     num_classes: int
+    input_scale: InputScale = "unit"
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     history: dict[str, list[float]] = Field(default_factory=dict)

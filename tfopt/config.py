@@ -79,24 +79,70 @@ class DataConfig(_Section):
         return self
 
 
-class ModelConfig(_Section):
-    """Which network to train as the baseline."""
+_BUILDER_PATTERN = r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$"
+InputScale = Literal["unit", "symmetric", "raw"]
 
+
+class ModelConfig(_Section):
+    """Which model is the baseline: a zoo network, the user's trained file, or the user's code."""
+
+    source: Literal["zoo", "file", "builder"] = Field(
+        "zoo",
+        description=(
+            "zoo: a network of tfopt's model zoo (architecture); file: a trained tf_keras model "
+            "file (path); builder: your model-building function (builder)."
+        ),
+    )
+    path: Path | None = Field(
+        None, description="source=file: a .keras or .h5 tf_keras model file."
+    )
+    builder: str | None = Field(
+        None, pattern=_BUILDER_PATTERN,
+        description=(
+            'source=builder: "my_model.py:build" (a file) or "my_package.models:build" (a '
+            "module), a function (image_size, num_classes) -> uncompiled tf_keras.Model."
+        ),
+    )
     architecture: Literal["small_cnn", "mobilenet_v2"] = Field(
         "small_cnn",
-        description="Baseline network from tfopt's model zoo (built in code, no downloads).",
+        description="source=zoo: the network (built in code, no downloads).",
     )
     width: int = Field(32, ge=4, le=256, description="Filters in small_cnn's first convolution.")
     alpha: float = Field(0.35, gt=0.0, le=2.0, description="mobilenet_v2's width multiplier.")
     data_format: Literal["channels_last", "channels_first"] = Field(
-        "channels_last", description="Layout inside the model: NHWC or NCHW."
+        "channels_last", description="source=zoo: layout inside the model, NHWC or NCHW."
     )
+    input_scale: InputScale = Field(
+        "unit",
+        description=(
+            "Pixels the model expects: unit (0..1), symmetric (-1..1) or raw (0..255, for "
+            "models with their own rescaling layer); applied in training, calibration and "
+            "benchmark inputs alike."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _source_has_what_it_needs(self) -> ModelConfig:
+        if self.source == "file" and self.path is None:
+            raise ValueError("model.source=file needs model.path (a .keras or .h5 file)")
+        if self.source == "file" and self.path.suffix not in (".keras", ".h5"):
+            raise ValueError(f"model.path: {self.path} is not a .keras or .h5 file")
+        if self.source == "builder" and not self.builder:
+            raise ValueError('model.source=builder needs model.builder ("file.py:function")')
+        if self.source != "file" and self.path is not None:
+            raise ValueError(f"model.path is used with model.source=file, not {self.source}")
+        if self.source != "builder" and self.builder:
+            raise ValueError(f"model.builder is used with model.source=builder, not {self.source}")
+        return self
 
 
 class TrainConfig(_Section):
     """How the baseline is trained."""
 
-    epochs: int = Field(8, ge=1, le=1000, description="Training epochs.")
+    epochs: int = Field(
+        8, ge=0, le=1000,
+        description="Training epochs (0: optimize a model.source=file model as it is).",
+    )
     mixed_precision: Literal["off", "mixed_float16", "mixed_bfloat16"] = Field(
         "off",
         description=(
@@ -398,6 +444,17 @@ class PipelineConfig(_Section):
         default_factory=ScaleConfig, description="Task runner for the compression techniques."
     )
 
+    @model_validator(mode="after")
+    def _training_fits_the_model_source(self) -> PipelineConfig:
+        if self.train.epochs == 0 and self.model.source != "file":
+            raise ValueError(
+                f"train.epochs: 0 trains nothing, so model.source={self.model.source} leaves no "
+                "model to optimize (epochs 0 is for model.source=file)"
+            )
+        if self.train.mixed_precision != "off" and self.model.source != "zoo":
+            raise ValueError("train.mixed_precision applies to model.source=zoo networks only")
+        return self
+
 
 class PreprocessConfig(_Section):
     """Shard a data folder into TFRecords with a manifest, and nothing else."""
@@ -433,6 +490,9 @@ class BenchmarkOnlyConfig(_Section):
     data: DataConfig = Field(default_factory=DataConfig, description="Test data (test split).")
     work_dir: Path = Field(Path(".tfopt/work"), description="Folder for shards and reports.")
     batch_size: int = Field(32, ge=1, le=8192, description="Batch of the throughput figure.")
+    input_scale: InputScale = Field(
+        "unit", description="Pixels the model expects: unit (0..1), symmetric (-1..1), raw."
+    )
     benchmark: BenchmarkConfig = Field(
         default_factory=BenchmarkConfig, description="Benchmark protocol."
     )
@@ -495,6 +555,13 @@ def check_paths(config: PipelineConfig | PreprocessConfig) -> None:
     source = config.data.source_dir
     if not source.is_dir():
         raise ConfigError(f"data.source_dir: {source} does not exist or is not a folder")
+    model = getattr(config, "model", None)
+    if isinstance(model, ModelConfig) and model.path is not None and not model.path.is_file():
+        raise ConfigError(f"model.path: {model.path} does not exist or is not a file")
+    if isinstance(model, ModelConfig) and model.builder:
+        target = model.builder.rpartition(":")[0]
+        if target.endswith(".py") and not Path(target).is_file():
+            raise ConfigError(f"model.builder: {target} does not exist")
     work = config.work_dir
     try:
         work.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -12,6 +13,7 @@ from tests.live import run_tfopt
 from tfopt.demo_data import write_demo_images
 
 pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
 
 EXPECTED_OK = {
     "baseline-graph", "baseline-savedmodel", "baseline-xla", "baseline-xla-autocluster",
@@ -231,3 +233,54 @@ def test_benchmark_only_flow_measures_the_registered_champion(smoke_run, tmp_pat
     assert {"report/report.json", "report/report.md"} <= {
         a.path for a in client.list_artifacts(run.info.run_id, "report")
     }
+
+
+def test_a_trained_model_file_goes_through_the_pipeline_as_it_is(live_services, tmp_path):
+    """A network nobody here wrote, trained outside tfopt, optimized with train.epochs 0."""
+    import numpy as np
+    import tf_keras as keras
+
+    from tasks.input_pipeline import load_split
+    from tasks.write_tfrecords import write_tfrecords
+    from tfopt.config import load_config
+
+    demo = tmp_path / "demo"
+    write_demo_images(demo)
+    smoke = load_config(ROOT / "configs" / "smoke.yaml", {"data.source_dir": str(demo)})
+    dataset = write_tfrecords.fn(smoke.data, tmp_path / "outside")
+    train_images, train_labels = load_split(dataset, "train")
+    network = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35,
+                                             weights=None, classes=10,
+                                             classifier_activation=None)
+    network.compile(optimizer=keras.optimizers.Adam(3e-3),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    network.fit(train_images, train_labels, epochs=4, batch_size=32, verbose=0)
+    network.save(tmp_path / "theirs.keras")
+    test_images, test_labels = load_split(dataset, "test")
+    own_accuracy = float(np.mean(np.argmax(network.predict(test_images, verbose=0), 1)
+                                 == test_labels))
+
+    summary_path = tmp_path / "out.json"
+    overrides = {
+        "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "own-model",
+        "model.source": "file", "model.path": tmp_path / "theirs.keras", "train.epochs": 0,
+        "convert.tflite": "[fp32, int8]", "convert.xla": "[]", "compress.tflite": "[int8]",
+        "compress.distill.enabled": "false", "compress.qat.enabled": "false",
+        "compress.prune.epochs": 1, "input.sweep_batch_sizes": "[32]",
+    }
+    command = ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path)]
+    for key, value in overrides.items():
+        command += ["--set", f"{key}={value}"]
+    completed = run_tfopt(live_services, command)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    by_name = {v["name"]: v for v in summary["variants"]}
+    assert abs(summary["baseline_accuracy"] - own_accuracy) < 1e-6, "the model as it was"
+    # Overall kernel sparsity: tfmot leaves some of MobileNetV2's kernels dense (0.75 seen).
+    assert summary["techniques"]["pruned-80"]["metrics"]["sparsity"] >= 0.7
+    assert by_name["pruned-80-tflite-int8"]["status"] == "ok", by_name["pruned-80-tflite-int8"]
+    for name in ("baseline-graph", "baseline-tflite-fp32", "baseline-onnx"):
+        assert by_name[name]["status"] == "ok", by_name[name]
+        assert by_name[name]["top1_agreement"] >= 0.99, by_name[name]
+    assert by_name["baseline-tflite-int8"]["status"] == "ok"
+    assert "NCHW not measured" in summary["data_layout"]["note"]
