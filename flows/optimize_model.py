@@ -82,7 +82,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
     work_dir = config.work_dir.resolve()
     tags = {"prefect.flow_run_id": str(flow_run.id), "tfopt.config": config.name}
     with tracking.tracked_run(
-        mlflow_tracking_uri(), config.experiment, f"{config.name}-{flow_run.name}",
+        mlflow_tracking_uri(), config.experiment, flow_run.name or config.name,
         params=config.model_dump(mode="json"), tags={**tags, "tfopt.role": "pipeline"},
     ) as run:
         get_run_logger().info("MLflow run: %s", run.url)
@@ -294,6 +294,8 @@ def _write_outputs(
     """The report files and the summary JSON, to the run folder, MLflow and Prefect."""
     for path in write_report(summary, results, run_dir / "report"):
         tracking.log_file(run, path, "report")
+        if path.name == "report.md":
+            tracking.describe_run(run, path.read_text())
     publish_prefect_artifacts(summary)
     summary_path = run_dir / "summary.json"
     atomic_write_json(summary_path, summary)

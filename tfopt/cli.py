@@ -103,7 +103,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         write_demo_images(config.data.source_dir)
     check_paths(config)
-    api_url, tracking_uri = _connect_services()
+    api_url, _ = _connect_services()
 
     from flows.optimize_model import optimize_model
 
@@ -117,10 +117,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     console.print(f"champion: {summary['champion'] or 'none'} ({summary['champion_reason']})")
     prefect_ui = api_url.removesuffix("/api")
     console.print(f"Prefect UI: {prefect_ui}/runs/flow-run/{summary['prefect_flow_run_id']}")
-    console.print(
-        f"MLflow UI:  {tracking_uri}/#/experiments/{summary['mlflow_experiment_id']}/runs/"
-        f"{summary['mlflow_run_id']}"
-    )
+    console.print(f"MLflow UI:  {summary['mlflow_run_url']}")
     if args.summary_json:
         console.print(f"summary: {args.summary_json}")
     elif args.print_json:

@@ -9,6 +9,8 @@ fact has one metric name in every flow.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -33,6 +35,7 @@ from tfopt.provenance import git_commit
 _BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
 _PARAM_VALUE_LIMIT = 6000
+_TAG_VALUE_LIMIT = 8000
 T = TypeVar("T")
 
 
@@ -83,16 +86,27 @@ def flatten_params(tree: Mapping[str, object], prefix: str = "") -> dict[str, st
     return flat
 
 
+# Marks the experiment as model training ("custom model development") for MLflow 3's UI; the
+# view it opens in is chosen by the address (see `experiment_url`).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def ensure_experiment(mlflow: MlflowClient, name: str) -> str:
-    """Return the id of experiment `name`, creating it if needed."""
+    """Return the id of experiment `name`, creating it if needed, tagged as model training."""
     existing = with_retries(lambda: mlflow.get_experiment_by_name(name))
     if existing is not None:
-        return existing.experiment_id
-    try:
-        return mlflow.create_experiment(name)
-    except MlflowException:
-        # Another process created it between our look-up and our create.
-        return mlflow.get_experiment_by_name(name).experiment_id
+        experiment_id = existing.experiment_id
+    else:
+        try:
+            experiment_id = mlflow.create_experiment(name, tags=EXPERIMENT_KIND)
+        except MlflowException:
+            # Another process created it between our look-up and our create.
+            experiment_id = mlflow.get_experiment_by_name(name).experiment_id
+    if existing is None or existing.tags.get("mlflow.experimentKind") is None:
+        for key, value in EXPERIMENT_KIND.items():
+            with_retries(lambda key=key, value=value: mlflow.set_experiment_tag(
+                experiment_id, key, value))
+    return experiment_id
 
 
 def start_run(
@@ -187,9 +201,19 @@ def end_run(mlflow: MlflowClient, run_id: str, status: str = "FINISHED") -> None
     with_retries(lambda: mlflow.set_terminated(run_id, status=status))
 
 
+# MLflow 3's UI opens an experiment in its GenAI view unless the address asks for model training.
+_TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def experiment_url(tracking_uri: str, experiment_id: str) -> str:
+    """Address of an experiment's runs table in the MLflow UI (its model-training view)."""
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?{_TRAINING_VIEW}"
+
+
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    """Address of a run in the MLflow UI."""
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    """Address of a run in the MLflow UI (its model-training view)."""
+    return (f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+            f"?{_TRAINING_VIEW}")
 
 
 def variant_metrics(result: object) -> dict[str, float]:
@@ -341,13 +365,31 @@ def log_file(run: TrackedRun, path: Path, artifact_path: str | None = None) -> N
 
 
 def log_dataset(run: TrackedRun, dataset: DatasetArtifact) -> None:
-    """Examples per split, shards and skipped records; the manifest as an artifact."""
+    """Examples per split, shards and skipped records, the manifest, and the run's input.
+
+    The input fills MLflow's Datasets panel: source folder, manifest digest, counts.
+    """
     log_metrics(run.client, run.run_id, {
         **{f"dataset_{split}_examples": info.examples for split, info in dataset.splits.items()},
         "dataset_shards": dataset.shards,
         "dataset_skipped_records": dataset.skipped_records,
     })
     log_file(run, dataset.manifest_path, "dataset")
+    digest = hashlib.sha256(dataset.manifest_path.read_bytes()).hexdigest()[:16]
+    profile = {"classes": dataset.num_classes, "shards": dataset.shards,
+               "skipped_records": dataset.skipped_records,
+               **{f"{split}_examples": info.examples for split, info in dataset.splits.items()}}
+    entity = Dataset(name=dataset.root.name, digest=digest, source_type="local",
+                     source=json.dumps({"uri": str(dataset.root)}), profile=json.dumps(profile))
+    with_retries(lambda: run.client.log_inputs(run.run_id, datasets=[DatasetInput(
+        entity, tags=[InputTag("mlflow.data.context", "training")])]))
+
+
+def describe_run(run: TrackedRun, markdown: str) -> None:
+    """Set the run's description (the MLflow UI's Description box), cut to MLflow's limit."""
+    note = markdown if len(markdown) <= _TAG_VALUE_LIMIT else (
+        markdown[: _TAG_VALUE_LIMIT - 60] + "\n\n... (cut; the whole report is in report/)")
+    set_tags(run.client, run.run_id, {"mlflow.note.content": note})
 
 
 def log_sweep(run: TrackedRun, sweep: BatchSweepResult, training_batch_size: int) -> None:

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from tests.live import ROOT
 from tfopt.config import load_config
 from tfopt.demo_data import write_demo_images
-from tfopt.tracking import flatten_params
+from tfopt.tracking import experiment_url, flatten_params
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -157,9 +157,9 @@ def test_the_mlflow_ui_compares_the_runs_variants(ui_flow_run, served_deployment
     from playwright.sync_api import expect
 
     page = browser_page
-    page.goto(served_deployments.mlflow_url)
-    page.get_by_text("Model training", exact=True).click()
-    page.get_by_text("tfopt-ui", exact=True).first.click()
+    experiment = MlflowClient(served_deployments.mlflow_url).get_experiment_by_name("tfopt-ui")
+    # The experiment's address as tfopt makes it opens on its runs, not on GenAI traces.
+    page.goto(experiment_url(served_deployments.mlflow_url, experiment.experiment_id))
     expect(page.get_by_text("matching runs")).to_be_visible()
     page.locator("button[data-component-id*=runnamecellrenderer]").first.click()
     chosen = ["baseline-graph", "baseline-tflite-int8", "baseline-onnx"]

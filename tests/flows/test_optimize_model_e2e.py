@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import urllib.request
 from pathlib import Path
@@ -105,6 +106,15 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     assert "mlflow.source.git.commit" in parent.data.tags
     assert {"dataset_train_examples", "dataset_shards", "input_tuned_examples_per_s",
             "pruned-80.sparsity"} <= set(parent.data.metrics)
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert parent.info.run_name == "smoke-small_cnn", "the config's name once"
+    assert "baseline-graph" in parent.data.tags["mlflow.note.content"], "report as description"
+    (data_input,) = parent.inputs.dataset_inputs
+    profile = json.loads(data_input.dataset.profile)
+    assert profile["train_examples"] == summary["dataset"]["train_examples"]
+    manifest = Path(summary["dataset"]["manifest"]).read_bytes()
+    assert data_input.dataset.digest == hashlib.sha256(manifest).hexdigest()[:16]
     history = client.get_metric_history(parent.info.run_id, "train_loss")
     assert len(history) == 8 and [m.step for m in history] == list(range(8))
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
