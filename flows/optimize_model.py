@@ -16,8 +16,13 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.common import benchmark_serialized, built_or_failed, error_of, sharded_data
-from flows.common import tflite_conversions as convert_to_tflite
+from flows.common import (
+    benchmark_serialized,
+    built_or_failed,
+    error_of,
+    sharded_data,
+    tflite_conversions,
+)
 from flows.compress_model import compress_model, task_runner_for
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
 from tasks.export_onnx import export_onnx
@@ -178,7 +183,7 @@ def _baseline_variants(
     fp32 = plan_variant(source, "tflite", "fp32")
     tflite = [plan_variant(source, "tflite", p, derived_from=None if p == "fp32" else fp32.name)
               for p in cfg.tflite]
-    variants += convert_to_tflite(savedmodel, tflite, data.dataset, cfg, variants_dir)
+    variants += tflite_conversions(savedmodel, tflite, data.dataset, cfg, variants_dir)
     if cfg.onnx:
         planned = plan_variant(source, "onnx", derived_from=served.name)
         onnx = built_or_failed(export_onnx(savedmodel, planned, data.dataset, cfg, variants_dir,

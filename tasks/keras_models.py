@@ -174,8 +174,10 @@ def baseline_factory(
         "file": lambda: load_model_file(Path(str(model_cfg.path))),
     }
     make = makers[model_cfg.source]
-    check_fits(make(), image_size, num_classes, model_cfg.source)
-    return make
+    checked = [make()]
+    check_fits(checked[0], image_size, num_classes, model_cfg.source)
+    # The checked model is the first one handed out, so a file is not loaded twice.
+    return lambda: checked.pop() if checked else make()
 
 
 def check_fits(model: keras.Model, image_size: int, num_classes: int, source: str) -> None:
