@@ -148,6 +148,16 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
         assert client.list_artifacts(child.info.run_id, "model")
 
 
+def _run_smoke_with(settings, summary_path, overrides: dict) -> dict:
+    """`tfopt run` on the smoke config with `--set` overrides; the summary it wrote."""
+    command = ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path)]
+    for key, value in overrides.items():
+        command += ["--set", f"{key}={value}"]
+    completed = run_tfopt(settings, command)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return json.loads(summary_path.read_text())
+
+
 def _post(url: str, body: dict) -> list[dict]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
@@ -188,12 +198,7 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
         "compress.qat.enabled": "false",
         "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
     }
-    command = ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path)]
-    for key, value in overrides.items():
-        command += ["--set", f"{key}={value}"]
-    completed = run_tfopt(live_services, command)
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    summary = json.loads(summary_path.read_text())
+    summary = _run_smoke_with(live_services, summary_path, overrides)
     by_name = {v["name"]: v for v in summary["variants"]}
     onnx = by_name["baseline-onnx"]
     assert onnx["status"] == "failed" and "OnnxMismatchError" in onnx["error"]
@@ -278,12 +283,7 @@ def test_a_trained_model_file_goes_through_the_pipeline_as_it_is(live_services, 
         "compress.distill.enabled": "false", "compress.qat.enabled": "false",
         "compress.prune.epochs": 1, "input.sweep_batch_sizes": "[32]",
     }
-    command = ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path)]
-    for key, value in overrides.items():
-        command += ["--set", f"{key}={value}"]
-    completed = run_tfopt(live_services, command)
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    summary = json.loads(summary_path.read_text())
+    summary = _run_smoke_with(live_services, summary_path, overrides)
     by_name = {v["name"]: v for v in summary["variants"]}
     assert abs(summary["baseline_accuracy"] - own_accuracy) < 1e-6, "the model as it was"
     # Overall kernel sparsity: tfmot leaves some of MobileNetV2's kernels dense (0.75 seen).
