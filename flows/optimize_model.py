@@ -29,6 +29,7 @@ from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
 from tasks.measure_data_layout import measure_data_layout
 from tasks.measure_input_pipeline import measure_input_pipeline
+from tasks.package_models import package_models
 from tasks.pick_champion import pick_champion
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.sweep_batch_size import sweep_batch_size
@@ -99,8 +100,10 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         compressed, technique_models = _compressed_variants(config, measured.data, baseline,
                                                             run_dir, run)
         results = _benchmark_all([*variants, *compressed], inputs, config.benchmark)
+        packaged = package_models(results, inputs, measured.data.dataset.class_names,
+                                  measured.data.input_scale, run_dir / "mlflow-models")
         run_ids = tracking.log_variants(
-            run, results, {m.name: m for m in [baseline, *technique_models]}, tags)
+            run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged)
         summary = _summarize(config, run, measured, results, run_ids, technique_models)
         _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")

@@ -13,7 +13,7 @@ from tasks.input_pipeline import load_split
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, Precision, VariantSpec
 from tfopt.config import ConvertConfig, InputScale
 from tfopt.fileio import atomic_write_bytes
-from tfopt.serving import SIGNATURE_KEY
+from tfopt.serving import SIGNATURE_KEY, write_labels
 from tfopt.variants import built
 
 
@@ -66,7 +66,7 @@ def convert_tflite(
             ``int8`` (integer weights and activations, calibrated on training examples).
         dataset: Source of the int8 calibration examples (training split).
         cfg: Calibration size and integer input/output choice.
-        out_dir: Folder to write ``<variant name>.tflite`` into.
+        out_dir: Folder to write ``<variant name>.tflite`` (and ``labels.txt``) into.
 
     Returns:
         The variant, built.
@@ -78,6 +78,7 @@ def convert_tflite(
     flatbuffer = converter.convert()
     path = out_dir / f"{variant.name}.tflite"
     atomic_write_bytes(path, flatbuffer)
+    write_labels(out_dir, dataset.class_names)
     params: dict[str, str | int | float | bool] = {"converter": "TFLiteConverter.from_saved_model"}
     if variant.precision == "int8":
         params.update(calibration_examples=cfg.calibration_examples, int8_io=cfg.int8_io)

@@ -14,7 +14,7 @@ from tasks.runners import OnnxRunner, SavedModelRunner, predict_batched, softmax
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, VariantSpec
 from tfopt.config import ConvertConfig
 from tfopt.logs import step_logger
-from tfopt.serving import SIGNATURE_KEY
+from tfopt.serving import SIGNATURE_KEY, write_labels
 from tfopt.variants import built
 
 CHECK_EXAMPLES = 256
@@ -83,6 +83,7 @@ def export_onnx(
     logger = step_logger()
     path = out_dir / f"{savedmodel.name}.onnx"
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_labels(out_dir, dataset.class_names)
     run_tf2onnx(savedmodel.path, path, cfg.onnx_opset)
     images, _ = load_split(dataset, "test", CHECK_EXAMPLES, savedmodel.input_scale)
     reference = predict_batched(SavedModelRunner(savedmodel.path), images, 32)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from prefect import task
 
+from tasks.package_models import model_file_of
 from tfopt.artifacts import VariantSpec
 from tfopt.orchestration import retry_if_transient
 
@@ -17,11 +18,14 @@ _MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<ver
 def detect_format(path: Path) -> tuple[str, Path]:
     """The runner format of a model file or folder, and the path to open.
 
-    A downloaded ``model`` artifact folder holding a single model file resolves to that file.
+    An MLflow Model folder written by tfopt (a registered variant) resolves to the model file
+    its metadata names; any other folder holding a single model file resolves to that file.
 
     Raises:
         ValueError: Nothing recognizable at `path`.
     """
+    if path.is_dir() and (packaged := model_file_of(path)) is not None:
+        return packaged
     if path.is_file() and path.suffix in _SUFFIX_FORMATS:
         return _SUFFIX_FORMATS[path.suffix], path
     if path.is_dir():

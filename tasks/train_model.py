@@ -28,6 +28,7 @@ from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import ModelConfig, TrainConfig
 from tfopt.logs import step_logger
 from tfopt.orchestration import StepProgress
+from tfopt.serving import write_labels
 
 
 @task(name="train_model", tags=["training"])
@@ -90,6 +91,7 @@ def train_model(
     )
     path = keras_model_path(out_dir, "baseline")
     save_keras_model(model, path)
+    write_labels(out_dir, dataset.class_names)
     metrics = {f"final_{name}": values[-1] for name, values in curves.items()}
     metrics["train_seconds"] = fitted.seconds
     return ModelArtifact(
@@ -98,6 +100,7 @@ def train_model(
         format="keras",
         image_size=dataset.image_size,
         num_classes=dataset.num_classes,
+        class_names=dataset.class_names,
         input_scale=data.input_scale,
         params={
             **_source_params(model_cfg),

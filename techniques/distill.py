@@ -146,6 +146,7 @@ def distill_model(
         format="keras",
         image_size=dataset.image_size,
         num_classes=dataset.num_classes,
+        class_names=dataset.class_names,
         input_scale=model.input_scale,
         params={"technique": "distillation", "student": STUDENT_ARCHITECTURE,
                 "student_width": cfg.student_width, "alpha": cfg.alpha,

@@ -130,6 +130,7 @@ def prune_model(
         format="keras",
         image_size=model.image_size,
         num_classes=model.num_classes,
+        class_names=model.class_names,
         input_scale=model.input_scale,
         params={"technique": "pruning", "target_sparsity": effective_sparsity(cfg),
                 "pattern": "2:4" if cfg.structured_2_4 else "unstructured",

@@ -50,13 +50,14 @@ def quantize_aware_train(
     accuracy = evaluate_test_accuracy(qat, data)
     logger.info("QAT model test accuracy (fake-quantized): %.4f", accuracy)
     path = out_dir / f"{SOURCE_NAME}-savedmodel"
-    save_serving_savedmodel(qat, model.image_size, path)
+    save_serving_savedmodel(qat, model.image_size, path, model.class_names)
     return ModelArtifact(
         name=SOURCE_NAME,
         path=path,
         format="savedmodel",
         image_size=model.image_size,
         num_classes=model.num_classes,
+        class_names=model.class_names,
         input_scale=model.input_scale,
         params={"technique": "quantization-aware training", "scheme": "Default8BitQuantizeScheme",
                 "epochs": cfg.epochs, "learning_rate": cfg.learning_rate, **fitted.reader},

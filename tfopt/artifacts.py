@@ -114,6 +114,7 @@ class ModelArtifact(_Frozen):
     precision: Precision = "fp32"
     image_size: int
     num_classes: int
+    class_names: list[str] = Field(default_factory=list)
     input_scale: InputScale = "unit"
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)

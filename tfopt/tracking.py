@@ -241,8 +241,9 @@ def log_variant_run(
     log_model_files: bool = True,
     source_params: Mapping[str, object] | None = None,
     source_metrics: Mapping[str, float] | None = None,
+    mlflow_model: Path | None = None,
 ) -> str:
-    """Create a child run for one benchmarked variant with its params, metrics and model file.
+    """Create a child run for one benchmarked variant with its params, metrics and model.
 
     Args:
         mlflow: Tracking client.
@@ -250,10 +251,12 @@ def log_variant_run(
         parent_run_id: The pipeline's run.
         result: A `VariantResult`.
         tags: Extra tags (e.g. the Prefect flow run id).
-        log_model_files: Upload the variant's model file or folder as an artifact.
+        log_model_files: Upload the variant's model as the ``model`` artifact: its MLflow
+            Model folder if given, else its model file or folder as it is.
         source_params: Parameters of the technique that made the variant's model.
         source_metrics: Metrics of that technique (e.g. sparsity reached), logged as
             ``source.<name>``.
+        mlflow_model: The variant packaged as an MLflow Model folder.
 
     Returns:
         The child run's id.
@@ -279,9 +282,9 @@ def log_variant_run(
         log_metrics(mlflow, run_id, {f"source.{k}": v for k, v in source_metrics.items()})
     if data["status"] == "ok":
         log_metrics(mlflow, run_id, variant_metrics(result))
-        path = data.get("path")
-        if log_model_files and path is not None and Path(path).exists():
-            log_artifact(mlflow, run_id, Path(path), "model")
+        path = mlflow_model or (Path(data["path"]) if data.get("path") else None)
+        if log_model_files and path is not None and path.exists():
+            log_artifact(mlflow, run_id, path, "model")
         for extra in data.get("extra_files") or []:
             log_artifact(mlflow, run_id, Path(extra), "extra")
     end_run(mlflow, run_id, "FINISHED" if data["status"] != "failed" else "FAILED")
@@ -458,8 +461,12 @@ def log_variants(
     results: list[VariantResult],
     sources: Mapping[str, ModelArtifact],
     tags: Mapping[str, str],
+    mlflow_models: Mapping[str, Path] | None = None,
 ) -> dict[str, str]:
     """A child run per variant, with the params and metrics of the model it was made from.
+
+    A variant packaged in `mlflow_models` is logged as that MLflow Model, so it loads with
+    ``mlflow.pyfunc.load_model("runs:/<child run>/model")``; others as their file.
 
     Returns:
         Variant name to child run id.
@@ -471,6 +478,7 @@ def log_variants(
             run.client, run.experiment_id, run.run_id, result, tags=tags,
             source_params=source.params if source else None,
             source_metrics=source.metrics if source else None,
+            mlflow_model=(mlflow_models or {}).get(result.name),
         )
     return run_ids
 

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.live import run_tfopt
+from tests.live import free_port, run_tfopt
 from tfopt.demo_data import write_demo_images
+from tfopt.services import is_healthy
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,7 +153,8 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
             continue
         assert {"accuracy", "latency_p50_ms", "size_bytes", "gzip_bytes",
                 "top1_agreement"} <= set(child.data.metrics)
-        assert client.list_artifacts(child.info.run_id, "model")
+        packaged = {a.path for a in client.list_artifacts(child.info.run_id, "model")}
+        assert {"model/MLmodel", "model/labels.txt"} <= packaged, child.info.run_name
 
 
 def _run_smoke_with(settings, summary_path, overrides: dict) -> dict:
@@ -158,7 +167,7 @@ def _run_smoke_with(settings, summary_path, overrides: dict) -> dict:
     return json.loads(summary_path.read_text())
 
 
-def _post(url: str, body: dict) -> list[dict]:
+def _post(url: str, body: dict) -> Any:
     request = urllib.request.Request(url, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -250,9 +259,53 @@ def test_benchmark_only_flow_measures_the_registered_champion(smoke_run, tmp_pat
     }
 
 
+def _smoke_test_split(smoke_run) -> tuple[np.ndarray, np.ndarray]:
+    """The smoke run's benchmark inputs: scaled test images and their labels."""
+    _, summary, _, demo = smoke_run
+    inputs = demo.parent / "work" / "runs" / f"smoke-{summary['mlflow_run_id'][:12]}" / (
+        "benchmark-inputs")
+    return np.load(inputs / "test-images.npy"), np.load(inputs / "test-labels.npy")
+
+
+def test_the_registered_champion_loads_by_uri_and_answers_over_http(smoke_run, tmp_path):
+    import mlflow.pyfunc
+
+    settings, summary, _, demo = smoke_run
+    images, labels = _smoke_test_split(smoke_run)
+    mlflow.set_tracking_uri(settings.mlflow_url)
+    uri = "models:/tfopt-smoke@champion"
+    champion = mlflow.pyfunc.load_model(uri)
+    assert champion.metadata.metadata["class_names"] == sorted(
+        p.name for p in demo.iterdir() if p.is_dir())
+    scores = np.asarray(champion.predict(images))
+    assert scores.shape == (len(images), summary["dataset"]["classes"])
+    reported = next(v for v in summary["variants"] if v["name"] == summary["champion"])
+    assert np.mean(scores.argmax(1) == labels) == pytest.approx(reported["accuracy"], abs=0.01)
+
+    port = free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": settings.mlflow_url,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager",
+             "local", "-h", "127.0.0.1", "-p", str(port)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not is_healthy(f"http://127.0.0.1:{port}/ping"):
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        answer = _post(f"http://127.0.0.1:{port}/invocations",
+                       {"inputs": images[:4].tolist()})
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    np.testing.assert_allclose(answer["predictions"], scores[:4], atol=1e-5)
+
+
 def test_a_trained_model_file_goes_through_the_pipeline_as_it_is(live_services, tmp_path):
     """A network nobody here wrote, trained outside tfopt, optimized with train.epochs 0."""
-    import numpy as np
     import tf_keras as keras
 
     from tasks.input_pipeline import load_split
