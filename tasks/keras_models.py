@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import tf_keras as keras
 
 from tasks.model_zoo import build_model
 from tfopt.config import ConfigError, ModelConfig
+from tfopt.serving import LABELS_FILE, read_labels
 
 
 def keras_model_path(out_dir: Path, name: str) -> Path:
@@ -157,16 +158,19 @@ def keras_version_of(path: Path) -> str | None:
 
 
 def baseline_factory(
-    model_cfg: ModelConfig, image_size: int, num_classes: int
+    model_cfg: ModelConfig, image_size: int, num_classes: int,
+    class_names: Sequence[str] = (),
 ) -> Callable[[], keras.Model]:
     """A function that makes a fresh baseline: zoo network, user's builder or user's file.
 
-    A file's model comes with its trained weights. The first model is made and checked now, so
-    a model that does not fit the data is refused before any training.
+    A file's model comes with its trained weights, and with its class order when a
+    ``labels.txt`` lies beside it (checked against `class_names`, the data's). The first model
+    is made and checked now, so a model that does not fit the data is refused before any
+    training.
 
     Raises:
-        ModelSourceError: The model cannot be made, or its input or output disagrees with the
-            data (naming both values).
+        ModelSourceError: The model cannot be made, or its input, outputs or class order
+            disagree with the data (naming both values).
     """
     makers: dict[str, Callable[[], keras.Model]] = {
         "zoo": lambda: build_configured(model_cfg, image_size, num_classes),
@@ -174,10 +178,41 @@ def baseline_factory(
         "file": lambda: load_model_file(Path(str(model_cfg.path))),
     }
     make = makers[model_cfg.source]
+    if model_cfg.source == "file" and class_names:
+        check_class_order(Path(str(model_cfg.path)), class_names)
     checked = [make()]
     check_fits(checked[0], image_size, num_classes, model_cfg.source)
     # The checked model is the first one handed out, so a file is not loaded twice.
     return lambda: checked.pop() if checked else make()
+
+
+def labels_of(path: Path) -> list[str] | None:
+    """The class order a model file or folder comes with, None when it has no ``labels.txt``.
+
+    Looked for inside a folder (its root, then ``assets/``, where tfopt's SavedModels keep it)
+    and beside a file.
+    """
+    places = [path / LABELS_FILE, path / "assets" / LABELS_FILE] if path.is_dir() else [
+        path.with_name(LABELS_FILE)]
+    found = next((place for place in places if place.is_file()), None)
+    return read_labels(found) if found else None
+
+
+def check_class_order(path: Path, class_names: Sequence[str]) -> None:
+    """Refuse a model whose ``labels.txt`` names other classes, or the same in another order.
+
+    Raises:
+        ModelSourceError: Naming the model's classes and the data folder's.
+    """
+    labels = labels_of(path)
+    if labels is None or labels == list(class_names):
+        return
+    what = "in another order" if sorted(labels) == sorted(class_names) else "other classes"
+    raise ModelSourceError(
+        f"model.path: {path}'s labels.txt lists {what} than the data folder: model "
+        f"{labels[:20]}, data {list(class_names)[:20]}; the outputs would be read as the wrong "
+        "classes (rename the class folders or fix labels.txt)"
+    )
 
 
 def check_fits(model: keras.Model, image_size: int, num_classes: int, source: str) -> None:

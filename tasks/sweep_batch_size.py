@@ -99,7 +99,8 @@ def sweep_batch_size(
     """
     logger = step_logger()
     images, labels = load_split(dataset, "train", max(cfg.sweep_batch_sizes))
-    make_model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes)
+    make_model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes,
+                                  dataset.class_names)
     points = []
     for batch_size in sorted(set(cfg.sweep_batch_sizes)):
         batch_images, batch_labels = tile_batch(images, labels, batch_size)

@@ -66,7 +66,8 @@ def train_model(
     keras.utils.set_random_seed(data.seed)
     strategy = distribution_strategy(train_cfg.distribute)
     with precision_policy(train_cfg.mixed_precision), strategy.scope():
-        model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes)()
+        model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes,
+                                 dataset.class_names)()
         if train_cfg.epochs == 0:
             fitted = Fitted(curves={}, seconds=0.0)
         else:

@@ -185,3 +185,31 @@ def test_a_raw_pixel_model_is_trained_calibrated_and_measured_on_raw_pixels(tiny
     float_top1 = np.argmax(SavedModelRunner(savedmodel.path).predict(raw_images), 1)
     int8_top1 = np.argmax(TFLiteRunner(int8.path).predict(raw_images), 1)
     assert np.mean(float_top1 == int8_top1) >= 0.85, "calibrated on the same raw pixels"
+
+
+def test_a_model_file_with_labels_must_list_the_data_classes_in_order(tiny_baseline,
+                                                                      tiny_dataset, tmp_path):
+    from tfopt.serving import write_labels
+
+    size, names = tiny_dataset.image_size, list(tiny_dataset.class_names)
+    theirs = tmp_path / "theirs.keras"
+    theirs.write_bytes(tiny_baseline.path.read_bytes())
+    cfg = ModelConfig(source="file", path=theirs)
+    write_labels(tmp_path, names)
+    assert baseline_factory(cfg, size, len(names), names)() is not None
+    write_labels(tmp_path, names[::-1])
+    with pytest.raises(ModelSourceError, match=r"model\.path: .*in another order"):
+        baseline_factory(cfg, size, len(names), names)
+    write_labels(tmp_path, [f"other-{name}" for name in names])
+    with pytest.raises(ModelSourceError, match=r"other classes .*model \['other-"):
+        baseline_factory(cfg, size, len(names), names)
+
+
+def test_every_produced_model_carries_the_class_order(tiny_baseline, tiny_savedmodel,
+                                                      tiny_dataset):
+    from tasks.keras_models import labels_of
+
+    names = list(tiny_dataset.class_names)
+    assert tiny_baseline.class_names == names
+    assert labels_of(tiny_baseline.path) == names, "labels.txt beside baseline.keras"
+    assert labels_of(tiny_savedmodel.path) == names, "assets/labels.txt in the SavedModel"

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tasks.input_pipeline import load_split_arrays
+from tasks.keras_models import labels_of
 from tasks.package_models import ServingContract, model_file_of, save_variant_model
 from tasks.resolve_model import detect_format
 from tasks.runners import GraphRunner, OnnxRunner, SavedModelRunner, TFLiteRunner
@@ -49,6 +50,7 @@ def test_a_packaged_variant_predicts_what_its_runner_predicts(
     import mlflow.pyfunc
 
     path, precision, runner = variant_files[model_format]
+    assert labels_of(path) == list(contract.class_names), "the step wrote labels.txt"
     folder = save_variant_model(path, model_format, precision, contract, tmp_path / "model")
     predicted = mlflow.pyfunc.load_model(str(folder)).predict(images)
     if isinstance(predicted, dict):  # the ONNX flavor answers every output by name
