@@ -11,14 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
+from prefect.states import State
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from flows.common import error_of, final_state, tflite_conversions
 from tasks.export_savedmodel import export_savedmodel
 from techniques import Planned, plan
+from techniques.base import NotApplicable
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.config import PipelineConfig, ScaleConfig
-from tfopt.variants import built, failed
+from tfopt.variants import built, failed, skipped
 
 
 def task_runner_for(scale: ScaleConfig) -> TaskRunner:
@@ -43,7 +45,8 @@ def compress_model(
 ) -> tuple[list[VariantSpec], list[ModelArtifact]]:
     """Apply every enabled compression technique to the baseline and convert what it produces.
 
-    A technique that fails marks its planned variants failed; the others go on.
+    A technique that fails marks its planned variants failed, one that does not apply to the
+    model (`NotApplicable`) skipped with its reason; the others go on.
 
     Args:
         config: The pipeline configuration (compress, convert and scale sections).
@@ -62,12 +65,20 @@ def compress_model(
     for planned, future in zip(plans, futures, strict=True):
         state = final_state(future)
         if not state.is_completed():
-            error = f"{planned.source} failed: {error_of(state)}"
-            variants += [failed(spec, error) for spec in planned.variants]
+            variants += _not_built(planned, state)
             continue
         models.append(state.result())
         variants += _forms_of(state.result(), planned, config, data, run_dir)
     return variants, models
+
+
+def _not_built(planned: Planned, state: State) -> list[VariantSpec]:
+    """The technique's variants, skipped if it does not apply to the model, else failed."""
+    if isinstance(state.result(raise_on_failure=False), NotApplicable):
+        reason = f"{planned.technique.name} does not apply: {state.result(raise_on_failure=False)}"
+        return [skipped(spec, reason) for spec in planned.variants]
+    error = f"{planned.source} failed: {error_of(state)}"
+    return [failed(spec, error) for spec in planned.variants]
 
 
 def _forms_of(

@@ -20,6 +20,14 @@ from tfopt.variants import plan_variant, variant_name
 KERAS_ONLY: frozenset[VariantFormat] = frozenset({"keras"})
 
 
+class NotApplicable(Exception):  # noqa: N818 - a verdict about the model, not a failure
+    """The technique cannot work on this model's layers: its variants are skipped, not failed.
+
+    Raised by a technique's task when tfmot refuses the model (e.g. layers its quantization
+    scheme has no rule for), so the summary says why instead of reporting a failure.
+    """
+
+
 @dataclass(frozen=True)
 class Technique:
     """One optimization technique, declared by its module as ``TECHNIQUE``.

@@ -12,7 +12,7 @@ from prefect import task
 
 from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
 from tasks.training import Fitted, evaluate_test_accuracy, fit
-from techniques.base import KERAS_ONLY, Technique
+from techniques.base import KERAS_ONLY, NotApplicable, Technique
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import PruneConfig
 from tfopt.fileio import gzip_size_bytes
@@ -75,6 +75,34 @@ def overall_sparsity(model: keras.Model) -> float:
     return sum(zeros for zeros, _ in sizes) / total if total else 0.0
 
 
+def wrap_prunable_layers(model: keras.Model, params: dict) -> keras.Model:
+    """`model` with tfmot's pruning wrapper around every layer that has prunable weights.
+
+    Other layers (TensorFlow ops called as layers, rescaling, custom layers) stay as they
+    are, as tfmot's guide does to prune part of a model, so any tf_keras functional or
+    sequential model can be pruned; the wrapped layers share `model`'s variables.
+
+    Raises:
+        NotApplicable: No layer of the model can be pruned.
+    """
+    import tensorflow_model_optimization as tfmot
+    from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import (
+        PruneRegistry,
+    )
+
+    def prunable(layer: keras.layers.Layer) -> bool:
+        return bool(layer.trainable_weights) and (
+            PruneRegistry.supports(layer)
+            or isinstance(layer, tfmot.sparsity.keras.PrunableLayer))
+
+    if not any(prunable(layer) for layer in model.layers):
+        raise NotApplicable(f"{model.name} has no layer tfmot can prune")
+    return keras.models.clone_model(
+        model, clone_function=lambda layer: (
+            tfmot.sparsity.keras.prune_low_magnitude(layer, **params) if prunable(layer)
+            else layer))
+
+
 def prune_and_finetune(
     base: keras.Model, cfg: PruneConfig, data: TrainingData
 ) -> tuple[keras.Model, Fitted]:
@@ -87,9 +115,7 @@ def prune_and_finetune(
 
     steps_per_epoch = math.ceil(data.dataset.splits["train"].examples / data.batch_size)
     total_steps = steps_per_epoch * cfg.epochs
-    pruned = tfmot.sparsity.keras.prune_low_magnitude(
-        copy_model(base), **pruning_params(cfg, total_steps)
-    )
+    pruned = wrap_prunable_layers(copy_model(base), pruning_params(cfg, total_steps))
     fitted = fit(pruned, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
                  callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
     return pruned, fitted

@@ -10,7 +10,7 @@ from prefect import task
 from tasks.export_savedmodel import save_serving_savedmodel
 from tasks.keras_models import copy_model, load_keras_model
 from tasks.training import evaluate_test_accuracy, fit
-from techniques.base import KERAS_ONLY, Technique
+from techniques.base import KERAS_ONLY, NotApplicable, Technique
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import QatConfig
 from tfopt.logs import step_logger
@@ -19,10 +19,21 @@ SOURCE_NAME = "qat"
 
 
 def make_quantization_aware(base: keras.Model) -> keras.Model:
-    """A copy of `base` with fake-quantization (tfmot's default 8-bit scheme); `base` unchanged."""
+    """A copy of `base` with fake-quantization (tfmot's default 8-bit scheme); `base` unchanged.
+
+    Raises:
+        NotApplicable: tfmot cannot wrap the model (layers its scheme has no rule for, such as
+            Rescaling, or TensorFlow ops called as layers), naming tfmot's reason.
+    """
     import tensorflow_model_optimization as tfmot
 
-    return tfmot.quantization.keras.quantize_model(copy_model(base))
+    try:
+        return tfmot.quantization.keras.quantize_model(copy_model(base))
+    except (RuntimeError, ValueError, TypeError, AttributeError) as error:
+        raise NotApplicable(
+            f"tfmot's 8-bit scheme cannot wrap {base.name}: {type(error).__name__}: "
+            f"{str(error).splitlines()[0][:300]}"
+        ) from error
 
 
 @task(name="quantize_aware_train", tags=["compression"])

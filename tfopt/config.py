@@ -81,6 +81,11 @@ class DataConfig(_Section):
 
 _BUILDER_PATTERN = r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$"
 InputScale = Literal["unit", "symmetric", "raw"]
+APPLICATION_ARCHITECTURES = ("mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
+                             "efficientnet_b0", "resnet50")
+"""The zoo networks tasks/model_zoo.py builds from tf_keras.applications."""
+Architecture = Literal["small_cnn", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
+                       "efficientnet_b0", "resnet50"]
 
 
 class ModelConfig(_Section):
@@ -103,12 +108,24 @@ class ModelConfig(_Section):
             "module), a function (image_size, num_classes) -> uncompiled tf_keras.Model."
         ),
     )
-    architecture: Literal["small_cnn", "mobilenet_v2"] = Field(
+    architecture: Architecture = Field(
         "small_cnn",
-        description="source=zoo: the network (built in code, no downloads).",
+        description=(
+            "source=zoo: the network. small_cnn is written in tfopt; the others are "
+            "tf_keras.applications built with weights=None (nothing is downloaded; images of "
+            "at least 32x32)."
+        ),
+    )
+    weights: Path | None = Field(
+        None,
+        description=(
+            "source=zoo: a local weights file to start from (an application's feature "
+            "extractor, e.g. an ImageNet 'no top' .h5; small_cnn: save_weights of the same "
+            "network)."
+        ),
     )
     width: int = Field(32, ge=4, le=256, description="Filters in small_cnn's first convolution.")
-    alpha: float = Field(0.35, gt=0.0, le=2.0, description="mobilenet_v2's width multiplier.")
+    alpha: float = Field(0.35, gt=0.0, le=2.0, description="The MobileNets' width multiplier.")
     data_format: Literal["channels_last", "channels_first"] = Field(
         "channels_last", description="source=zoo: layout inside the model, NHWC or NCHW."
     )
@@ -133,6 +150,8 @@ class ModelConfig(_Section):
             raise ValueError(f"model.path is used with model.source=file, not {self.source}")
         if self.source != "builder" and self.builder:
             raise ValueError(f"model.builder is used with model.source=builder, not {self.source}")
+        if self.source != "zoo" and self.weights is not None:
+            raise ValueError(f"model.weights is used with model.source=zoo, not {self.source}")
         return self
 
 
@@ -453,6 +472,12 @@ class PipelineConfig(_Section):
             )
         if self.train.mixed_precision != "off" and self.model.source != "zoo":
             raise ValueError("train.mixed_precision applies to model.source=zoo networks only")
+        if (self.model.source == "zoo" and self.model.architecture in APPLICATION_ARCHITECTURES
+                and self.data.image_size < 32):
+            raise ValueError(
+                f"model.architecture {self.model.architecture} needs images of at least 32x32 "
+                f"pixels but data.image_size is {self.data.image_size}"
+            )
         return self
 
 
@@ -558,6 +583,9 @@ def check_paths(config: PipelineConfig | PreprocessConfig) -> None:
     model = getattr(config, "model", None)
     if isinstance(model, ModelConfig) and model.path is not None and not model.path.is_file():
         raise ConfigError(f"model.path: {model.path} does not exist or is not a file")
+    if isinstance(model, ModelConfig) and model.weights is not None and (
+            not model.weights.is_file()):
+        raise ConfigError(f"model.weights: {model.weights} does not exist or is not a file")
     if isinstance(model, ModelConfig) and model.builder:
         target = model.builder.rpartition(":")[0]
         if target.endswith(".py") and not Path(target).is_file():

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tf_keras as keras
 
 from tasks.input_pipeline import load_split_arrays
 from tasks.keras_models import load_keras_model
@@ -198,3 +199,41 @@ def test_a_new_technique_is_one_module_and_one_config_section(tiny_baseline, tin
         assert made.name == "copied" and made.path.exists()
     finally:
         registry.cache_clear()
+
+
+def _rescaling_model(path):
+    """A model whose Rescaling layer tfmot's 8-bit scheme has no rule for."""
+    from tasks.keras_models import save_keras_model
+
+    inputs = keras.Input((16, 16, 3), name="images")
+    x = keras.layers.Rescaling(2.0, offset=-1.0)(inputs)
+    x = keras.layers.Conv2D(8, 3, activation="relu")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    save_keras_model(keras.Model(inputs, keras.layers.Dense(3, name="logits")(x)), path)
+    return path
+
+
+def test_a_technique_that_cannot_wrap_the_model_skips_with_tfmots_reason(
+    live_services, tiny_baseline, tiny_data, tmp_path
+):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.compress_model import compress_model
+    from tfopt.config import PipelineConfig
+
+    baseline = tiny_baseline.model_copy(
+        update={"path": _rescaling_model(tmp_path / "rescaling.keras")})
+    config = PipelineConfig.model_validate({
+        "name": "not-applicable",
+        "compress": {"prune": {"epochs": 1}, "distill": {"enabled": False},
+                     "qat": {"epochs": 1}, "tflite": ["fp32"]},
+    })
+    with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
+        variants, models = compress_model(config, baseline, tiny_data, tmp_path)
+    by_name = {v.name: v for v in variants}
+    assert by_name["qat-tflite-int8"].status == "skipped"
+    assert "qat does not apply" in by_name["qat-tflite-int8"].error
+    assert "Rescaling" in by_name["qat-tflite-int8"].error
+    assert by_name["pruned-80-graph"].status == "ok", "pruning leaves the Rescaling layer be"
+    (pruned,) = models
+    assert pruned.metrics["sparsity"] > 0.5
