@@ -27,6 +27,7 @@ from flows.compress_model import compress_model, task_runner_for
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
 from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
+from tasks.import_model import import_model
 from tasks.measure_data_layout import measure_data_layout
 from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.package_models import package_models
@@ -47,7 +48,7 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.config import BenchmarkConfig, PipelineConfig, check_paths
+from tfopt.config import BenchmarkConfig, ConvertConfig, PipelineConfig, check_paths
 from tfopt.fileio import atomic_write_json
 from tfopt.orchestration import StepProgress
 from tfopt.prefect_artifacts import publish_prefect_artifacts
@@ -94,8 +95,8 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         get_run_logger().info("MLflow run: %s", run.url)
         run_dir = work_dir / "runs" / f"{config.name}-{run.run_id[:12]}"
         measured = _prepare_data(config, work_dir, run_dir, run)
-        baseline, savedmodel = _train_baseline(config, measured.data, work_dir, run_dir, run)
-        inputs = _benchmark_inputs(savedmodel, measured.data, run_dir)
+        baseline, savedmodel = _baseline(config, measured.data, work_dir, run_dir, run)
+        inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
         variants = _baseline_variants(config, measured.data, baseline, savedmodel, run_dir, run)
         compressed, technique_models = _compressed_variants(config, measured.data, baseline,
                                                             run_dir, run)
@@ -124,7 +125,7 @@ def _prepare_data(
     pipeline = measure_input_pipeline(dataset, sweep.chosen_batch_size, config.input)
     tracking.log_input_pipeline(run, pipeline)
     layout = None
-    if config.input.measure_layouts:
+    if config.input.measure_layouts and config.model.kind == "keras":
         layout = measure_data_layout(dataset, config.model, batch_size, config.input.sweep_steps)
         tracking.log_layout(run, layout)
     data = TrainingData(dataset=dataset, batch_size=batch_size, seed=config.train.seed,
@@ -143,12 +144,20 @@ def _checkpoint_dir(config: PipelineConfig, data: TrainingData, work_dir: Path) 
     return work_dir / "checkpoints" / f"baseline-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def _train_baseline(
+def _baseline(
     config: PipelineConfig, data: TrainingData, work_dir: Path, run_dir: Path,
     run: tracking.TrackedRun,
-) -> tuple[ModelArtifact, ModelArtifact]:
-    """Train the baseline and export its SavedModel."""
+) -> tuple[ModelArtifact, ModelArtifact | None]:
+    """Train the baseline and export its SavedModel; or take in a non-Keras model file.
+
+    Returns:
+        The baseline, and the SavedModel conversions start from (None for .tflite and .onnx).
+    """
     models_dir = run_dir / "models"
+    if config.model.kind != "keras":
+        baseline = import_model(config.model, data.dataset, models_dir)
+        tracking.log_training(run, baseline)
+        return baseline, baseline if baseline.format == "savedmodel" else None
     baseline = train_model(data, config.model, config.train, models_dir,
                            checkpoint_dir=_checkpoint_dir(config, data, work_dir))
     tracking.log_training(run, baseline)
@@ -158,37 +167,37 @@ def _train_baseline(
 
 
 def _benchmark_inputs(
-    savedmodel: ModelArtifact, data: TrainingData, run_dir: Path
+    model: ModelArtifact, data: TrainingData, run_dir: Path
 ) -> BenchmarkInputs:
-    """The decoded test split and the float SavedModel's logits on it (every variant's input)."""
-    reference = plan_variant(savedmodel.name, "savedmodel", path=savedmodel.path)
+    """The decoded test split and the reference model's logits on it (every variant's input).
+
+    The reference is the float SavedModel, or a .tflite or .onnx baseline itself.
+    """
+    reference = plan_variant(model.name, model.format, model.precision, path=model.path)
     return prepare_benchmark_inputs(reference, data.dataset, run_dir / "benchmark-inputs",
-                                    data.batch_size, savedmodel.input_scale)
+                                    data.batch_size, model.input_scale)
 
 
 def _baseline_variants(
-    config: PipelineConfig, data: TrainingData, keras_model: ModelArtifact,
-    savedmodel: ModelArtifact, run_dir: Path, run: tracking.TrackedRun,
+    config: PipelineConfig, data: TrainingData, baseline: ModelArtifact,
+    savedmodel: ModelArtifact | None, run_dir: Path, run: tracking.TrackedRun,
 ) -> list[VariantSpec]:
-    """Every form of the baseline: graph, SavedModel, XLA, TFLite, ONNX (+ TensorRT), TF-TRT."""
-    source, cfg, variants_dir = keras_model.name, config.convert, run_dir / "variants"
-    graph = plan_variant(source, "graph", path=keras_model.path)
-    served = plan_variant(source, "savedmodel", derived_from=graph.name, path=savedmodel.path)
-    variants = [graph, served]
-    for mode in cfg.xla:
-        xla = plan_variant(source, "xla", form="xla" if mode == "jit_compile" else f"xla-{mode}",
-                           derived_from=graph.name, path=keras_model.path,
-                           params={"xla_mode": mode})
-        if cfg.dump_hlo and mode == "jit_compile":
-            variants_dir.mkdir(parents=True, exist_ok=True)
-            xla = built(xla, keras_model.path, hlo_path=str(variants_dir / f"{xla.name}.hlo.txt"))
-        variants.append(xla)
+    """Every form of the baseline: graph, SavedModel, XLA, TFLite, ONNX (+ TensorRT), TF-TRT.
+
+    What a model kind cannot give (a Keras graph from a plain SavedModel, anything but itself
+    from a .tflite or .onnx file) is listed as skipped with the reason.
+    """
+    if savedmodel is None:
+        return _as_given(baseline)
+    source, cfg, variants_dir = baseline.name, config.convert, run_dir / "variants"
+    variants = _tensorflow_forms(baseline, savedmodel, cfg, variants_dir)
     fp32 = plan_variant(source, "tflite", "fp32")
     tflite = [plan_variant(source, "tflite", p, derived_from=None if p == "fp32" else fp32.name)
               for p in cfg.tflite]
     variants += tflite_conversions(savedmodel, tflite, data.dataset, cfg, variants_dir)
     if cfg.onnx:
-        planned = plan_variant(source, "onnx", derived_from=served.name)
+        planned = plan_variant(source, "onnx",
+                               derived_from=plan_variant(source, "savedmodel").name)
         onnx = built_or_failed(export_onnx(savedmodel, planned, data.dataset, cfg, variants_dir,
                                            return_state=True), planned)
         variants.append(onnx)
@@ -199,6 +208,35 @@ def _baseline_variants(
         tftrt_unavailable_reason()
         or "TF-TRT conversion is not built into tfopt; use the ONNX TensorRT bundle"))
     return variants
+
+
+def _tensorflow_forms(
+    baseline: ModelArtifact, savedmodel: ModelArtifact, cfg: ConvertConfig, variants_dir: Path
+) -> list[VariantSpec]:
+    """The Keras graph, the SavedModel and the XLA forms (graph and XLA need a Keras model)."""
+    source = baseline.name
+    graph = plan_variant(source, "graph", path=baseline.path)
+    served = plan_variant(source, "savedmodel", derived_from=graph.name, path=savedmodel.path)
+    xla_forms = [plan_variant(source, "xla", form="xla" if mode == "jit_compile" else
+                              f"xla-{mode}", derived_from=graph.name, path=baseline.path,
+                              params={"xla_mode": mode}) for mode in cfg.xla]
+    if baseline.format != "keras":
+        reason = "needs a tf_keras model; model.path is a plain SavedModel"
+        return [skipped(graph, reason), served, *(skipped(x, reason) for x in xla_forms)]
+    if cfg.dump_hlo and "jit_compile" in cfg.xla:
+        variants_dir.mkdir(parents=True, exist_ok=True)
+        xla_forms = [built(x, baseline.path, hlo_path=str(variants_dir / f"{x.name}.hlo.txt"))
+                     if x.params.get("xla_mode") == "jit_compile" else x for x in xla_forms]
+    return [graph, served, *xla_forms]
+
+
+def _as_given(baseline: ModelArtifact) -> list[VariantSpec]:
+    """A .tflite or .onnx baseline: benchmarked as it is; what it cannot become, skipped."""
+    given = plan_variant(baseline.name, baseline.format, baseline.precision, path=baseline.path)
+    reason = f"model.path is a .{baseline.format} file: it is benchmarked as it is"
+    others = [plan_variant(baseline.name, fmt) for fmt in ("graph", "savedmodel", "tflite", "onnx")
+              if fmt != baseline.format]
+    return [given, *(skipped(spec, reason) for spec in others)]
 
 
 def _bundle_tensorrt(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import tensorflow as tf
@@ -30,16 +30,33 @@ def save_serving_savedmodel(
     (TFLite, tf2onnx, TensorRT via ONNX) can rely on. The class order goes with it, as
     ``assets/labels.txt``.
     """
+    save_serving_function(keras_model, lambda images: keras_model(images, training=False),
+                          image_size, final, class_names)
+
+
+def save_serving_function(
+    holder: object, logits_of: Callable[[tf.Tensor], tf.Tensor], image_size: int, final: Path,
+    class_names: Sequence[str] = (),
+) -> None:
+    """Save ``logits_of(images)`` with the fixed serving signature as a SavedModel, atomically.
+
+    Args:
+        holder: What owns the variables `logits_of` reads (a Keras model, a loaded SavedModel).
+        logits_of: Float32 images ``[batch, S, S, 3]`` to logits ``[batch, classes]``.
+        image_size: S.
+        final: The SavedModel folder to write.
+        class_names: The class order, written as ``assets/labels.txt``.
+    """
 
     @tf.function(
         input_signature=[tf.TensorSpec([None, image_size, image_size, 3], tf.float32, INPUT_NAME)]
     )
     def serve(images: tf.Tensor) -> dict[str, tf.Tensor]:
-        logits = keras_model(images, training=False)
+        logits = tf.cast(logits_of(images), tf.float32)
         return {OUTPUT_LOGITS: logits, OUTPUT_PROBABILITIES: tf.nn.softmax(logits)}
 
     module = tf.Module()
-    module.model = keras_model
+    module.model = holder
     module.serve = serve
     staging = staging_dir_for(final)
     tf.saved_model.save(module, str(staging), signatures={SIGNATURE_KEY: serve})

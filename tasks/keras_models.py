@@ -127,7 +127,7 @@ def load_model_file(path: Path) -> keras.Model:
     Raises:
         ModelSourceError: Missing, corrupt, or saved by Keras 3 (tfmot needs tf_keras).
     """
-    if not path.is_file():
+    if not (path.is_file() or (path / "keras_metadata.pb").is_file()):
         raise ModelSourceError(f"model.path: {path} does not exist")
     saved_by = keras_version_of(path)
     if saved_by and not saved_by.startswith("2."):

@@ -230,13 +230,15 @@ def _save_onnx(path: Path, example: np.ndarray, metadata: dict, dst: Path) -> st
 
 def _save_tflite(path: Path, example: np.ndarray, metadata: dict, dst: Path) -> str:
     import mlflow.pyfunc
-    from ai_edge_litert.interpreter import Interpreter
 
-    runner = Interpreter(model_path=str(path)).get_signature_runner(SIGNATURE_KEY)
-    classes = int(runner.get_output_details()[OUTPUT_LOGITS]["shape"][-1])
+    from tasks.runners import TFLiteRunner
+
+    runner = TFLiteRunner(path)
+    classes = int(runner.output_detail["shape"][-1])
     mlflow.pyfunc.save_model(
         str(dst), python_model=str(_TFLITE_PYFUNC), artifacts={"tflite": str(path)},
-        model_config={"signature": SIGNATURE_KEY, "input": INPUT_NAME, "output": OUTPUT_LOGITS},
+        model_config={"signature": runner.signature_key, "input": runner.input_name,
+                      "output": runner.output_name},
         signature=_signature(example, classes), input_example=example, metadata=metadata,
         pip_requirements=_pinned("ai-edge-litert", "numpy"),
     )

@@ -91,25 +91,51 @@ class SavedModelRunner:
 
 
 class TFLiteRunner:
-    """The LiteRT interpreter (``ai_edge_litert``) through the model's serving signature."""
+    """The LiteRT interpreter (``ai_edge_litert``) through the model's serving signature.
+
+    tfopt's files have ``serving_default`` with ``images`` in and ``logits`` out; a user's file
+    may name them otherwise, so its only signature, input and (logits-named or first) output
+    are used.
+    """
 
     def __init__(self, path: Path, threads: int = 1) -> None:
         from ai_edge_litert.interpreter import Interpreter
 
         self.interpreter = Interpreter(model_path=str(path), num_threads=threads)
-        self._signature = self.interpreter.get_signature_runner(SIGNATURE_KEY)
-        self._input = self._signature.get_input_details()[INPUT_NAME]
-        self._output = self._signature.get_output_details()[OUTPUT_LOGITS]
+        signatures = self.interpreter.get_signature_list()
+        if not signatures:
+            raise ValueError(f"{path} has no signature (convert it with TensorFlow >= 2.7)")
+        self.signature_key = (SIGNATURE_KEY if SIGNATURE_KEY in signatures
+                              else sorted(signatures)[0])
+        self._signature = self.interpreter.get_signature_runner(self.signature_key)
+        inputs = self._signature.get_input_details()
+        outputs = self._signature.get_output_details()
+        if len(inputs) != 1:
+            raise ValueError(f"{path} takes {sorted(inputs)}, not one image tensor")
+        self.input_name = next(iter(inputs))
+        self.output_name = OUTPUT_LOGITS if OUTPUT_LOGITS in outputs else next(iter(outputs))
+        self._input = inputs[self.input_name]
+        self._output = outputs[self.output_name]
 
     @property
     def input_dtype(self) -> type:
         """The dtype the model's input tensor holds (float32, or int8 for integer I/O)."""
         return self._input["dtype"]
 
+    @property
+    def input_detail(self) -> dict:
+        """The input tensor's details (name, shape, dtype, quantization)."""
+        return self._input
+
+    @property
+    def output_detail(self) -> dict:
+        """The output tensor's details."""
+        return self._output
+
     def predict(self, images: np.ndarray) -> np.ndarray:
         """Quantize the input if the model wants integers, invoke, dequantize the logits."""
-        outputs = self._signature(**{INPUT_NAME: quantize(images, self._input)})
-        return dequantize(outputs[OUTPUT_LOGITS], self._output)
+        outputs = self._signature(**{self.input_name: quantize(images, self._input)})
+        return dequantize(outputs[self.output_name], self._output)
 
 
 class OnnxRunner:

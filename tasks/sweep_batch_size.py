@@ -88,6 +88,9 @@ def sweep_batch_size(
 ) -> BatchSweepResult:
     """Measure training-step throughput, latency and memory per batch size; apply the rule.
 
+    A model tfopt does not train (a SavedModel, .tflite or .onnx file) is not swept: the result
+    says so and holds the first configured batch size.
+
     Args:
         dataset: Real training examples fill the measured batches.
         model_cfg: The network being trained.
@@ -98,6 +101,11 @@ def sweep_batch_size(
         Every point, the chosen batch size, the rule, and the plot's path.
     """
     logger = step_logger()
+    if model_cfg.kind != "keras":
+        rule = (f"not measured: a {model_cfg.kind} model is not trained here; batch "
+                f"{cfg.sweep_batch_sizes[0]} measures the readers")
+        logger.info("batch-size sweep %s", rule)
+        return BatchSweepResult(points=[], chosen_batch_size=cfg.sweep_batch_sizes[0], rule=rule)
     images, labels = load_split(dataset, "train", max(cfg.sweep_batch_sizes))
     make_model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes,
                                   dataset.class_names)

@@ -81,6 +81,27 @@ class DataConfig(_Section):
 
 _BUILDER_PATTERN = r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$"
 InputScale = Literal["unit", "symmetric", "raw"]
+ModelKind = Literal["keras", "savedmodel", "tflite", "onnx"]
+_MODEL_FILE_SUFFIXES: dict[str, ModelKind] = {
+    ".keras": "keras", ".h5": "keras", ".tflite": "tflite", ".onnx": "onnx"}
+
+
+def model_kind(path: Path) -> ModelKind:
+    """The kind of model file or folder at `path`.
+
+    A folder is a SavedModel: a tf_keras one when it holds Keras metadata, else a plain one.
+
+    Raises:
+        ValueError: Not a model file tfopt reads.
+    """
+    if path.suffix in _MODEL_FILE_SUFFIXES:
+        return _MODEL_FILE_SUFFIXES[path.suffix]
+    if path.suffix == "" or path.is_dir():
+        return "keras" if (path / "keras_metadata.pb").is_file() else "savedmodel"
+    raise ValueError(
+        f"model.path: {path} is not a .keras, .h5, .tflite or .onnx file or a SavedModel folder")
+
+
 APPLICATION_ARCHITECTURES = ("mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
                              "efficientnet_b0", "resnet50")
 """The zoo networks tasks/model_zoo.py builds from tf_keras.applications."""
@@ -99,7 +120,12 @@ class ModelConfig(_Section):
         ),
     )
     path: Path | None = Field(
-        None, description="source=file: a .keras or .h5 tf_keras model file."
+        None,
+        description=(
+            "source=file: a trained model: a tf_keras .keras or .h5 file (goes through "
+            "everything), a SavedModel folder, a .tflite or an .onnx file (see the README's "
+            "table of what each kind gets)."
+        ),
     )
     builder: str | None = Field(
         None, pattern=_BUILDER_PATTERN,
@@ -138,12 +164,18 @@ class ModelConfig(_Section):
         ),
     )
 
+    @property
+    def kind(self) -> ModelKind:
+        """The kind of model the baseline is (a zoo network or a builder's is a Keras model)."""
+        return model_kind(self.path) if self.source == "file" and self.path else "keras"
+
     @model_validator(mode="after")
     def _source_has_what_it_needs(self) -> ModelConfig:
         if self.source == "file" and self.path is None:
-            raise ValueError("model.source=file needs model.path (a .keras or .h5 file)")
-        if self.source == "file" and self.path.suffix not in (".keras", ".h5"):
-            raise ValueError(f"model.path: {self.path} is not a .keras or .h5 file")
+            raise ValueError("model.source=file needs model.path (a .keras, .h5, .tflite or "
+                             ".onnx file or a SavedModel folder)")
+        if self.source == "file":
+            model_kind(self.path)
         if self.source == "builder" and not self.builder:
             raise ValueError('model.source=builder needs model.builder ("file.py:function")')
         if self.source != "file" and self.path is not None:
@@ -581,8 +613,8 @@ def check_paths(config: PipelineConfig | PreprocessConfig) -> None:
     if not source.is_dir():
         raise ConfigError(f"data.source_dir: {source} does not exist or is not a folder")
     model = getattr(config, "model", None)
-    if isinstance(model, ModelConfig) and model.path is not None and not model.path.is_file():
-        raise ConfigError(f"model.path: {model.path} does not exist or is not a file")
+    if isinstance(model, ModelConfig) and model.path is not None:
+        _check_model_path(model.path, config)
     if isinstance(model, ModelConfig) and model.weights is not None and (
             not model.weights.is_file()):
         raise ConfigError(f"model.weights: {model.weights} does not exist or is not a file")
@@ -600,6 +632,20 @@ def check_paths(config: PipelineConfig | PreprocessConfig) -> None:
         raise ConfigError(
             f"work_dir: {work} is not a writable folder ({error.strerror or error})"
         ) from error
+
+
+def _check_model_path(path: Path, config: PipelineConfig | PreprocessConfig) -> None:
+    """The model file exists, and is a kind that can be trained if training is asked for."""
+    if not (path.is_file() or (path / "saved_model.pb").is_file()):
+        raise ConfigError(
+            f"model.path: {path} does not exist or is neither a model file nor a SavedModel folder")
+    kind = model_kind(path)
+    epochs = getattr(getattr(config, "train", None), "epochs", 0)
+    if kind != "keras" and epochs:
+        raise ConfigError(
+            f"train.epochs: {epochs} fine-tunes the model, but model.path {path} is a {kind} "
+            "model, which tfopt cannot train (only tf_keras models): set train.epochs: 0"
+        )
 
 
 def describe_validation_error(error: ValidationError) -> str:
