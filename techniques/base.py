@@ -20,6 +20,13 @@ from tfopt.variants import plan_variant, variant_name
 KERAS_ONLY: frozenset[VariantFormat] = frozenset({"keras"})
 
 
+def is_layer_graph(model: object) -> bool:
+    """Whether a Keras model is functional or sequential (tfmot can rebuild it), not subclassed."""
+    import tf_keras as keras
+
+    return isinstance(model, keras.Sequential) or bool(getattr(model, "_is_graph_network", False))
+
+
 class NotApplicable(Exception):  # noqa: N818 - a verdict about the model, not a failure
     """The technique cannot work on this model's layers: its variants are skipped, not failed.
 

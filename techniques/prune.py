@@ -12,7 +12,7 @@ from prefect import task
 
 from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
 from tasks.training import Fitted, evaluate_test_accuracy, fit
-from techniques.base import KERAS_ONLY, NotApplicable, Technique
+from techniques.base import KERAS_ONLY, NotApplicable, Technique, is_layer_graph
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import PruneConfig
 from tfopt.fileio import gzip_size_bytes
@@ -83,7 +83,8 @@ def wrap_prunable_layers(model: keras.Model, params: dict) -> keras.Model:
     sequential model can be pruned; the wrapped layers share `model`'s variables.
 
     Raises:
-        NotApplicable: No layer of the model can be pruned.
+        NotApplicable: A subclassed model (its layers are not a graph tfmot can rebuild), or
+            no layer of the model can be pruned.
     """
     import tensorflow_model_optimization as tfmot
     from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import (
@@ -95,6 +96,9 @@ def wrap_prunable_layers(model: keras.Model, params: dict) -> keras.Model:
             PruneRegistry.supports(layer)
             or isinstance(layer, tfmot.sparsity.keras.PrunableLayer))
 
+    if not is_layer_graph(model):
+        raise NotApplicable(f"{model.name} is a subclassed model; tfmot rebuilds functional and "
+                            "sequential models only")
     if not any(prunable(layer) for layer in model.layers):
         raise NotApplicable(f"{model.name} has no layer tfmot can prune")
     return keras.models.clone_model(

@@ -10,7 +10,7 @@ from prefect import task
 from tasks.export_savedmodel import save_serving_savedmodel
 from tasks.keras_models import copy_model, load_keras_model
 from tasks.training import evaluate_test_accuracy, fit
-from techniques.base import KERAS_ONLY, NotApplicable, Technique
+from techniques.base import KERAS_ONLY, NotApplicable, Technique, is_layer_graph
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import QatConfig
 from tfopt.logs import step_logger
@@ -22,11 +22,14 @@ def make_quantization_aware(base: keras.Model) -> keras.Model:
     """A copy of `base` with fake-quantization (tfmot's default 8-bit scheme); `base` unchanged.
 
     Raises:
-        NotApplicable: tfmot cannot wrap the model (layers its scheme has no rule for, such as
-            Rescaling, or TensorFlow ops called as layers), naming tfmot's reason.
+        NotApplicable: tfmot cannot wrap the model (a subclassed model, layers its scheme has
+            no rule for such as Rescaling, or TensorFlow ops called as layers), with the reason.
     """
     import tensorflow_model_optimization as tfmot
 
+    if not is_layer_graph(base):
+        raise NotApplicable(f"{base.name} is a subclassed model; tfmot's quantize_model takes "
+                            "functional and sequential models only")
     try:
         return tfmot.quantization.keras.quantize_model(copy_model(base))
     except (RuntimeError, ValueError, TypeError, AttributeError) as error:

@@ -237,3 +237,24 @@ def test_a_technique_that_cannot_wrap_the_model_skips_with_tfmots_reason(
     assert by_name["pruned-80-graph"].status == "ok", "pruning leaves the Rescaling layer be"
     (pruned,) = models
     assert pruned.metrics["sparsity"] > 0.5
+
+
+def test_a_subclassed_model_is_not_applicable_to_pruning_or_qat():
+    from techniques.base import NotApplicable
+    from techniques.prune import wrap_prunable_layers
+    from techniques.qat import make_quantization_aware
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__(name="subclassed")
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, inputs):
+            return self.dense(keras.layers.Flatten()(inputs))
+
+    model = Subclassed()
+    model(np.zeros((1, 4, 4, 3), np.float32))
+    with pytest.raises(NotApplicable, match="subclassed model"):
+        wrap_prunable_layers(model, {})
+    with pytest.raises(NotApplicable, match="subclassed model"):
+        make_quantization_aware(model)
