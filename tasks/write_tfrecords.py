@@ -18,9 +18,10 @@ import io
 import json
 import multiprocessing
 import os
+import re
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from PIL import Image
@@ -106,9 +107,19 @@ def split_of(relative_path: str, val_fraction: float, test_fraction: float) -> s
     return "train"
 
 
-def list_source_images(cfg: DataConfig, class_names: list[str]) -> list[SourceImage]:
-    """List the source files with their labels and splits, in a deterministic order."""
-    images = []
+def list_source_images(
+    cfg: DataConfig, class_names: list[str]
+) -> tuple[list[SourceImage], list[dict]]:
+    """List the source files with their labels and splits, in a deterministic order.
+
+    Every class reaches training: a class whose files all hash into val or test gets its first
+    file moved to train. A file whose name is not valid UTF-8 (it could not be stored in the
+    manifest or a TFRecord) is quarantined with its name's bytes.
+
+    Returns:
+        The images, and the quarantined files with their reasons.
+    """
+    images, quarantined = [], []
     for label, class_name in enumerate(class_names):
         class_dir = cfg.source_dir / class_name
         # Symlinks are listed even when broken, so an unreadable file is counted, not ignored.
@@ -119,17 +130,34 @@ def list_source_images(cfg: DataConfig, class_names: list[str]) -> list[SourceIm
         )
         if cfg.max_examples_per_class is not None:
             files = files[: cfg.max_examples_per_class]
+        listed = []
         for path in files:
             relative = path.relative_to(cfg.source_dir).as_posix()
-            images.append(
-                SourceImage(
-                    relative_path=relative,
-                    label=label,
-                    size_bytes=_size_or_zero(path),
-                    split=split_of(relative, cfg.val_fraction, cfg.test_fraction),
-                )
-            )
-    return images
+            if not _is_utf8(relative):
+                quarantined.append({"path": _printable(relative),
+                                    "reason": "file name is not valid UTF-8; rename the file"})
+                continue
+            listed.append(SourceImage(
+                relative_path=relative, label=label, size_bytes=_size_or_zero(path),
+                split=split_of(relative, cfg.val_fraction, cfg.test_fraction),
+            ))
+        if listed and all(image.split != "train" for image in listed):
+            listed[0] = replace(listed[0], split="train")
+        images += listed
+    return images, quarantined
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(name: str) -> str:
+    """A file name whose undecodable bytes show as backslash escapes, never raising."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _tfrecord_files(source_dir: Path) -> list[Path]:
@@ -242,6 +270,9 @@ def plan_shards(images: list[SourceImage], target_bytes: int) -> list[ShardPlan]
     return plans
 
 
+_MEMORY_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def validate_image(data: bytes) -> tuple[bytes, int, int, bool]:
     """Validate encoded image bytes: JPEG bytes, height, width, and whether it was re-encoded.
 
@@ -264,7 +295,9 @@ def validate_image(data: bytes) -> tuple[bytes, int, int, bool]:
             image.convert("RGB").save(buffer, format="JPEG", quality=_REENCODE_QUALITY)
             return buffer.getvalue(), height, width, True
     except Exception as error:
-        raise ValueError(f"not a readable image: {type(error).__name__}: {error}") from error
+        # PIL names the in-memory buffer with its address; a reason must not differ per run.
+        message = _MEMORY_ADDRESS.sub("", str(error))
+        raise ValueError(f"not a readable image: {type(error).__name__}: {message}") from error
 
 
 def _example_bytes(encoded: bytes, label: int, class_name: str, height: int, width: int,
@@ -511,17 +544,23 @@ def write_tfrecords(cfg: DataConfig, work_dir: Path) -> DatasetArtifact:
         class_names, images, listing_skipped = list_tfrecord_source(cfg)
     else:
         class_names = list_class_folders(cfg.source_dir)
-        images, listing_skipped = list_source_images(cfg, class_names), []
+        images, listing_skipped = list_source_images(cfg, class_names)
         used = sorted({image.label for image in images})
         empty = [name for label, name in enumerate(class_names) if label not in used]
         if empty and images:
-            logger.warning("class folders with no files, left out: %s", empty)
-            listing_skipped = [{"path": f"{name}/", "reason": "empty class folder"}
-                               for name in empty]
+            logger.warning("class folders with no usable file names, left out: %s", empty)
             class_names = [class_names[label] for label in used]
-            images = list_source_images(cfg, class_names)
+            images, listing_skipped = list_source_images(cfg, class_names)
+            listing_skipped += [{"path": f"{name}/", "reason": "empty class folder"}
+                                for name in empty]
     if not images and not listing_skipped:
         raise NoUsableDataError(f"data.source_dir {cfg.source_dir} has class folders but no files")
+    if len(class_names) < 2:
+        raise NoUsableDataError(
+            f"data.source_dir {cfg.source_dir} has {len(class_names)} class with images "
+            f"({', '.join(class_names) or 'none'}); a classifier needs at least two classes, "
+            "one sub-folder of images per class"
+        )
     out_dir = dataset_dir_for(cfg, work_dir, images)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.glob(".*.tmp"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,14 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
         ({"input.sweep_tolerance": 2}, "input.sweep_tolerance", "1"),
         ({"train.warp_speed": True}, "train.warp_speed", "Extra inputs"),
         ({"name": "has spaces"}, "name", "pattern"),
+        ({"train.epochs": True}, "train.epochs", "a number is expected, not true"),
+        ({"train.learning_rate": False}, "train.learning_rate", "not false"),
+        ({"data.max_examples_per_class": 1e26}, "data.max_examples_per_class",
+         "exceeded maximum size"),
+        ({"data.max_examples_per_class": 10**12}, "data.max_examples_per_class",
+         "less than or equal to 100000000"),
+        ({"train.seed": 2**70}, "train.seed", "less than or equal"),
+        ({"input.sweep_batch_sizes": [32, 10**9]}, "input.sweep_batch_sizes.1", "65536"),
     ],
 )
 def test_bad_input_parameters_are_refused_naming_field_and_allowed_values(override, field,
@@ -65,6 +74,19 @@ def test_bad_input_unwritable_work_folder_is_refused(tmp_path):
         check_paths(config)
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [("train.epochs.foo=1", "train.epochs"), ("train..epochs=1", "empty key part"),
+     ("name.deeper=1", "name is a value ('smoke'), not a section")],
+)
+def test_bad_input_set_mistakes_are_one_line_errors(override, message, tmp_path, capsys):
+    code = main(["run", "--config", str(SMOKE), "--set", override,
+                 "--set", f"work_dir={tmp_path / 'work'}"])
+    out = capsys.readouterr()
+    assert code == 2 and message in out.out, out
+    assert "Traceback" not in out.out + out.err
+
+
 def test_bad_input_unreadable_config_file(tmp_path, capsys):
     assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read config" in capsys.readouterr().out
@@ -84,6 +106,7 @@ def messy_folder(tmp_path: Path) -> Path:
     (source / "ünïcode class").mkdir()
     Image.new("RGB", (16, 16), (1, 2, 3)).save(source / "ünïcode class" / "x y.jpg")
     (source / "empty class").mkdir()
+    (source / "0" / os.fsdecode(b"caf\xe9.jpg")).write_bytes(good)  # a Latin-1 name
     return source
 
 
@@ -93,17 +116,30 @@ def test_bad_input_messy_folder_is_sharded_with_bad_files_counted(messy_folder, 
     manifest = json.loads(dataset.manifest_path.read_text())
     reasons = {item["path"]: item["reason"] for item in manifest["quarantine"]}
     assert set(reasons) == {"0/corrupt.jpg", "1/truncated.jpg", "2/readme.txt",
-                            "2/broken-link.jpg", "empty class/"}
+                            "2/broken-link.jpg", "empty class/", "0/caf\\xe9.jpg"}
     assert "cannot read" in reasons["2/broken-link.jpg"]
-    assert dataset.skipped_records == 5
+    assert "not valid UTF-8" in reasons["0/caf\\xe9.jpg"]
+    assert dataset.skipped_records == 6
     assert dataset.class_names == ["0", "1", "2", "ünïcode class"]
+    assert dataset.splits["train"].class_counts["ünïcode class"] == 1, "its one image trains"
+    assert not [r for r in reasons.values() if "0x" in r], "no memory address in a reason"
+    again = write_tfrecords.fn(DataConfig(source_dir=messy_folder, shard_size_mb=1),
+                               tmp_path / "again")
+    assert json.loads(again.manifest_path.read_text())["quarantine"] == manifest["quarantine"]
     assert manifest["reencoded_to_jpeg"] == 2  # the RGBA PNG and the palette GIF
     assert sum(info.examples for info in dataset.splits.values()) == 3 * 8 + 4
 
 
 def test_bad_input_only_bad_files_is_a_clear_error(tmp_path):
-    (tmp_path / "src" / "cats").mkdir(parents=True)
-    (tmp_path / "src" / "cats" / "a.jpg").write_bytes(b"nope")
-    (tmp_path / "src" / "cats" / "b.txt").write_text("nope")
+    for name in ("cats", "dogs"):
+        (tmp_path / "src" / name).mkdir(parents=True)
+        (tmp_path / "src" / name / "a.jpg").write_bytes(b"nope")
+        (tmp_path / "src" / name / "b.txt").write_text("nope")
     with pytest.raises(NoUsableDataError, match="no usable image"):
         write_tfrecords.fn(DataConfig(source_dir=tmp_path / "src"), tmp_path / "work")
+
+
+def test_bad_input_a_single_class_is_refused(tmp_path):
+    source = write_digit_folder(tmp_path / "one", classes=1, per_class=5)
+    with pytest.raises(NoUsableDataError, match=r"1 class with images .* at least two classes"):
+        write_tfrecords.fn(DataConfig(source_dir=source), tmp_path / "work")

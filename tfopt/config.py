@@ -6,15 +6,39 @@ that bad values are refused before any work starts, with a message naming the fi
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true as 1; `--set train.epochs=true` is a mistake, not one epoch.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _is_numeric(field.annotation):
+            raise ValueError(f"a number is expected, not {str(value).lower()}")
+        return value
+
+
+def _is_numeric(annotation: Any) -> bool:
+    """Whether a field holds an int or float (alone or optional), not a bool."""
+    options = typing.get_args(annotation) or (annotation,)
+    return bool not in options and any(option in (int, float) for option in options)
 
 
 def run_name_field(default: str) -> Any:
@@ -42,7 +66,8 @@ class DataConfig(_Section):
         0.2, gt=0.0, le=0.4, description="Share of examples in the test split (benchmarks use it)."
     )
     max_examples_per_class: int | None = Field(
-        None, ge=1, description="Use at most this many images per class (None: all of them)."
+        None, ge=1, le=100_000_000,
+        description="Use at most this many images per class (None: all of them).",
     )
     shard_size_mb: float = Field(
         100.0, gt=0.0, le=4096.0, description="Target TFRecord shard size in MB (~100 MB is best)."
@@ -208,7 +233,7 @@ class TrainConfig(_Section):
     learning_rate: float = Field(
         2e-3, gt=0.0, le=1.0, description="Adam learning rate for the baseline."
     )
-    seed: int = Field(42, ge=0, description="Seed for weights, shuffling and splits.")
+    seed: int = Field(42, ge=0, le=2**31 - 1, description="Seed for weights, shuffling and splits.")
     distribute: Literal["none", "mirrored"] = Field(
         "none",
         description=(
@@ -284,7 +309,7 @@ class InputConfig(_Section):
         3, ge=1, le=100,
         description="Passes (epochs) over the training shards per reader measured.",
     )
-    sweep_batch_sizes: list[int] = Field(
+    sweep_batch_sizes: list[Annotated[int, Field(ge=1, le=65_536)]] = Field(
         default_factory=lambda: [16, 32, 64, 128, 256],
         description="Batch sizes the sweep measures (train-step throughput, latency, memory).",
     )
@@ -660,7 +685,18 @@ def describe_validation_error(error: ValidationError) -> str:
 
 
 def _set_dotted(tree: dict, dotted: str, value: object) -> None:
+    """Set ``a.b.c`` in a nested mapping.
+
+    Raises:
+        ConfigError: An empty part, or a part that is a value rather than a section.
+    """
     *parents, leaf = dotted.split(".")
-    for key in parents:
+    if not all([*parents, leaf]):
+        raise ConfigError(f"--set {dotted}: empty key part (write section.key=value)")
+    for depth, key in enumerate(parents):
         tree = tree.setdefault(key, {})
+        if not isinstance(tree, dict):
+            section = ".".join(parents[: depth + 1])
+            raise ConfigError(f"--set {dotted}: {section} is a value ({tree!r}), not a section "
+                              "with keys")
     tree[leaf] = value
