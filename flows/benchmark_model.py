@@ -7,9 +7,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.common import benchmark_serialized, sharded_data
+from flows.common import benchmark_serialized, error_of, sharded_data
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
-from tasks.resolve_model import resolve_model
+from tasks.resolve_model import UnusableModelError, resolve_model
 from tasks.write_report import write_report
 from tfopt import tracking
 from tfopt.config import BenchmarkOnlyConfig
@@ -42,9 +42,15 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         params=config.model_dump(mode="json"), tags=tags,
     ) as run:
         dataset = sharded_data(config.data, work_dir)
-        inputs = prepare_benchmark_inputs(spec, dataset, run_dir / "inputs", config.batch_size,
-                                          config.input_scale)
-        result = benchmark_serialized(spec, inputs, config.benchmark).result()
+        prepared = prepare_benchmark_inputs(spec, dataset, run_dir / "inputs", config.batch_size,
+                                            config.input_scale, return_state=True)
+        if not prepared.is_completed():
+            raise UnusableModelError(f"model {config.model} cannot be run: {error_of(prepared)}")
+        measured = benchmark_serialized(spec, prepared.result(), config.benchmark)
+        if not measured.is_completed():
+            raise UnusableModelError(
+                f"model {config.model} cannot be measured: {error_of(measured)}")
+        result = measured.result()
         tracking.log_variants(run, [result], {}, tags)
         summary = {
             "config_name": config.name,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from prefect import task
 
 from tasks.package_models import model_file_of
 from tfopt.artifacts import VariantSpec
+from tfopt.config import ConfigError
 from tfopt.orchestration import retry_if_transient
 
 _SUFFIX_FORMATS = {".tflite": "tflite", ".onnx": "onnx", ".keras": "graph"}
@@ -35,9 +38,70 @@ def detect_format(path: Path) -> tuple[str, Path]:
                       (p / "saved_model.pb").exists()]
         if len(candidates) == 1:
             return detect_format(candidates[0])
+    if not path.exists():
+        raise ValueError(f"{path} does not exist")
     raise ValueError(
         f"no model found at {path}: expected a .tflite, .onnx or .keras file or a SavedModel"
     )
+
+
+class UnusableModelError(ConfigError):
+    """The model to benchmark does not exist, is not registered, or cannot be run."""
+
+
+def check_model_reference(model: str, tracking_uri: str) -> None:
+    """Refuse a reference that names nothing, before any flow runs; the model is not opened.
+
+    A ``models:/`` URI must name a registered model and an existing version or alias; a path
+    must hold a model file or folder tfopt recognizes.
+
+    Raises:
+        UnusableModelError: Naming the reference and what is missing.
+    """
+    match = _MODEL_URI.match(model)
+    if not match:
+        if not model.startswith("models:/"):
+            try:
+                model_format, path = detect_format(Path(model))
+            except ValueError as error:
+                raise UnusableModelError(f"model: {error}") from error
+            _probe_in_a_subprocess(model_format, path)
+            return
+        raise UnusableModelError(
+            f"model: {model} is not models:/<name>@<alias> or models:/<name>/<version>")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    try:
+        if match["alias"]:
+            client.get_model_version_by_alias(match["name"], match["alias"])
+        else:
+            client.get_model_version(match["name"], match["version"])
+    except MlflowException as error:
+        what = f"alias {match['alias']!r}" if match["alias"] else f"version {match['version']}"
+        raise UnusableModelError(
+            f"model: {model}: the registry at {tracking_uri} has no registered model "
+            f"{match['name']!r} with {what} ({error.error_code})") from error
+
+
+def _probe_in_a_subprocess(model_format: str, path: Path) -> None:
+    """Open a local model file with its runner in a separate process (never in this one).
+
+    Raises:
+        UnusableModelError: The runner cannot open it, with the runtime's last message.
+    """
+    script = ("import sys, tfopt; from pathlib import Path; from tasks.runners import load_runner;"
+              " from tfopt.artifacts import VariantSpec;"
+              " load_runner(VariantSpec(name='probe', source='probe', format=sys.argv[1],"
+              " precision='fp32', path=Path(sys.argv[2])))")
+    done = subprocess.run([sys.executable, "-c", script, model_format, str(path)],
+                          capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parents[1])
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        raise UnusableModelError(f"model: {path} cannot be opened as {model_format}: "
+                                 f"{lines[-1][:300] if lines else done.returncode}")
 
 
 @task(

@@ -143,7 +143,10 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides, BenchmarkOnlyConfig)
     if not config.data.source_dir.is_dir():
         raise ConfigError(f"data.source_dir: {config.data.source_dir} is not a folder")
-    _connect_services()
+    _, tracking_uri = _connect_services()
+    from tasks.resolve_model import check_model_reference
+
+    check_model_reference(config.model, tracking_uri)
 
     from flows.benchmark_model import benchmark_model
 
