@@ -28,6 +28,7 @@ from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
 from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
 from tasks.import_model import import_model
+from tasks.keras_models import source_stamp
 from tasks.measure_data_layout import measure_data_layout
 from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.package_models import package_models
@@ -136,11 +137,12 @@ def _prepare_data(
 def _checkpoint_dir(config: PipelineConfig, data: TrainingData, work_dir: Path) -> Path:
     """A training folder named after the data and the training settings, not after the run.
 
-    A rerun after a crash therefore finds the last epoch's backup.
+    A rerun after a crash therefore finds the last epoch's backup, and a rerun after a finished
+    training its baseline; a user's model or builder file that changed gets a new folder.
     """
     key = json.dumps([data.dataset.manifest_path.read_text(),
                       config.model.model_dump(mode="json"), config.train.model_dump(mode="json"),
-                      data.batch_size], sort_keys=True)
+                      data.batch_size, source_stamp(config.model)], sort_keys=True)
     return work_dir / "checkpoints" / f"baseline-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 

@@ -145,6 +145,21 @@ def load_model_file(path: Path) -> keras.Model:
         ) from error
 
 
+def source_stamp(model_cfg: ModelConfig) -> list[str | int]:
+    """What identifies the user's model file or builder file on disk (path, size, mtime).
+
+    Part of the training folder's key, so an edited file is trained again, not reused.
+    """
+    target = model_cfg.path if model_cfg.source == "file" else None
+    if model_cfg.source == "builder" and str(model_cfg.builder).rpartition(":")[0].endswith(".py"):
+        target = Path(str(model_cfg.builder).rpartition(":")[0])
+    if target is None or not target.exists():
+        return []
+    files = sorted(p for p in target.rglob("*") if p.is_file()) if target.is_dir() else [target]
+    return [str(target.resolve()), *(value for f in files
+                                     for value in (f.stat().st_size, f.stat().st_mtime_ns))]
+
+
 def keras_version_of(path: Path) -> str | None:
     """The Keras version that saved a ``.keras`` file (its metadata.json), None if unknown."""
     import json

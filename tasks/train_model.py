@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import tensorflow as tf
@@ -12,6 +14,7 @@ from tasks.keras_models import (
     baseline_factory,
     build_configured,
     keras_model_path,
+    load_keras_model,
     save_keras_model,
 )
 from tasks.training import (
@@ -26,6 +29,7 @@ from tasks.training import (
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import ModelConfig, TrainConfig
+from tfopt.fileio import atomic_write_json, file_lock
 from tfopt.logs import step_logger
 from tfopt.orchestration import StepProgress
 from tfopt.serving import write_labels
@@ -48,7 +52,9 @@ def train_model(
     With `checkpoint_dir`, training state is backed up at every epoch end
     (`BackupAndRestore`) and each finished epoch is appended to ``history.csv`` there: a run
     killed mid-training resumes from its last finished epoch, and its curves hold every epoch
-    exactly once.
+    exactly once. The folder is locked while training (a second run of the same settings waits
+    and says so), and the finished baseline stays there: a rerun reuses it instead of training
+    again.
 
     Args:
         data: The shards (train and val splits), batch size, seed and input settings.
@@ -63,28 +69,20 @@ def train_model(
     """
     logger = step_logger()
     dataset = data.dataset
-    keras.utils.set_random_seed(data.seed)
     strategy = distribution_strategy(train_cfg.distribute)
-    with precision_policy(train_cfg.mixed_precision), strategy.scope():
-        model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes,
-                                 dataset.class_names)()
-        if train_cfg.epochs == 0:
-            fitted = Fitted(curves={}, seconds=0.0)
+    lock = checkpoint_dir / ".lock" if checkpoint_dir else None
+    with file_lock(lock, lambda: logger.info(
+            "another run is training the same baseline (%s); waiting for it", checkpoint_dir),
+            ) if lock else nullcontext():
+        trained = _trained_earlier(checkpoint_dir) if train_cfg.epochs else None
+        if trained is None:
+            trained = _train(data, model_cfg, train_cfg, strategy, checkpoint_dir)
+            if train_cfg.epochs:
+                _keep(trained, checkpoint_dir)
         else:
-            fitted = fit(
-                model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
-                callbacks=[*resumable_callbacks(checkpoint_dir),
-                           EpochProgress(StepProgress("train-baseline", "epochs trained"),
-                                         train_cfg.epochs)],
-            )
-    curves = (read_history(checkpoint_dir / HISTORY_NAME) if checkpoint_dir and fitted.curves
-              else fitted.curves)
-    if train_cfg.mixed_precision != "off":
-        # Variables stay float32 under a mixed policy; a float32 twin carries them into export
-        # and conversion without the policy's casts (TFLite has no bfloat16 kernels).
-        float_model = build_configured(model_cfg, dataset.image_size, dataset.num_classes)
-        float_model.set_weights(model.get_weights())
-        model = float_model
+            logger.info("reusing the baseline an earlier run trained with the same data and "
+                        "settings (%s)", checkpoint_dir)
+    model, fitted, curves = trained
     logger.info(
         "trained %s for %d epochs in %.1f s (precision policy %s): %s", model.name,
         train_cfg.epochs, fitted.seconds, train_cfg.mixed_precision,
@@ -116,6 +114,61 @@ def train_model(
         metrics={**metrics, "test_accuracy": evaluate_test_accuracy(model, data)},
         history=curves,
     )
+
+
+_Trained = tuple[keras.Model, Fitted, dict[str, list[float]]]
+TRAINED_NAME = "trained.keras"
+_TRAINED_INFO = "trained.json"
+
+
+def _train(
+    data: TrainingData, model_cfg: ModelConfig, train_cfg: TrainConfig,
+    strategy: tf.distribute.Strategy, checkpoint_dir: Path | None,
+) -> _Trained:
+    """Build or load the baseline and fit it (resuming from the folder's last epoch)."""
+    dataset = data.dataset
+    keras.utils.set_random_seed(data.seed)
+    with precision_policy(train_cfg.mixed_precision), strategy.scope():
+        model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes,
+                                 dataset.class_names)()
+        if train_cfg.epochs == 0:
+            fitted = Fitted(curves={}, seconds=0.0)
+        else:
+            fitted = fit(
+                model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
+                callbacks=[*resumable_callbacks(checkpoint_dir),
+                           EpochProgress(StepProgress("train-baseline", "epochs trained"),
+                                         train_cfg.epochs)],
+            )
+    curves = (read_history(checkpoint_dir / HISTORY_NAME) if checkpoint_dir and fitted.curves
+              else fitted.curves)
+    if train_cfg.mixed_precision != "off":
+        # Variables stay float32 under a mixed policy; a float32 twin carries them into export
+        # and conversion without the policy's casts (TFLite has no bfloat16 kernels).
+        float_model = build_configured(model_cfg, dataset.image_size, dataset.num_classes)
+        float_model.set_weights(model.get_weights())
+        model = float_model
+    return model, fitted, curves
+
+
+def _trained_earlier(checkpoint_dir: Path | None) -> _Trained | None:
+    """The baseline a finished earlier run left in `checkpoint_dir`, or None."""
+    if checkpoint_dir is None or not (checkpoint_dir / _TRAINED_INFO).is_file():
+        return None
+    info = json.loads((checkpoint_dir / _TRAINED_INFO).read_text())
+    model = load_keras_model(checkpoint_dir / TRAINED_NAME)
+    return model, Fitted(curves=info["curves"], seconds=info["seconds"],
+                         reader=info["reader"]), info["curves"]
+
+
+def _keep(trained: _Trained, checkpoint_dir: Path | None) -> None:
+    """Leave the trained baseline in `checkpoint_dir` for reruns (the info file last)."""
+    if checkpoint_dir is None:
+        return
+    model, fitted, curves = trained
+    save_keras_model(model, checkpoint_dir / TRAINED_NAME)
+    atomic_write_json(checkpoint_dir / _TRAINED_INFO, {
+        "curves": curves, "seconds": fitted.seconds, "reader": fitted.reader})
 
 
 def _source_params(model_cfg: ModelConfig) -> dict[str, str | int | float]:

@@ -115,13 +115,29 @@ def resumable_callbacks(checkpoint_dir: Path | None) -> list[keras.callbacks.Cal
 
 
 def read_history(path: Path) -> dict[str, list[float]]:
-    """Per-epoch curves from a CSVLogger file, one value per epoch (the last row wins)."""
-    by_epoch: dict[int, dict[str, str]] = {}
+    """Per-epoch curves from a CSVLogger file, one value per epoch (the last row wins).
+
+    A line that is not an epoch's numbers (a header written again, a line torn by a kill) is
+    ignored, so a leftover never makes the history unreadable.
+    """
+    by_epoch: dict[int, dict[str, float]] = {}
     with path.open() as handle:
         for row in csv.DictReader(handle):
-            by_epoch[int(row["epoch"])] = row
-    names = [name for name in next(iter(by_epoch.values()), {}) if name != "epoch"]
-    return {name: [float(by_epoch[e][name]) for e in sorted(by_epoch)] for name in names}
+            parsed = _epoch_row(row)
+            if parsed is not None:
+                by_epoch[parsed[0]] = parsed[1]
+    names = sorted({name for values in by_epoch.values() for name in values})
+    return {name: [by_epoch[e][name] for e in sorted(by_epoch) if name in by_epoch[e]]
+            for name in names}
+
+
+def _epoch_row(row: dict[str | None, object]) -> tuple[int, dict[str, float]] | None:
+    """(epoch, values) of a CSVLogger row, or None for anything else."""
+    try:
+        values = {str(k): float(str(v)) for k, v in row.items() if k not in ("epoch", None)}
+        return int(str(row.get("epoch"))), values
+    except (TypeError, ValueError):
+        return None
 
 
 def distribution_strategy(name: str) -> tf.distribute.Strategy:

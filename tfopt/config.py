@@ -6,6 +6,7 @@ that bad values are refused before any work starts, with a message naming the fi
 
 from __future__ import annotations
 
+import tempfile
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -650,9 +651,9 @@ def check_paths(config: PipelineConfig | PreprocessConfig) -> None:
     work = config.work_dir
     try:
         work.mkdir(parents=True, exist_ok=True)
-        probe = work / ".tfopt-write-probe"
-        probe.write_text("ok")
-        probe.unlink()
+        # A probe of its own per process: two runs starting together must not share one.
+        with tempfile.NamedTemporaryFile(dir=work, prefix=".tfopt-write-probe-"):
+            pass
     except OSError as error:
         raise ConfigError(
             f"work_dir: {work} is not a writable folder ({error.strerror or error})"

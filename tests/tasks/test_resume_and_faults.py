@@ -23,8 +23,13 @@ from tfopt.config import DataConfig, ModelConfig, TrainConfig
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _spawn(script: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT,
+def _spawn(script: str, *args: str, capture: bool = False) -> subprocess.Popen:
+    """Run `script` in a fresh interpreter; with `capture`, its output and logs as text."""
+    if capture:
+        return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -104,3 +109,39 @@ def test_training_killed_mid_way_resumes_from_its_last_epoch(tiny_dataset, tmp_p
     assert len(rows) == epochs + 1, "every epoch exactly once"
     assert len(model.history["loss"]) == epochs
     assert read_history(history)["loss"] == model.history["loss"]
+
+
+def test_two_runs_training_one_baseline_at_once_both_complete(tiny_dataset, tmp_path):
+    """The second waits for the first's lock, then reuses its baseline: one clean history."""
+    checkpoint = tmp_path / "checkpoint"
+    dataset_json = tmp_path / "dataset.json"
+    dataset_json.write_text(tiny_dataset.model_dump_json())
+    script = f"""
+        import logging, sys, tfopt
+        from pathlib import Path
+        from tasks.train_model import train_model
+        logging.getLogger("tfopt").addHandler(logging.StreamHandler(sys.stdout))
+        logging.getLogger("tfopt").setLevel(logging.INFO)
+        from tfopt.artifacts import DatasetArtifact, TrainingData
+        from tfopt.config import InputConfig, ModelConfig, TrainConfig
+        dataset = DatasetArtifact.model_validate_json(Path({str(dataset_json)!r}).read_text())
+        data = TrainingData(dataset=dataset, batch_size=8, seed=42, input=InputConfig())
+        model = train_model.fn(data, ModelConfig(width=4), TrainConfig(epochs=4, batch_size=8),
+                               Path(sys.argv[1]), checkpoint_dir=Path({str(checkpoint)!r}))
+        print("ACCURACY", model.metrics["test_accuracy"])
+    """
+    runs = [_spawn(script, str(tmp_path / f"models-{index}"), capture=True) for index in (1, 2)]
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    accuracies = {line for out in outputs for line in out.splitlines() if "ACCURACY" in line}
+    assert len(accuracies) == 1, "both runs hold the same baseline"
+    assert sum("reusing the baseline" in out for out in outputs) == 1, outputs
+    rows = (checkpoint / HISTORY_NAME).read_text().splitlines()
+    assert len(rows) == 4 + 1 and rows[0].startswith("epoch"), rows
+
+
+def test_a_torn_or_repeated_history_line_is_ignored(tmp_path):
+    history = tmp_path / HISTORY_NAME
+    history.write_text("epoch,accuracy,loss\n0,0.5,1.0\nepoch,accuracy,loss\n1,0.6,0.9\n"
+                       "1,0.7,0.8\n2,0.\n")
+    assert read_history(history) == {"accuracy": [0.5, 0.7], "loss": [1.0, 0.8]}
