@@ -15,6 +15,7 @@ from tfopt import tracking
 from tfopt.config import BenchmarkOnlyConfig
 from tfopt.prefect_artifacts import publish_prefect_artifacts
 from tfopt.provenance import environment, mlflow_tracking_uri
+from tfopt.services import redact
 from tfopt.summary import variant_entry
 
 
@@ -55,7 +56,7 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         summary = {
             "config_name": config.name,
             "model": config.model,
-            "mlflow_tracking_uri": tracking_uri,
+            "mlflow_tracking_uri": redact(tracking_uri),
             "mlflow_experiment_id": run.experiment_id,
             "mlflow_run_id": run.run_id,
             "mlflow_run_url": run.url,

@@ -143,3 +143,22 @@ def test_bad_input_a_single_class_is_refused(tmp_path):
     source = write_digit_folder(tmp_path / "one", classes=1, per_class=5)
     with pytest.raises(NoUsableDataError, match=r"1 class with images .* at least two classes"):
         write_tfrecords.fn(DataConfig(source_dir=source), tmp_path / "work")
+
+
+def test_a_password_in_the_tracking_uri_is_never_printed(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.live import free_port
+
+    env = {**os.environ,
+           "MLFLOW_TRACKING_URI": f"http://alice:s3cret-pw@127.0.0.1:{free_port()}",
+           "PREFECT_API_URL": f"http://bob:0ther-pw@127.0.0.1:{free_port()}/api"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tfopt.cli", "run", "--config", str(SMOKE),
+         "--set", f"work_dir={tmp_path / 'work'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2 and "not answering" in output, output[-2000:]
+    assert "***@127.0.0.1" in output
+    assert "s3cret-pw" not in output and "0ther-pw" not in output

@@ -16,6 +16,7 @@ from tfopt.config import ConfigError, check_paths, load_config
 from tfopt.services import (
     ServiceError,
     ServiceSettings,
+    redact,
     require_services,
     service_status,
     start_services,
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (ConfigError, ServiceError) as error:
-        console.print(f"[bold red]error:[/] {error}", highlight=False)
+        console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False)
         return 2
     except ValidationError as error:
         from tfopt.config import describe_validation_error

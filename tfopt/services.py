@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,14 @@ from pathlib import Path
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PREFECT_PORT = 4200
 DEFAULT_MLFLOW_PORT = 5000
+
+
+_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+
+
+def redact(text: str) -> str:
+    """`text` with every URI's ``user:password@`` replaced by ``***@``."""
+    return _CREDENTIALS.sub(r"\g<scheme>***@", text)
 
 
 class ServiceError(RuntimeError):
@@ -311,7 +320,8 @@ def require_services(prefect_api_url: str, mlflow_url: str) -> None:
         "prefect": f"{prefect_api_url.rstrip('/')}/health",
         "mlflow": f"{mlflow_url.rstrip('/')}/health",
     }
-    down = [f"{name} at {url}" for name, url in checks.items() if not is_healthy(url, 5.0)]
+    down = [f"{name} at {redact(url)}" for name, url in checks.items()
+            if not is_healthy(url, 5.0)]
     if down:
         raise ServiceError(
             "not answering: " + ", ".join(down) + ". Start the local services with `tfopt up` "

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from tfopt.artifacts import DatasetArtifact, InputPipelineResult, VariantResult
 from tfopt.diagnosis import diagnose
+from tfopt.services import redact
 
 _LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std", "min", "max", "p95", "trimmed_mean", "cv",
                  "stable")
@@ -93,7 +94,7 @@ def build_summary(
     """Assemble the summary JSON (DESIGN.md's contract; keys are only ever added)."""
     notes = diagnose(results)
     return {
-        "mlflow_tracking_uri": tracking_uri,
+        "mlflow_tracking_uri": redact(tracking_uri),
         "mlflow_experiment_id": experiment_id,
         "mlflow_run_id": run_id,
         "prefect_flow_run_id": flow_run_id,

@@ -31,6 +31,7 @@ from tfopt.artifacts import (
     VariantResult,
 )
 from tfopt.provenance import git_commit
+from tfopt.services import redact
 
 _BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
@@ -207,12 +208,13 @@ _TRAINING_VIEW = "workflowType=machine_learning"
 
 def experiment_url(tracking_uri: str, experiment_id: str) -> str:
     """Address of an experiment's runs table in the MLflow UI (its model-training view)."""
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?{_TRAINING_VIEW}"
+    return (f"{redact(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs?"
+            f"{_TRAINING_VIEW}")
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """Address of a run in the MLflow UI (its model-training view)."""
-    return (f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return (f"{redact(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
             f"?{_TRAINING_VIEW}")
 
 
