@@ -107,6 +107,9 @@ def _services(settings: ServiceSettings) -> list[_Service]:
                 f"sqlite+aiosqlite:///{prefect_home / 'prefect.db'}"
             ),
             "PREFECT_UI_API_URL": settings.prefect_api_url,
+            # Only the server's own UI may call the API from a browser (Prefect allows any
+            # origin by default, so any web page could create or delete objects).
+            "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": settings.prefect_url,
         },
     )
     mlflow = _Service(
