@@ -13,6 +13,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # No network here: telemetry calls would only fill the logs with errors.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+# One bounded retry policy around MLflow (tfopt.tracking.with_retries), not MLflow's own retries
+# (7 with backoff) times tfopt's: an outage ends in a clear error within about a minute.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 # tfopt prints the run addresses itself, once, when a pipeline run ends.
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 

@@ -85,6 +85,19 @@ def _connect_services() -> tuple[str, str]:
     return api_url, tracking_uri
 
 
+def _reconcile_leftovers(tracking_uri: str) -> None:
+    """Close the runs a killed tfopt process on this machine left RUNNING, and say so."""
+    from tfopt.orchestration import mark_crashed
+    from tfopt.tracking import reconcile_orphans
+
+    orphans = reconcile_orphans(tracking_uri)
+    crashed = mark_crashed([o["flow_run_id"] for o in orphans], "its tfopt process was gone")
+    for orphan in orphans:
+        prefect = ", Prefect Crashed" if orphan["flow_run_id"] in crashed else ""
+        console.print(f"closed a run left RUNNING by a process that is gone: {orphan['name']} "
+                      f"(MLflow KILLED{prefect})", highlight=False)
+
+
 def _report(summary: dict, summary_json: Path | None) -> None:
     """Write the summary JSON if asked and print the variants table."""
     from tfopt.fileio import atomic_write_json
@@ -104,7 +117,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         write_demo_images(config.data.source_dir)
     check_paths(config)
-    api_url, _ = _connect_services()
+    api_url, tracking_uri = _connect_services()
+    _reconcile_leftovers(tracking_uri)
 
     from flows.optimize_model import optimize_model
 

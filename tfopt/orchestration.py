@@ -25,6 +25,20 @@ class TransientError(RuntimeError):
     """A failure worth one more try: a killed process, a network or file-system hiccup."""
 
 
+def mark_crashed(flow_run_ids: list[str], reason: str) -> list[str]:
+    """Set these flow runs Crashed if Prefect still thinks they run; return those changed."""
+    from prefect.states import Crashed
+
+    changed = []
+    with get_client(sync_client=True) as client:
+        for flow_run_id in filter(None, flow_run_ids):
+            flow_run = client.read_flow_run(UUID(flow_run_id))
+            if flow_run.state is not None and not flow_run.state.is_final():
+                client.set_flow_run_state(UUID(flow_run_id), Crashed(message=reason), force=True)
+                changed.append(flow_run_id)
+    return changed
+
+
 def ensure_benchmark_limit() -> None:
     """Create the benchmark limit with one slot unless it exists (a user may have raised it)."""
     with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -30,8 +32,8 @@ from tfopt.artifacts import (
     ModelArtifact,
     VariantResult,
 )
-from tfopt.provenance import git_commit
-from tfopt.services import redact
+from tfopt.provenance import git_commit, mlflow_tracking_uri
+from tfopt.services import ServiceError, redact
 
 _BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
@@ -45,27 +47,50 @@ def client(tracking_uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def with_retries(call: Callable[[], T], attempts: int = 4, first_delay_s: float = 1.0) -> T:
-    """Run `call`, retrying with exponential backoff when the tracking server cannot be reached.
+class TrackingUnavailableError(ServiceError):
+    """The MLflow server did not answer within the retry bound."""
+
+
+def with_retries(call: Callable[[], T], within_s: float | None = None,
+                 first_delay_s: float = 1.0) -> T:
+    """Run `call`, retrying with backoff while the tracking server cannot be reached.
+
+    This is the only retry loop around MLflow: MLflow's own HTTP retries are switched off
+    (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=0``, set by the tfopt package), so an outage costs at
+    most `within_s`, not retries times retries.
 
     Args:
         call: The MLflow operation.
-        attempts: Tries in all.
-        first_delay_s: Wait before the second try; doubled after each failure.
+        within_s: How long to keep trying (default: ``TFOPT_SERVICE_RETRY_SECONDS``, 60).
+        first_delay_s: Wait before the second try; doubled after each failure, at most 15 s.
 
     Returns:
         What `call` returns.
+
+    Raises:
+        TrackingUnavailableError: The server did not answer in time, naming its address.
     """
-    delay = first_delay_s
-    for attempt in range(1, attempts + 1):
+    bound = retry_seconds() if within_s is None else within_s
+    deadline, delay = time.monotonic() + bound, first_delay_s
+    while True:
         try:
             return call()
         except (MlflowException, OSError) as error:
-            if attempt == attempts or not _is_transient(error):
+            if not _is_transient(error):
                 raise
+            if time.monotonic() + delay > deadline:
+                raise TrackingUnavailableError(
+                    f"MLflow at {redact(mlflow_tracking_uri())} did not answer for {bound:.0f} s "
+                    f"({type(error).__name__}); start it with `tfopt up` and run again: "
+                    "finished steps (shards, the trained baseline) are reused"
+                ) from error
             time.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+            delay = min(delay * 2, 15.0)
+
+
+def retry_seconds() -> float:
+    """Seconds tfopt keeps retrying a service that does not answer (TFOPT_SERVICE_RETRY_SECONDS)."""
+    return float(os.environ.get("TFOPT_SERVICE_RETRY_SECONDS", "60"))
 
 
 def _is_transient(error: Exception) -> bool:
@@ -355,13 +380,59 @@ def tracked_run(
     mlflow = client(tracking_uri)
     experiment_id = ensure_experiment(mlflow, experiment)
     run_id = start_run(mlflow, experiment_id, run_name, params=params,
-                       tags={**tags, "mlflow.source.git.commit": git_commit()})
+                       tags={**tags, "mlflow.source.git.commit": git_commit(),
+                             **process_tags()})
     try:
         yield TrackedRun(mlflow, tracking_uri, experiment_id, run_id)
+    except TrackingUnavailableError:
+        raise  # the run cannot be marked now; the next `tfopt run` reconciles it
     except BaseException:
         end_run(mlflow, run_id, "FAILED")
         raise
     end_run(mlflow, run_id, "FINISHED")
+
+
+def process_tags() -> dict[str, str]:
+    """Which process on which machine owns a run, so a run it left RUNNING can be found."""
+    return {"tfopt.host": socket.gethostname(), "tfopt.pid": str(os.getpid())}
+
+
+def reconcile_orphans(tracking_uri: str) -> list[dict[str, str]]:
+    """Mark KILLED every RUNNING run whose tfopt process on this machine is gone.
+
+    A run killed with its process (or cut off by an outage) stays RUNNING in MLflow forever;
+    the next `tfopt run` calls this. Runs of other machines, and of live processes, are left
+    alone.
+
+    Returns:
+        The runs marked, with their Prefect flow run ids (to mark those crashed too).
+    """
+    mlflow = client(tracking_uri)
+    host = socket.gethostname()
+    experiments = [e.experiment_id for e in with_retries(lambda: mlflow.search_experiments())]
+    running = with_retries(lambda: mlflow.search_runs(
+        experiments, filter_string=f"attributes.status = 'RUNNING' and tags.`tfopt.host` = "
+                                   f"'{host}'", max_results=1000)) if experiments else []
+    marked = []
+    for run in running:
+        pid = run.data.tags.get("tfopt.pid", "")
+        if not pid.isdigit() or _process_alive(int(pid)):
+            continue
+        set_tags(mlflow, run.info.run_id, {"tfopt.reconciled": f"process {pid} was gone"})
+        end_run(mlflow, run.info.run_id, "KILLED")
+        marked.append({"run_id": run.info.run_id, "name": run.info.run_name or "",
+                       "flow_run_id": run.data.tags.get("prefect.flow_run_id", "")})
+    return marked
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def log_file(run: TrackedRun, path: Path, artifact_path: str | None = None) -> None:
