@@ -121,8 +121,8 @@ def test_bad_input_model_source_settings_are_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match=r"train\.epochs: 0 trains nothing"):
         PipelineConfig.model_validate({"model": {"source": "builder", "builder": "m.py:build"},
                                        "train": {"epochs": 0}})
-    with pytest.raises(ValueError, match=r"not a \.keras or \.h5"):
-        ModelConfig(source="file", path=tmp_path / "model.onnx")
+    with pytest.raises(ValueError, match=r"not a \.keras, \.h5, \.tflite or \.onnx file"):
+        ModelConfig(source="file", path=tmp_path / "model.pt")
     missing = PipelineConfig.model_validate({
         "data": {"source_dir": str(tmp_path)}, "work_dir": str(tmp_path / "work"),
         "model": {"source": "file", "path": str(tmp_path / "gone.keras")}})
