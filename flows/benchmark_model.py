@@ -13,6 +13,7 @@ from tasks.resolve_model import UnusableModelError, resolve_model
 from tasks.write_report import write_report
 from tfopt import tracking
 from tfopt.config import BenchmarkOnlyConfig
+from tfopt.orchestration import claim_flow_run
 from tfopt.prefect_artifacts import publish_prefect_artifacts
 from tfopt.provenance import environment, mlflow_tracking_uri
 from tfopt.services import redact
@@ -24,7 +25,9 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
     """Measure one model with the pipeline's protocol on the test split of a data folder.
 
     The model's own outputs are the reference, so agreement is 1 by construction; accuracy,
-    latency statistics, throughput, memory and sizes are what this flow is for.
+    latency statistics, throughput, memory and sizes are what this flow is for. The model is
+    opened only in the measuring process (`benchmark.isolate`, on by default), never in the
+    flow's own.
 
     Args:
         config: The model reference, the data, and the benchmark protocol.
@@ -32,6 +35,8 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
     Returns:
         A summary with one variant entry, also written as a report to MLflow.
     """
+    claim_flow_run()
+    tracking.use_retry_seconds(config.services.retry_seconds)
     work_dir = config.work_dir.resolve()
     tracking_uri = mlflow_tracking_uri()
     run_dir = work_dir / "benchmarks" / f"{config.name}-{flow_run.id}"
@@ -43,11 +48,9 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         params=config.model_dump(mode="json"), tags=tags,
     ) as run:
         dataset = sharded_data(config.data, work_dir)
-        prepared = prepare_benchmark_inputs(spec, dataset, run_dir / "inputs", config.batch_size,
-                                            config.input_scale, return_state=True)
-        if not prepared.is_completed():
-            raise UnusableModelError(f"model {config.model} cannot be run: {error_of(prepared)}")
-        measured = benchmark_serialized(spec, prepared.result(), config.benchmark)
+        inputs = prepare_benchmark_inputs(None, dataset, run_dir / "inputs", config.batch_size,
+                                          config.input_scale)
+        measured = benchmark_serialized(spec, inputs, config.benchmark)
         if not measured.is_completed():
             raise UnusableModelError(
                 f"model {config.model} cannot be measured: {error_of(measured)}")

@@ -33,7 +33,7 @@ def benchmark_serialized(
     spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
 ) -> State:
     """Benchmark one variant while holding the machine's benchmark slot; return its final state."""
-    with benchmark_slot():
+    with benchmark_slot(spec.name):
         return benchmark_variant(spec, inputs, cfg, return_state=True)
 
 

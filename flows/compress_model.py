@@ -20,6 +20,7 @@ from techniques import Planned, plan
 from techniques.base import NotApplicable
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.config import PipelineConfig, ScaleConfig
+from tfopt.orchestration import claim_flow_run
 from tfopt.variants import built, failed, skipped
 
 
@@ -57,6 +58,7 @@ def compress_model(
     Returns:
         The variants to benchmark, and the compressed models (for their technique metrics).
     """
+    claim_flow_run()
     planned_all = plan(config.compress, baseline)
     plans = [p for p in planned_all if p.refusal is None]
     futures = [p.technique.apply.submit(baseline, p.cfg, data, run_dir / "models") for p in plans]

@@ -51,7 +51,7 @@ from tfopt.artifacts import (
 )
 from tfopt.config import BenchmarkConfig, ConvertConfig, PipelineConfig, check_paths
 from tfopt.fileio import atomic_write_json
-from tfopt.orchestration import StepProgress
+from tfopt.orchestration import StepProgress, claim_flow_run
 from tfopt.prefect_artifacts import publish_prefect_artifacts
 from tfopt.provenance import environment, mlflow_tracking_uri
 from tfopt.summary import build_summary
@@ -86,6 +86,8 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
     Returns:
         The run summary (the JSON contract in DESIGN.md).
     """
+    claim_flow_run()
+    tracking.use_retry_seconds(config.services.retry_seconds)
     check_paths(config)
     work_dir = config.work_dir.resolve()
     tags = {"prefect.flow_run_id": str(flow_run.id), "tfopt.config": config.name}

@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 from flows.common import sharded_data
 from tfopt import tracking
 from tfopt.config import PreprocessConfig, check_paths
+from tfopt.orchestration import claim_flow_run
 from tfopt.provenance import mlflow_tracking_uri
 from tfopt.summary import dataset_entry
 
@@ -29,6 +30,8 @@ def preprocess_data(config: PreprocessConfig = PreprocessConfig()) -> dict[str, 
     Returns:
         The ``dataset`` block of the run summary, with the MLflow run id and the shard folder.
     """
+    claim_flow_run()
+    tracking.use_retry_seconds(config.services.retry_seconds)
     check_paths(config)
     work_dir = config.work_dir.resolve()
     with tracking.tracked_run(

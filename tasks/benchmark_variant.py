@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from prefect import task
@@ -19,7 +18,7 @@ from prefect import task
 from tasks.benchmark_worker import measure_variant
 from tfopt.artifacts import BenchmarkInputs, VariantResult, VariantSpec
 from tfopt.config import BenchmarkConfig
-from tfopt.fileio import atomic_write_json
+from tfopt.fileio import atomic_write_json, process_temp_dir
 from tfopt.logs import step_logger
 from tfopt.orchestration import TransientError, retry_if_transient
 
@@ -45,7 +44,7 @@ def measure_in_subprocess(
         TransientError: The process was killed by a signal (the OOM killer, a shutdown).
         RuntimeError: The process failed; the message holds its last error line.
     """
-    with tempfile.TemporaryDirectory(prefix="tfopt-bench-") as tmp:
+    with process_temp_dir("bench") as tmp:
         request, response = Path(tmp) / "request.json", Path(tmp) / "result.json"
         atomic_write_json(request, {
             "spec": spec.model_dump(mode="json"),

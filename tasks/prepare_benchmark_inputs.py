@@ -21,7 +21,7 @@ def _save_array(path: Path, values: np.ndarray) -> None:
 
 @task(name="prepare_benchmark_inputs", tags=["benchmark"])
 def prepare_benchmark_inputs(
-    reference: VariantSpec,
+    reference: VariantSpec | None,
     dataset: DatasetArtifact,
     out_dir: Path,
     batch_size: int = 32,
@@ -34,7 +34,8 @@ def prepare_benchmark_inputs(
 
     Args:
         reference: The model whose outputs are the reference (the float baseline's SavedModel in
-            the pipeline; the benchmarked model itself in the benchmark-only flow).
+            the pipeline), or None: each variant is its own reference and no model is opened
+            here (the benchmark-only flow opens a user's file only in its measuring process).
         dataset: The data set whose test split is the benchmark input.
         out_dir: Folder for ``test-images.npy``, ``test-labels.npy`` and
             ``<name>-reference-logits.npy``.
@@ -50,16 +51,17 @@ def prepare_benchmark_inputs(
     images, labels = load_split(dataset, "test", scale=input_scale)
     if len(images) == 0:
         raise ValueError("the test split is empty: nothing to benchmark on")
-    logits = predict_batched(load_runner(reference), images)
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs = BenchmarkInputs(
         images=out_dir / "test-images.npy",
         labels=out_dir / "test-labels.npy",
-        reference_logits=out_dir / f"{reference.name}-reference-logits.npy",
+        reference_logits=None if reference is None
+        else out_dir / f"{reference.name}-reference-logits.npy",
         examples=len(images),
         batch_size=batch_size,
     )
     _save_array(inputs.images, images)
     _save_array(inputs.labels, labels)
-    _save_array(inputs.reference_logits, logits)
+    if reference is not None and inputs.reference_logits is not None:
+        _save_array(inputs.reference_logits, predict_batched(load_runner(reference), images))
     return inputs

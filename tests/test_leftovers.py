@@ -1,10 +1,12 @@
-"""A run killed with its process is closed by the next `tfopt run`, in MLflow and Prefect."""
+"""What a killed run leaves (RUNNING runs, the benchmark slot, temporary folders) is cleaned up."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -46,3 +48,85 @@ def test_a_killed_runs_leftovers_are_reconciled(live_services, tmp_path):
             assert prefect.read_flow_run(flow_run_id).state.is_crashed()
     assert client.get_run(run.info.run_id).info.status == "KILLED"
     assert reconcile_orphans(live_services.mlflow_url) == [], "live or closed runs are left alone"
+
+
+_HOLD_THE_SLOT = """
+import sys, time
+from pathlib import Path
+from prefect import flow
+from tfopt.fileio import process_temp_dir
+from tfopt.orchestration import benchmark_slot, claim_flow_run
+
+@flow(name="holds-the-benchmark-slot")
+def hold():
+    claim_flow_run()
+    with benchmark_slot("killed-variant"), process_temp_dir("bench"):
+        Path(sys.argv[1]).touch()
+        time.sleep(600)
+
+hold()
+"""
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_benchmark_killed_holding_the_slot_frees_it_and_the_next_logs_the_wait(
+    live_services, tmp_path
+):
+    import subprocess
+    import sys
+    import tempfile
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tests.live import ROOT, service_env
+    from tfopt.fileio import remove_orphan_temp_dirs
+    from tfopt.orchestration import BENCHMARK_LEASE_S, benchmark_slot, crash_orphan_flow_runs
+
+    ready = tmp_path / "holding"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_THE_SLOT, str(ready)], cwd=ROOT,
+        env={**service_env(live_services), "PREFECT_API_URL": live_services.prefect_api_url},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert holder.poll() is None and time.monotonic() < deadline, "the holder never held"
+        time.sleep(0.5)
+    os.killpg(holder.pid, signal.SIGKILL)
+    holder.wait()
+    leftovers = list(Path(tempfile.gettempdir()).glob(f"tfopt-bench-{holder.pid}-*"))
+    assert leftovers, "a kill leaves the temporary folder behind"
+
+    with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
+        logged, logger = _Lines(), logging.getLogger("tfopt")
+        logger.addHandler(logged)
+        logger.setLevel(logging.INFO)
+        started = time.monotonic()
+        try:
+            with benchmark_slot("next-variant"):
+                waited = time.monotonic() - started
+        finally:
+            logger.removeHandler(logged)
+        assert waited < BENCHMARK_LEASE_S + 45, "the dead holder's lease must run out"
+        wait_lines = [line for line in logged.lines if "waits for" in line]
+        assert wait_lines, "the wait is logged"
+        assert "killed-variant of flow run" in wait_lines[0]
+        assert f"process {holder.pid}" in wait_lines[0] and "that process is gone" in wait_lines[0]
+
+        crashed = crash_orphan_flow_runs("its tfopt process was gone")
+        assert len(crashed) == 1
+        with get_client(sync_client=True) as prefect:
+            (flow_run,) = [run for run in prefect.read_flow_runs(limit=200)
+                           if run.name == crashed[0]]
+            assert flow_run.state.is_crashed()
+        assert crash_orphan_flow_runs("again") == []
+    assert set(leftovers) <= set(remove_orphan_temp_dirs())
+    assert not any(path.exists() for path in leftovers)

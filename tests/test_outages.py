@@ -1,4 +1,4 @@
-"""MLflow stopped mid-run: a clear error within the retry bound; the rerun reuses the model."""
+"""A server stopped mid-run: a clear error within the retry bound; the rerun reuses the model."""
 
 from __future__ import annotations
 
@@ -12,43 +12,71 @@ import pytest
 
 from tests.live import ROOT, running_services, service_env, tfopt_command
 from tfopt.demo_data import write_demo_images
+from tfopt.services import ServiceSettings, start_services
 
 pytestmark = pytest.mark.e2e
 RETRY_SECONDS = 10
 
 
-def test_mlflow_stopped_mid_run_is_a_clear_error_and_the_rerun_reuses_the_model(tmp_path):
+def _outage_command(tmp_path: Path, *settings: str) -> list[str]:
     demo, work = tmp_path / "demo", tmp_path / "work"
     write_demo_images(demo)
-    command = tfopt_command([
+    return tfopt_command([
         "run", "--config", "configs/smoke.yaml", "--set", f"data.source_dir={demo}",
         "--set", f"work_dir={work}", "--set", "name=outage", "--set", "convert.xla=[]",
         "--set", "convert.tflite=[fp32]", "--set", "compress.prune.enabled=false",
-        "--set", "compress.distill.enabled=false", "--set", "compress.qat.enabled=false"])
+        "--set", "compress.distill.enabled=false", "--set", "compress.qat.enabled=false",
+        *[arg for setting in settings for arg in ("--set", setting)]])
+
+
+def _stop_once_trained(
+    settings: ServiceSettings, server: str, command: list[str], work: Path, log: Path
+) -> tuple[int, str, float]:
+    """Run `command` until its baseline is trained, kill `server`; the exit code, output, wait."""
+    with log.open("w") as out:
+        first = subprocess.Popen(command, cwd=ROOT, env=service_env(settings), stdout=out,
+                                 stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not list(work.glob("checkpoints/*/trained.json")):
+        assert first.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    os.killpg(int((Path(settings.state_dir) / "run" / f"{server}.pid").read_text()),
+              signal.SIGKILL)
+    stopped = time.monotonic()
+    first.wait(timeout=RETRY_SECONDS + 300)
+    return first.returncode, log.read_text(), time.monotonic() - stopped
+
+
+def _rerun(settings: ServiceSettings, command: list[str]) -> str:
+    start_services(settings, timeout_s=240)
+    rerun = subprocess.run(command, cwd=ROOT, env=service_env(settings), capture_output=True,
+                           text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert "reusing the baseline" in rerun.stdout + rerun.stderr
+    return rerun.stdout
+
+
+def test_mlflow_stopped_mid_run_is_a_clear_error_and_the_rerun_reuses_the_model(tmp_path):
+    command = _outage_command(tmp_path, f"services.retry_seconds={RETRY_SECONDS}")
     with running_services(tmp_path / "state") as settings:
-        env = {**service_env(settings), "TFOPT_SERVICE_RETRY_SECONDS": str(RETRY_SECONDS)}
-        log = tmp_path / "first.log"
-        with log.open("w") as out:
-            first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
-                                     stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 300
-        while not list(work.glob("checkpoints/*/trained.json")):
-            assert first.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-        mlflow_pid = int((Path(settings.state_dir) / "run" / "mlflow.pid").read_text())
-        os.killpg(mlflow_pid, signal.SIGKILL)
-        stopped = time.monotonic()
-        first.wait(timeout=RETRY_SECONDS + 120)
-        took = time.monotonic() - stopped
-        output = log.read_text()
-        assert first.returncode == 2, output[-3000:]
+        code, output, took = _stop_once_trained(settings, "mlflow", command, tmp_path / "work",
+                                                tmp_path / "first.log")
+        assert code == 2, output[-3000:]
         assert f"MLflow at {settings.mlflow_url} did not answer for {RETRY_SECONDS} s" in output
         assert "tfopt up" in output and took < RETRY_SECONDS + 90, took
+        _rerun(settings, command)
 
-        from tfopt.services import start_services
 
-        start_services(settings, timeout_s=240)
-        rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                               timeout=900)
-        assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-        assert "reusing the baseline" in rerun.stdout + rerun.stderr
+def test_prefect_stopped_mid_run_is_a_clear_error_and_the_rerun_closes_its_flow_run(tmp_path):
+    command = _outage_command(tmp_path)
+    with running_services(tmp_path / "state") as settings:
+        code, output, took = _stop_once_trained(settings, "prefect", command, tmp_path / "work",
+                                                tmp_path / "first.log")
+        assert code == 2, output[-3000:]
+        error = f"error: Prefect at {settings.prefect_api_url} stopped answering"
+        assert error in output, output[-3000:]
+        after_error = output[output.index(error):]
+        assert "tfopt up" in after_error and "Traceback" not in after_error, "tfopt's last word"
+        assert took < 150, took
+        rerun = _rerun(settings, command)
+        assert "closed a Prefect flow run left RUNNING by a process that is gone" in rerun

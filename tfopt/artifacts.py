@@ -143,12 +143,13 @@ class VariantSpec(_Frozen):
 class BenchmarkInputs(_Frozen):
     """The test split decoded once, and the float model's outputs on it.
 
-    Every variant is fed exactly these arrays.
+    Every variant is fed exactly these arrays. Without reference logits, each variant is its
+    own reference (one model benchmarked alone, never opened outside its measuring process).
     """
 
     images: Path
     labels: Path
-    reference_logits: Path
+    reference_logits: Path | None
     examples: int
     batch_size: int = 32
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -16,6 +17,7 @@ from tfopt.config import ConfigError, check_paths, load_config
 from tfopt.services import (
     ServiceError,
     ServiceSettings,
+    is_healthy,
     redact,
     require_services,
     service_status,
@@ -33,6 +35,8 @@ def _cmd_up(_: argparse.Namespace) -> int:
     for line in start_services(settings):
         console.print(line)
     _print_addresses(settings)
+    os.environ["PREFECT_API_URL"] = settings.prefect_api_url
+    _reconcile_leftovers(settings.mlflow_url)
     return 0
 
 
@@ -86,16 +90,52 @@ def _connect_services() -> tuple[str, str]:
 
 
 def _reconcile_leftovers(tracking_uri: str) -> None:
-    """Close the runs a killed tfopt process on this machine left RUNNING, and say so."""
-    from tfopt.orchestration import mark_crashed
+    """Close what a killed tfopt process on this machine left behind, and say so.
+
+    MLflow runs and Prefect flow runs left RUNNING are marked KILLED and Crashed; temporary
+    folders are removed.
+    """
+    from tfopt.fileio import remove_orphan_temp_dirs
+    from tfopt.orchestration import crash_orphan_flow_runs, mark_crashed
     from tfopt.tracking import reconcile_orphans
 
+    reason = "its tfopt process was gone"
     orphans = reconcile_orphans(tracking_uri)
-    crashed = mark_crashed([o["flow_run_id"] for o in orphans], "its tfopt process was gone")
+    crashed = mark_crashed([o["flow_run_id"] for o in orphans], reason)
     for orphan in orphans:
         prefect = ", Prefect Crashed" if orphan["flow_run_id"] in crashed else ""
         console.print(f"closed a run left RUNNING by a process that is gone: {orphan['name']} "
                       f"(MLflow KILLED{prefect})", highlight=False)
+    for name in crash_orphan_flow_runs(reason):
+        console.print(f"closed a Prefect flow run left RUNNING by a process that is gone: {name} "
+                      "(Crashed)", highlight=False)
+    for folder in remove_orphan_temp_dirs():
+        console.print(f"removed a temporary folder of a process that is gone: {folder}",
+                      highlight=False)
+
+
+class PrefectUnavailableError(ServiceError):
+    """The Prefect server stopped answering while a flow ran."""
+
+
+def _run_flow(flow_call: Callable[[], dict], api_url: str) -> dict:
+    """Run a flow; a Prefect server lost mid-run is an error naming it, not a traceback.
+
+    Raises:
+        PrefectUnavailableError: The flow failed and the Prefect server no longer answers.
+    """
+    try:
+        return flow_call()
+    except (ConfigError, ServiceError):
+        raise
+    except Exception as error:
+        if is_healthy(f"{api_url.rstrip('/')}/health", 5.0):
+            raise
+        raise PrefectUnavailableError(
+            f"Prefect at {redact(api_url)} stopped answering during the run "
+            f"({type(error).__name__}). Start it again with `tfopt up` and rerun: the shards and "
+            "a trained baseline are reused, and the run left RUNNING is closed then."
+        ) from error
 
 
 def _report(summary: dict, summary_json: Path | None) -> None:
@@ -122,7 +162,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from flows.optimize_model import optimize_model
 
-    summary = optimize_model(config=config)
+    summary = _run_flow(lambda: optimize_model(config=config), api_url)
     _report(summary, args.summary_json)
     ip = summary["input_pipeline"]
     console.print(
@@ -158,14 +198,15 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides, BenchmarkOnlyConfig)
     if not config.data.source_dir.is_dir():
         raise ConfigError(f"data.source_dir: {config.data.source_dir} is not a folder")
-    _, tracking_uri = _connect_services()
+    api_url, tracking_uri = _connect_services()
+    _reconcile_leftovers(tracking_uri)
     from tasks.resolve_model import check_model_reference
 
     check_model_reference(config.model, tracking_uri)
 
     from flows.benchmark_model import benchmark_model
 
-    summary = benchmark_model(config=config)
+    summary = _run_flow(lambda: benchmark_model(config=config), api_url)
     _report(summary, args.summary_json)
     console.print(f"MLflow UI:  {summary['mlflow_run_url']}")
     return 0
@@ -263,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
+    except PrefectUnavailableError as error:
+        console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Prefect's exit handlers would spend minutes sending logs and events to the lost server.
+        os._exit(2)
     except (ConfigError, ServiceError) as error:
         console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False)
         return 2

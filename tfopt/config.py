@@ -496,6 +496,18 @@ class ScaleConfig(_Section):
     )
 
 
+class ServicesConfig(_Section):
+    """How tfopt treats its Prefect and MLflow servers."""
+
+    retry_seconds: float | None = Field(
+        None, gt=0, le=3600,
+        description=(
+            "How long a request to MLflow is retried before the run stops with an error naming "
+            "the server (null: TFOPT_SERVICE_RETRY_SECONDS, else 60)."
+        ),
+    )
+
+
 class PipelineConfig(_Section):
     """All parameters of one tfopt pipeline run."""
 
@@ -519,6 +531,9 @@ class PipelineConfig(_Section):
     )
     scale: ScaleConfig = Field(
         default_factory=ScaleConfig, description="Task runner for the compression techniques."
+    )
+    services: ServicesConfig = Field(
+        default_factory=ServicesConfig, description="Waiting for the servers."
     )
 
     @model_validator(mode="after")
@@ -548,6 +563,9 @@ class PreprocessConfig(_Section):
     )
     work_dir: Path = Field(Path(".tfopt/work"), description="Folder for the TFRecord shards.")
     data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
+    services: ServicesConfig = Field(
+        default_factory=ServicesConfig, description="Waiting for the servers."
+    )
 
 
 class BenchmarkOnlyConfig(_Section):
@@ -578,6 +596,9 @@ class BenchmarkOnlyConfig(_Section):
     )
     benchmark: BenchmarkConfig = Field(
         default_factory=BenchmarkConfig, description="Benchmark protocol."
+    )
+    services: ServicesConfig = Field(
+        default_factory=ServicesConfig, description="Waiting for the servers."
     )
 
 

@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -15,6 +16,37 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from tfopt.services import process_alive
+
+_PROCESS_TEMP_DIR = re.compile(r"tfopt-[a-z]+-(\d+)-.+")
+
+
+def process_temp_dir(purpose: str) -> tempfile.TemporaryDirectory[str]:
+    """A temporary folder named after this process, so a leftover can be traced to a dead one.
+
+    Args:
+        purpose: A lowercase word saying what the folder is for (e.g. ``bench``).
+    """
+    return tempfile.TemporaryDirectory(prefix=f"tfopt-{purpose}-{os.getpid()}-")
+
+
+def remove_orphan_temp_dirs(root: Path | None = None) -> list[Path]:
+    """Remove the `process_temp_dir` folders whose process is gone (killed before cleaning up).
+
+    Args:
+        root: Where to look (default: the system's temporary folder).
+
+    Returns:
+        The folders removed.
+    """
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob("tfopt-*-*-*"):
+        match = _PROCESS_TEMP_DIR.fullmatch(path.name)
+        if match and path.is_dir() and not process_alive(int(match[1])):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 @contextmanager

@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import contextvars
+import os
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
 from uuid import UUID
 
 from prefect import Task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-from prefect.client.schemas.objects import TaskRun
+from prefect.client.schemas.objects import ConcurrencyLeaseHolder, TaskRun
 from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.states import State
 
 from tfopt.logs import step_logger
+from tfopt.services import process_alive
 
 BENCHMARK_LIMIT = "tfopt-benchmark"
 """Global concurrency limit (1 slot) held while a variant is measured, across all flow runs."""
+BENCHMARK_LEASE_S = 60
+"""The slot's lease (Prefect's shortest): renewed while its holder lives, so a killed holder's
+slot is free again within a minute and Prefect's lease check (every 15 s by default)."""
+BENCHMARK_HOLDER_VARIABLE = "tfopt_benchmark_holder"
+"""Prefect variable naming who took the benchmark slot last, for the waiting runs' log."""
+_WAIT_LOG_INTERVAL_S = 30
 
 
 class TransientError(RuntimeError):
@@ -39,6 +52,51 @@ def mark_crashed(flow_run_ids: list[str], reason: str) -> list[str]:
     return changed
 
 
+def claim_flow_run() -> None:
+    """Tag the current flow run with this machine and process (``tfopt.host:``/``tfopt.pid:``).
+
+    A flow run whose process is killed, or loses the Prefect server, stays RUNNING; these
+    tags let the next `tfopt run` or `tfopt up` on this machine find it and mark it Crashed.
+    """
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return
+    tags = {*context.flow_run.tags, f"tfopt.host:{socket.gethostname()}",
+            f"tfopt.pid:{os.getpid()}"}
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(context.flow_run.id, tags=sorted(tags))
+
+
+def crash_orphan_flow_runs(reason: str) -> list[str]:
+    """Mark Crashed the running flow runs a gone tfopt process of this machine left behind.
+
+    Returns:
+        The names of the flow runs marked.
+    """
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    unfinished = FlowRunFilter(
+        state=FlowRunFilterState(type=FlowRunFilterStateType(
+            any_=[StateType.RUNNING, StateType.PENDING])),
+        tags=FlowRunFilterTags(all_=[f"tfopt.host:{socket.gethostname()}"]))
+    marked = []
+    with get_client(sync_client=True) as client:
+        for flow_run in client.read_flow_runs(flow_run_filter=unfinished, limit=200):
+            pids = [tag.removeprefix("tfopt.pid:") for tag in flow_run.tags
+                    if tag.startswith("tfopt.pid:")]
+            if pids and pids[0].isdigit() and not process_alive(int(pids[0])):
+                client.set_flow_run_state(flow_run.id, Crashed(message=reason), force=True)
+                marked.append(flow_run.name)
+    return marked
+
+
 def ensure_benchmark_limit() -> None:
     """Create the benchmark limit with one slot unless it exists (a user may have raised it)."""
     with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
@@ -48,11 +106,87 @@ def ensure_benchmark_limit() -> None:
 
 
 @contextmanager
-def benchmark_slot() -> Iterator[None]:
-    """Hold the machine's benchmark slot: two measurements never overlap on one Prefect server."""
+def benchmark_slot(what: str) -> Iterator[None]:
+    """Hold the machine's benchmark slot: two measurements never overlap on one Prefect server.
+
+    The slot is a Prefect lease held by this flow run: a process killed while holding it loses
+    it when the lease runs out. While the slot is taken, the wait is logged every 30 s with
+    who holds it.
+
+    Args:
+        what: What is measured while the slot is held (a variant's name), for the waiting log.
+    """
     ensure_benchmark_limit()
-    with concurrency(BENCHMARK_LIMIT, occupy=1, strict=True):
+    with _logging_the_wait(what) as acquired, concurrency(
+        BENCHMARK_LIMIT, occupy=1, strict=True, lease_duration=BENCHMARK_LEASE_S,
+        holder=_lease_holder(),
+    ):
+        acquired.set()
+        _record_holder(what)
         yield
+
+
+@contextmanager
+def _logging_the_wait(what: str) -> Iterator[threading.Event]:
+    """Log who holds the slot after 1 s of waiting and every 30 s after, until the event is set."""
+    logger, acquired = step_logger(), threading.Event()
+    started = time.monotonic()
+
+    def report() -> None:
+        delay = 1.0
+        while not acquired.wait(delay):
+            logger.info("%s waits for the benchmark slot (%.0f s so far), held by %s", what,
+                        time.monotonic() - started, describe_benchmark_holder())
+            delay = _WAIT_LOG_INTERVAL_S
+
+    reporter = threading.Thread(target=contextvars.copy_context().run, args=(report,),
+                                name="tfopt-benchmark-wait", daemon=True)
+    reporter.start()
+    try:
+        yield acquired
+    finally:
+        acquired.set()
+        reporter.join()
+
+
+def _lease_holder() -> ConcurrencyLeaseHolder | None:
+    """This flow run as the holder Prefect records on the lease."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return None
+    return ConcurrencyLeaseHolder(type="flow_run", id=context.flow_run.id)
+
+
+def _record_holder(what: str) -> None:
+    """Name this process as the benchmark slot's holder; a failure only costs the waiting log."""
+    from prefect.variables import Variable
+
+    context = FlowRunContext.get()
+    holder = {"what": what, "host": socket.gethostname(), "pid": os.getpid(),
+              "flow_run": context.flow_run.name if context and context.flow_run else "",
+              "since": datetime.now(UTC).isoformat(timespec="seconds")}
+    try:
+        Variable.set(BENCHMARK_HOLDER_VARIABLE, holder, overwrite=True)
+    except Exception as error:  # the slot is held either way
+        step_logger().warning("could not record the benchmark slot's holder: %s", error)
+
+
+def describe_benchmark_holder() -> str:
+    """Who took the benchmark slot last, and whether that process still lives on this machine."""
+    from prefect.variables import Variable
+
+    try:
+        holder = Variable.get(BENCHMARK_HOLDER_VARIABLE, default=None)
+    except Exception as error:  # only the log line depends on it
+        return f"a holder tfopt could not read ({type(error).__name__})"
+    if not isinstance(holder, dict):
+        return "a process tfopt did not record"
+    who = (f"{holder.get('what')} of flow run {holder.get('flow_run') or '?'} "
+           f"(process {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')})")
+    if holder.get("host") == socket.gethostname() and not process_alive(int(holder["pid"])):
+        who += (f"; that process is gone, its lease ends within {BENCHMARK_LEASE_S} s of its "
+                "last renewal")
+    return who
 
 
 def retry_if_transient(_task: Task, _run: TaskRun, state: State) -> bool:

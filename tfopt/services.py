@@ -160,13 +160,18 @@ def _read_pid(path: Path) -> int | None:
         pid = int(path.read_text().strip())
     except (OSError, ValueError):
         return None
+    return pid if process_alive(pid) else None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return None
+        return False
     except PermissionError:
-        return pid
-    return pid
+        return True
+    return True
 
 
 def _warn_if_exposed(host: str) -> str | None:

@@ -33,7 +33,7 @@ from tfopt.artifacts import (
     VariantResult,
 )
 from tfopt.provenance import git_commit, mlflow_tracking_uri
-from tfopt.services import ServiceError, redact
+from tfopt.services import ServiceError, process_alive, redact
 
 _BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
@@ -61,7 +61,7 @@ def with_retries(call: Callable[[], T], within_s: float | None = None,
 
     Args:
         call: The MLflow operation.
-        within_s: How long to keep trying (default: ``TFOPT_SERVICE_RETRY_SECONDS``, 60).
+        within_s: How long to keep trying (default: `retry_seconds`).
         first_delay_s: Wait before the second try; doubled after each failure, at most 15 s.
 
     Returns:
@@ -88,8 +88,22 @@ def with_retries(call: Callable[[], T], within_s: float | None = None,
             delay = min(delay * 2, 15.0)
 
 
+_retry_seconds: float | None = None
+
+
+def use_retry_seconds(seconds: float | None) -> None:
+    """Set this process's retry bound (a run's ``services.retry_seconds``; None: the default)."""
+    global _retry_seconds
+    _retry_seconds = seconds
+
+
 def retry_seconds() -> float:
-    """Seconds tfopt keeps retrying a service that does not answer (TFOPT_SERVICE_RETRY_SECONDS)."""
+    """Seconds tfopt keeps retrying a service that does not answer.
+
+    ``services.retry_seconds`` of the running flow, else ``TFOPT_SERVICE_RETRY_SECONDS``, else 60.
+    """
+    if _retry_seconds is not None:
+        return _retry_seconds
     return float(os.environ.get("TFOPT_SERVICE_RETRY_SECONDS", "60"))
 
 
@@ -416,23 +430,13 @@ def reconcile_orphans(tracking_uri: str) -> list[dict[str, str]]:
     marked = []
     for run in running:
         pid = run.data.tags.get("tfopt.pid", "")
-        if not pid.isdigit() or _process_alive(int(pid)):
+        if not pid.isdigit() or process_alive(int(pid)):
             continue
         set_tags(mlflow, run.info.run_id, {"tfopt.reconciled": f"process {pid} was gone"})
         end_run(mlflow, run.info.run_id, "KILLED")
         marked.append({"run_id": run.info.run_id, "name": run.info.run_name or "",
                        "flow_run_id": run.data.tags.get("prefect.flow_run_id", "")})
     return marked
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def log_file(run: TrackedRun, path: Path, artifact_path: str | None = None) -> None:

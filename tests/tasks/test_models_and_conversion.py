@@ -79,6 +79,21 @@ def test_benchmark_reports_accuracy_latency_and_sizes(tiny_baseline, tiny_datase
     assert result.throughput_per_s > 0
 
 
+def test_a_model_benchmarked_alone_is_its_own_reference_and_opened_only_when_measured(
+    tiny_savedmodel, tiny_dataset, tmp_path
+):
+    from tfopt.artifacts import VariantSpec
+
+    inputs = prepare_benchmark_inputs.fn(None, tiny_dataset, tmp_path / "inputs")
+    written = sorted(path.name for path in inputs.images.parent.iterdir())
+    assert inputs.reference_logits is None and written == ["test-images.npy", "test-labels.npy"]
+    spec = VariantSpec(name="theirs", source="theirs", format="savedmodel", precision="fp32",
+                       path=tiny_savedmodel.path)
+    result = benchmark_variant.fn(spec, inputs, BenchmarkConfig(
+        warmup_runs=1, min_runs=5, min_seconds=0, max_seconds=5))
+    assert result.status == "ok" and result.top1_agreement == 1.0 and result.max_abs_diff == 0.0
+
+
 def test_mixed_precision_training_saves_a_float32_model(tiny_dataset, tmp_path):
     import tf_keras as keras
 
