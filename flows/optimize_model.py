@@ -321,7 +321,7 @@ def _summarize(
         flow_run_id=str(flow_run.id), dataset=measured.data.dataset,
         input_pipeline=measured.pipeline, results=results, champion=choice.name,
         champion_reason=choice.reason, baseline_accuracy=choice.baseline_accuracy,
-        budget_points=bench.accuracy_budget_points,
+        budget_points=bench.accuracy_budget_points, tied=list(choice.tied_with),
         techniques={m.name: {"params": m.params, "metrics": m.metrics} for m in technique_models},
         extras={
             "config_name": config.name,

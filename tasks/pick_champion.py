@@ -1,4 +1,11 @@
-"""Choose the champion: the fastest ok variant whose accuracy stays within the budget."""
+"""Choose the champion: the fastest ok variant whose accuracy stays within the budget.
+
+Variants the measurement cannot tell apart are tied: on the p50 objective, those whose p50
+intervals (`latency_ms.p50_ci95`) overlap the fastest one's. A tie is broken by a stated order,
+never by the noise between them: higher accuracy, then smaller size, then the simpler variant
+(the baseline before a technique's model, fp32 before float16, dynamic and int8, no XLA before
+XLA), then the lower p50.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ class ChampionChoice(BaseModel):
     name: str | None
     reason: str
     baseline_accuracy: float | None
+    tied_with: tuple[str, ...] = ()
 
 
 def baseline_accuracy(results: list[VariantResult]) -> float | None:
@@ -33,6 +41,29 @@ def objective_value(result: VariantResult, objective: str) -> float:
     if objective == "size":
         return float(result.size_bytes)
     return float(getattr(result.latency_ms, objective))
+
+
+_PRECISION_ORDER = {"fp32": 0, "float16": 1, "dynamic": 2, "int8": 3}
+
+
+def simplicity(result: VariantResult) -> tuple[int, int, int]:
+    """Sort key of how much was done to a variant: fewer steps sort first."""
+    return (result.source != "baseline", _PRECISION_ORDER.get(result.precision, 4),
+            result.format == "xla")
+
+
+def tied_with_best(best: VariantResult, candidates: list[VariantResult]) -> list[VariantResult]:
+    """The candidates whose p50 interval overlaps `best`'s (best excluded)."""
+    if best.latency_ms is None or best.latency_ms.p50_ci95 is None:
+        return []
+    low, high = best.latency_ms.p50_ci95
+    return [r for r in candidates
+            if r is not best and r.latency_ms is not None and r.latency_ms.p50_ci95 is not None
+            and r.latency_ms.p50_ci95[0] <= high and low <= r.latency_ms.p50_ci95[1]]
+
+
+def _tie_break_key(result: VariantResult) -> tuple[float, int, tuple[int, int, int], float]:
+    return (-result.accuracy, result.size_bytes, simplicity(result), result.latency_ms.p50)
 
 
 _OBJECTIVE_WORDS = {"p50": "batch-1 p50 latency", "p90": "batch-1 p90 latency",
@@ -70,15 +101,21 @@ def choose_champion(
             reason=f"no ok variant is within {budget_points} accuracy points of the baseline",
             baseline_accuracy=reference,
         )
-    best = min(eligible, key=lambda r: objective_value(r, objective))
-    value = abs(objective_value(best, objective))
+    fastest = min(eligible, key=lambda r: objective_value(r, objective))
+    reason = (f"best {_OBJECTIVE_WORDS[objective].lstrip('-')} "
+              f"({abs(objective_value(fastest, objective)):,.3f}) among {len(eligible)} ok "
+              f"variants within {budget_points} accuracy points of the baseline")
+    tied = tied_with_best(fastest, eligible) if objective == "p50" else []
+    if not tied:
+        return ChampionChoice(name=fastest.name, reason=reason, baseline_accuracy=reference)
+    group = sorted([fastest, *tied], key=_tie_break_key)
+    champion, others = group[0], [r.name for r in group[1:]]
     return ChampionChoice(
-        name=best.name,
-        reason=(
-            f"best {_OBJECTIVE_WORDS[objective].lstrip('-')} ({value:,.3f}) among "
-            f"{len(eligible)} ok variants within {budget_points} accuracy points of the baseline"
-        ),
-        baseline_accuracy=reference,
+        name=champion.name,
+        reason=(f"{reason}: {fastest.name}, tied on p50 (95% intervals overlap) with "
+                f"{', '.join(r.name for r in tied)}; the tie goes to higher accuracy, then "
+                f"smaller size, then the simpler variant: {champion.name}"),
+        baseline_accuracy=reference, tied_with=tuple(others),
     )
 
 

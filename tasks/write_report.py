@@ -29,7 +29,8 @@ def pareto_front(points: list[tuple[str, float, float]]) -> set[str]:
 
 
 _CSV_COLUMNS = ("name", "source", "format", "precision", "status", "accuracy",
-                "accuracy_delta_points", "top1_agreement", "max_abs_diff", "p50_ms", "p90_ms",
+                "accuracy_delta_points", "top1_agreement", "max_abs_diff", "p50_ms",
+                "p50_ci95_low_ms", "p50_ci95_high_ms", "tied_with", "p90_ms",
                 "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "trimmed_mean_ms",
                 "cv", "stable", "throughput_per_s", "batch_throughput_per_s", "batch_size",
                 "size_bytes", "gzip_bytes", "peak_rss_mb", "load_seconds", "first_inference_ms",
@@ -45,6 +46,8 @@ def report_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
         for stat in ("p50", "p90", "p95", "p99", "mean", "std", "min", "max", "trimmed_mean"):
             row[f"{stat}_ms"] = latency.get(stat)
         row["cv"], row["stable"] = latency.get("cv"), latency.get("stable")
+        row["p50_ci95_low_ms"], row["p50_ci95_high_ms"] = latency.get("p50_ci95") or (None, None)
+        row["tied_with"] = " ".join(entry.get("tied_with", []))
         row["notes"] = " | ".join(entry.get("flags", []) + entry.get("notes", []))
         rows.append(row)
     return rows
@@ -60,13 +63,18 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "",
         "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()),
         "",
-        "| variant | status | accuracy | Δ pts | p50 ms | p99 ms | ex/s (b=1) | ex/s (batch) "
-        "| size KB | gzip KB | peak MB | notes |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| variant | status | accuracy | Δ pts | p50 ms | p50 95% interval | p99 ms | ex/s (b=1) "
+        "| ex/s (batch) | size KB | gzip KB | peak MB | tied with | notes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
 
     def fmt(value: Any, pattern: str) -> str:
         return "-" if value is None else format(value, pattern)
+
+    def interval(row: dict[str, Any]) -> str:
+        if row["p50_ci95_low_ms"] is None:
+            return "-"
+        return f"{row['p50_ci95_low_ms']:.3f}–{row['p50_ci95_high_ms']:.3f}"
 
     for row in rows:
         star = "★ " if row["name"] == summary["champion"] else ""
@@ -74,11 +82,12 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {star}{row['name']} | {status} | {fmt(row['accuracy'], '.4f')} "
             f"| {fmt(row['accuracy_delta_points'], '+.2f')} | {fmt(row['p50_ms'], '.3f')} "
+            f"| {interval(row)} "
             f"| {fmt(row['p99_ms'], '.3f')} | {fmt(row['throughput_per_s'], ',.0f')} "
             f"| {fmt(row['batch_throughput_per_s'], ',.0f')} "
             f"| {fmt(row['size_bytes'] / 1024, ',.1f')} "
             f"| {fmt(row['gzip_bytes'] / 1024, ',.1f')} | {fmt(row['peak_rss_mb'], ',.0f')} "
-            f"| {row['notes']} |"
+            f"| {row['tied_with']} | {row['notes']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -168,6 +168,7 @@ class LatencyStats(_Frozen):
     trimmed_mean: float = 0.0
     cv: float = 0.0
     stable: bool = True
+    p50_ci95: tuple[float, float] | None = None
 
 
 class VariantResult(_Frozen):

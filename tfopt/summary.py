@@ -11,7 +11,7 @@ from tfopt.diagnosis import diagnose
 from tfopt.services import redact
 
 _LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std", "min", "max", "p95", "trimmed_mean", "cv",
-                 "stable")
+                 "stable", "p50_ci95")
 
 
 def dataset_entry(dataset: DatasetArtifact) -> dict[str, Any]:
@@ -32,6 +32,7 @@ def variant_entry(
     baseline_accuracy: float | None,
     budget_points: float,
     notes: list[str] | None = None,
+    tied_with: list[str] | None = None,
 ) -> dict[str, Any]:
     """One element of the summary's ``variants`` list."""
     latency = (
@@ -65,6 +66,7 @@ def variant_entry(
         "batch_throughput_per_s": result.batch_throughput_per_s,
         "batch_size": result.batch_size,
         "load_seconds": result.load_seconds,
+        "tied_with": tied_with or [],
     }
 
 
@@ -88,11 +90,17 @@ def build_summary(
     champion_reason: str,
     baseline_accuracy: float | None,
     budget_points: float,
+    tied: list[str] | None = None,
     techniques: dict[str, Any] | None = None,
     extras: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the summary JSON (DESIGN.md's contract; keys are only ever added)."""
+    """Assemble the summary JSON (DESIGN.md's contract; keys are only ever added).
+
+    `tied` names the variants tied with the champion; each of them, and the champion, lists the
+    others of that group in its ``tied_with``.
+    """
     notes = diagnose(results)
+    group = [champion, *(tied or [])] if champion else []
     return {
         "mlflow_tracking_uri": redact(tracking_uri),
         "mlflow_experiment_id": experiment_id,
@@ -109,7 +117,9 @@ def build_summary(
             "cache": input_pipeline.cache_mode,
         },
         "variants": [
-            variant_entry(result, baseline_accuracy, budget_points, notes.get(result.name))
+            variant_entry(result, baseline_accuracy, budget_points, notes.get(result.name),
+                          [name for name in group if name != result.name]
+                          if result.name in group else [])
             for result in results
         ],
         "baseline_accuracy": baseline_accuracy,

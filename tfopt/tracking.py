@@ -268,6 +268,10 @@ def variant_metrics(result: object) -> dict[str, float]:
         if data.get(key) is not None
     }
     for key, value in (data.get("latency_ms") or {}).items():
+        if key == "p50_ci95":
+            if value is not None:
+                metrics["latency_p50_ci95_low_ms"], metrics["latency_p50_ci95_high_ms"] = value
+            continue
         name = key if key in ("cv", "stable") else f"latency_{key}_ms"
         metrics[name] = float(value)
     return metrics

@@ -108,3 +108,56 @@ def test_no_variant_within_budget_is_a_clear_result_not_a_crash():
     only_bad = [_result("baseline-graph", 0.95, 2.0), _result("x-tflite-int8", 0.5, 0.1)]
     assert choose_champion(only_bad, budget_points=0.0).name == "baseline-graph"
     assert choose_champion([], budget_points=1.0).reason == "no variant finished"
+
+
+def test_the_p50_interval_spans_the_window_medians_and_holds_the_p50():
+    from tasks.benchmark_worker import P50_WINDOWS, p50_interval
+
+    rng = np.random.default_rng(0)
+    steady = rng.normal(1.0, 0.01, 600)
+    low, high = p50_interval(steady)
+    assert low <= np.median(steady) <= high and high - low < 0.01
+    windows = np.array_split(steady, P50_WINDOWS)
+    assert (low, high) == (min(map(np.median, windows)), max(map(np.median, windows)))
+    drifting = np.concatenate([np.full(300, 1.0), np.full(300, 1.2)])
+    assert p50_interval(drifting) == (1.0, 1.2), "a drift widens the interval"
+    assert latency_stats(steady).p50_ci95 == (low, high)
+    assert p50_interval(np.array([3.0, 1.0, 2.0])) == (1.0, 3.0)
+
+
+def _timed(name, accuracy, p50, interval, size=100, precision="fp32", fmt="tflite"):
+    return _result(name, accuracy, p50).model_copy(update={
+        "size_bytes": size, "precision": precision, "format": fmt,
+        "latency_ms": LatencyStats(p50=p50, p90=p50, p99=p50, mean=p50, std=0.0,
+                                   p50_ci95=interval)})
+
+
+def test_variants_the_measurement_cannot_tell_apart_are_tied_and_the_tie_has_a_stated_order():
+    qat = _timed("qat-tflite-int8", 0.98, 0.029, (0.021, 0.033), precision="int8")
+    int8 = _timed("baseline-tflite-int8", 0.98, 0.032, (0.021, 0.034), precision="int8")
+    graph = _timed("baseline-graph", 0.98, 0.9, (0.85, 0.95), size=900, fmt="graph")
+    choice = choose_champion([graph, qat, int8], 1.0)
+    assert choice.name == "baseline-tflite-int8", "equal accuracy and size: the simpler one"
+    assert choice.tied_with == ("qat-tflite-int8",)
+    assert "tied on p50" in choice.reason and "qat-tflite-int8" in choice.reason
+
+    more_accurate = qat.model_copy(update={"accuracy": 0.985})
+    assert choose_champion([graph, more_accurate, int8], 1.0).name == "qat-tflite-int8"
+    smaller = qat.model_copy(update={"size_bytes": 50})
+    assert choose_champion([graph, smaller, int8], 1.0).name == "qat-tflite-int8"
+
+    apart = int8.model_copy(update={"latency_ms": int8.latency_ms.model_copy(
+        update={"p50": 0.05, "p50_ci95": (0.045, 0.055)})})
+    clear = choose_champion([graph, qat, apart], 1.0)
+    assert clear.name == "qat-tflite-int8" and clear.tied_with == ()
+    assert choose_champion([graph, qat, int8], 1.0, "size").tied_with == (), "p50 ties only"
+
+
+def test_the_summary_lists_each_tied_variant_with_the_others():
+    from tfopt.summary import variant_entry
+
+    qat = _timed("qat-tflite-int8", 0.98, 0.029, (0.021, 0.033))
+    entry = variant_entry(qat, 0.98, 1.0, tied_with=["baseline-tflite-int8"])
+    assert entry["tied_with"] == ["baseline-tflite-int8"]
+    assert entry["latency_ms"]["p50_ci95"] == (0.021, 0.033)
+    assert variant_entry(qat, 0.98, 1.0)["tied_with"] == []

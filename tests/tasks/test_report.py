@@ -75,7 +75,10 @@ def test_report_files_are_written_and_readable(tmp_path):
                             flow_run_id="f", dataset=dataset, input_pipeline=pipeline,
                             results=RESULTS, champion="baseline-tflite-int8",
                             champion_reason="fastest", baseline_accuracy=0.95,
-                            budget_points=1.0)
+                            budget_points=1.0, tied=["pruned-80-tflite-int8"])
+    tied = {v["name"]: v["tied_with"] for v in summary["variants"] if v["tied_with"]}
+    assert tied == {"baseline-tflite-int8": ["pruned-80-tflite-int8"],
+                    "pruned-80-tflite-int8": ["baseline-tflite-int8"]}
     paths = write_report.fn(summary, RESULTS, tmp_path / "report")
     names = {p.name for p in paths}
     assert {"report.json", "report.csv", "report.md", "accuracy_vs_latency.png", "size.png",
@@ -83,6 +86,7 @@ def test_report_files_are_written_and_readable(tmp_path):
     assert json.loads((tmp_path / "report" / "report.json").read_text())["champion"]
     rows = list(csv.DictReader((tmp_path / "report" / "report.csv").open()))
     assert [r["name"] for r in rows] == [r.name for r in RESULTS]
+    assert rows[4]["tied_with"] == "pruned-80-tflite-int8"
     assert rows[-1]["status"] == "failed" and rows[-1]["error"] == "boom"
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "★ baseline-tflite-int8" in markdown and "| baseline-onnx | failed: boom" in markdown
