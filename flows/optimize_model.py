@@ -326,7 +326,7 @@ def _summarize(
         extras={
             "config_name": config.name,
             "mlflow_run_url": run.url,
-            "environment": environment(bench.threads, tf_threads),
+            "environment": environment(bench.threads, tf_threads, bench.cpus),
             "champion_model": champion_model,
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),
             "training_batch_size": measured.data.batch_size,

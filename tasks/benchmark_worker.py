@@ -8,6 +8,7 @@ TFLite or ONNX model never loads TensorFlow, so its peak memory is the model's a
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -16,11 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.machine_load import LoadProbe, background_cores
 from tfopt.artifacts import BenchmarkInputs, LatencyStats, VariantResult, VariantSpec
 from tfopt.config import BenchmarkConfig
 from tfopt.fileio import atomic_write_json, gzip_size_bytes, path_size_bytes
 
 _KEPT_SAMPLES = 2000
+_LOAD_PROBE_S = 0.3
 
 
 def peak_rss_mb() -> float:
@@ -154,7 +157,10 @@ def measure_variant(
     logits = predict_batched(runner, images)
     reference = logits if inputs.reference_logits is None else np.load(inputs.reference_logits)
     singles = [images[i : i + 1] for i in range(len(images))]
+    cores_before = background_cores(_LOAD_PROBE_S)
+    probe = LoadProbe.start()
     samples = time_runs(lambda i: runner.predict(singles[i % len(singles)]), cfg)
+    cores_during = probe.cores()
     throughput_at_batch = batch_throughput(runner, images, inputs.batch_size,
                                            min(max(0.2, cfg.min_seconds), cfg.max_seconds))
     intra, inter = tf_threads_in_force() if spec.format in TF_FORMATS else (None, None)
@@ -188,16 +194,23 @@ def measure_variant(
         tf_intra_op_threads=intra,
         tf_inter_op_threads=inter,
         extra_files=extra_files,
+        background_cores_before=cores_before,
+        background_cores=cores_during,
+        under_load=any(cores is not None and cores > cfg.max_background_cores
+                       for cores in (cores_before, cores_during)),
     )
 
 
 def main(request_path: str, response_path: str) -> None:
     """Read a request (variant, inputs, protocol), measure, write the result as JSON."""
     request = json.loads(Path(request_path).read_text())
+    cfg = BenchmarkConfig.model_validate(request["cfg"])
+    if cfg.cpus:
+        os.sched_setaffinity(0, cfg.cpus)
     result = measure_variant(
         VariantSpec.model_validate(request["spec"]),
         BenchmarkInputs.model_validate(request["inputs"]),
-        BenchmarkConfig.model_validate(request["cfg"]),
+        cfg,
     )
     atomic_write_json(Path(response_path), result.model_dump(mode="json"))
 

@@ -197,5 +197,9 @@ class VariantResult(_Frozen):
     samples_ms: list[float] = Field(default_factory=list)
     tf_intra_op_threads: int | None = None
     tf_inter_op_threads: int | None = None
+    background_cores_before: float | None = None
+    background_cores: float | None = None
+    under_load: bool = False
+    load_retried: bool = False
     path: Path | None = None
     extra_files: list[Path] = Field(default_factory=list)

@@ -6,6 +6,7 @@ that bad values are refused before any work starts, with a message naming the fi
 
 from __future__ import annotations
 
+import os
 import tempfile
 import typing
 from pathlib import Path
@@ -475,6 +476,28 @@ class BenchmarkConfig(_Section):
     register_champion: bool = Field(
         True, description="Register the champion in the MLflow model registry (alias champion)."
     )
+    max_background_cores: float = Field(
+        0.5, gt=0.0, le=1024.0,
+        description=(
+            "A variant timed while other processes kept more cores than this busy (just before "
+            "or during its timing) is measured once more, and marked under_load if it still is."
+        ),
+    )
+    cpus: list[int] | None = Field(
+        None, min_length=1, max_length=1024,
+        description="Pin the measuring process to these CPU numbers (null: no pinning).",
+    )
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus_exist(cls, cpus: list[int] | None) -> list[int] | None:
+        if cpus is None:
+            return None
+        available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        missing = sorted(set(cpus) - set(available))
+        if missing:
+            raise ValueError(f"CPUs {missing} are not available here (available: {available})")
+        return sorted(set(cpus))
 
 
 class ScaleConfig(_Section):

@@ -61,4 +61,10 @@ def diagnose(results: list[VariantResult]) -> dict[str, list[str]]:
                 f"unstable measurement (the last runs drifted; cv {result.latency_ms.cv:.2f}): "
                 "rerun on a quieter machine before trusting small differences"
             )
+        if result.under_load:
+            notes[result.name].append(
+                "timed while other processes kept "
+                f"{max(result.background_cores_before or 0.0, result.background_cores or 0.0):.2f}"
+                " cores busy, also on its second try: its latency reads high"
+            )
     return notes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from pathlib import Path
@@ -36,17 +37,42 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine_state() -> dict[str, str]:
+    """Load and CPU frequency information, where the OS exposes it (Linux /proc and /sys)."""
+    state = {}
+    if hasattr(os, "getloadavg"):
+        one, five, _ = os.getloadavg()
+        state["load_average_1m_5m"] = f"{one:.2f} {five:.2f}"
+    try:
+        mhz = [float(line.split(":", 1)[1]) for line in
+               Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("cpu MHz")]
+        if mhz:
+            state["cpu_mhz"] = f"{min(mhz):.0f}-{max(mhz):.0f}"
+    except (OSError, ValueError):
+        pass
+    cpufreq = Path("/sys/devices/system/cpu/cpu0/cpufreq")
+    for name in ("scaling_governor", "scaling_max_freq"):
+        with contextlib.suppress(OSError):
+            state[f"cpu_{name}"] = (cpufreq / name).read_text().strip()
+    if hasattr(os, "sched_getaffinity"):
+        state["cpus_available"] = str(len(os.sched_getaffinity(0)))
+    return state
+
+
 _REPORTED_PACKAGES = ("tensorflow-cpu", "tf-keras", "tensorflow-model-optimization",
                       "ai-edge-litert", "onnxruntime", "tf2onnx", "mlflow", "prefect")
 
 
-def environment(threads: int, tf_intra_op_threads: int | None = None) -> dict[str, str | int]:
+def environment(
+    threads: int, tf_intra_op_threads: int | None = None, cpus: list[int] | None = None
+) -> dict[str, str | int]:
     """What the benchmark ran on: CPU, cores, OS, library versions, thread settings.
 
     Args:
         threads: The configured ``benchmark.threads``.
         tf_intra_op_threads: TensorFlow's intra-op pool size in force where TensorFlow variants
             were measured (None: no TensorFlow variant was).
+        cpus: The CPUs the measuring processes were pinned to (``benchmark.cpus``).
     """
     import os
     import platform
@@ -64,7 +90,9 @@ def environment(threads: int, tf_intra_op_threads: int | None = None) -> dict[st
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         **{package: installed(package) for package in _REPORTED_PACKAGES},
+        **machine_state(),
         "benchmark_threads": str(threads),
+        "benchmark_cpus": ",".join(map(str, cpus)) if cpus else "not pinned",
         "tf_intra_op_threads": (tf_intra_op_threads if tf_intra_op_threads is not None
                                 else "no TensorFlow variant measured"),
     }

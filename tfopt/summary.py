@@ -67,6 +67,10 @@ def variant_entry(
         "batch_size": result.batch_size,
         "load_seconds": result.load_seconds,
         "tied_with": tied_with or [],
+        "background_cores_before": result.background_cores_before,
+        "background_cores": result.background_cores,
+        "under_load": result.under_load,
+        "load_retried": result.load_retried,
     }
 
 

@@ -264,7 +264,8 @@ def variant_metrics(result: object) -> dict[str, float]:
         key: float(data[key])
         for key in ("accuracy", "size_bytes", "gzip_bytes", "throughput_per_s", "timed_runs",
                     "load_seconds", "first_inference_ms", "peak_rss_mb", "top1_agreement",
-                    "max_abs_diff", "batch_throughput_per_s")
+                    "max_abs_diff", "batch_throughput_per_s", "background_cores_before",
+                    "background_cores", "under_load")
         if data.get(key) is not None
     }
     for key, value in (data.get("latency_ms") or {}).items():
