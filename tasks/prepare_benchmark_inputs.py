@@ -52,16 +52,17 @@ def prepare_benchmark_inputs(
     if len(images) == 0:
         raise ValueError("the test split is empty: nothing to benchmark on")
     out_dir.mkdir(parents=True, exist_ok=True)
+    reference_logits = None
+    if reference is not None:
+        reference_logits = out_dir / f"{reference.name}-reference-logits.npy"
+        _save_array(reference_logits, predict_batched(load_runner(reference), images))
     inputs = BenchmarkInputs(
         images=out_dir / "test-images.npy",
         labels=out_dir / "test-labels.npy",
-        reference_logits=None if reference is None
-        else out_dir / f"{reference.name}-reference-logits.npy",
+        reference_logits=reference_logits,
         examples=len(images),
         batch_size=batch_size,
     )
     _save_array(inputs.images, images)
     _save_array(inputs.labels, labels)
-    if reference is not None and inputs.reference_logits is not None:
-        _save_array(inputs.reference_logits, predict_batched(load_runner(reference), images))
     return inputs

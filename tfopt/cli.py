@@ -17,6 +17,7 @@ from tfopt.config import ConfigError, check_paths, load_config
 from tfopt.services import (
     ServiceError,
     ServiceSettings,
+    health_url,
     is_healthy,
     redact,
     require_services,
@@ -129,7 +130,7 @@ def _run_flow(flow_call: Callable[[], dict], api_url: str) -> dict:
     except (ConfigError, ServiceError):
         raise
     except Exception as error:
-        if is_healthy(f"{api_url.rstrip('/')}/health", 5.0):
+        if is_healthy(health_url(api_url), 5.0):
             raise
         raise PrefectUnavailableError(
             f"Prefect at {redact(api_url)} stopped answering during the run "

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextvars
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +20,7 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.states import State
 
 from tfopt.logs import step_logger
-from tfopt.services import process_alive
+from tfopt.services import left_by_dead_process, process_identity
 
 BENCHMARK_LIMIT = "tfopt-benchmark"
 """Global concurrency limit (1 slot) held while a variant is measured, across all flow runs."""
@@ -61,8 +59,8 @@ def claim_flow_run() -> None:
     context = FlowRunContext.get()
     if context is None or context.flow_run is None:
         return
-    tags = {*context.flow_run.tags, f"tfopt.host:{socket.gethostname()}",
-            f"tfopt.pid:{os.getpid()}"}
+    identity = (f"{key}:{value}" for key, value in process_identity().items())
+    tags = {*context.flow_run.tags, *identity}
     with get_client(sync_client=True) as client:
         client.update_flow_run(context.flow_run.id, tags=sorted(tags))
 
@@ -85,13 +83,12 @@ def crash_orphan_flow_runs(reason: str) -> list[str]:
     unfinished = FlowRunFilter(
         state=FlowRunFilterState(type=FlowRunFilterStateType(
             any_=[StateType.RUNNING, StateType.PENDING])),
-        tags=FlowRunFilterTags(all_=[f"tfopt.host:{socket.gethostname()}"]))
+        tags=FlowRunFilterTags(all_=[f"tfopt.host:{process_identity()['tfopt.host']}"]))
     marked = []
     with get_client(sync_client=True) as client:
         for flow_run in client.read_flow_runs(flow_run_filter=unfinished, limit=200):
-            pids = [tag.removeprefix("tfopt.pid:") for tag in flow_run.tags
-                    if tag.startswith("tfopt.pid:")]
-            if pids and pids[0].isdigit() and not process_alive(int(pids[0])):
+            tags = dict(tag.split(":", 1) for tag in flow_run.tags if ":" in tag)
+            if left_by_dead_process(tags):
                 client.set_flow_run_state(flow_run.id, Crashed(message=reason), force=True)
                 marked.append(flow_run.name)
     return marked
@@ -162,7 +159,7 @@ def _record_holder(what: str) -> None:
     from prefect.variables import Variable
 
     context = FlowRunContext.get()
-    holder = {"what": what, "host": socket.gethostname(), "pid": os.getpid(),
+    holder = {"what": what, **process_identity(),
               "flow_run": context.flow_run.name if context and context.flow_run else "",
               "since": datetime.now(UTC).isoformat(timespec="seconds")}
     try:
@@ -182,8 +179,9 @@ def describe_benchmark_holder() -> str:
     if not isinstance(holder, dict):
         return "a process tfopt did not record"
     who = (f"{holder.get('what')} of flow run {holder.get('flow_run') or '?'} "
-           f"(process {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')})")
-    if holder.get("host") == socket.gethostname() and not process_alive(int(holder["pid"])):
+           f"(process {holder.get('tfopt.pid')} on {holder.get('tfopt.host')}, "
+           f"since {holder.get('since')})")
+    if left_by_dead_process(holder):
         who += (f"; that process is gone, its lease ends within {BENCHMARK_LEASE_S} s of its "
                 "last renewal")
     return who

@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,6 +175,27 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def process_identity() -> dict[str, str]:
+    """This process as tfopt records it on what it leaves behind (MLflow and Prefect tags).
+
+    Returns:
+        ``{"tfopt.host": <host name>, "tfopt.pid": <process id>}``.
+    """
+    return {"tfopt.host": socket.gethostname(), "tfopt.pid": str(os.getpid())}
+
+
+def left_by_dead_process(identity: Mapping[str, object]) -> bool:
+    """Whether a `process_identity` names a process of this machine that is gone."""
+    pid = str(identity.get("tfopt.pid", ""))
+    return (identity.get("tfopt.host") == socket.gethostname() and pid.isdigit()
+            and not process_alive(int(pid)))
+
+
+def health_url(server_url: str) -> str:
+    """The health endpoint of a Prefect API (``.../api``) or MLflow server address."""
+    return f"{server_url.rstrip('/')}/health"
+
+
 def _warn_if_exposed(host: str) -> str | None:
     try:
         loopback = ipaddress.ip_address(host).is_loopback
@@ -324,10 +346,7 @@ def require_services(prefect_api_url: str, mlflow_url: str) -> None:
     Raises:
         ServiceError: One of the servers is down.
     """
-    checks = {
-        "prefect": f"{prefect_api_url.rstrip('/')}/health",
-        "mlflow": f"{mlflow_url.rstrip('/')}/health",
-    }
+    checks = {"prefect": health_url(prefect_api_url), "mlflow": health_url(mlflow_url)}
     down = [f"{name} at {redact(url)}" for name, url in checks.items()
             if not is_healthy(url, 5.0)]
     if down:

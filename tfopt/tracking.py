@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -33,7 +32,7 @@ from tfopt.artifacts import (
     VariantResult,
 )
 from tfopt.provenance import git_commit, mlflow_tracking_uri
-from tfopt.services import ServiceError, process_alive, redact
+from tfopt.services import ServiceError, left_by_dead_process, process_identity, redact
 
 _BATCH_METRICS = 1000
 _BATCH_PARAMS = 100
@@ -400,7 +399,7 @@ def tracked_run(
     experiment_id = ensure_experiment(mlflow, experiment)
     run_id = start_run(mlflow, experiment_id, run_name, params=params,
                        tags={**tags, "mlflow.source.git.commit": git_commit(),
-                             **process_tags()})
+                             **process_identity()})
     try:
         yield TrackedRun(mlflow, tracking_uri, experiment_id, run_id)
     except TrackingUnavailableError:
@@ -409,11 +408,6 @@ def tracked_run(
         end_run(mlflow, run_id, "FAILED")
         raise
     end_run(mlflow, run_id, "FINISHED")
-
-
-def process_tags() -> dict[str, str]:
-    """Which process on which machine owns a run, so a run it left RUNNING can be found."""
-    return {"tfopt.host": socket.gethostname(), "tfopt.pid": str(os.getpid())}
 
 
 def reconcile_orphans(tracking_uri: str) -> list[dict[str, str]]:
@@ -427,17 +421,17 @@ def reconcile_orphans(tracking_uri: str) -> list[dict[str, str]]:
         The runs marked, with their Prefect flow run ids (to mark those crashed too).
     """
     mlflow = client(tracking_uri)
-    host = socket.gethostname()
+    host = process_identity()["tfopt.host"]
     experiments = [e.experiment_id for e in with_retries(lambda: mlflow.search_experiments())]
     running = with_retries(lambda: mlflow.search_runs(
         experiments, filter_string=f"attributes.status = 'RUNNING' and tags.`tfopt.host` = "
                                    f"'{host}'", max_results=1000)) if experiments else []
     marked = []
     for run in running:
-        pid = run.data.tags.get("tfopt.pid", "")
-        if not pid.isdigit() or process_alive(int(pid)):
+        if not left_by_dead_process(run.data.tags):
             continue
-        set_tags(mlflow, run.info.run_id, {"tfopt.reconciled": f"process {pid} was gone"})
+        set_tags(mlflow, run.info.run_id,
+                 {"tfopt.reconciled": f"process {run.data.tags['tfopt.pid']} was gone"})
         end_run(mlflow, run.info.run_id, "KILLED")
         marked.append({"run_id": run.info.run_id, "name": run.info.run_name or "",
                        "flow_run_id": run.data.tags.get("prefect.flow_run_id", "")})
