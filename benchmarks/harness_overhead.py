@@ -1,12 +1,16 @@
-"""The benchmark harness's p50 for a TFLite model against a bare timing loop, side by side.
+"""The benchmark harness's p50 against a bare runtime loop, side by side, for TFLite and ONNX.
 
-Usage: .venv/bin/python benchmarks/harness_overhead.py [--rounds 5] [--runs 300]
+Usage: .venv/bin/python benchmarks/harness_overhead.py [--rounds 5] [--runs 2000]
+       [--models small,mobilenet_v2] [--threads 2]
 
-Both time the same model file with the same LiteRT interpreter settings on the same inputs at
-batch 1; the harness goes through tfopt's runner and protocol (`time_runs`), the bare loop calls
-set_tensor/invoke/get_tensor on its own interpreter instance (LiteRT refuses raw tensor writes
-while a signature runner holds the first one's buffers). Rounds alternate between the two;
-the median of each is compared. Goal: the harness within 5% of the bare loop.
+Models (untrained: speed does not depend on the weights): the demo's small CNN at 32x32 and
+MobileNetV2 (alpha 1.0) at 224x224, each as fp32 TFLite and as ONNX (tf2onnx). For each model
+and runtime, rounds alternate between the harness (tfopt's runner: `prepare` outside the timed
+region, `invoke` timed by `time_runs` with the run's protocol) and a bare loop on its own
+runtime instance (LiteRT set_tensor/invoke/get_tensor; ONNX Runtime session.run), both on the
+same inputs with the same threads. Goal: harness p50 / bare p50 <= 1.05 (the median over rounds,
+with the spread of the per-round ratios). The harness's floor (the identity-like floor model
+through the same runner) is printed too.
 """
 
 from __future__ import annotations
@@ -15,85 +19,132 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 import tfopt  # noqa: F401
 
+MODELS = {"small": ("small_cnn", 32, {"width": 32}),
+          "mobilenet_v2": ("mobilenet_v2", 224, {"alpha": 1.0})}
 
-def build_tflite(out_dir: Path, image_size: int, alpha: float) -> Path:
-    """A MobileNetV2-style network (untrained: speed does not depend on the weights) as TFLite."""
+
+def build_files(name: str, out_dir: Path) -> tuple[int, Path, Path]:
+    """The model as fp32 TFLite and ONNX files; returns its image size and the two paths."""
     import tensorflow as tf
 
+    from tasks.export_onnx import run_tf2onnx
     from tasks.export_savedmodel import save_serving_savedmodel
     from tasks.model_zoo import build_model
     from tfopt.serving import SIGNATURE_KEY
 
-    model = build_model("mobilenet_v2", image_size, 10, alpha=alpha)
-    save_serving_savedmodel(model, image_size, out_dir / "savedmodel")
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(out_dir / "savedmodel"),
+    architecture, size, options = MODELS[name]
+    model = build_model(architecture, size, 10, **options)
+    savedmodel = out_dir / f"{name}-savedmodel"
+    save_serving_savedmodel(model, size, savedmodel)
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(savedmodel),
                                                          signature_keys=[SIGNATURE_KEY])
-    path = out_dir / "model.tflite"
-    path.write_bytes(converter.convert())
-    return path
+    tflite = out_dir / f"{name}.tflite"
+    tflite.write_bytes(converter.convert())
+    onnx = out_dir / f"{name}.onnx"
+    run_tf2onnx(savedmodel, onnx, 17)
+    return size, tflite, onnx
 
 
-def bare_p50(interpreter: object, images: np.ndarray, runs: int, warmup: int) -> float:
-    """p50 of a plain loop: set_tensor, invoke, get_tensor on the raw interpreter."""
+def bare_tflite(path: Path, threads: int) -> Callable[[np.ndarray], object]:
+    """A plain LiteRT call on its own interpreter: set_tensor, invoke, get_tensor."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path), num_threads=threads)
+    interpreter.allocate_tensors()
     entry = interpreter.get_input_details()[0]["index"]
     exit_ = interpreter.get_output_details()[0]["index"]
-    samples = []
-    for index in range(warmup + runs):
-        image = images[index % len(images)][np.newaxis]
-        started = time.perf_counter()
+
+    def call(image: np.ndarray) -> object:
         interpreter.set_tensor(entry, image)
         interpreter.invoke()
-        interpreter.get_tensor(exit_)
+        return interpreter.get_tensor(exit_)
+
+    return call
+
+
+def bare_onnx(path: Path, threads: int) -> Callable[[np.ndarray], object]:
+    """A plain ONNX Runtime call on its own session."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), sess_options=options,
+                                   providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    outputs = [session.get_outputs()[0].name]
+    return lambda image: session.run(outputs, {name: image})
+
+
+def bare_p50(call: Callable[[np.ndarray], object], images: list[np.ndarray], runs: int,
+             warmup: int) -> float:
+    """p50 in ms of `call` over `images` in turn, the first `warmup` calls untimed."""
+    samples = []
+    for index in range(warmup + runs):
+        image = images[index % len(images)]
+        started = time.perf_counter()
+        call(image)
         if index >= warmup:
             samples.append((time.perf_counter() - started) * 1000.0)
     return float(np.median(samples))
 
 
+def compare(label: str, runtime: str, path: Path, size: int, args: argparse.Namespace) -> float:
+    """Alternate harness and bare rounds on one file; print and return the median ratio."""
+    from tasks.benchmark_worker import time_runs
+    from tasks.harness_floor import build_floor_models
+    from tasks.runners import OnnxRunner, TFLiteRunner
+    from tfopt.config import BenchmarkConfig
+
+    runner_class, bare = ((TFLiteRunner, bare_tflite) if runtime == "tflite"
+                          else (OnnxRunner, bare_onnx))
+    images = np.random.default_rng(0).random((32, size, size, 3), dtype=np.float32)
+    singles = [np.ascontiguousarray(images[i : i + 1]) for i in range(len(images))]
+    runner, bare_call = runner_class(path, threads=args.threads), bare(path, args.threads)
+    floor_runner = runner_class(build_floor_models(size, path.parent / f"floor-{size}")[runtime],
+                                threads=args.threads)
+    prepared = runner.prepare(images)
+    protocol = BenchmarkConfig(warmup_runs=50, warmup_seconds=0.2, min_runs=args.runs,
+                               min_seconds=0.5, max_seconds=5, threads=args.threads)
+    harness, bare_p50s, floors = [], [], []
+    for _ in range(args.rounds):
+        harness.append(float(np.median(time_runs(runner.invoke, prepared, protocol))))
+        bare_p50s.append(bare_p50(bare_call, singles, args.runs, 50))
+        floors.append(float(np.median(time_runs(floor_runner.invoke,
+                                                floor_runner.prepare(images), protocol))))
+    ratios = np.asarray(harness) / np.asarray(bare_p50s)
+    ratio = float(np.median(ratios))
+    verdict = "met" if ratio <= 1.05 else "missed"
+    print(f"{label:13s} {runtime:6s}  bare {np.median(bare_p50s):8.4f} ms  harness "
+          f"{np.median(harness):8.4f} ms  floor {np.median(floors):7.4f} ms  harness/bare "
+          f"{ratio:.3f} (rounds {ratios.min():.3f}-{ratios.max():.3f})  <= 1.05 {verdict}")
+    return ratio
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--runs", type=int, default=300)
-    parser.add_argument("--image-size", type=int, default=96)
-    parser.add_argument("--alpha", type=float, default=0.35)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", default="small,mobilenet_v2")
     args = parser.parse_args(argv)
-
-    from tasks.benchmark_worker import latency_stats, time_runs
-    from tasks.runners import TFLiteRunner
-    from tfopt.config import BenchmarkConfig
-
-    path = build_tflite(Path(tempfile.mkdtemp(prefix="tfopt-harness-")), args.image_size,
-                        args.alpha)
-    rng = np.random.default_rng(0)
-    images = rng.random((32, args.image_size, args.image_size, 3), dtype=np.float32)
-    from ai_edge_litert.interpreter import Interpreter
-
-    runner = TFLiteRunner(path, threads=args.threads)
-    raw = Interpreter(model_path=str(path), num_threads=args.threads)
-    raw.allocate_tensors()
-    singles = [images[i : i + 1] for i in range(len(images))]
-    protocol = BenchmarkConfig(warmup_runs=20, warmup_seconds=0.0, min_runs=args.runs,
-                               min_seconds=0.0, max_seconds=600)
-    harness, bare = [], []
-    for _ in range(args.rounds):
-        samples = time_runs(lambda i: runner.predict(singles[i % len(singles)]), protocol)
-        harness.append(latency_stats(samples).p50)
-        bare.append(bare_p50(raw, images, args.runs, 20))
-    harness_p50, bare_median = float(np.median(harness)), float(np.median(bare))
-    ratio = harness_p50 / bare_median
-    print(f"model: MobileNetV2-style alpha {args.alpha}, {args.image_size}x{args.image_size}, "
-          f"TFLite fp32, {args.threads} thread(s); {args.rounds} rounds of {args.runs} runs")
-    print(f"bare loop p50   {bare_median:.4f} ms   (rounds: "
-          + ", ".join(f"{v:.4f}" for v in bare) + ")")
-    print(f"harness p50     {harness_p50:.4f} ms   (rounds: "
-          + ", ".join(f"{v:.4f}" for v in harness) + ")")
-    print(f"harness / bare  {ratio:.3f}   goal <= 1.05: {'met' if ratio <= 1.05 else 'missed'}")
+    out_dir = Path(tempfile.mkdtemp(prefix="tfopt-harness-"))
+    print(f"{args.rounds} alternating rounds of >= {args.runs} batch-1 runs, "
+          f"{args.threads} thread(s); p50 per round, median over rounds")
+    ratios = []
+    for name in args.models.split(","):
+        size, tflite, onnx = build_files(name, out_dir)
+        for runtime, path in (("tflite", tflite), ("onnx", onnx)):
+            ratios.append(compare(f"{name} {size}px", runtime, path, size, args))
+    print(f"worst harness/bare {max(ratios):.3f}: goal <= 1.05 "
+          f"{'met' if max(ratios) <= 1.05 else 'missed'}")
     return 0
 
 

@@ -73,6 +73,22 @@ def _measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
     return measure_variant(variant, inputs, cfg)
 
 
+def with_thread_sweep(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig,
+                      result: VariantResult) -> VariantResult:
+    """`result` with the variant's batch-1 p50 at 1..`cfg.threads` threads.
+
+    Each other thread count is a measurement of its own (a fresh process when isolated:
+    TensorFlow sizes its pools once per process), with the same protocol.
+    """
+    p50s = {cfg.threads: result.latency_ms.p50}
+    for threads in range(1, cfg.threads):
+        other = _measure(variant, inputs, cfg.model_copy(update={"threads": threads}))
+        p50s[threads] = other.latency_ms.p50
+    step_logger().info("%s: p50 by threads %s", variant.name,
+                       ", ".join(f"{t}: {p50s[t]:.3f} ms" for t in sorted(p50s)))
+    return result.model_copy(update={"p50_ms_by_threads": dict(sorted(p50s.items()))})
+
+
 def _load_words(result: VariantResult) -> str:
     return " / ".join("?" if cores is None else f"{cores:.2f}"
                       for cores in (result.background_cores_before, result.background_cores))
@@ -121,6 +137,8 @@ def benchmark_variant(
         if result.under_load:
             logger.warning("%s: still under load (%s cores); kept and marked under_load",
                            variant.name, _load_words(result))
+    if cfg.thread_sweep:
+        result = with_thread_sweep(variant, inputs, cfg, result)
     logger.info(
         "%s: accuracy %.4f, p50 %.3f ms, first inference %.1f ms, peak RSS %.0f MB, %d bytes",
         variant.name, result.accuracy, result.latency_ms.p50, result.first_inference_ms,

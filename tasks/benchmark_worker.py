@@ -12,7 +12,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -59,65 +59,83 @@ def p50_interval(samples_ms: np.ndarray) -> tuple[float, float]:
     return min(medians), max(medians)
 
 
-def latency_stats(samples_ms: np.ndarray, stability_tolerance: float = 0.1) -> LatencyStats:
+def p50_settled(samples_ms: np.ndarray, width: float) -> bool:
+    """Whether the p50's interval lies within +-`width` of the p50 (the windows agree)."""
+    if len(samples_ms) < P50_WINDOWS:
+        return False
+    low, high = p50_interval(samples_ms)
+    p50 = float(np.median(samples_ms))
+    return low >= p50 * (1.0 - width) and high <= p50 * (1.0 + width)
+
+
+def latency_stats(samples_ms: np.ndarray, ci_width: float = 0.03) -> LatencyStats:
     """Summarize timed runs (milliseconds) and judge whether they settled.
 
-    The measurement is stable when the medians of its last two thirds agree within
-    `stability_tolerance` (a drift, e.g. thermal or a noisy neighbour, shows there first).
+    The measurement is stable when the p50's interval lies within +-`ci_width` of the p50: the
+    medians of all windows agree (a drift, e.g. thermal or a noisy neighbour, moves one window).
     """
     p50, p90, p95, p99 = np.percentile(samples_ms, [50, 90, 95, 99])
     ordered = np.sort(samples_ms)
     trim = len(ordered) // 10
     trimmed = ordered[trim : len(ordered) - trim] if len(ordered) > 2 * trim else ordered
     mean = float(np.mean(samples_ms))
-    thirds = np.array_split(samples_ms, 3)
-    middle, last = float(np.median(thirds[1])), float(np.median(thirds[2]))
-    stable = bool(abs(last - middle) <= stability_tolerance * max(middle, 1e-12))
     return LatencyStats(
         p50=float(p50), p90=float(p90), p99=float(p99), mean=mean,
         std=float(np.std(samples_ms)), min=float(ordered[0]), max=float(ordered[-1]),
         p95=float(p95), trimmed_mean=float(np.mean(trimmed)),
-        cv=float(np.std(samples_ms) / mean) if mean else 0.0, stable=stable,
-        p50_ci95=p50_interval(samples_ms),
+        cv=float(np.std(samples_ms) / mean) if mean else 0.0,
+        stable=p50_settled(samples_ms, ci_width), p50_ci95=p50_interval(samples_ms),
     )
 
 
+_SETTLE_CHECK_S = 0.1
+
+
 def time_runs(
-    run_once: Callable[[int], object],
+    call: Callable[[object], object],
+    inputs: Sequence[object],
     cfg: BenchmarkConfig,
 ) -> np.ndarray:
-    """Time `run_once(i)` after warm-up, with the run count and duration bounded both ways.
+    """Time `call` on `inputs` in turn after warm-up, until the p50 settles or time runs out.
 
     Warm-up: at least `warmup_runs` and `warmup_seconds` (untimed: tracing, allocation,
-    caches). Timed: until both `min_runs` and `min_seconds` are reached, but never past
-    `max_seconds` (a slow model is still measured, with fewer runs).
+    caches). Timed: at least `min_runs` and `min_seconds`, then until the p50's interval is
+    within +-`p50_ci_width` (checked between runs every 0.1 s), never past `max_seconds` (a slow
+    or noisy model is still measured, with fewer runs, and reads unstable). Only the call itself
+    is inside the timed region: picking the input and the bookkeeping are not.
 
     Args:
-        run_once: One inference; receives the run index to pick its input.
+        call: One inference on one prepared input (see `Runner.invoke`).
+        inputs: Prepared inputs, used round-robin.
         cfg: The protocol's bounds.
 
     Returns:
         The timed runs' durations in milliseconds.
     """
+    count, clock = len(inputs), time.perf_counter
     index = 0
-    warm_until = time.perf_counter() + cfg.warmup_seconds
-    while index < cfg.warmup_runs or time.perf_counter() < warm_until:
-        run_once(index)
+    warm_until = clock() + cfg.warmup_seconds
+    while index < cfg.warmup_runs or clock() < warm_until:
+        call(inputs[index % count])
         index += 1
-    samples = []
-    started = time.perf_counter()
+    samples: list[float] = []
+    started = clock()
+    next_check = started
     while True:
-        before = time.perf_counter()
-        run_once(index)
-        after = time.perf_counter()
-        samples.append((after - before) * 1000.0)
+        prepared = inputs[index % count]
+        before = clock()
+        call(prepared)
+        after = clock()
+        samples.append(after - before)
         index += 1
         elapsed = after - started
         if elapsed >= cfg.max_seconds:
             break
-        if len(samples) >= cfg.min_runs and elapsed >= cfg.min_seconds:
-            break
-    return np.asarray(samples)
+        if len(samples) >= cfg.min_runs and elapsed >= cfg.min_seconds and after >= next_check:
+            if p50_settled(np.asarray(samples), cfg.p50_ci_width):
+                break
+            next_check = clock() + _SETTLE_CHECK_S
+    return np.asarray(samples) * 1000.0
 
 
 def batch_throughput(runner: object, images: np.ndarray, batch_size: int,
@@ -132,6 +150,30 @@ def batch_throughput(runner: object, images: np.ndarray, batch_size: int,
         elapsed = time.perf_counter() - started
         if elapsed >= seconds and count >= 3:
             return count * batch_size / elapsed
+
+
+_FLOOR_SECONDS = 0.3
+
+
+def harness_floor_ms(spec: VariantSpec, inputs: BenchmarkInputs, images: np.ndarray,
+                     cfg: BenchmarkConfig) -> float | None:
+    """The p50 of the variant's floor model through the same runner, threads and protocol.
+
+    Timed briefly (the floor models take microseconds); None where no floor model was built.
+    """
+    from tasks.harness_floor import FLOOR_OF_FORMAT
+    from tasks.runners import load_runner
+
+    floor_path = inputs.floor_models.get(FLOOR_OF_FORMAT.get(spec.format, ""))
+    if floor_path is None:
+        return None
+    floor_format = "keras" if spec.format in ("graph", "xla") else spec.format
+    runner = load_runner(VariantSpec(name="harness-floor", source="harness", format=floor_format,
+                                     precision="fp32", path=floor_path), cfg.threads)
+    brief = cfg.model_copy(update={"min_seconds": min(cfg.min_seconds, _FLOOR_SECONDS),
+                                   "max_seconds": min(cfg.max_seconds, _FLOOR_SECONDS),
+                                   "warmup_seconds": min(cfg.warmup_seconds, 0.1)})
+    return float(np.median(time_runs(runner.invoke, runner.prepare(images[:32]), brief)))
 
 
 def measure_variant(
@@ -156,11 +198,12 @@ def measure_variant(
     first_inference_ms = (time.perf_counter() - started) * 1000.0
     logits = predict_batched(runner, images)
     reference = logits if inputs.reference_logits is None else np.load(inputs.reference_logits)
-    singles = [images[i : i + 1] for i in range(len(images))]
+    prepared = runner.prepare(images)
     cores_before = background_cores(_LOAD_PROBE_S)
     probe = LoadProbe.start()
-    samples = time_runs(lambda i: runner.predict(singles[i % len(singles)]), cfg)
+    samples = time_runs(runner.invoke, prepared, cfg)
     cores_during = probe.cores()
+    floor_ms = harness_floor_ms(spec, inputs, images, cfg)
     throughput_at_batch = batch_throughput(runner, images, inputs.batch_size,
                                            min(max(0.2, cfg.min_seconds), cfg.max_seconds))
     intra, inter = tf_threads_in_force() if spec.format in TF_FORMATS else (None, None)
@@ -179,7 +222,7 @@ def measure_variant(
         size_bytes=path_size_bytes(spec.path),
         gzip_bytes=gzip_size_bytes(spec.path),
         accuracy=float(np.mean(np.argmax(logits, axis=1) == labels)),
-        latency_ms=latency_stats(samples, cfg.stability_tolerance),
+        latency_ms=latency_stats(samples, cfg.p50_ci_width),
         throughput_per_s=float(len(samples) / (samples.sum() / 1000.0)),
         timed_runs=len(samples),
         load_seconds=load_seconds,
@@ -196,6 +239,7 @@ def measure_variant(
         extra_files=extra_files,
         background_cores_before=cores_before,
         background_cores=cores_during,
+        harness_floor_ms=floor_ms,
         under_load=any(cores is not None and cores > cfg.max_background_cores
                        for cores in (cores_before, cores_during)),
     )

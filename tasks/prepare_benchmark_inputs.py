@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
+from tasks.harness_floor import build_floor_models
 from tasks.input_pipeline import load_split
 from tasks.runners import load_runner, predict_batched
 from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, VariantSpec
@@ -37,13 +38,13 @@ def prepare_benchmark_inputs(
             the pipeline), or None: each variant is its own reference and no model is opened
             here (the benchmark-only flow opens a user's file only in its measuring process).
         dataset: The data set whose test split is the benchmark input.
-        out_dir: Folder for ``test-images.npy``, ``test-labels.npy`` and
-            ``<name>-reference-logits.npy``.
+        out_dir: Folder for ``test-images.npy``, ``test-labels.npy``,
+            ``<name>-reference-logits.npy`` and the harness's floor models.
         batch_size: Batch size of the throughput measurement (besides batch 1).
         input_scale: The pixels the models expect (the same for every variant of a run).
 
     Returns:
-        The three files and the number of examples.
+        The files, the number of examples, and the floor models (square RGB inputs only).
 
     Raises:
         ValueError: The test split is empty.
@@ -62,6 +63,8 @@ def prepare_benchmark_inputs(
         reference_logits=reference_logits,
         examples=len(images),
         batch_size=batch_size,
+        floor_models=build_floor_models(images.shape[1], out_dir / "harness-floor")
+        if images.shape[1:] == (images.shape[1], images.shape[1], 3) else {},
     )
     _save_array(inputs.images, images)
     _save_array(inputs.labels, labels)

@@ -30,11 +30,11 @@ def pareto_front(points: list[tuple[str, float, float]]) -> set[str]:
 
 _CSV_COLUMNS = ("name", "source", "format", "precision", "status", "accuracy",
                 "accuracy_delta_points", "top1_agreement", "max_abs_diff", "p50_ms",
-                "p50_ci95_low_ms", "p50_ci95_high_ms", "tied_with", "p90_ms",
+                "p50_ci95_low_ms", "p50_ci95_high_ms", "harness_floor_ms", "tied_with", "p90_ms",
                 "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "trimmed_mean_ms",
                 "cv", "stable", "throughput_per_s", "batch_throughput_per_s", "batch_size",
                 "size_bytes", "gzip_bytes", "peak_rss_mb", "load_seconds", "first_inference_ms",
-                "timed_runs", "error", "notes")
+                "timed_runs", "p50_ms_by_threads", "error", "notes")
 
 
 def report_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -48,6 +48,8 @@ def report_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
         row["cv"], row["stable"] = latency.get("cv"), latency.get("stable")
         row["p50_ci95_low_ms"], row["p50_ci95_high_ms"] = latency.get("p50_ci95") or (None, None)
         row["tied_with"] = " ".join(entry.get("tied_with", []))
+        row["p50_ms_by_threads"] = " ".join(
+            f"{threads}:{p50:.4f}" for threads, p50 in entry.get("p50_ms_by_threads", {}).items())
         row["notes"] = " | ".join(entry.get("flags", []) + entry.get("notes", []))
         rows.append(row)
     return rows
@@ -63,9 +65,14 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "",
         "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()),
         "",
-        "| variant | status | accuracy | Δ pts | p50 ms | p50 95% interval | p99 ms | ex/s (b=1) "
-        "| ex/s (batch) | size KB | gzip KB | peak MB | tied with | notes |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "p50 95% interval: the lowest and highest median of 6 consecutive windows of the timed "
+        "runs; intervals that overlap are ties. Floor: the p50 of a model that does next to "
+        "nothing, through the same runner and threads (the harness's and runtime's own cost "
+        "per call).",
+        "",
+        "| variant | status | accuracy | Δ pts | p50 ms | p50 95% interval | floor ms | p99 ms "
+        "| ex/s (b=1) | ex/s (batch) | size KB | gzip KB | peak MB | tied with | notes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
 
     def fmt(value: Any, pattern: str) -> str:
@@ -82,13 +89,23 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {star}{row['name']} | {status} | {fmt(row['accuracy'], '.4f')} "
             f"| {fmt(row['accuracy_delta_points'], '+.2f')} | {fmt(row['p50_ms'], '.3f')} "
-            f"| {interval(row)} "
+            f"| {interval(row)} | {fmt(row['harness_floor_ms'], '.4f')} "
             f"| {fmt(row['p99_ms'], '.3f')} | {fmt(row['throughput_per_s'], ',.0f')} "
             f"| {fmt(row['batch_throughput_per_s'], ',.0f')} "
             f"| {fmt(row['size_bytes'] / 1024, ',.1f')} "
             f"| {fmt(row['gzip_bytes'] / 1024, ',.1f')} | {fmt(row['peak_rss_mb'], ',.0f')} "
             f"| {row['tied_with']} | {row['notes']} |"
         )
+    swept = [entry for entry in summary["variants"] if len(entry.get("p50_ms_by_threads", {})) > 1]
+    if swept:
+        counts = sorted({int(t) for entry in swept for t in entry["p50_ms_by_threads"]})
+        lines += ["", "Batch-1 p50 (ms) by threads (benchmark.thread_sweep):", "",
+                  "| variant | " + " | ".join(f"{t} thr" for t in counts) + " |",
+                  "|---|" + "---:|" * len(counts)]
+        for entry in swept:
+            by_threads = entry["p50_ms_by_threads"]
+            lines.append(f"| {entry['name']} | " + " | ".join(
+                fmt(by_threads.get(str(t)), ".3f") for t in counts) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -147,7 +164,30 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
     axis.set_xlabel("batch-1 latency (ms, log), warm-up excluded")
     axis.set_title("Latency distributions")
     paths.append(_save(fig, out_dir / "latency_distributions.png"))
+    swept = [r for r in ok if len(r.p50_ms_by_threads) > 1]
+    if swept:
+        paths.append(_thread_scaling_plot(swept, out_dir / "thread_scaling.png"))
     return paths
+
+
+def _thread_scaling_plot(swept: list[VariantResult], path: Path) -> Path:
+    """Speed-up over one thread against the thread count, one line per variant."""
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(8, 5))
+    most = max(max(r.p50_ms_by_threads) for r in swept)
+    axis.plot([1, most], [1, most], color="tab:gray", linestyle=":", label="linear")
+    for result in swept:
+        threads = sorted(result.p50_ms_by_threads)
+        single = result.p50_ms_by_threads[threads[0]]
+        axis.plot(threads, [single / result.p50_ms_by_threads[t] for t in threads], marker="o",
+                  label=result.name)
+    axis.set_xlabel("threads")
+    axis.set_ylabel("batch-1 p50 speed-up over 1 thread")
+    axis.set_xticks(range(1, most + 1))
+    axis.set_title("Thread scaling (benchmark.thread_sweep)")
+    axis.legend(fontsize=7)
+    return _save(fig, path)
 
 
 @task(name="write_report", tags=["report"])

@@ -75,6 +75,7 @@ class InputPipelineResult(_Frozen):
     cache_reason: str = ""
     tuned_uncached_examples_per_s: float = 0.0
     passes: int = 1
+    decode_ceiling_examples_per_s: float = 0.0
 
 
 class SweepPoint(_Frozen):
@@ -152,6 +153,9 @@ class BenchmarkInputs(_Frozen):
     reference_logits: Path | None
     examples: int
     batch_size: int = 32
+    floor_models: dict[str, Path] = Field(default_factory=dict)
+    """Per runner format, a model that does next to nothing on inputs of the same shape: timed
+    through the same runner, it is the harness's own floor (see `tasks.harness_floor`)."""
 
 
 class LatencyStats(_Frozen):
@@ -201,5 +205,7 @@ class VariantResult(_Frozen):
     background_cores: float | None = None
     under_load: bool = False
     load_retried: bool = False
+    harness_floor_ms: float | None = None
+    p50_ms_by_threads: dict[int, float] = Field(default_factory=dict)
     path: Path | None = None
     extra_files: list[Path] = Field(default_factory=list)

@@ -449,14 +449,26 @@ class BenchmarkConfig(_Section):
         2.0, ge=0.0, le=3600.0, description="Keep timing for at least this long."
     )
     max_seconds: float = Field(
-        10.0, gt=0.0, le=3600.0, description="Stop timing a variant after this long."
+        10.0, gt=0.0, le=3600.0,
+        description="Stop timing a variant after this long, even if its p50 has not settled.",
     )
-    stability_tolerance: float = Field(
-        0.1, gt=0.0, le=1.0,
-        description="Unstable if the last two thirds' medians differ by more than this share.",
+    p50_ci_width: float = Field(
+        0.03, gt=0.0, le=1.0,
+        description=(
+            "Keep timing until the p50's 95% interval (the medians of 6 consecutive windows) "
+            "lies within +-this share of the p50; a variant that never gets there within "
+            "max_seconds is marked unstable."
+        ),
     )
     threads: int = Field(
         2, ge=1, le=256, description="Intra-op threads for TFLite and ONNX Runtime."
+    )
+    thread_sweep: bool = Field(
+        False,
+        description=(
+            "Also time each ok variant at 1..threads threads (batch-1 p50 per thread count, "
+            "one more measurement each) and plot how it scales."
+        ),
     )
     isolate: bool = Field(
         True,

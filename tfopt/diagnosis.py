@@ -57,9 +57,11 @@ def diagnose(results: list[VariantResult]) -> dict[str, list[str]]:
             )
     for result in ok.values():
         if not result.latency_ms.stable:
+            low, high = result.latency_ms.p50_ci95 or (float("nan"), float("nan"))
             notes[result.name].append(
-                f"unstable measurement (the last runs drifted; cv {result.latency_ms.cv:.2f}): "
-                "rerun on a quieter machine before trusting small differences"
+                f"unstable measurement (its windows' medians spread {low:.3f}-{high:.3f} ms "
+                "and did not settle within benchmark.p50_ci_width before max_seconds): rerun "
+                "on a quieter machine before trusting small differences"
             )
         if result.under_load:
             notes[result.name].append(

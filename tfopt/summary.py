@@ -71,6 +71,9 @@ def variant_entry(
         "background_cores": result.background_cores,
         "under_load": result.under_load,
         "load_retried": result.load_retried,
+        "harness_floor_ms": result.harness_floor_ms,
+        "p50_ms_by_threads": {str(threads): p50
+                              for threads, p50 in sorted(result.p50_ms_by_threads.items())},
     }
 
 
@@ -117,6 +120,7 @@ def build_summary(
             "cached_examples_per_s": input_pipeline.cached_examples_per_s,
             "chosen_batch_size": input_pipeline.chosen_batch_size,
             "tuned_uncached_examples_per_s": input_pipeline.tuned_uncached_examples_per_s,
+            "decode_ceiling_examples_per_s": input_pipeline.decode_ceiling_examples_per_s,
             "passes": input_pipeline.passes,
             "cache": input_pipeline.cache_mode,
         },

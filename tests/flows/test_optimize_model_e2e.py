@@ -81,6 +81,11 @@ def test_summary_has_the_contract_keys(smoke_run):
         assert variant["batch_throughput_per_s"] > 0 and variant["peak_rss_mb"] > 0
         assert variant["accuracy"] > 0.5, "the smoke baseline should learn the digits"
         assert variant["top1_agreement"] >= 0.9
+        assert variant["harness_floor_ms"] > 0, name
+        if variant["format"] in ("tflite", "onnx"):  # TensorFlow's per-call cost is the floor
+            assert variant["harness_floor_ms"] < variant["latency_ms"]["p50"], name
+        low, high = variant["latency_ms"]["p50_ci95"]
+        assert low <= variant["latency_ms"]["p50"] <= high
     for name in EXPECTED_COMPRESSED:
         assert by_name[name]["status"] == "ok", by_name[name]
         assert set(by_name[name]["latency_ms"]) >= LATENCY_KEYS

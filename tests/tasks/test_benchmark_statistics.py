@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from tfopt.config import BenchmarkConfig
 
 def _protocol(**overrides):
     values = {"warmup_runs": 7, "warmup_seconds": 0.0, "min_runs": 20, "min_seconds": 0.0,
-              "max_seconds": 60}
+              "max_seconds": 60, "p50_ci_width": 1.0}
     return BenchmarkConfig(**{**values, **overrides})
 
 
@@ -30,16 +32,44 @@ def test_latency_stats_on_known_samples():
 
 def test_stability_check_flags_a_drifting_measurement():
     assert latency_stats(np.full(90, 2.0)).stable
-    drifting = np.concatenate([np.full(30, 1.0), np.full(30, 1.0), np.full(30, 1.5)])
-    assert not latency_stats(drifting, stability_tolerance=0.1).stable
-    assert latency_stats(drifting, stability_tolerance=0.6).stable
+    drifting = np.concatenate([np.full(75, 1.0), np.full(15, 1.5)])
+    assert latency_stats(drifting).p50_ci95 == (1.0, 1.5)
+    assert not latency_stats(drifting, ci_width=0.03).stable
+    assert latency_stats(drifting, ci_width=0.6).stable
 
 
 def test_warmup_runs_are_excluded_from_the_timed_samples():
     calls = []
-    samples = time_runs(calls.append, _protocol())
+    samples = time_runs(calls.append, list(range(100)), _protocol())
     assert len(calls) == 27 and len(samples) == 20
     assert calls[:7] == list(range(7)), "warm-up runs come first"
+    assert calls[7:] == list(range(7, 27)), "inputs are used in turn"
+
+
+def test_timing_goes_on_until_the_windows_agree():
+    import itertools
+
+    # The first 60 runs slow down step by step, so the early windows' medians disagree; then
+    # the runs settle and timing stops once the windows agree, well before max_seconds.
+    ticks = itertools.count()
+
+    def run_once(_: int) -> None:
+        index = next(ticks)
+        time.sleep(0.001 * (1 + index // 10) if index < 60 else 0.001)
+
+    started = time.perf_counter()
+    samples = time_runs(run_once, [0], _protocol(warmup_runs=1, min_runs=12, max_seconds=30,
+                                                 p50_ci_width=0.3))
+    assert len(samples) > 60, "it kept timing while the windows disagreed"
+    assert time.perf_counter() - started < 10, "it stopped once they agreed"
+    assert latency_stats(samples, ci_width=0.3).stable
+
+
+def test_a_variant_that_never_settles_stops_at_max_seconds_and_reads_unstable():
+    ticks = iter(range(10**9))
+    samples = time_runs(lambda _: time.sleep(0.001 * (1 + next(ticks) // 4)), [0],
+                        _protocol(warmup_runs=1, min_runs=6, max_seconds=1.0, p50_ci_width=0.03))
+    assert not latency_stats(samples).stable
 
 
 def test_minimum_warmup_and_timed_durations_are_honoured():
@@ -52,8 +82,8 @@ def test_minimum_warmup_and_timed_durations_are_honoured():
         time.sleep(0.002)
         exits.append(time.perf_counter())
 
-    samples = time_runs(run_once, _protocol(warmup_runs=1, warmup_seconds=0.05, min_runs=5,
-                                            min_seconds=0.1))
+    samples = time_runs(run_once, [0], _protocol(warmup_runs=1, warmup_seconds=0.05,
+                                                 min_runs=5, min_seconds=0.1))
     warmup = len(entries) - len(samples)
     assert exits[warmup - 1] - entries[0] >= 0.05 and warmup >= 10, "warm-up lasted long enough"
     # The timed phase is bounded by wall-clock time (1 ms allows for the clock reads around it).
@@ -63,7 +93,7 @@ def test_minimum_warmup_and_timed_durations_are_honoured():
 def test_time_budget_stops_a_slow_variant_early():
     import time
 
-    samples = time_runs(lambda _: time.sleep(0.02),
+    samples = time_runs(lambda _: time.sleep(0.02), [0],
                         _protocol(warmup_runs=1, min_runs=1000, max_seconds=0.1))
     assert 1 <= len(samples) < 20
 

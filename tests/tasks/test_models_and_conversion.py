@@ -71,7 +71,7 @@ def test_benchmark_reports_accuracy_latency_and_sizes(tiny_baseline, tiny_datase
     assert result.top1_agreement == 1.0
     images, labels = load_split_arrays(tiny_dataset.splits["test"].files, 16)
     expected = np.mean(np.argmax(GraphRunner(tiny_baseline.path).predict(images), 1) == labels)
-    assert result.status == "ok" and result.timed_runs == 12
+    assert result.status == "ok" and result.timed_runs >= 12
     assert abs(result.accuracy - expected) < 1e-9
     stats = result.latency_ms
     assert 0 < stats.p50 <= stats.p90 <= stats.p99
@@ -86,7 +86,8 @@ def test_a_model_benchmarked_alone_is_its_own_reference_and_opened_only_when_mea
 
     inputs = prepare_benchmark_inputs.fn(None, tiny_dataset, tmp_path / "inputs")
     written = sorted(path.name for path in inputs.images.parent.iterdir())
-    assert inputs.reference_logits is None and written == ["test-images.npy", "test-labels.npy"]
+    assert inputs.reference_logits is None
+    assert written == ["harness-floor", "test-images.npy", "test-labels.npy"]
     spec = VariantSpec(name="theirs", source="theirs", format="savedmodel", precision="fp32",
                        path=tiny_savedmodel.path)
     result = benchmark_variant.fn(spec, inputs, BenchmarkConfig(

@@ -62,7 +62,7 @@ def test_pareto_front():
     assert pareto_front(points) == {"a", "b", "d"}
 
 
-def test_report_files_are_written_and_readable(tmp_path):
+def _summary(tmp_path, results, champion, tied=None):
     dataset = DatasetArtifact(root=tmp_path, manifest_path=tmp_path / "m.json",
                               class_names=["a", "b"], image_size=8, splits={
                                   s: {"files": [], "examples": 1, "class_counts": {}}
@@ -71,11 +71,14 @@ def test_report_files_are_written_and_readable(tmp_path):
     pipeline = InputPipelineResult(naive_examples_per_s=1, tuned_examples_per_s=2,
                                    cached_examples_per_s=3, chosen_batch_size=32,
                                    examples_measured=10)
-    summary = build_summary(tracking_uri="http://x", experiment_id="1", run_id="r",
-                            flow_run_id="f", dataset=dataset, input_pipeline=pipeline,
-                            results=RESULTS, champion="baseline-tflite-int8",
-                            champion_reason="fastest", baseline_accuracy=0.95,
-                            budget_points=1.0, tied=["pruned-80-tflite-int8"])
+    return build_summary(tracking_uri="http://x", experiment_id="1", run_id="r",
+                         flow_run_id="f", dataset=dataset, input_pipeline=pipeline,
+                         results=results, champion=champion, champion_reason="fastest",
+                         baseline_accuracy=0.95, budget_points=1.0, tied=tied)
+
+
+def test_report_files_are_written_and_readable(tmp_path):
+    summary = _summary(tmp_path, RESULTS, "baseline-tflite-int8", tied=["pruned-80-tflite-int8"])
     tied = {v["name"]: v["tied_with"] for v in summary["variants"] if v["tied_with"]}
     assert tied == {"baseline-tflite-int8": ["pruned-80-tflite-int8"],
                     "pruned-80-tflite-int8": ["baseline-tflite-int8"]}
@@ -92,3 +95,14 @@ def test_report_files_are_written_and_readable(tmp_path):
     assert "★ baseline-tflite-int8" in markdown and "| baseline-onnx | failed: boom" in markdown
     flags = next(v for v in summary["variants"] if v["name"] == "pruned-80-tflite-int8")["flags"]
     assert flags and "5.00 points" in flags[0]
+
+
+def test_a_thread_sweep_gets_its_table_and_scaling_plot(tmp_path):
+    swept = [result.model_copy(update={"p50_ms_by_threads": {1: 0.2, 2: 0.12}})
+             for result in RESULTS[:3]]
+    summary = _summary(tmp_path, swept, "baseline-tflite-fp32")
+    assert summary["variants"][0]["p50_ms_by_threads"] == {"1": 0.2, "2": 0.12}
+    names = {p.name for p in write_report.fn(summary, swept, tmp_path / "report")}
+    assert "thread_scaling.png" in names
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "| 1 thr | 2 thr |" in markdown and "| baseline-graph | 0.200 | 0.120 |" in markdown
