@@ -78,11 +78,12 @@ def with_thread_sweep(variant: VariantSpec, inputs: BenchmarkInputs, cfg: Benchm
     """`result` with the variant's batch-1 p50 at 1..`cfg.threads` threads.
 
     Each other thread count is a measurement of its own (a fresh process when isolated:
-    TensorFlow sizes its pools once per process), with the same protocol.
+    TensorFlow sizes its pools once per process), with the same protocol (single stream only).
     """
     p50s = {cfg.threads: result.latency_ms.p50}
     for threads in range(1, cfg.threads):
-        other = _measure(variant, inputs, cfg.model_copy(update={"threads": threads}))
+        other = _measure(variant, inputs, cfg.model_copy(
+            update={"threads": threads, "scenarios": ["single_stream"]}))
         p50s[threads] = other.latency_ms.p50
     step_logger().info("%s: p50 by threads %s", variant.name,
                        ", ".join(f"{t}: {p50s[t]:.3f} ms" for t in sorted(p50s)))

@@ -88,21 +88,21 @@ def latency_stats(samples_ms: np.ndarray, ci_width: float = 0.03) -> LatencyStat
     )
 
 
-_SETTLE_CHECK_S = 0.1
-
-
 def time_runs(
     call: Callable[[object], object],
     inputs: Sequence[object],
     cfg: BenchmarkConfig,
 ) -> np.ndarray:
-    """Time `call` on `inputs` in turn after warm-up, until the p50 settles or time runs out.
+    """Time `call` on `inputs` in turn, in windows, until the last 6 windows agree.
 
     Warm-up: at least `warmup_runs` and `warmup_seconds` (untimed: tracing, allocation,
-    caches). Timed: at least `min_runs` and `min_seconds`, then until the p50's interval is
-    within +-`p50_ci_width` (checked between runs every 0.1 s), never past `max_seconds` (a slow
-    or noisy model is still measured, with fewer runs, and reads unstable). Only the call itself
-    is inside the timed region: picking the input and the bookkeeping are not.
+    caches). Then windows of at least `min_runs` / 6 runs and `min_seconds` / 6 seconds are
+    timed until the medians of the last 6 lie within +-`p50_ci_width` of their pooled median,
+    or `max_seconds` have passed (as Triton's perf_analyzer waits for consecutive windows to
+    agree). Windows before those 6 were disturbed (a neighbour's burst, a clock change) and are
+    dropped like warm-up; a variant that never settles keeps its last 6 and reads unstable.
+    Only the call itself is inside the timed region: picking the input and the bookkeeping are
+    not.
 
     Args:
         call: One inference on one prepared input (see `Runner.invoke`).
@@ -110,7 +110,7 @@ def time_runs(
         cfg: The protocol's bounds.
 
     Returns:
-        The timed runs' durations in milliseconds.
+        The durations in milliseconds of the runs of the last 6 windows, in order.
     """
     count, clock = len(inputs), time.perf_counter
     index = 0
@@ -118,24 +118,40 @@ def time_runs(
     while index < cfg.warmup_runs or clock() < warm_until:
         call(inputs[index % count])
         index += 1
-    samples: list[float] = []
+    window_runs = -(-cfg.min_runs // P50_WINDOWS)
+    window_seconds = cfg.min_seconds / P50_WINDOWS
+    windows: list[list[float]] = []
     started = clock()
-    next_check = started
     while True:
-        prepared = inputs[index % count]
-        before = clock()
-        call(prepared)
-        after = clock()
-        samples.append(after - before)
-        index += 1
-        elapsed = after - started
-        if elapsed >= cfg.max_seconds:
-            break
-        if len(samples) >= cfg.min_runs and elapsed >= cfg.min_seconds and after >= next_check:
-            if p50_settled(np.asarray(samples), cfg.p50_ci_width):
+        window: list[float] = []
+        window_started = clock()
+        while True:
+            prepared = inputs[index % count]
+            before = clock()
+            call(prepared)
+            after = clock()
+            window.append(after - before)
+            index += 1
+            if after - started >= cfg.max_seconds:
                 break
-            next_check = clock() + _SETTLE_CHECK_S
-    return np.asarray(samples) * 1000.0
+            if len(window) >= window_runs and after - window_started >= window_seconds:
+                break
+        if clock() - started >= cfg.max_seconds:
+            if len(window) >= window_runs or len(windows) < P50_WINDOWS:
+                windows.append(window)  # a cut-short window counts only if it is needed
+            break
+        windows.append(window)
+        last = windows[-P50_WINDOWS:]
+        if len(last) == P50_WINDOWS and _windows_agree(last, cfg.p50_ci_width):
+            break
+    kept = [duration for window in windows[-P50_WINDOWS:] for duration in window]
+    return np.asarray(kept) * 1000.0
+
+
+def _windows_agree(windows: list[list[float]], width: float) -> bool:
+    medians = [float(np.median(window)) for window in windows]
+    pooled = float(np.median(np.concatenate(windows)))
+    return min(medians) >= pooled * (1.0 - width) and max(medians) <= pooled * (1.0 + width)
 
 
 def batch_throughput(runner: object, images: np.ndarray, batch_size: int,
@@ -150,6 +166,57 @@ def batch_throughput(runner: object, images: np.ndarray, batch_size: int,
         elapsed = time.perf_counter() - started
         if elapsed >= seconds and count >= 3:
             return count * batch_size / elapsed
+
+
+def flops_per_inference(runner: object) -> float | None:
+    """FLOPs per example of the model a runner holds (None for a bare SavedModel signature)."""
+    from tasks.flops import keras_flops, onnx_flops, tflite_flops
+    from tasks.runners import GraphRunner, OnnxRunner, TFLiteRunner
+
+    if isinstance(runner, GraphRunner):
+        return keras_flops(runner.model)
+    if isinstance(runner, TFLiteRunner):
+        return tflite_flops(runner.interpreter)
+    if isinstance(runner, OnnxRunner):
+        return onnx_flops(runner.path)
+    return None
+
+
+def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
+                   prepared: Sequence[object], samples_ms: np.ndarray, batch_size: int,
+                   cfg: BenchmarkConfig) -> dict[str, float | int | None]:
+    """The Offline and Server scenarios `cfg.scenarios` asks for (see `tasks.load_scenarios`).
+
+    Offline tries batch sizes 1, 8 and the run's batch size on the variant's runner. Server
+    clients are runtime instances of their own with `threads / clients` threads each (at
+    least one); the rate search starts at half of what the clients could serve at the
+    single-stream p50.
+    """
+    from tasks.load_scenarios import offline_throughput, server_search
+    from tasks.runners import load_runner
+
+    found: dict[str, float | int | None] = {}
+    p50_s = float(np.median(samples_ms)) / 1000.0
+    if "offline" in cfg.scenarios:
+        sizes = sorted({1, min(8, len(images)), min(batch_size, len(images))})
+        rate, best_size = offline_throughput(runner.predict, images, sizes, 1.0 / p50_s,
+                                             cfg.scenario_seconds)
+        found.update(offline_examples_per_s=rate, offline_batch_size=best_size)
+    if "server" in cfg.scenarios and cfg.latency_budget_ms is not None:
+        threads = max(1, cfg.threads // cfg.server_clients)
+        runners = [runner if threads == cfg.threads else load_runner(spec, threads)]
+        runners += [load_runner(spec, threads) for _ in range(cfg.server_clients - 1)]
+        clients = [_client(each, images) for each in runners]
+        trial = server_search(clients, prepared, cfg.latency_budget_ms,
+                              0.5 * cfg.server_clients / p50_s, cfg.scenario_seconds)
+        found.update(server_qps_within_budget=trial.target_qps if trial else 0.0,
+                     server_p99_ms=trial.p99_ms if trial else None)
+    return found
+
+
+def _client(runner: object, images: np.ndarray) -> Callable[[object], object]:
+    runner.prepare(images[:1])  # sizes its input for batch 1 again (Offline resized it)
+    return runner.invoke
 
 
 _FLOOR_SECONDS = 0.3
@@ -204,6 +271,8 @@ def measure_variant(
     samples = time_runs(runner.invoke, prepared, cfg)
     cores_during = probe.cores()
     floor_ms = harness_floor_ms(spec, inputs, images, cfg)
+    flops = flops_per_inference(runner)
+    scenarios = load_scenarios(spec, runner, images, prepared, samples, inputs.batch_size, cfg)
     throughput_at_batch = batch_throughput(runner, images, inputs.batch_size,
                                            min(max(0.2, cfg.min_seconds), cfg.max_seconds))
     intra, inter = tf_threads_in_force() if spec.format in TF_FORMATS else (None, None)
@@ -240,6 +309,8 @@ def measure_variant(
         background_cores_before=cores_before,
         background_cores=cores_during,
         harness_floor_ms=floor_ms,
+        gflops_per_inference=None if flops is None else flops / 1e9,
+        **scenarios,
         under_load=any(cores is not None and cores > cfg.max_background_cores
                        for cores in (cores_before, cores_during)),
     )

@@ -38,6 +38,8 @@ def objective_value(result: VariantResult, objective: str) -> float:
     """The number the champion minimizes: a latency statistic, size, or negated throughput."""
     if objective == "throughput":
         return -result.throughput_per_s
+    if objective == "throughput_under_budget":
+        return -(result.server_qps_within_budget or 0.0)
     if objective == "size":
         return float(result.size_bytes)
     return float(getattr(result.latency_ms, objective))
@@ -68,7 +70,8 @@ def _tie_break_key(result: VariantResult) -> tuple[float, int, tuple[int, int, i
 
 _OBJECTIVE_WORDS = {"p50": "batch-1 p50 latency", "p90": "batch-1 p90 latency",
                     "p99": "batch-1 p99 latency", "mean": "batch-1 mean latency",
-                    "throughput": "-throughput", "size": "size"}
+                    "throughput": "-throughput", "size": "size",
+                    "throughput_under_budget": "-Server rate (queries/s) within the latency budget"}
 
 
 def choose_champion(
@@ -80,7 +83,9 @@ def choose_champion(
         results: Every benchmarked variant, failed ones included.
         budget_points: Accuracy points (0-100 scale) a champion may lose to the baseline.
         objective: ``p50`` (default), ``p90``, ``p99``, ``mean`` (batch-1 latency, lower is
-            better), ``throughput`` (higher is better) or ``size`` (smaller is better).
+            better), ``throughput`` (higher is better), ``size`` (smaller is better) or
+            ``throughput_under_budget`` (the highest Server-scenario rate whose p99 met the
+            latency budget; a variant that met it at no rate does not qualify).
 
     Returns:
         The champion's name, or None with the reason when no variant qualifies.
@@ -95,10 +100,14 @@ def choose_champion(
             baseline_accuracy=None,
         )
     eligible = [r for r in ok if (reference - r.accuracy) * 100.0 <= budget_points + 1e-9]
+    if objective == "throughput_under_budget":
+        eligible = [r for r in eligible if r.server_qps_within_budget]
     if not eligible:
         return ChampionChoice(
             name=None,
-            reason=f"no ok variant is within {budget_points} accuracy points of the baseline",
+            reason=f"no ok variant is within {budget_points} accuracy points of the baseline"
+            + (" and meets the latency budget at any Server rate"
+               if objective == "throughput_under_budget" else ""),
             baseline_accuracy=reference,
         )
     fastest = min(eligible, key=lambda r: objective_value(r, objective))

@@ -73,7 +73,7 @@ class GraphRunner:
         from tasks.keras_models import load_keras_model
 
         self._tf = tf
-        model = load_keras_model(path)
+        self.model = model = load_keras_model(path)
         self._call = tf.function(lambda images: model(images, training=False),
                                  jit_compile=jit_compile, reduce_retracing=True)
 
@@ -201,6 +201,7 @@ class OnnxRunner:
     def __init__(self, path: Path, threads: int = 1) -> None:
         import onnxruntime as ort
 
+        self.path = path
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

@@ -34,7 +34,10 @@ _CSV_COLUMNS = ("name", "source", "format", "precision", "status", "accuracy",
                 "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "trimmed_mean_ms",
                 "cv", "stable", "throughput_per_s", "batch_throughput_per_s", "batch_size",
                 "size_bytes", "gzip_bytes", "peak_rss_mb", "load_seconds", "first_inference_ms",
-                "timed_runs", "p50_ms_by_threads", "error", "notes")
+                "timed_runs", "gflops_per_inference", "achieved_gflops_per_s",
+                "offline_examples_per_s", "offline_batch_size", "server_qps_within_budget",
+                "server_p99_ms",
+                "p50_ms_by_threads", "error", "notes")
 
 
 def report_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -96,6 +99,20 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"| {fmt(row['gzip_bytes'] / 1024, ',.1f')} | {fmt(row['peak_rss_mb'], ',.0f')} "
             f"| {row['tied_with']} | {row['notes']} |"
         )
+    loaded = [entry for entry in summary["variants"]
+              if entry.get("offline_examples_per_s") is not None
+              or entry.get("server_qps_within_budget") is not None]
+    if loaded:
+        lines += ["", "Load scenarios (MLPerf LoadGen): Offline = best examples/s over batch "
+                  "sizes; Server = highest Poisson arrival rate whose p99 met the budget.", "",
+                  "| variant | offline ex/s | at batch | server q/s within budget | its p99 ms |",
+                  "|---|---:|---:|---:|---:|"]
+        for entry in loaded:
+            lines.append(
+                f"| {entry['name']} | {fmt(entry.get('offline_examples_per_s'), ',.0f')} "
+                f"| {fmt(entry.get('offline_batch_size'), 'd')} "
+                f"| {fmt(entry.get('server_qps_within_budget'), ',.0f')} "
+                f"| {fmt(entry.get('server_p99_ms'), '.3f')} |")
     swept = [entry for entry in summary["variants"] if len(entry.get("p50_ms_by_threads", {})) > 1]
     if swept:
         counts = sorted({int(t) for entry in swept for t in entry["p50_ms_by_threads"]})
@@ -167,7 +184,45 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
     swept = [r for r in ok if len(r.p50_ms_by_threads) > 1]
     if swept:
         paths.append(_thread_scaling_plot(swept, out_dir / "thread_scaling.png"))
+    counted = [entry for entry in summary["variants"]
+               if entry.get("achieved_gflops_per_s") and entry.get("size_bytes")]
+    if counted:
+        paths.append(_roofline_plot(counted, summary.get("environment", {}),
+                                    out_dir / "roofline.png"))
     return paths
+
+
+def _roofline_plot(entries: list[dict[str, Any]], env: dict[str, Any], path: Path) -> Path:
+    """Achieved GFLOP/s against FLOPs per byte of model, under the machine's measured roofs.
+
+    The model's bytes stand in for the bytes an inference must read (its weights), so a point's
+    distance below the roof shows how far the variant is from what this CPU could do.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axis = plt.subplots(figsize=(8, 5))
+    intensity = [e["gflops_per_inference"] * 1e9 / e["size_bytes"] for e in entries]
+    for entry, x in zip(entries, intensity, strict=True):
+        axis.scatter(x, entry["achieved_gflops_per_s"], zorder=3)
+        axis.annotate(entry["name"], (x, entry["achieved_gflops_per_s"]), fontsize=7,
+                      xytext=(4, 2), textcoords="offset points")
+    peak, bandwidth = env.get("machine_peak_gflops"), env.get("machine_memory_gb_per_s")
+    xs = np.geomspace(min(intensity) / 4, max(intensity) * 4, 100)
+    if peak:
+        roof = np.full_like(xs, float(peak))
+        if bandwidth:
+            roof = np.minimum(roof, float(bandwidth) * xs)
+        axis.plot(xs, roof, color="tab:red", linestyle="--",
+                  label=f"roof: {float(peak):.0f} GFLOP/s matmul peak"
+                  + (f", {float(bandwidth):.0f} GB/s copy" if bandwidth else ""))
+        axis.legend(fontsize=8)
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("FLOPs per byte of model (log)")
+    axis.set_ylabel("achieved GFLOP/s at batch 1 (log)")
+    axis.set_title("Where each variant stands against this machine's limits")
+    return _save(fig, path)
 
 
 def _thread_scaling_plot(swept: list[VariantResult], path: Path) -> Path:

@@ -206,6 +206,11 @@ class VariantResult(_Frozen):
     under_load: bool = False
     load_retried: bool = False
     harness_floor_ms: float | None = None
+    gflops_per_inference: float | None = None
+    offline_examples_per_s: float | None = None
+    offline_batch_size: int | None = None
+    server_qps_within_budget: float | None = None
+    server_p99_ms: float | None = None
     p50_ms_by_threads: dict[int, float] = Field(default_factory=dict)
     path: Path | None = None
     extra_files: list[Path] = Field(default_factory=list)

@@ -477,9 +477,33 @@ class BenchmarkConfig(_Section):
             "auto-clustering flags, a crash cannot take the run down)."
         ),
     )
-    objective: Literal["p50", "p90", "p99", "mean", "throughput", "size"] = Field(
+    objective: Literal["p50", "p90", "p99", "mean", "throughput", "size",
+                       "throughput_under_budget"] = Field(
         "p50",
-        description="What the champion is best at: batch-1 latency statistic, throughput, size.",
+        description=(
+            "What the champion is best at: batch-1 latency statistic, throughput, size, or the "
+            "highest Server rate within latency_budget_ms (needs the server scenario)."
+        ),
+    )
+    scenarios: list[Literal["single_stream", "offline", "server"]] = Field(
+        default_factory=lambda: ["single_stream"],
+        description=(
+            "MLPerf LoadGen scenarios measured per variant: single_stream (batch-1 latency, "
+            "always), offline (best examples/s over batch sizes), server (Poisson arrivals "
+            "from concurrent clients; the highest rate whose p99 meets latency_budget_ms)."
+        ),
+    )
+    latency_budget_ms: float | None = Field(
+        None, gt=0.0, le=600_000.0,
+        description="The p99 a Server-scenario rate must meet (needed by the server scenario).",
+    )
+    server_clients: int = Field(
+        2, ge=1, le=256,
+        description="Concurrent clients of the server scenario (one runtime instance each).",
+    )
+    scenario_seconds: float = Field(
+        1.0, gt=0.0, le=600.0,
+        description="Minimum duration of each LoadGen run (every server search trial is one).",
     )
     accuracy_budget_points: float = Field(
         1.0, ge=0.0, le=100.0,
@@ -499,6 +523,16 @@ class BenchmarkConfig(_Section):
         None, min_length=1, max_length=1024,
         description="Pin the measuring process to these CPU numbers (null: no pinning).",
     )
+
+    @model_validator(mode="after")
+    def _scenarios_fit(self) -> BenchmarkConfig:
+        if self.objective == "throughput_under_budget" and "server" not in self.scenarios:
+            raise ValueError("objective throughput_under_budget needs 'server' in "
+                             "benchmark.scenarios")
+        if "server" in self.scenarios and self.latency_budget_ms is None:
+            raise ValueError("the server scenario needs benchmark.latency_budget_ms (the p99 "
+                             "its rate must meet)")
+        return self
 
     @field_validator("cpus")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from tfopt.services import ServiceSettings
@@ -95,7 +96,18 @@ def environment(
         "benchmark_cpus": ",".join(map(str, cpus)) if cpus else "not pinned",
         "tf_intra_op_threads": (tf_intra_op_threads if tf_intra_op_threads is not None
                                 else "no TensorFlow variant measured"),
+        **machine_limits(),
     }
+
+
+def machine_limits() -> dict[str, float]:
+    """This machine's measured float32 matrix-multiply peak and memory copy rate.
+
+    The roof that achieved GFLOP/s are read against, measured in the same run as the variants
+    (numpy's BLAS on all cores; a 128 MB copy).
+    """
+    return {"machine_peak_gflops": round(machine_peak_gflops(), 2),
+            "machine_memory_gb_per_s": round(machine_memory_gb_per_s(128), 2)}
 
 
 def mlflow_tracking_uri() -> str:
@@ -106,3 +118,33 @@ def mlflow_tracking_uri() -> str:
 def prefect_api_url() -> str:
     """`PREFECT_API_URL` if set, else the local server that `tfopt up` starts."""
     return os.environ.get("PREFECT_API_URL") or ServiceSettings.from_env().prefect_api_url
+
+
+def machine_peak_gflops(size: int = 1024, repeats: int = 5) -> float:
+    """The best float32 matrix-multiply rate of this process's BLAS on all its threads."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.random((size, size), dtype=np.float32)
+    b = rng.random((size, size), dtype=np.float32)
+    np.dot(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        np.dot(a, b)
+        best = min(best, time.perf_counter() - started)
+    return 2.0 * size**3 / best / 1e9
+
+
+def machine_memory_gb_per_s(megabytes: int = 256, repeats: int = 3) -> float:
+    """The best rate of copying a buffer far larger than the caches (read + write bytes)."""
+    import numpy as np
+
+    source = np.ones(megabytes * 2**20 // 8, np.float64)
+    target = np.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        best = min(best, time.perf_counter() - started)
+    return 2.0 * source.nbytes / best / 1e9

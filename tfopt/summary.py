@@ -33,8 +33,17 @@ def variant_entry(
     budget_points: float,
     notes: list[str] | None = None,
     tied_with: list[str] | None = None,
+    gflops: float | None = None,
 ) -> dict[str, Any]:
-    """One element of the summary's ``variants`` list."""
+    """One element of the summary's ``variants`` list.
+
+    `gflops` stands in for a variant whose own file could not be counted (a SavedModel
+    signature): the FLOPs of another variant of the same network.
+    """
+    gflops = result.gflops_per_inference if result.gflops_per_inference is not None else gflops
+    achieved = None
+    if gflops is not None and result.latency_ms is not None and result.latency_ms.p50 > 0:
+        achieved = gflops / (result.latency_ms.p50 / 1000.0)
     latency = (
         result.latency_ms.model_dump() if result.latency_ms
         else dict.fromkeys(_LATENCY_KEYS)
@@ -72,6 +81,12 @@ def variant_entry(
         "under_load": result.under_load,
         "load_retried": result.load_retried,
         "harness_floor_ms": result.harness_floor_ms,
+        "gflops_per_inference": gflops,
+        "achieved_gflops_per_s": achieved,
+        "offline_examples_per_s": result.offline_examples_per_s,
+        "offline_batch_size": result.offline_batch_size,
+        "server_qps_within_budget": result.server_qps_within_budget,
+        "server_p99_ms": result.server_p99_ms,
         "p50_ms_by_threads": {str(threads): p50
                               for threads, p50 in sorted(result.p50_ms_by_threads.items())},
     }
@@ -108,6 +123,8 @@ def build_summary(
     """
     notes = diagnose(results)
     group = [champion, *(tied or [])] if champion else []
+    network_gflops = {r.source: r.gflops_per_inference for r in results
+                      if r.gflops_per_inference is not None}
     return {
         "mlflow_tracking_uri": redact(tracking_uri),
         "mlflow_experiment_id": experiment_id,
@@ -127,7 +144,7 @@ def build_summary(
         "variants": [
             variant_entry(result, baseline_accuracy, budget_points, notes.get(result.name),
                           [name for name in group if name != result.name]
-                          if result.name in group else [])
+                          if result.name in group else [], network_gflops.get(result.source))
             for result in results
         ],
         "baseline_accuracy": baseline_accuracy,

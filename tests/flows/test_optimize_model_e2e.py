@@ -86,6 +86,11 @@ def test_summary_has_the_contract_keys(smoke_run):
             assert variant["harness_floor_ms"] < variant["latency_ms"]["p50"], name
         low, high = variant["latency_ms"]["p50_ci95"]
         assert low <= variant["latency_ms"]["p50"] <= high
+        assert variant["gflops_per_inference"] > 0 and variant["achieved_gflops_per_s"] > 0
+    network = {by_name[name]["gflops_per_inference"] for name in EXPECTED_OK
+               if by_name[name]["source"] == "baseline"}
+    assert len(network) == 1, f"the baseline network counted differently by format: {network}"
+    assert summary["environment"]["machine_peak_gflops"] > 0
     for name in EXPECTED_COMPRESSED:
         assert by_name[name]["status"] == "ok", by_name[name]
         assert set(by_name[name]["latency_ms"]) >= LATENCY_KEYS

@@ -40,34 +40,41 @@ def test_stability_check_flags_a_drifting_measurement():
 
 def test_warmup_runs_are_excluded_from_the_timed_samples():
     calls = []
-    samples = time_runs(calls.append, list(range(100)), _protocol())
-    assert len(calls) == 27 and len(samples) == 20
+
+    def run_once(index: int) -> None:
+        calls.append(index)
+        time.sleep(0.001)  # steady runs: the first 6 windows agree
+
+    samples = time_runs(run_once, list(range(100)), _protocol(min_runs=18))
+    assert len(calls) == 25 and len(samples) == 18, "6 windows of 3 runs agree at once"
     assert calls[:7] == list(range(7)), "warm-up runs come first"
-    assert calls[7:] == list(range(7, 27)), "inputs are used in turn"
+    assert calls[7:] == list(range(7, 25)), "inputs are used in turn"
 
 
 def test_timing_goes_on_until_the_windows_agree():
     import itertools
 
-    # The first 60 runs slow down step by step, so the early windows' medians disagree; then
-    # the runs settle and timing stops once the windows agree, well before max_seconds.
+    # The first 40 runs slow down by 10% each, so the early windows' medians disagree; then
+    # the runs settle and timing stops once the last 6 windows agree, well before max_seconds,
+    # keeping only those windows' runs.
     ticks = itertools.count()
 
     def run_once(_: int) -> None:
         index = next(ticks)
-        time.sleep(0.001 * (1 + index // 10) if index < 60 else 0.001)
+        time.sleep(0.001 * 1.1**index if index < 40 else 0.001)
 
     started = time.perf_counter()
     samples = time_runs(run_once, [0], _protocol(warmup_runs=1, min_runs=12, max_seconds=30,
                                                  p50_ci_width=0.3))
-    assert len(samples) > 60, "it kept timing while the windows disagreed"
+    assert next(ticks) > 40, "it kept timing while the windows disagreed"
     assert time.perf_counter() - started < 10, "it stopped once they agreed"
+    assert len(samples) == 12 and max(samples) < 3.0, "the disturbed windows were dropped"
     assert latency_stats(samples, ci_width=0.3).stable
 
 
 def test_a_variant_that_never_settles_stops_at_max_seconds_and_reads_unstable():
     ticks = iter(range(10**9))
-    samples = time_runs(lambda _: time.sleep(0.001 * (1 + next(ticks) // 4)), [0],
+    samples = time_runs(lambda _: time.sleep(0.001 * (1 + next(ticks))), [0],
                         _protocol(warmup_runs=1, min_runs=6, max_seconds=1.0, p50_ci_width=0.03))
     assert not latency_stats(samples).stable
 
@@ -191,3 +198,18 @@ def test_the_summary_lists_each_tied_variant_with_the_others():
     assert entry["tied_with"] == ["baseline-tflite-int8"]
     assert entry["latency_ms"]["p50_ci95"] == (0.021, 0.033)
     assert variant_entry(qat, 0.98, 1.0)["tied_with"] == []
+
+
+def test_throughput_under_budget_picks_the_highest_server_rate_that_met_it():
+    results = [
+        _result("baseline-graph", 0.95, 1.0).model_copy(update={"server_qps_within_budget": 900}),
+        _result("baseline-tflite-int8", 0.95, 0.2).model_copy(
+            update={"server_qps_within_budget": 3000}),
+        _result("qat-tflite-int8", 0.95, 0.1).model_copy(update={"server_qps_within_budget": 0}),
+    ]
+    choice = choose_champion(results, 1.0, "throughput_under_budget")
+    assert choice.name == "baseline-tflite-int8"
+    assert "within the latency budget" in choice.reason
+    none = choose_champion([r.model_copy(update={"server_qps_within_budget": 0})
+                            for r in results], 1.0, "throughput_under_budget")
+    assert none.name is None and "latency budget" in none.reason

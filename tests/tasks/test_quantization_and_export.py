@@ -150,6 +150,21 @@ def test_a_thread_sweep_times_the_variant_at_each_thread_count(tiny_savedmodel, 
     assert result.p50_ms_by_threads[1] > 0
 
 
+def test_load_scenarios_measure_offline_and_server_rates(tiny_savedmodel, tiny_dataset, tmp_path):
+    variant = to_tflite(tiny_savedmodel, "int8", tiny_dataset, ConvertConfig(), tmp_path)
+    inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset,
+                                         tmp_path / "inputs")
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, min_seconds=0, max_seconds=1, threads=2,
+                          scenarios=["single_stream", "offline", "server"],
+                          latency_budget_ms=50, scenario_seconds=0.3)
+    result = benchmark_variant.fn(variant, inputs, cfg)
+    assert result.offline_examples_per_s > 0 and result.offline_batch_size >= 1
+    assert result.server_qps_within_budget > 0 and result.server_p99_ms <= 50
+    plain = benchmark_variant.fn(variant, inputs, cfg.model_copy(
+        update={"scenarios": ["single_stream"]}))
+    assert plain.offline_examples_per_s is None and plain.server_qps_within_budget is None
+
+
 def test_autocluster_needs_an_isolated_process(tiny_baseline, tiny_savedmodel, tiny_dataset,
                                                tmp_path):
     inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset, tmp_path)

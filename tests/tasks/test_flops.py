@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.flops import keras_flops, onnx_flops, tflite_flops
+from tfopt.provenance import machine_memory_gb_per_s, machine_peak_gflops
+
+# Conv 3x3x3->4 on 8x8 (same): 2*8*8*4*27; depthwise 3x3 on 8x8x4: 2*8*8*4*9; dense 4->5: 2*4*5.
+EXPECTED_FLOPS = 2 * 8 * 8 * 4 * 27 + 2 * 8 * 8 * 4 * 9 + 2 * 4 * 5
+
+
+@pytest.fixture(scope="module")
+def counted_model(tmp_path_factory):
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from tasks.export_onnx import run_tf2onnx
+    from tasks.export_savedmodel import save_serving_savedmodel
+    from tfopt.serving import SIGNATURE_KEY
+
+    folder = tmp_path_factory.mktemp("flops")
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
+    x = keras.layers.DepthwiseConv2D(3, padding="same")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(5)(x))
+    save_serving_savedmodel(model, 8, folder / "savedmodel")
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(folder / "savedmodel"),
+                                                         signature_keys=[SIGNATURE_KEY])
+    (folder / "model.tflite").write_bytes(converter.convert())
+    run_tf2onnx(folder / "savedmodel", folder / "model.onnx", 17)
+    return model, folder
+
+
+def test_the_same_network_has_the_same_flops_in_every_format(counted_model):
+    from tasks.runners import TFLiteRunner
+
+    model, folder = counted_model
+    assert keras_flops(model) == EXPECTED_FLOPS
+    runner = TFLiteRunner(folder / "model.tflite")
+    runner.predict(np.zeros((3, 8, 8, 3), np.float32))  # a batch of 3: counted per example
+    assert tflite_flops(runner.interpreter) == EXPECTED_FLOPS
+    assert onnx_flops(folder / "model.onnx") == EXPECTED_FLOPS
+
+
+def test_wrapped_layers_are_counted_like_the_layers_they_wrap(counted_model):
+    import tensorflow_model_optimization as tfmot
+
+    model, _ = counted_model
+    pruned = tfmot.sparsity.keras.prune_low_magnitude(model)
+    assert keras_flops(pruned) == EXPECTED_FLOPS
+
+
+def test_machine_limits_are_measured_positive():
+    assert machine_peak_gflops(size=256, repeats=2) > 0.1
+    assert machine_memory_gb_per_s(megabytes=16, repeats=2) > 0.1
