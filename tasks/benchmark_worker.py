@@ -63,9 +63,11 @@ def p50_settled(samples_ms: np.ndarray, width: float) -> bool:
     """Whether the p50's interval lies within +-`width` of the p50 (the windows agree)."""
     if len(samples_ms) < P50_WINDOWS:
         return False
-    low, high = p50_interval(samples_ms)
-    p50 = float(np.median(samples_ms))
-    return low >= p50 * (1.0 - width) and high <= p50 * (1.0 + width)
+    return _within(p50_interval(samples_ms), float(np.median(samples_ms)), width)
+
+
+def _within(interval: tuple[float, float], p50: float, width: float) -> bool:
+    return interval[0] >= p50 * (1.0 - width) and interval[1] <= p50 * (1.0 + width)
 
 
 def latency_stats(samples_ms: np.ndarray, ci_width: float = 0.03) -> LatencyStats:
@@ -150,8 +152,8 @@ def time_runs(
 
 def _windows_agree(windows: list[list[float]], width: float) -> bool:
     medians = [float(np.median(window)) for window in windows]
-    pooled = float(np.median(np.concatenate(windows)))
-    return min(medians) >= pooled * (1.0 - width) and max(medians) <= pooled * (1.0 + width)
+    return _within((min(medians), max(medians)), float(np.median(np.concatenate(windows))),
+                   width)
 
 
 def batch_throughput(runner: object, images: np.ndarray, batch_size: int,

@@ -35,7 +35,6 @@ class ServerTrial:
     target_qps: float
     p99_ms: float
     completed_qps: float
-
     scheduled_qps: float = 0.0
 
     def within(self, budget_ms: float) -> bool:
