@@ -233,11 +233,11 @@ def harness_floor_ms(spec: VariantSpec, inputs: BenchmarkInputs, images: np.ndar
     from tasks.harness_floor import FLOOR_OF_FORMAT
     from tasks.runners import load_runner
 
-    floor_path = inputs.floor_models.get(FLOOR_OF_FORMAT.get(spec.format, ""))
+    floor_kind = FLOOR_OF_FORMAT.get(spec.format, "")  # also the floor model's runner format
+    floor_path = inputs.floor_models.get(floor_kind)
     if floor_path is None:
         return None
-    floor_format = "keras" if spec.format in ("graph", "xla") else spec.format
-    runner = load_runner(VariantSpec(name="harness-floor", source="harness", format=floor_format,
+    runner = load_runner(VariantSpec(name="harness-floor", source="harness", format=floor_kind,
                                      precision="fp32", path=floor_path), cfg.threads)
     brief = cfg.model_copy(update={"min_seconds": min(cfg.min_seconds, _FLOOR_SECONDS),
                                    "max_seconds": min(cfg.max_seconds, _FLOOR_SECONDS),
