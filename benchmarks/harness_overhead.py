@@ -2,6 +2,7 @@
 
 Usage: .venv/bin/python benchmarks/harness_overhead.py [--rounds 5] [--runs 2000]
        [--models small,mobilenet_v2] [--threads 2]
+       .venv/bin/python benchmarks/harness_overhead.py --summary .tfopt/demo-summary.json
 
 Models (untrained: speed does not depend on the weights): the demo's small CNN at 32x32 and
 MobileNetV2 (alpha 1.0) at 224x224, each as fp32 TFLite and as ONNX (tf2onnx). For each model
@@ -11,6 +12,13 @@ runtime instance (LiteRT set_tensor/invoke/get_tensor; ONNX Runtime session.run)
 same inputs with the same threads. Goal: harness p50 / bare p50 <= 1.05 (the median over rounds,
 with the spread of the per-round ratios). The harness's floor (the identity-like floor model
 through the same runner) is printed too.
+
+With ``--summary``, the files of a finished run are re-measured instead, as a sceptic would: the
+champion and the baseline's int8 and fp32 TFLite files (those in TFLite or ONNX form), each by a
+bare loop (500 warm-up calls, then 3,000 timed, per round) on the run's own test images and
+threads, against the p50 the summary reports. Goal: within 5%. Each round also re-times the file
+through the harness right then, so a machine that got faster or slower since the run (a shared
+host's level shifts) shows as harness-now / bare near 1 while summary / bare is off.
 """
 
 from __future__ import annotations
@@ -83,6 +91,10 @@ def bare_onnx(path: Path, threads: int) -> Callable[[np.ndarray], object]:
     return lambda image: session.run(outputs, {name: image})
 
 
+def _bare_call(runtime: str, path: Path, threads: int) -> Callable[[np.ndarray], object]:
+    return (bare_tflite if runtime == "tflite" else bare_onnx)(path, threads)
+
+
 def bare_p50(call: Callable[[np.ndarray], object], images: list[np.ndarray], runs: int,
              warmup: int) -> float:
     """p50 in ms of `call` over `images` in turn, the first `warmup` calls untimed."""
@@ -103,11 +115,11 @@ def compare(label: str, runtime: str, path: Path, size: int, args: argparse.Name
     from tasks.runners import OnnxRunner, TFLiteRunner
     from tfopt.config import BenchmarkConfig
 
-    runner_class, bare = ((TFLiteRunner, bare_tflite) if runtime == "tflite"
-                          else (OnnxRunner, bare_onnx))
+    runner_class = TFLiteRunner if runtime == "tflite" else OnnxRunner
     images = np.random.default_rng(0).random((32, size, size, 3), dtype=np.float32)
     singles = [np.ascontiguousarray(images[i : i + 1]) for i in range(len(images))]
-    runner, bare_call = runner_class(path, threads=args.threads), bare(path, args.threads)
+    runner = runner_class(path, threads=args.threads)
+    bare_call = _bare_call(runtime, path, args.threads)
     floor_runner = runner_class(build_floor_models(size, path.parent / f"floor-{size}")[runtime],
                                 threads=args.threads)
     prepared = runner.prepare(images)
@@ -128,13 +140,80 @@ def compare(label: str, runtime: str, path: Path, size: int, args: argparse.Name
     return ratio
 
 
+RECHECK_WARMUP, RECHECK_RUNS = 500, 3000
+
+
+def recheck_files(summary: dict, run_dir: Path) -> list[tuple[str, str, Path, float]]:
+    """(variant, runtime, file, summary p50) for the champion and the baseline's TFLite files."""
+    by_name = {entry["name"]: entry for entry in summary["variants"] if entry["status"] == "ok"}
+    wanted = [summary.get("champion"), "baseline-tflite-int8", "baseline-tflite-fp32"]
+    found = []
+    for name in dict.fromkeys(name for name in wanted if name in by_name):
+        entry = by_name[name]
+        if entry["format"] not in ("tflite", "onnx"):
+            print(f"{name}: {entry['format']} has no bare runtime loop here; not rechecked")
+            continue
+        suffix = "tflite" if entry["format"] == "tflite" else "onnx"
+        matches = sorted((run_dir / "variants").glob(f"{name}.{suffix}"))
+        if entry["format"] == "onnx" and not matches:
+            matches = sorted((run_dir / "variants").glob(f"{entry['source']}.onnx"))
+        if not matches:
+            print(f"{name}: no file under {run_dir / 'variants'}; not rechecked")
+            continue
+        found.append((name, entry["format"], matches[0], entry["latency_ms"]["p50"]))
+    return found
+
+
+def recheck_summary(summary_path: Path, rounds: int) -> int:
+    """Re-measure a finished run's files with bare loops; print summary p50 / bare p50."""
+    import json
+
+    from tasks.benchmark_worker import time_runs
+    from tasks.runners import OnnxRunner, TFLiteRunner, quantize
+    from tfopt.config import BenchmarkConfig
+
+    summary = json.loads(summary_path.read_text())
+    run_dir = summary_path.parent / "work" / "runs"
+    run_dir = next(run_dir.glob(f"*-{summary['mlflow_run_id'][:12]}"), run_dir)
+    threads = int(summary["environment"].get("benchmark_threads", 1))
+    images = np.load(run_dir / "benchmark-inputs" / "test-images.npy")[:64]
+    protocol = BenchmarkConfig(threads=threads)
+    print(f"{summary_path}: run {summary['mlflow_run_id']}, {threads} thread(s); bare loop "
+          f"{RECHECK_WARMUP} warm-up + {RECHECK_RUNS} timed calls, {rounds} round(s)")
+    worst = 0.0
+    for name, runtime, path, reported in recheck_files(summary, run_dir):
+        runner = (TFLiteRunner if runtime == "tflite" else OnnxRunner)(path, threads)
+        prepared = runner.prepare(images)
+        detail = runner.input_detail if runtime == "tflite" else {"dtype": np.float32}
+        singles = list(quantize(images, detail)[:, None])
+        bare_call = _bare_call(runtime, path, threads)
+        bare, now = [], []
+        for _ in range(rounds):
+            bare.append(bare_p50(bare_call, singles, RECHECK_RUNS, RECHECK_WARMUP))
+            now.append(float(np.median(time_runs(runner.invoke, prepared, protocol))))
+        off = abs(reported / np.median(bare) - 1.0)
+        worst = max(worst, off)
+        print(f"{name:32s} summary {reported:8.4f} ms  bare {np.median(bare):8.4f} ms "
+              f"(rounds {min(bare):.4f}-{max(bare):.4f})  summary/bare "
+              f"{reported / np.median(bare):.3f}  harness-now/bare "
+              f"{np.median(now) / np.median(bare):.3f}  within 5% "
+              f"{'yes' if off <= 0.05 else 'no'}")
+    verdict = "met" if worst <= 0.05 else "missed"
+    print(f"largest summary-vs-bare gap {worst:.1%}: goal <= 5% {verdict}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", default="small,mobilenet_v2")
+    parser.add_argument("--summary", type=Path, default=None,
+                        help="re-measure this run summary's files instead (see above)")
     args = parser.parse_args(argv)
+    if args.summary is not None:
+        return recheck_summary(args.summary, args.rounds)
     out_dir = Path(tempfile.mkdtemp(prefix="tfopt-harness-"))
     print(f"{args.rounds} alternating rounds of >= {args.runs} batch-1 runs, "
           f"{args.threads} thread(s); p50 per round, median over rounds")

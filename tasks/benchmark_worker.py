@@ -18,7 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from tasks.machine_load import LoadProbe, background_cores
-from tfopt.artifacts import BenchmarkInputs, LatencyStats, VariantResult, VariantSpec
+from tfopt.artifacts import (
+    BenchmarkInputs,
+    LatencyStats,
+    OpProfile,
+    VariantResult,
+    VariantSpec,
+)
 from tfopt.config import BenchmarkConfig
 from tfopt.fileio import atomic_write_json, gzip_size_bytes, path_size_bytes
 
@@ -158,7 +164,11 @@ def _windows_agree(windows: list[list[float]], width: float) -> bool:
 
 def batch_throughput(runner: object, images: np.ndarray, batch_size: int,
                      seconds: float) -> float:
-    """Examples per second at `batch_size` (one untimed batch first), for about `seconds`."""
+    """Examples per second at `batch_size` (one untimed batch first), for about `seconds`.
+
+    A batch amortizes the per-call cost that batch-1 timing must resolve, so a window's length
+    (and at least 3 batches) measures it: about 10x shorter than the batch-1 timing.
+    """
     batch = np.concatenate([images] * (-(-batch_size // len(images))))[:batch_size]
     runner.predict(batch)
     count, started = 0, time.perf_counter()
@@ -182,6 +192,20 @@ def flops_per_inference(runner: object) -> float | None:
     if isinstance(runner, OnnxRunner):
         return onnx_flops(runner.path)
     return None
+
+
+def operator_profile(runner: object, prepared: Sequence[object], threads: int) -> OpProfile:
+    """The variant's top operators (`tasks.op_profile`), after its timed runs.
+
+    The profile explains the measurement and is not part of it: a profiler that fails leaves
+    its error in the profile's method, and the variant stays ok.
+    """
+    from tasks.op_profile import op_profile
+
+    try:
+        return op_profile(runner, prepared, threads) or OpProfile(method="no profiler")
+    except Exception as error:  # any profiler failure is kept, never fatal
+        return OpProfile(method=f"profiler failed: {type(error).__name__}: {error}")
 
 
 def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
@@ -275,8 +299,9 @@ def measure_variant(
     floor_ms = harness_floor_ms(spec, inputs, images, cfg)
     flops = flops_per_inference(runner)
     scenarios = load_scenarios(spec, runner, images, prepared, samples, inputs.batch_size, cfg)
+    profile = operator_profile(runner, prepared, cfg.threads)
     throughput_at_batch = batch_throughput(runner, images, inputs.batch_size,
-                                           min(max(0.2, cfg.min_seconds), cfg.max_seconds))
+                                           max(0.2, cfg.min_seconds / P50_WINDOWS))
     intra, inter = tf_threads_in_force() if spec.format in TF_FORMATS else (None, None)
     extra_files = []
     hlo_path = spec.params.get("hlo_path")
@@ -312,6 +337,7 @@ def measure_variant(
         background_cores=cores_during,
         harness_floor_ms=floor_ms,
         gflops_per_inference=None if flops is None else flops / 1e9,
+        op_profile=profile,
         **scenarios,
         under_load=any(cores is not None and cores > cfg.max_background_cores
                        for cores in (cores_before, cores_during)),

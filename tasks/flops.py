@@ -52,22 +52,28 @@ def _per_example(shape: object) -> float:
 
 def tflite_flops(interpreter: object) -> float:
     """FLOPs per example of an allocated LiteRT interpreter's graph."""
+    return sum(flops for _, _, flops in tflite_op_flops(interpreter))
+
+
+def tflite_op_flops(interpreter: object) -> list[tuple[str, str, float]]:
+    """(output tensor name, op type, FLOPs per example) of each counted op of a LiteRT graph."""
     tensors = {t["index"]: t for t in interpreter.get_tensor_details()}
-    total = 0.0
+    counted = []
     for op in interpreter._get_ops_details():  # no public API lists the ops
         name, inputs, outputs = op["op_name"], op["inputs"], op["outputs"]
         if name not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED") or len(inputs) < 2:
             continue
-        weights, output = tensors[int(inputs[1])]["shape"], tensors[int(outputs[0])]["shape"]
-        batch = max(int(output[0]), 1)
-        out_elements = float(np.prod(output)) / batch
+        weights, output = tensors[int(inputs[1])]["shape"], tensors[int(outputs[0])]
+        shape = output["shape"]
+        out_elements = float(np.prod(shape)) / max(int(shape[0]), 1)
         if name == "CONV_2D":  # weights [out, kh, kw, in]
-            total += 2.0 * float(np.prod(weights[1:])) * out_elements
+            flops = 2.0 * float(np.prod(weights[1:])) * out_elements
         elif name == "DEPTHWISE_CONV_2D":  # weights [1, kh, kw, out]
-            total += 2.0 * float(weights[1] * weights[2]) * out_elements
+            flops = 2.0 * float(weights[1] * weights[2]) * out_elements
         else:  # weights [out, in]
-            total += 2.0 * float(weights[1]) * out_elements
-    return total
+            flops = 2.0 * float(weights[1]) * out_elements
+        counted.append((output["name"].split(";")[0], name, flops))
+    return counted
 
 
 def onnx_flops(path: Path) -> float:

@@ -88,6 +88,13 @@ def build_model(
     return model
 
 
+FROM_SCRATCH_BN_MOMENTUM = 0.9
+"""Batch-norm momentum of an application trained from scratch. The applications' 0.99-0.999 suit
+fine-tuning from ImageNet statistics; from random weights on a few thousand images (a few hundred
+steps) their moving statistics stay near the initial ones, and a MobileNetV2 with 97% training
+accuracy scored 8% on validation (measured: 4 epochs of the demo digits at 160 px)."""
+
+
 def _application(architecture: str, x: Any, ops: _Layers, alpha: float,
                  weights: Path | None) -> Any:
     """The application's pooled features, built on `x` so its layers join tfopt's model."""
@@ -105,6 +112,10 @@ def _application(architecture: str, x: Any, ops: _Layers, alpha: float,
                            weights=str(weights) if weights else None, **arguments)
     finally:
         keras.backend.set_image_data_format(previous)
+    if weights is None:
+        for layer in base.layers:
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.momentum = FROM_SCRATCH_BN_MOMENTUM
     return base.output
 
 

@@ -113,6 +113,7 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                 f"| {fmt(entry.get('offline_batch_size'), 'd')} "
                 f"| {fmt(entry.get('server_qps_within_budget'), ',.0f')} "
                 f"| {fmt(entry.get('server_p99_ms'), '.3f')} |")
+    lines += _op_profile_lines(summary)
     swept = [entry for entry in summary["variants"] if len(entry.get("p50_ms_by_threads", {})) > 1]
     if swept:
         counts = sorted({int(t) for entry in swept for t in entry["p50_ms_by_threads"]})
@@ -124,6 +125,34 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {entry['name']} | " + " | ".join(
                 fmt(by_threads.get(str(t)), ".3f") for t in counts) + " |")
     return "\n".join(lines) + "\n"
+
+
+_TOP_OPS_SHOWN = 4
+
+
+def _op_profile_lines(summary: dict[str, Any]) -> list[str]:
+    """"Where the time goes": each profiled variant's top operators and their shares."""
+    profiled = [entry for entry in summary["variants"]
+                if (entry.get("op_profile") or {}).get("ops")]
+    if not profiled:
+        return []
+    lines = ["", "Where the time goes: each variant's top operators (node, op type, share; ms per "
+             "call where a profiler timed them, profilers slow calls down, so compare shares).",
+             "", "| variant | measured by | top operators |", "|---|---|---|"]
+    for entry in profiled:
+        profile = entry["op_profile"]
+        cells = []
+        for op in profile["ops"][:_TOP_OPS_SHOWN]:
+            timed = "" if op["ms"] is None else f", {op['ms']:.3f} ms"
+            cells.append(f"{_layer_of(op['node'])} {op['kind']} {op['share']:.0%}{timed}")
+        lines.append(f"| {entry['name']} | {profile['method']} | {' · '.join(cells)} |")
+    return lines
+
+
+def _layer_of(node: str) -> str:
+    """The layer a graph node belongs to: ``model/block0_conv/Conv2D`` -> ``block0_conv``."""
+    parts = node.split("/")
+    return parts[-2] if len(parts) > 1 else node
 
 
 def _save(fig: object, path: Path) -> Path:

@@ -175,6 +175,23 @@ class LatencyStats(_Frozen):
     p50_ci95: tuple[float, float] | None = None
 
 
+class OpTime(_Frozen):
+    """One operator of a variant's graph and its part of the work."""
+
+    node: str
+    kind: str
+    ms: float | None = Field(None, description="Time per call, where a profiler timed it.")
+    share: float = Field(description="Share of the profiled time (or of the FLOPs).")
+
+
+class OpProfile(_Frozen):
+    """A variant's top operators and how they were ranked (see `tasks.op_profile`)."""
+
+    method: str
+    calls: int = 0
+    ops: list[OpTime] = Field(default_factory=list)
+
+
 class VariantResult(_Frozen):
     """A benchmarked variant: the summary contract's entry plus the measurement details."""
 
@@ -212,5 +229,6 @@ class VariantResult(_Frozen):
     server_qps_within_budget: float | None = None
     server_p99_ms: float | None = None
     p50_ms_by_threads: dict[int, float] = Field(default_factory=dict)
+    op_profile: OpProfile | None = None
     path: Path | None = None
     extra_files: list[Path] = Field(default_factory=list)

@@ -87,6 +87,7 @@ def variant_entry(
         "offline_batch_size": result.offline_batch_size,
         "server_qps_within_budget": result.server_qps_within_budget,
         "server_p99_ms": result.server_p99_ms,
+        "op_profile": result.op_profile.model_dump() if result.op_profile else None,
         "p50_ms_by_threads": {str(threads): p50
                               for threads, p50 in sorted(result.p50_ms_by_threads.items())},
     }

@@ -87,6 +87,9 @@ def test_summary_has_the_contract_keys(smoke_run):
         low, high = variant["latency_ms"]["p50_ci95"]
         assert low <= variant["latency_ms"]["p50"] <= high
         assert variant["gflops_per_inference"] > 0 and variant["achieved_gflops_per_s"] > 0
+        profile = variant["op_profile"]
+        assert profile["ops"], (name, profile["method"])
+        assert all(0 <= op["share"] <= 1 for op in profile["ops"]), name
     network = {by_name[name]["gflops_per_inference"] for name in EXPECTED_OK
                if by_name[name]["source"] == "baseline"}
     assert len(network) == 1, f"the baseline network counted differently by format: {network}"

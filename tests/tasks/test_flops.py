@@ -30,6 +30,7 @@ def counted_model(tmp_path_factory):
                                                          signature_keys=[SIGNATURE_KEY])
     (folder / "model.tflite").write_bytes(converter.convert())
     run_tf2onnx(folder / "savedmodel", folder / "model.onnx", 17)
+    model.save(folder / "model.keras")
     return model, folder
 
 
@@ -55,3 +56,28 @@ def test_wrapped_layers_are_counted_like_the_layers_they_wrap(counted_model):
 def test_machine_limits_are_measured_positive():
     assert machine_peak_gflops(size=256, repeats=2) > 0.1
     assert machine_memory_gb_per_s(megabytes=16, repeats=2) > 0.1
+
+
+def test_each_runtime_names_its_top_operators(counted_model):
+    from tasks.op_profile import ONNX_METHOD, TF_METHOD, TFLITE_METHOD, op_profile
+    from tasks.runners import GraphRunner, OnnxRunner, TFLiteRunner
+
+    _, folder = counted_model
+    images = np.random.default_rng(0).random((4, 8, 8, 3), dtype=np.float32)
+    for runner, method, convolution in (
+        (GraphRunner(folder / "model.keras"), TF_METHOD, "Conv2D"),
+        (GraphRunner(folder / "model.keras", jit_compile=True), TF_METHOD, "XLA"),
+        (OnnxRunner(folder / "model.onnx"), ONNX_METHOD, "Conv"),
+    ):
+        profile = op_profile(runner, runner.prepare(images), threads=1)
+        assert profile.method == method and profile.calls > 0
+        assert any(convolution in op.kind for op in profile.ops), profile.ops
+        assert all(op.ms is not None and op.ms > 0 for op in profile.ops)
+        assert 0.99 <= sum(op.share for op in profile.ops) <= 1.01 or len(profile.ops) == 8
+    runner = TFLiteRunner(folder / "model.tflite")
+    runner.prepare(images)
+    profile = op_profile(runner, [], threads=1)
+    assert profile.method == TFLITE_METHOD
+    assert [op.kind for op in profile.ops] == ["CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"]
+    assert profile.ops[0].share == pytest.approx(2 * 8 * 8 * 4 * 27 / EXPECTED_FLOPS)
+    assert all(op.ms is None for op in profile.ops)

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
-from tasks.model_zoo import APPLICATIONS, ARCHITECTURES, build_model
+from tasks.model_zoo import (
+    APPLICATIONS,
+    ARCHITECTURES,
+    FROM_SCRATCH_BN_MOMENTUM,
+    build_model,
+)
 from tfopt.config import APPLICATION_ARCHITECTURES, Architecture, ModelConfig, PipelineConfig
 
 
@@ -34,6 +39,17 @@ def test_nchw_runs_every_convolution_channels_first():
     assert model.layers[1].name == "to_nchw"
     assert keras.backend.image_data_format() == "channels_last", "the global format is restored"
     assert model(np.zeros((1, 32, 32, 3), np.float32)).shape == (1, 3)
+
+
+def test_batch_norm_statistics_follow_training_from_scratch_but_not_from_weights(tmp_path):
+    def momenta(model):
+        return {layer.momentum for layer in model.layers
+                if isinstance(layer, keras.layers.BatchNormalization)}
+
+    assert momenta(build_model("mobilenet_v2", 32, 3)) == {FROM_SCRATCH_BN_MOMENTUM}
+    keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, include_top=False,
+                                   weights=None).save_weights(tmp_path / "no_top.h5")
+    assert momenta(build_model("mobilenet_v2", 32, 3, weights=tmp_path / "no_top.h5")) == {0.999}
 
 
 def test_a_local_weights_file_is_where_training_starts(tmp_path):
