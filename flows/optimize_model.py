@@ -34,6 +34,7 @@ from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.package_models import package_models
 from tasks.pick_champion import pick_champion
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
+from tasks.runoff import run_off
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_report import write_report
@@ -45,6 +46,7 @@ from tfopt.artifacts import (
     InputPipelineResult,
     LayoutResult,
     ModelArtifact,
+    Runoff,
     TrainingData,
     VariantResult,
     VariantSpec,
@@ -104,11 +106,13 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         compressed, technique_models = _compressed_variants(config, measured.data, baseline,
                                                             run_dir, run)
         results = _benchmark_all([*variants, *compressed], inputs, config.benchmark)
+        runoff = run_off(results, inputs, config.benchmark)
         packaged = package_models(results, inputs, measured.data.dataset.class_names,
                                   measured.data.input_scale, run_dir / "mlflow-models")
         run_ids = tracking.log_variants(
             run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged)
-        summary = _summarize(config, run, measured, results, run_ids, technique_models)
+        summary = _summarize(config, run, measured, results, run_ids, technique_models,
+                             runoff)
         _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
@@ -305,10 +309,11 @@ def _benchmark_one(
 def _summarize(
     config: PipelineConfig, run: tracking.TrackedRun, measured: _Measured,
     results: list[VariantResult], run_ids: dict[str, str], technique_models: list[ModelArtifact],
+    runoff: Runoff | None,
 ) -> dict[str, Any]:
     """Pick and register the champion; assemble the summary JSON."""
     bench = config.benchmark
-    choice = pick_champion(results, bench.accuracy_budget_points, bench.objective)
+    choice = pick_champion(results, bench.accuracy_budget_points, bench.objective, runoff)
     champion_model = None
     if choice.name:
         champion_model = tracking.log_champion(
@@ -323,6 +328,7 @@ def _summarize(
         champion_reason=choice.reason, baseline_accuracy=choice.baseline_accuracy,
         budget_points=bench.accuracy_budget_points, tied=list(choice.tied_with),
         techniques={m.name: {"params": m.params, "metrics": m.metrics} for m in technique_models},
+        runoff=runoff,
         extras={
             "config_name": config.name,
             "mlflow_run_url": run.url,

@@ -35,32 +35,36 @@ def worker_env(spec: VariantSpec) -> dict[str, str]:
     return env
 
 
-def measure_in_subprocess(
-    spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
-) -> VariantResult:
-    """Run `tasks.benchmark_worker` in a fresh process and read its result.
+def run_worker(module: str, request: dict, env: dict[str, str]) -> str:
+    """Run ``python -m MODULE REQUEST RESPONSE`` in a fresh process; return the response text.
 
     Raises:
         TransientError: The process was killed by a signal (the OOM killer, a shutdown).
         RuntimeError: The process failed; the message holds its last error line.
     """
     with process_temp_dir("bench") as tmp:
-        request, response = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        atomic_write_json(request, {
-            "spec": spec.model_dump(mode="json"),
-            "inputs": inputs.model_dump(mode="json"),
-            "cfg": cfg.model_dump(mode="json"),
-        })
+        request_path, response = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        atomic_write_json(request_path, request)
         completed = subprocess.run(
-            [sys.executable, "-m", "tasks.benchmark_worker", str(request), str(response)],
-            env=worker_env(spec), capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S,
+            [sys.executable, "-m", module, str(request_path), str(response)],
+            env=env, capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S,
         )
         if completed.returncode < 0:
             raise TransientError(f"benchmark process killed by signal {-completed.returncode}")
         if completed.returncode != 0 or not response.exists():
             tail = completed.stderr.strip().splitlines()[-1:] or [f"exit {completed.returncode}"]
             raise RuntimeError(f"benchmark process failed: {tail[0][:500]}")
-        return VariantResult.model_validate_json(response.read_text())
+        return response.read_text()
+
+
+def measure_in_subprocess(
+    spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
+) -> VariantResult:
+    """Measure one variant with `tasks.benchmark_worker` in a fresh process (see `run_worker`)."""
+    request = {"spec": spec.model_dump(mode="json"), "inputs": inputs.model_dump(mode="json"),
+               "cfg": cfg.model_dump(mode="json")}
+    return VariantResult.model_validate_json(
+        run_worker("tasks.benchmark_worker", request, worker_env(spec)))
 
 
 def _measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig) -> VariantResult:

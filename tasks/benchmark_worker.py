@@ -22,6 +22,7 @@ from tfopt.artifacts import (
     BenchmarkInputs,
     LatencyStats,
     OpProfile,
+    Runoff,
     VariantResult,
     VariantSpec,
 )
@@ -344,18 +345,50 @@ def measure_variant(
     )
 
 
-def main(request_path: str, response_path: str) -> None:
-    """Read a request (variant, inputs, protocol), measure, write the result as JSON."""
+def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
+                   cfg: BenchmarkConfig) -> Runoff:
+    """Time `specs` in alternating rounds in this process (see `tasks.runoff`).
+
+    Each turn is a short measurement with the run's protocol: its warm-up, then windows of
+    `min_runs` / 6 runs for about `min_seconds` / 4 in all.
+    """
+    from tasks.runners import load_runner
+
+    images = np.load(inputs.images)
+    runners = {spec.name: load_runner(spec, cfg.threads) for spec in specs}
+    prepared = {name: runner.prepare(images) for name, runner in runners.items()}
+    turn_seconds = max(cfg.min_seconds / 4.0, 0.05)
+    turn = cfg.model_copy(update={"min_seconds": turn_seconds, "max_seconds": turn_seconds,
+                                  "min_runs": max(P50_WINDOWS, cfg.min_runs // 4)})
+    names = list(runners)
+    round_p50s: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(P50_WINDOWS):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples = time_runs(runners[name].invoke, prepared[name], turn)
+            round_p50s[name].append(float(np.median(samples)))
+    return Runoff(rounds=P50_WINDOWS, round_p50_ms=round_p50s)
+
+
+def read_request(request_path: str) -> tuple[dict, BenchmarkConfig]:
+    """A worker's request and its protocol; pins this process to `cfg.cpus` if set."""
     request = json.loads(Path(request_path).read_text())
     cfg = BenchmarkConfig.model_validate(request["cfg"])
     if cfg.cpus:
         os.sched_setaffinity(0, cfg.cpus)
-    result = measure_variant(
-        VariantSpec.model_validate(request["spec"]),
-        BenchmarkInputs.model_validate(request["inputs"]),
-        cfg,
-    )
-    atomic_write_json(Path(response_path), result.model_dump(mode="json"))
+    return request, cfg
+
+
+def main(request_path: str, response_path: str) -> None:
+    """Read a request (a variant, or run-off contenders; inputs; protocol), measure, write JSON."""
+    request, cfg = read_request(request_path)
+    inputs = BenchmarkInputs.model_validate(request["inputs"])
+    if "specs" in request:
+        measured = measure_runoff([VariantSpec.model_validate(s) for s in request["specs"]],
+                                  inputs, cfg)
+    else:
+        measured = measure_variant(VariantSpec.model_validate(request["spec"]), inputs, cfg)
+    atomic_write_json(Path(response_path), measured.model_dump(mode="json"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Choose the champion: the fastest ok variant whose accuracy stays within the budget.
 
 Variants the measurement cannot tell apart are tied: on the p50 objective, those whose p50
-intervals (`latency_ms.p50_ci95`) overlap the fastest one's. A tie is broken by a stated order,
+intervals (`latency_ms.p50_ci95`) overlap the fastest one's. Where a run-off timed the
+contenders again side by side (`tasks.runoff`), their run-off p50s and intervals decide instead
+of the figures each got on its own turn. A tie is broken by a stated order,
 never by the noise between them: higher accuracy, then smaller size, then the simpler variant
 (the baseline before a technique's model, fp32 before float16, dynamic and int8, no XLA before
 XLA), then the lower p50.
@@ -12,7 +14,7 @@ from __future__ import annotations
 from prefect import task
 from pydantic import BaseModel, ConfigDict
 
-from tfopt.artifacts import VariantResult
+from tfopt.artifacts import Runoff, VariantResult
 
 
 class ChampionChoice(BaseModel):
@@ -34,7 +36,13 @@ def baseline_accuracy(results: list[VariantResult]) -> float | None:
     return None
 
 
-def objective_value(result: VariantResult, objective: str) -> float:
+def within_budget(result: VariantResult, reference: float, budget_points: float) -> bool:
+    """Whether an ok, timed variant lost at most `budget_points` accuracy points to `reference`."""
+    return (result.status == "ok" and result.latency_ms is not None
+            and (reference - result.accuracy) * 100.0 <= budget_points + 1e-9)
+
+
+def objective_value(result: VariantResult, objective: str, runoff: Runoff | None = None) -> float:
     """The number the champion minimizes: a latency statistic, size, or negated throughput."""
     if objective == "throughput":
         return -result.throughput_per_s
@@ -42,7 +50,18 @@ def objective_value(result: VariantResult, objective: str) -> float:
         return -(result.server_qps_within_budget or 0.0)
     if objective == "size":
         return float(result.size_bytes)
+    if objective == "p50" and runoff is not None and result.name in runoff.round_p50_ms:
+        return runoff.p50(result.name)
     return float(getattr(result.latency_ms, objective))
+
+
+def p50_interval(result: VariantResult, runoff: Runoff | None = None) -> tuple[float, float] | None:
+    """The variant's p50 interval: from the run-off if it took part, else its own."""
+    if runoff is not None and result.name in runoff.round_p50_ms:
+        return runoff.interval(result.name)
+    if result.latency_ms is None or result.latency_ms.p50_ci95 is None:
+        return None
+    return result.latency_ms.p50_ci95
 
 
 _PRECISION_ORDER = {"fp32": 0, "float16": 1, "dynamic": 2, "int8": 3}
@@ -54,18 +73,24 @@ def simplicity(result: VariantResult) -> tuple[int, int, int]:
             result.format == "xla")
 
 
-def tied_with_best(best: VariantResult, candidates: list[VariantResult]) -> list[VariantResult]:
+def tied_with_best(best: VariantResult, candidates: list[VariantResult],
+                   runoff: Runoff | None = None) -> list[VariantResult]:
     """The candidates whose p50 interval overlaps `best`'s (best excluded)."""
-    if best.latency_ms is None or best.latency_ms.p50_ci95 is None:
+    best_interval = p50_interval(best, runoff)
+    if best_interval is None:
         return []
-    low, high = best.latency_ms.p50_ci95
-    return [r for r in candidates
-            if r is not best and r.latency_ms is not None and r.latency_ms.p50_ci95 is not None
-            and r.latency_ms.p50_ci95[0] <= high and low <= r.latency_ms.p50_ci95[1]]
+    low, high = best_interval
+    tied = []
+    for result in candidates:
+        interval = p50_interval(result, runoff)
+        if result is not best and interval is not None and interval[0] <= high \
+                and low <= interval[1]:
+            tied.append(result)
+    return tied
 
 
-def _tie_break_key(result: VariantResult) -> tuple[float, int, tuple[int, int, int], float]:
-    return (-result.accuracy, result.size_bytes, simplicity(result), result.latency_ms.p50)
+def _tie_break_key(result: VariantResult) -> tuple[float, int, tuple[int, int, int]]:
+    return (-result.accuracy, result.size_bytes, simplicity(result))
 
 
 _OBJECTIVE_WORDS = {"p50": "batch-1 p50 latency", "p90": "batch-1 p90 latency",
@@ -75,7 +100,8 @@ _OBJECTIVE_WORDS = {"p50": "batch-1 p50 latency", "p90": "batch-1 p90 latency",
 
 
 def choose_champion(
-    results: list[VariantResult], budget_points: float, objective: str = "p50"
+    results: list[VariantResult], budget_points: float, objective: str = "p50",
+    runoff: Runoff | None = None,
 ) -> ChampionChoice:
     """Pick the best ok variant on `objective` among those within `budget_points` of baseline.
 
@@ -86,6 +112,7 @@ def choose_champion(
             better), ``throughput`` (higher is better), ``size`` (smaller is better) or
             ``throughput_under_budget`` (the highest Server-scenario rate whose p99 met the
             latency budget; a variant that met it at no rate does not qualify).
+        runoff: The contenders' side-by-side p50s, which replace their own on ``p50``.
 
     Returns:
         The champion's name, or None with the reason when no variant qualifies.
@@ -99,7 +126,7 @@ def choose_champion(
             name=None, reason="no ok baseline variant to compare accuracy with",
             baseline_accuracy=None,
         )
-    eligible = [r for r in ok if (reference - r.accuracy) * 100.0 <= budget_points + 1e-9]
+    eligible = [r for r in ok if within_budget(r, reference, budget_points)]
     if objective == "throughput_under_budget":
         eligible = [r for r in eligible if r.server_qps_within_budget]
     if not eligible:
@@ -110,14 +137,19 @@ def choose_champion(
                if objective == "throughput_under_budget" else ""),
             baseline_accuracy=reference,
         )
-    fastest = min(eligible, key=lambda r: objective_value(r, objective))
+    runoff = runoff if objective == "p50" else None
+    fastest = min(eligible, key=lambda r: objective_value(r, objective, runoff))
     reason = (f"best {_OBJECTIVE_WORDS[objective].lstrip('-')} "
-              f"({abs(objective_value(fastest, objective)):,.3f}) among {len(eligible)} ok "
-              f"variants within {budget_points} accuracy points of the baseline")
-    tied = tied_with_best(fastest, eligible) if objective == "p50" else []
+              f"({abs(objective_value(fastest, objective, runoff)):,.3f}) among {len(eligible)} "
+              f"ok variants within {budget_points} accuracy points of the baseline")
+    if runoff is not None:
+        reason += (f" (run-off: {', '.join(runoff.round_p50_ms)} timed again side by side in "
+                   f"{runoff.rounds} alternating rounds)")
+    tied = tied_with_best(fastest, eligible, runoff) if objective == "p50" else []
     if not tied:
         return ChampionChoice(name=fastest.name, reason=reason, baseline_accuracy=reference)
-    group = sorted([fastest, *tied], key=_tie_break_key)
+    group = sorted([fastest, *tied],
+                   key=lambda r: (*_tie_break_key(r), objective_value(r, "p50", runoff)))
     champion, others = group[0], [r.name for r in group[1:]]
     return ChampionChoice(
         name=champion.name,
@@ -130,7 +162,8 @@ def choose_champion(
 
 @task(name="pick_champion", tags=["report"])
 def pick_champion(
-    results: list[VariantResult], budget_points: float, objective: str = "p50"
+    results: list[VariantResult], budget_points: float, objective: str = "p50",
+    runoff: Runoff | None = None,
 ) -> ChampionChoice:
     """Apply the champion rule (see `choose_champion`) to the benchmarked variants.
 
@@ -138,8 +171,9 @@ def pick_champion(
         results: Every benchmarked variant.
         budget_points: Allowed accuracy loss in points.
         objective: What the champion is best at.
+        runoff: The contenders timed again side by side, if a run-off took place.
 
     Returns:
         The choice and its reason.
     """
-    return choose_champion(results, budget_points, objective)
+    return choose_champion(results, budget_points, objective, runoff)

@@ -113,6 +113,7 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                 f"| {fmt(entry.get('offline_batch_size'), 'd')} "
                 f"| {fmt(entry.get('server_qps_within_budget'), ',.0f')} "
                 f"| {fmt(entry.get('server_p99_ms'), '.3f')} |")
+    lines += _runoff_lines(summary)
     lines += _op_profile_lines(summary)
     swept = [entry for entry in summary["variants"] if len(entry.get("p50_ms_by_threads", {})) > 1]
     if swept:
@@ -125,6 +126,24 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {entry['name']} | " + " | ".join(
                 fmt(by_threads.get(str(t)), ".3f") for t in counts) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _runoff_lines(summary: dict[str, Any]) -> list[str]:
+    """The run-off: the contenders' p50 on their own turns and side by side."""
+    runoff = summary.get("runoff")
+    if not runoff:
+        return []
+    lines = ["", f"Run-off: the contenders for champion timed again side by side, in "
+             f"{runoff['rounds']} rounds alternating between them in one process (the machine's "
+             "drift between turns reaches all of them alike); the champion is chosen on these.",
+             "", "| variant | p50 on its turn ms | run-off p50 ms | run-off interval |",
+             "|---|---:|---:|---:|"]
+    for entry in summary["variants"]:
+        if entry.get("runoff_p50_ms") is not None:
+            low, high = entry["runoff_p50_ci95"]
+            lines.append(f"| {entry['name']} | {entry['latency_ms']['p50']:.4f} "
+                         f"| {entry['runoff_p50_ms']:.4f} | {low:.4f}–{high:.4f} |")
+    return lines
 
 
 _TOP_OPS_SHOWN = 4

@@ -192,6 +192,25 @@ class OpProfile(_Frozen):
     ops: list[OpTime] = Field(default_factory=list)
 
 
+class Runoff(_Frozen):
+    """The contenders for champion timed again side by side (see `tasks.runoff`)."""
+
+    rounds: int
+    round_p50_ms: dict[str, list[float]] = Field(
+        description="Per contender, its p50 in each round, in round order.")
+
+    def p50(self, name: str) -> float:
+        """A contender's run-off p50: the median of its round p50s."""
+        ordered = sorted(self.round_p50_ms[name])
+        middle = len(ordered) // 2
+        return (ordered[middle] if len(ordered) % 2
+                else (ordered[middle - 1] + ordered[middle]) / 2.0)
+
+    def interval(self, name: str) -> tuple[float, float]:
+        """A contender's run-off p50 interval: its lowest and highest round p50."""
+        return min(self.round_p50_ms[name]), max(self.round_p50_ms[name])
+
+
 class VariantResult(_Frozen):
     """A benchmarked variant: the summary contract's entry plus the measurement details."""
 

@@ -460,6 +460,16 @@ class BenchmarkConfig(_Section):
             "max_seconds is marked unstable."
         ),
     )
+    runoff_margin: float | None = Field(
+        0.25, ge=0.0, le=10.0,
+        description=(
+            "On the p50 objective, the LiteRT and ONNX Runtime variants within this share of "
+            "the fastest eligible one (at most 4) are timed again side by side, in 6 rounds "
+            "that alternate between them in one process, and the champion is chosen on those "
+            "figures: a machine whose speed drifts between variants' turns cannot pick it. "
+            "null: no run-off."
+        ),
+    )
     threads: int = Field(
         2, ge=1, le=256, description="Intra-op threads for TFLite and ONNX Runtime."
     )

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tfopt.artifacts import DatasetArtifact, InputPipelineResult, VariantResult
+from tfopt.artifacts import DatasetArtifact, InputPipelineResult, Runoff, VariantResult
 from tfopt.diagnosis import diagnose
 from tfopt.services import redact
 
@@ -34,12 +34,15 @@ def variant_entry(
     notes: list[str] | None = None,
     tied_with: list[str] | None = None,
     gflops: float | None = None,
+    runoff: Runoff | None = None,
 ) -> dict[str, Any]:
     """One element of the summary's ``variants`` list.
 
     `gflops` stands in for a variant whose own file could not be counted (a SavedModel
-    signature): the FLOPs of another variant of the same network.
+    signature): the FLOPs of another variant of the same network. A contender of the `runoff`
+    gets its run-off p50 and interval.
     """
+    in_runoff = runoff is not None and result.name in runoff.round_p50_ms
     gflops = result.gflops_per_inference if result.gflops_per_inference is not None else gflops
     achieved = None
     if gflops is not None and result.latency_ms is not None and result.latency_ms.p50 > 0:
@@ -88,6 +91,8 @@ def variant_entry(
         "server_qps_within_budget": result.server_qps_within_budget,
         "server_p99_ms": result.server_p99_ms,
         "op_profile": result.op_profile.model_dump() if result.op_profile else None,
+        "runoff_p50_ms": runoff.p50(result.name) if in_runoff else None,
+        "runoff_p50_ci95": list(runoff.interval(result.name)) if in_runoff else None,
         "p50_ms_by_threads": {str(threads): p50
                               for threads, p50 in sorted(result.p50_ms_by_threads.items())},
     }
@@ -116,11 +121,13 @@ def build_summary(
     tied: list[str] | None = None,
     techniques: dict[str, Any] | None = None,
     extras: dict[str, Any] | None = None,
+    runoff: Runoff | None = None,
 ) -> dict[str, Any]:
     """Assemble the summary JSON (DESIGN.md's contract; keys are only ever added).
 
     `tied` names the variants tied with the champion; each of them, and the champion, lists the
-    others of that group in its ``tied_with``.
+    others of that group in its ``tied_with``. `runoff` holds the contenders' side-by-side
+    timings, if a run-off took place.
     """
     notes = diagnose(results)
     group = [champion, *(tied or [])] if champion else []
@@ -145,9 +152,11 @@ def build_summary(
         "variants": [
             variant_entry(result, baseline_accuracy, budget_points, notes.get(result.name),
                           [name for name in group if name != result.name]
-                          if result.name in group else [], network_gflops.get(result.source))
+                          if result.name in group else [], network_gflops.get(result.source),
+                          runoff)
             for result in results
         ],
+        "runoff": runoff.model_dump() if runoff else None,
         "baseline_accuracy": baseline_accuracy,
         "techniques": techniques or {},
         **(extras or {}),

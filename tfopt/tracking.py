@@ -264,9 +264,12 @@ def variant_metrics(result: object) -> dict[str, float]:
         for key in ("accuracy", "size_bytes", "gzip_bytes", "throughput_per_s", "timed_runs",
                     "load_seconds", "first_inference_ms", "peak_rss_mb", "top1_agreement",
                     "max_abs_diff", "batch_throughput_per_s", "background_cores_before",
-                    "background_cores", "under_load")
+                    "background_cores", "under_load", "harness_floor_ms", "gflops_per_inference",
+                    "offline_examples_per_s", "server_qps_within_budget", "server_p99_ms")
         if data.get(key) is not None
     }
+    for threads, p50 in (data.get("p50_ms_by_threads") or {}).items():
+        metrics[f"latency_p50_ms_{threads}_threads"] = float(p50)
     for key, value in (data.get("latency_ms") or {}).items():
         if key == "p50_ci95":
             if value is not None:

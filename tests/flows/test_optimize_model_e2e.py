@@ -90,6 +90,10 @@ def test_summary_has_the_contract_keys(smoke_run):
         profile = variant["op_profile"]
         assert profile["ops"], (name, profile["method"])
         assert all(0 <= op["share"] <= 1 for op in profile["ops"]), name
+    contenders = [v["name"] for v in summary["variants"] if v.get("runoff_p50_ms")]
+    if summary["runoff"]:
+        assert sorted(contenders) == sorted(summary["runoff"]["round_p50_ms"])
+        assert "run-off" in summary["champion_reason"]
     network = {by_name[name]["gflops_per_inference"] for name in EXPECTED_OK
                if by_name[name]["source"] == "baseline"}
     assert len(network) == 1, f"the baseline network counted differently by format: {network}"

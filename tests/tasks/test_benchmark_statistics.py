@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,23 +52,26 @@ def test_warmup_runs_are_excluded_from_the_timed_samples():
     assert calls[7:] == list(range(7, 25)), "inputs are used in turn"
 
 
-def test_timing_goes_on_until_the_windows_agree():
+def test_timing_goes_on_until_the_windows_agree(monkeypatch):
     import itertools
+
+    import tasks.benchmark_worker as worker
 
     # The first 40 runs slow down by 10% each, so the early windows' medians disagree; then
     # the runs settle and timing stops once the last 6 windows agree, well before max_seconds,
-    # keeping only those windows' runs.
-    ticks = itertools.count()
+    # keeping only those windows' runs. A simulated clock: a loaded machine's sleeps are not
+    # precise enough to draw this shape.
+    ticks, now = itertools.count(), [0.0]
+    monkeypatch.setattr(worker.time, "perf_counter", lambda: now[0])
 
     def run_once(_: int) -> None:
         index = next(ticks)
-        time.sleep(0.001 * 1.1**index if index < 40 else 0.001)
+        now[0] += 0.001 * 1.1**index if index < 40 else 0.001
 
-    started = time.perf_counter()
     samples = time_runs(run_once, [0], _protocol(warmup_runs=1, min_runs=12, max_seconds=30,
                                                  p50_ci_width=0.3))
     assert next(ticks) > 40, "it kept timing while the windows disagreed"
-    assert time.perf_counter() - started < 10, "it stopped once they agreed"
+    assert now[0] < 10, "it stopped once they agreed"
     assert len(samples) == 12 and max(samples) < 3.0, "the disturbed windows were dropped"
     assert latency_stats(samples, ci_width=0.3).stable
 
@@ -188,6 +192,37 @@ def test_variants_the_measurement_cannot_tell_apart_are_tied_and_the_tie_has_a_s
     clear = choose_champion([graph, qat, apart], 1.0)
     assert clear.name == "qat-tflite-int8" and clear.tied_with == ()
     assert choose_champion([graph, qat, int8], 1.0, "size").tied_with == (), "p50 ties only"
+
+
+def test_a_runoff_decides_among_its_contenders_instead_of_their_own_turns():
+    from tasks.runoff import runoff_contenders
+    from tfopt.artifacts import Runoff
+
+    # On their own turns qat looked clearly faster (the machine was faster then); side by side
+    # the two int8 files are equal, so the tie goes to the simpler variant.
+    qat = _timed("qat-tflite-int8", 0.98, 0.057, (0.056, 0.058), precision="int8")
+    int8 = _timed("baseline-tflite-int8", 0.98, 0.078, (0.077, 0.079), precision="int8")
+    fp32 = _timed("baseline-tflite-fp32", 0.98, 0.2, (0.19, 0.21))
+    graph = _timed("baseline-graph", 0.98, 0.06, (0.059, 0.061), fmt="graph")
+    qat, int8, fp32 = (r.model_copy(update={"path": Path(f"{r.name}.tflite")})
+                       for r in (qat, int8, fp32))
+    assert choose_champion([qat, int8, fp32], 1.0).name == "qat-tflite-int8"
+    cfg = BenchmarkConfig(runoff_margin=0.5)
+    assert [r.name for r in runoff_contenders([graph, qat, int8, fp32], cfg)] == [
+        "qat-tflite-int8", "baseline-tflite-int8"], "TFLite/ONNX within the margin, fastest first"
+    equal = Runoff(rounds=6, round_p50_ms={"qat-tflite-int8": [0.076, 0.075, 0.077, 0.076,
+                                                                0.078, 0.075],
+                                           "baseline-tflite-int8": [0.073, 0.074, 0.072, 0.076,
+                                                                    0.073, 0.074]})
+    choice = choose_champion([qat, int8, fp32], 1.0, "p50", equal)
+    assert choice.name == "baseline-tflite-int8" and choice.tied_with == ("qat-tflite-int8",)
+    assert "run-off" in choice.reason
+    apart = Runoff(rounds=6, round_p50_ms={"qat-tflite-int8": [0.09] * 6,
+                                           "baseline-tflite-int8": [0.07] * 6})
+    assert choose_champion([qat, int8, fp32], 1.0, "p50", apart).tied_with == ()
+    assert choose_champion([qat, int8, fp32], 1.0, "p50", apart).name == "baseline-tflite-int8"
+    assert equal.p50("qat-tflite-int8") == 0.076 and equal.interval("qat-tflite-int8") == (
+        0.075, 0.078)
 
 
 def test_the_summary_lists_each_tied_variant_with_the_others():

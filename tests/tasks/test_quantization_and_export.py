@@ -217,3 +217,43 @@ def test_a_graph_or_xla_benchmark_process_imports_neither_prefect_nor_tfmot(
         loaded = completed.stdout.strip().splitlines()[-1]
         assert "'tensorflow'" in loaded and response.exists()
         assert "'prefect'" not in loaded and "'tensorflow_model_optimization'" not in loaded
+
+
+def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
+    tiny_savedmodel, tiny_dataset, tmp_path
+):
+    from tasks.pick_champion import choose_champion
+    from tasks.runoff import run_off, runoff_contenders
+
+    inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset,
+                                         tmp_path / "inputs")
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, min_seconds=0.3, max_seconds=2,
+                          runoff_margin=10.0, isolate=True)
+    results = [benchmark_variant.fn(to_tflite(tiny_savedmodel, precision, tiny_dataset,
+                                              ConvertConfig(), tmp_path), inputs, cfg)
+               for precision in ("fp32", "int8")]
+    assert [r.name for r in runoff_contenders(results, cfg)] == sorted(
+        (r.name for r in results), key=lambda n: next(r.latency_ms.p50 for r in results
+                                                      if r.name == n))
+    runoff = run_off.fn(results, inputs, cfg)
+    assert runoff is not None and runoff.rounds == 6
+    assert set(runoff.round_p50_ms) == {r.name for r in results}
+    assert all(len(p50s) == 6 and min(p50s) > 0 for p50s in runoff.round_p50_ms.values())
+    choice = choose_champion(results, 100.0, "p50", runoff)
+    assert "run-off" in choice.reason and choice.name in runoff.round_p50_ms
+    request, response = tmp_path / "runoff.json", tmp_path / "runoff.out"
+    request.write_text(json.dumps({
+        "specs": [VariantSpec(name=r.name, source=r.source, format=r.format,
+                              precision=r.precision, path=r.path).model_dump(mode="json")
+                  for r in results],
+        "inputs": inputs.model_dump(mode="json"), "cfg": cfg.model_dump(mode="json")}))
+    script = ("import sys, tasks.benchmark_worker as w; w.main(sys.argv[1], sys.argv[2]); "
+              "print(sorted({m.split('.')[0] for m in sys.modules}))")
+    completed = subprocess.run([sys.executable, "-c", script, str(request), str(response)],
+                               cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    loaded = completed.stdout.strip().splitlines()[-1]
+    assert "'tensorflow'" not in loaded and "'prefect'" not in loaded
+    assert "round_p50_ms" in response.read_text()
+    assert runoff_contenders(results, cfg.model_copy(update={"runoff_margin": None})) == []
+    assert runoff_contenders(results, cfg.model_copy(update={"objective": "size"})) == []

@@ -62,7 +62,7 @@ def test_pareto_front():
     assert pareto_front(points) == {"a", "b", "d"}
 
 
-def _summary(tmp_path, results, champion, tied=None):
+def _summary(tmp_path, results, champion, tied=None, runoff=None):
     dataset = DatasetArtifact(root=tmp_path, manifest_path=tmp_path / "m.json",
                               class_names=["a", "b"], image_size=8, splits={
                                   s: {"files": [], "examples": 1, "class_counts": {}}
@@ -74,7 +74,8 @@ def _summary(tmp_path, results, champion, tied=None):
     return build_summary(tracking_uri="http://x", experiment_id="1", run_id="r",
                          flow_run_id="f", dataset=dataset, input_pipeline=pipeline,
                          results=results, champion=champion, champion_reason="fastest",
-                         baseline_accuracy=0.95, budget_points=1.0, tied=tied)
+                         baseline_accuracy=0.95, budget_points=1.0, tied=tied,
+                         runoff=runoff)
 
 
 def test_report_files_are_written_and_readable(tmp_path):
@@ -106,3 +107,24 @@ def test_a_thread_sweep_gets_its_table_and_scaling_plot(tmp_path):
     assert "thread_scaling.png" in names
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "| 1 thr | 2 thr |" in markdown and "| baseline-graph | 0.200 | 0.120 |" in markdown
+
+
+def test_the_runoff_and_the_top_operators_get_their_tables(tmp_path):
+    from tfopt.artifacts import OpProfile, OpTime, Runoff
+
+    profile = OpProfile(method="ONNX Runtime profiler: kernel time per call", calls=50, ops=[
+        OpTime(node="model/block0_conv/Conv2D", kind="Conv", ms=0.05, share=0.6),
+        OpTime(node="model/fc/MatMul", kind="Gemm", ms=0.01, share=0.1)])
+    results = [RESULTS[2].model_copy(update={"op_profile": profile}), *RESULTS[3:5]]
+    runoff = Runoff(rounds=6, round_p50_ms={"baseline-tflite-fp32": [0.1, 0.11, 0.09] * 2,
+                                            "baseline-tflite-int8": [0.06] * 6})
+    summary = _summary(tmp_path, results, "baseline-tflite-int8", runoff=runoff)
+    entries = {v["name"]: v for v in summary["variants"]}
+    assert entries["baseline-tflite-fp32"]["runoff_p50_ci95"] == [0.09, 0.11]
+    assert entries["baseline-tflite-dynamic"]["runoff_p50_ms"] is None
+    assert summary["runoff"]["rounds"] == 6
+    assert entries["baseline-tflite-fp32"]["op_profile"]["ops"][0]["kind"] == "Conv"
+    write_report.fn(summary, results, tmp_path / "report")
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "| baseline-tflite-fp32 | 0.1000 | 0.1000 | 0.0900–0.1100 |" in markdown
+    assert "block0_conv Conv 60%, 0.050 ms · fc Gemm 10%, 0.010 ms" in markdown
