@@ -349,8 +349,9 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
                    cfg: BenchmarkConfig) -> Runoff:
     """Time `specs` in alternating rounds in this process (see `tasks.runoff`).
 
-    Each turn is a short measurement with the run's protocol: its warm-up, then windows of
-    `min_runs` / 6 runs for about `min_seconds` / 4 in all.
+    Each turn is a short measurement with the run's protocol: its warm-up (`warmup_runs`; and
+    `warmup_seconds` in the first round, when the runtimes are cold), then windows for about
+    `min_seconds` / 4.
     """
     from tasks.runners import load_runner
 
@@ -358,11 +359,13 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     runners = {spec.name: load_runner(spec, cfg.threads) for spec in specs}
     prepared = {name: runner.prepare(images) for name, runner in runners.items()}
     turn_seconds = max(cfg.min_seconds / 4.0, 0.05)
-    turn = cfg.model_copy(update={"min_seconds": turn_seconds, "max_seconds": turn_seconds,
-                                  "min_runs": max(P50_WINDOWS, cfg.min_runs // 4)})
+    first_turn = cfg.model_copy(update={"min_seconds": turn_seconds, "max_seconds": turn_seconds,
+                                        "min_runs": max(P50_WINDOWS, cfg.min_runs // 4)})
+    later_turn = first_turn.model_copy(update={"warmup_seconds": 0.0})
     names = list(runners)
     round_p50s: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(P50_WINDOWS):
+        turn = first_turn if round_index == 0 else later_turn
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             samples = time_runs(runners[name].invoke, prepared[name], turn)

@@ -205,18 +205,23 @@ def test_a_graph_or_xla_benchmark_process_imports_neither_prefect_nor_tfmot(
     for spec in (plan_variant("baseline", "graph", path=tiny_baseline.path),
                  plan_variant("baseline", "xla", path=tiny_baseline.path,
                               params={"xla_mode": "jit_compile"})):
-        request, response = tmp_path / f"{spec.name}.json", tmp_path / f"{spec.name}.out"
-        request.write_text(json.dumps({"spec": spec.model_dump(mode="json"),
-                                       "inputs": inputs.model_dump(mode="json"),
-                                       "cfg": cfg.model_dump(mode="json")}))
-        script = ("import sys, tasks.benchmark_worker as w; w.main(sys.argv[1], sys.argv[2]); "
-                  "print(sorted({m.split('.')[0] for m in sys.modules}))")
-        completed = subprocess.run([sys.executable, "-c", script, str(request), str(response)],
-                                   cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert completed.returncode == 0, completed.stderr[-2000:]
-        loaded = completed.stdout.strip().splitlines()[-1]
-        assert "'tensorflow'" in loaded and response.exists()
+        loaded, response = _worker_modules(
+            {"spec": spec.model_dump(mode="json"), "inputs": inputs.model_dump(mode="json"),
+             "cfg": cfg.model_dump(mode="json")}, tmp_path / spec.name)
+        assert "'tensorflow'" in loaded and response
         assert "'prefect'" not in loaded and "'tensorflow_model_optimization'" not in loaded
+
+
+def _worker_modules(request: dict, stem: Path) -> tuple[str, str]:
+    """Run the benchmark worker on `request`; the top-level modules it loaded, its response."""
+    request_path, response = stem.with_suffix(".json"), stem.with_suffix(".out")
+    request_path.write_text(json.dumps(request))
+    script = ("import sys, tasks.benchmark_worker as w; w.main(sys.argv[1], sys.argv[2]); "
+              "print(sorted({m.split('.')[0] for m in sys.modules}))")
+    completed = subprocess.run([sys.executable, "-c", script, str(request_path), str(response)],
+                               cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return completed.stdout.strip().splitlines()[-1], response.read_text()
 
 
 def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
@@ -241,19 +246,13 @@ def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
     assert all(len(p50s) == 6 and min(p50s) > 0 for p50s in runoff.round_p50_ms.values())
     choice = choose_champion(results, 100.0, "p50", runoff)
     assert "run-off" in choice.reason and choice.name in runoff.round_p50_ms
-    request, response = tmp_path / "runoff.json", tmp_path / "runoff.out"
-    request.write_text(json.dumps({
+    loaded, response = _worker_modules({
         "specs": [VariantSpec(name=r.name, source=r.source, format=r.format,
                               precision=r.precision, path=r.path).model_dump(mode="json")
                   for r in results],
-        "inputs": inputs.model_dump(mode="json"), "cfg": cfg.model_dump(mode="json")}))
-    script = ("import sys, tasks.benchmark_worker as w; w.main(sys.argv[1], sys.argv[2]); "
-              "print(sorted({m.split('.')[0] for m in sys.modules}))")
-    completed = subprocess.run([sys.executable, "-c", script, str(request), str(response)],
-                               cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    loaded = completed.stdout.strip().splitlines()[-1]
+        "inputs": inputs.model_dump(mode="json"), "cfg": cfg.model_dump(mode="json")},
+        tmp_path / "runoff")
     assert "'tensorflow'" not in loaded and "'prefect'" not in loaded
-    assert "round_p50_ms" in response.read_text()
+    assert "round_p50_ms" in response
     assert runoff_contenders(results, cfg.model_copy(update={"runoff_margin": None})) == []
     assert runoff_contenders(results, cfg.model_copy(update={"objective": "size"})) == []
