@@ -7,6 +7,7 @@ TFLite or ONNX model never loads TensorFlow, so its peak memory is the model's a
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -111,7 +112,9 @@ def time_runs(
     agree). Windows before those 6 were disturbed (a neighbour's burst, a clock change) and are
     dropped like warm-up; a variant that never settles keeps its last 6 and reads unstable.
     Only the call itself is inside the timed region: picking the input and the bookkeeping are
-    not.
+    not. Python's cyclic garbage collector is paused meanwhile, as `timeit` does, so its
+    pauses (whose timing depends on allocations elsewhere in the process) do not land in some
+    runs and not others.
 
     Args:
         call: One inference on one prepared input (see `Runner.invoke`).
@@ -121,6 +124,18 @@ def time_runs(
     Returns:
         The durations in milliseconds of the runs of the last 6 windows, in order.
     """
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        return _timed_windows(call, inputs, cfg)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _timed_windows(call: Callable[[object], object], inputs: Sequence[object],
+                   cfg: BenchmarkConfig) -> np.ndarray:
     count, clock = len(inputs), time.perf_counter
     index = 0
     warm_until = clock() + cfg.warmup_seconds

@@ -248,3 +248,12 @@ def test_throughput_under_budget_picks_the_highest_server_rate_that_met_it():
     none = choose_champion([r.model_copy(update={"server_qps_within_budget": 0})
                             for r in results], 1.0, "throughput_under_budget")
     assert none.name is None and "latency budget" in none.reason
+
+
+def test_the_garbage_collector_is_paused_while_timing_and_restored_after():
+    import gc
+
+    seen = []
+    time_runs(lambda _: seen.append(gc.isenabled()), [0], _protocol(min_runs=6))
+    assert seen and not any(seen), "no cyclic collection inside the timed region"
+    assert gc.isenabled()
