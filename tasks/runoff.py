@@ -32,8 +32,9 @@ MAX_CONTENDERS = 4
 def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> list[VariantResult]:
     """The LiteRT and ONNX Runtime variants near the fastest eligible one, fastest first.
 
-    None (an empty list) unless the objective is p50, a margin is set and at least two
-    variants qualify.
+    Near: a p50 within the margin of the upper end of the fastest's p50 interval, so an
+    unsettled fastest (a wide interval) draws its likely rivals into the run-off. None (an
+    empty list) unless the objective is p50, a margin is set and at least two variants qualify.
     """
     reference = baseline_accuracy(results)
     if cfg.objective != "p50" or cfg.runoff_margin is None or reference is None:
@@ -44,7 +45,9 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
         key=lambda r: r.latency_ms.p50)
     if not eligible:
         return []
-    limit = eligible[0].latency_ms.p50 * (1.0 + cfg.runoff_margin)
+    fastest = eligible[0].latency_ms
+    upper = fastest.p50_ci95[1] if fastest.p50_ci95 else fastest.p50
+    limit = max(fastest.p50, upper) * (1.0 + cfg.runoff_margin)
     near = [r for r in eligible if r.latency_ms.p50 <= limit][:MAX_CONTENDERS]
     return near if len(near) >= 2 else []
 

@@ -20,9 +20,11 @@ from tasks.keras_models import (
 from tasks.training import (
     HISTORY_NAME,
     Fitted,
+    KeepBestWeights,
     distribution_strategy,
     evaluate_test_accuracy,
     fit,
+    kept_epoch,
     precision_policy,
     read_history,
     resumable_callbacks,
@@ -105,6 +107,7 @@ def train_model(
             **_source_params(model_cfg),
             "batch_size": data.batch_size,
             "epochs": train_cfg.epochs,
+            "kept_epoch": kept_epoch(fitted),
             "mixed_precision": train_cfg.mixed_precision,
             "distribute": f"{train_cfg.distribute} ({strategy.num_replicas_in_sync} replicas)",
             "parameters": int(model.count_params()),
@@ -118,6 +121,7 @@ def train_model(
 
 _Trained = tuple[keras.Model, Fitted, dict[str, list[float]]]
 TRAINED_NAME = "trained.keras"
+BEST_NAME = "best-epoch.npz"
 _TRAINED_INFO = "trained.json"
 
 
@@ -139,6 +143,7 @@ def _train(
                 callbacks=[*resumable_callbacks(checkpoint_dir),
                            EpochProgress(StepProgress("train-baseline", "epochs trained"),
                                          train_cfg.epochs)],
+                best=KeepBestWeights(path=checkpoint_dir / BEST_NAME if checkpoint_dir else None),
             )
     curves = (read_history(checkpoint_dir / HISTORY_NAME) if checkpoint_dir and fitted.curves
               else fitted.curves)
@@ -158,7 +163,7 @@ def _trained_earlier(checkpoint_dir: Path | None) -> _Trained | None:
     info = json.loads((checkpoint_dir / _TRAINED_INFO).read_text())
     model = load_keras_model(checkpoint_dir / TRAINED_NAME)
     return model, Fitted(curves=info["curves"], seconds=info["seconds"],
-                         reader=info["reader"]), info["curves"]
+                         reader=info["reader"], best_epoch=info.get("best_epoch")), info["curves"]
 
 
 def _keep(trained: _Trained, checkpoint_dir: Path | None) -> None:
@@ -168,7 +173,8 @@ def _keep(trained: _Trained, checkpoint_dir: Path | None) -> None:
     model, fitted, curves = trained
     save_keras_model(model, checkpoint_dir / TRAINED_NAME)
     atomic_write_json(checkpoint_dir / _TRAINED_INFO, {
-        "curves": curves, "seconds": fitted.seconds, "reader": fitted.reader})
+        "curves": curves, "seconds": fitted.seconds, "reader": fitted.reader,
+        "best_epoch": fitted.best_epoch})
 
 
 def _source_params(model_cfg: ModelConfig) -> dict[str, str | int | float]:

@@ -7,6 +7,7 @@ run's input settings (cache rule, crops, determinism), the same batch size and s
 from __future__ import annotations
 
 import csv
+import io
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ import tf_keras as keras
 
 from tasks.input_pipeline import load_split, reader_options, tuned_dataset
 from tfopt.artifacts import TrainingData
+from tfopt.fileio import atomic_write_bytes
 
 HISTORY_NAME = "history.csv"
 
@@ -30,6 +32,8 @@ class Fitted:
     curves: dict[str, list[float]]
     seconds: float
     reader: dict[str, str | float | bool] = field(default_factory=dict)
+    best_epoch: int | None = None
+    """The 0-based epoch whose weights the model kept (best validation accuracy)."""
 
 
 def training_data(
@@ -59,6 +63,58 @@ def training_data(
     return train, val, reader
 
 
+class KeepBestWeights(keras.callbacks.Callback):
+    """Ends training with the weights of the epoch that scored best on validation accuracy.
+
+    Keras' ``EarlyStopping(restore_best_weights=True)`` restores them only when it stops early;
+    this always does. Epochs before `from_epoch` (0-based) are not candidates: a pruning
+    fine-tune is judged only once its sparsity ramp has reached the target. Ties go to the
+    later epoch. Without a validation split it does nothing. With `path`, the best weights are
+    also kept in that file (written atomically), so a training resumed after a crash still
+    ends with the best epoch of the whole training, not only of its resumed part.
+
+    Attributes:
+        best_epoch: The 0-based epoch whose weights the model ends with (None: the last).
+        best_accuracy: Its validation accuracy.
+    """
+
+    def __init__(self, from_epoch: int = 0, path: Path | None = None,
+                 monitor: str = "val_accuracy") -> None:
+        super().__init__()
+        self._from_epoch, self._path, self._monitor = from_epoch, path, monitor
+        self._weights: list[np.ndarray] | None = None
+        self.best_epoch: int | None = None
+        self.best_accuracy = -1.0
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """Pick up the best epoch an interrupted training left in `path`."""
+        if self._path is None or not self._path.is_file():
+            return
+        with np.load(self._path) as kept:
+            self.best_epoch, self.best_accuracy = int(kept["epoch"]), float(kept["accuracy"])
+            self._weights = [kept[f"w{i}"] for i in range(len(kept.files) - 2)]
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Remember this epoch's weights when it is a candidate and scores at least as well."""
+        value = (logs or {}).get(self._monitor)
+        if value is None or epoch < self._from_epoch or float(value) < self.best_accuracy:
+            return
+        self.best_epoch, self.best_accuracy = epoch, float(value)
+        self._weights = self.model.get_weights()
+        if self._path is not None:
+            buffer = io.BytesIO()
+            np.savez(buffer, epoch=epoch, accuracy=self.best_accuracy,
+                     **{f"w{i}": w for i, w in enumerate(self._weights)})
+            atomic_write_bytes(self._path, buffer.getvalue())
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        """Put the best epoch's weights back; the training is over, so is its file."""
+        if self._weights is not None:
+            self.model.set_weights(self._weights)
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+
+
 def fit(
     model: keras.Model,
     data: TrainingData,
@@ -66,18 +122,20 @@ def fit(
     epochs: int,
     learning_rate: float,
     callbacks: list[keras.callbacks.Callback] | None = None,
+    best: KeepBestWeights | None = None,
 ) -> Fitted:
     """Compile `model` for logits and integer labels and train it on the run's pipeline.
 
     Used for the baseline and for every fine-tuning step (pruning, QAT, the scratch student),
-    so they all learn from the same pipeline with the same loss.
+    so they all learn from the same pipeline with the same loss, and all end with their best
+    validation epoch's weights.
     """
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    return fit_compiled(model, data, epochs=epochs, callbacks=callbacks)
+    return fit_compiled(model, data, epochs=epochs, callbacks=callbacks, best=best)
 
 
 def fit_compiled(
@@ -86,14 +144,29 @@ def fit_compiled(
     *,
     epochs: int,
     callbacks: list[keras.callbacks.Callback] | None = None,
+    best: KeepBestWeights | None = None,
 ) -> Fitted:
-    """Train a compiled model (e.g. a distiller with its own loss) on the run's pipeline."""
+    """Train a compiled model (e.g. a distiller with its own loss) on the run's pipeline.
+
+    Args:
+        model: The compiled model; it ends with its best validation epoch's weights.
+        data: The run's training data and input settings.
+        epochs: Epochs to train.
+        callbacks: More Keras callbacks.
+        best: How the best epoch is kept (default: any epoch, in memory).
+    """
     train, val, reader = training_data(data)
+    best = best or KeepBestWeights()
     started = time.perf_counter()
     history = model.fit(train, validation_data=val, epochs=epochs, verbose=0,
-                        callbacks=callbacks or [])
+                        callbacks=[*(callbacks or []), best])
     curves = {name: [float(v) for v in values] for name, values in history.history.items()}
-    return Fitted(curves, time.perf_counter() - started, reader)
+    return Fitted(curves, time.perf_counter() - started, reader, best.best_epoch)
+
+
+def kept_epoch(fitted: Fitted) -> int | str:
+    """The 1-based epoch whose weights a training kept, as a run parameter ("last" if unjudged)."""
+    return "last" if fitted.best_epoch is None else fitted.best_epoch + 1
 
 
 def evaluate_test_accuracy(model: keras.Model, data: TrainingData) -> float:

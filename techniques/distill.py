@@ -16,7 +16,7 @@ from prefect import task
 
 from tasks.keras_models import keras_model_path, load_keras_model, save_keras_model
 from tasks.model_zoo import build_model
-from tasks.training import Fitted, evaluate_test_accuracy, fit, fit_compiled
+from tasks.training import Fitted, evaluate_test_accuracy, fit, fit_compiled, kept_epoch
 from techniques.base import KERAS_ONLY, Technique
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import DistillConfig
@@ -153,7 +153,8 @@ def distill_model(
                 "temperature": cfg.temperature, "epochs": cfg.epochs,
                 "learning_rate": cfg.learning_rate,
                 "student_parameters": int(student.count_params()),
-                "teacher_parameters": int(teacher.count_params()), **fitted.reader},
+                "teacher_parameters": int(teacher.count_params()),
+                "kept_epoch": kept_epoch(fitted), **fitted.reader},
         metrics={"test_accuracy": distilled_accuracy, "scratch_test_accuracy": scratch_accuracy,
                  "distillation_gain_points": gain},
         history=fitted.curves,

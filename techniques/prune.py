@@ -11,7 +11,7 @@ import tf_keras as keras
 from prefect import task
 
 from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
-from tasks.training import Fitted, evaluate_test_accuracy, fit
+from tasks.training import Fitted, KeepBestWeights, evaluate_test_accuracy, fit, kept_epoch
 from techniques.base import KERAS_ONLY, NotApplicable, Technique, is_layer_graph
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import PruneConfig
@@ -50,9 +50,20 @@ def pruning_params(cfg: PruneConfig, total_steps: int) -> dict:
     return {
         "pruning_schedule": sparsity.PolynomialDecay(
             initial_sparsity=0.0, final_sparsity=cfg.target_sparsity, begin_step=0,
-            end_step=max(1, int(total_steps * 0.7)), frequency=frequency,
+            end_step=ramp_end_step(cfg, total_steps), frequency=frequency,
         )
     }
+
+
+def ramp_end_step(cfg: PruneConfig, total_steps: int) -> int:
+    """The step at which the sparsity reaches its target (0 for 2:4, which starts there)."""
+    return 0 if cfg.structured_2_4 else max(1, int(total_steps * 0.7))
+
+
+def first_sparse_epoch(cfg: PruneConfig, steps_per_epoch: int, epochs: int) -> int:
+    """The first (0-based) epoch that ends at the target sparsity: the first candidate to keep."""
+    end = ramp_end_step(cfg, steps_per_epoch * epochs)
+    return min(epochs - 1, max(0, math.ceil(end / steps_per_epoch) - 1))
 
 
 def _kernels(model: keras.Model) -> Iterator[tuple[str, np.ndarray]]:
@@ -121,7 +132,9 @@ def prune_and_finetune(
     total_steps = steps_per_epoch * cfg.epochs
     pruned = wrap_prunable_layers(copy_model(base), pruning_params(cfg, total_steps))
     fitted = fit(pruned, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-                 callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+                 callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
+                 best=KeepBestWeights(from_epoch=first_sparse_epoch(cfg, steps_per_epoch,
+                                                                    cfg.epochs)))
     return pruned, fitted
 
 
@@ -164,7 +177,8 @@ def prune_model(
         input_scale=model.input_scale,
         params={"technique": "pruning", "target_sparsity": effective_sparsity(cfg),
                 "pattern": "2:4" if cfg.structured_2_4 else "unstructured",
-                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate, **fitted.reader},
+                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
+                "kept_epoch": kept_epoch(fitted), **fitted.reader},
         metrics={
             "sparsity": overall,
             **{f"sparsity.{layer}": value for layer, value in per_layer.items()},

@@ -9,7 +9,7 @@ from prefect import task
 
 from tasks.export_savedmodel import save_serving_savedmodel
 from tasks.keras_models import copy_model, load_keras_model
-from tasks.training import evaluate_test_accuracy, fit
+from tasks.training import evaluate_test_accuracy, fit, kept_epoch
 from techniques.base import KERAS_ONLY, NotApplicable, Technique, is_layer_graph
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import QatConfig
@@ -74,7 +74,8 @@ def quantize_aware_train(
         class_names=model.class_names,
         input_scale=model.input_scale,
         params={"technique": "quantization-aware training", "scheme": "Default8BitQuantizeScheme",
-                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate, **fitted.reader},
+                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
+                "kept_epoch": kept_epoch(fitted), **fitted.reader},
         metrics={"test_accuracy": accuracy},
         history=fitted.curves,
     )

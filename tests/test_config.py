@@ -71,7 +71,7 @@ def test_each_technique_has_its_own_budget():
     compress = load_config(ROOT / "configs" / "demo.yaml").compress
     assert [name for name, _ in compress.techniques()] == ["prune", "distill", "qat"]
     assert compress.distill.learning_rate == 2e-3 and compress.prune.learning_rate == 5e-4
-    assert compress.prune.epochs == 3 and compress.qat.epochs == 2
+    assert compress.prune.epochs == 10 and compress.qat.epochs == 2
 
 
 def test_parameters_without_a_file_validate_into_any_flow_schema():

@@ -210,6 +210,12 @@ def test_a_runoff_decides_among_its_contenders_instead_of_their_own_turns():
     cfg = BenchmarkConfig(runoff_margin=0.5)
     assert [r.name for r in runoff_contenders([graph, qat, int8, fp32], cfg)] == [
         "qat-tflite-int8", "baseline-tflite-int8"], "TFLite/ONNX within the margin, fastest first"
+    assert runoff_contenders([qat, int8, fp32], BenchmarkConfig(runoff_margin=0.25)) == []
+    unsettled = qat.model_copy(update={"latency_ms": qat.latency_ms.model_copy(
+        update={"p50_ci95": (0.041, 0.064)})})
+    assert [r.name for r in runoff_contenders([unsettled, int8, fp32],
+                                              BenchmarkConfig(runoff_margin=0.25))] == [
+        "qat-tflite-int8", "baseline-tflite-int8"], "a wide interval draws its rivals in"
     equal = Runoff(rounds=6, round_p50_ms={"qat-tflite-int8": [0.076, 0.075, 0.077, 0.076,
                                                                 0.078, 0.075],
                                            "baseline-tflite-int8": [0.073, 0.074, 0.072, 0.076,

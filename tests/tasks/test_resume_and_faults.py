@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.train_model import train_model
-from tasks.training import HISTORY_NAME, read_history
+from tasks.train_model import BEST_NAME, train_model
+from tasks.training import HISTORY_NAME, KeepBestWeights, read_history
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tests.steps import training_data
@@ -109,6 +109,39 @@ def test_training_killed_mid_way_resumes_from_its_last_epoch(tiny_dataset, tmp_p
     assert len(rows) == epochs + 1, "every epoch exactly once"
     assert len(model.history["loss"]) == epochs
     assert read_history(history)["loss"] == model.history["loss"]
+    assert not (checkpoint / BEST_NAME).exists(), "the best epoch's file outlived its training"
+    assert 1 <= model.params["kept_epoch"] <= epochs
+
+
+def test_the_best_epoch_is_kept_across_a_resume_and_ties_go_to_the_later_one(tmp_path):
+    import numpy as np
+    import tf_keras as keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    weights_at = {epoch: [np.full_like(w, epoch) for w in model.get_weights()]
+                  for epoch in range(5)}
+    kept = tmp_path / BEST_NAME
+
+    def epochs(callback: KeepBestWeights, accuracies: dict[int, float]) -> None:
+        callback.set_model(model)
+        callback.on_train_begin()
+        for epoch, accuracy in accuracies.items():
+            model.set_weights(weights_at[epoch])
+            callback.on_epoch_end(epoch, {"val_accuracy": accuracy})
+
+    epochs(KeepBestWeights(path=kept), {0: 0.5, 1: 0.9})
+    assert kept.is_file()  # the process dies here; a new one resumes at epoch 2
+    resumed = KeepBestWeights(path=kept)
+    epochs(resumed, {2: 0.7, 3: 0.8})
+    resumed.on_train_end()
+    assert resumed.best_epoch == 1 and model.get_weights()[0][0, 0] == 1.0
+    assert not kept.exists()
+
+    tie = KeepBestWeights(from_epoch=1)
+    epochs(tie, {0: 0.95, 1: 0.9, 2: 0.9, 3: 0.6})
+    tie.on_train_end()
+    assert tie.best_epoch == 2, "epoch 0 is before from_epoch; the tie goes to the later epoch"
+    assert model.get_weights()[0][0, 0] == 2.0
 
 
 def test_two_runs_training_one_baseline_at_once_both_complete(tiny_dataset, tmp_path):
