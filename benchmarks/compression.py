@@ -1,13 +1,18 @@
-"""Accuracy and zipped size of every compressed variant against the fp32 TFLite baseline.
+"""Accuracy, zipped size and latency of every compressed variant against fp32 TFLite, over seeds.
 
-Usage: .venv/bin/python benchmarks/compression.py [--config configs/demo.yaml] [--work DIR]
+Usage: .venv/bin/python benchmarks/compression.py [--config configs/demo.yaml] [--seeds 1,2,3]
+                                                   [--work DIR]
 
-Runs tfopt's own steps (as plain functions, no servers) on the demo data: shard, train the
-baseline, prune, distill (with the scratch control), quantization-aware training, and TFLite
-conversions; then evaluates every TFLite variant on the same test split with LiteRT and prints
-its accuracy delta (points) and gzip-size ratio against `baseline-tflite-fp32`. Goals: pruned
-(80%) + int8 at least 8x smaller zipped than the fp32 TFLite baseline; QAT int8 within 1 point
-of the float baseline; the distilled student at least as accurate as the student from scratch.
+Runs tfopt's own steps (as plain functions, no servers) on the demo data for each seed: shard
+(once), train the baseline, prune, distill (with the scratch control), quantization-aware
+training, and TFLite conversions; then evaluates every TFLite variant on the same test split
+with LiteRT and times it with a bare LiteRT loop in rounds that alternate with the seed's
+`baseline-tflite-fp32` (so a drifting machine moves both alike). It prints, per variant, the
+accuracy delta against the float baseline (points), the gzip-size ratio and the batch-1 latency
+ratio against `baseline-tflite-fp32`, each as the mean over seeds with its range. Goals:
+pruned-80 within 1 point of the baseline; pruned-80 + int8 at least 8x smaller zipped than fp32
+TFLite; QAT int8 within 1 point; the distilled student at least as accurate as the student from
+scratch (mean gain >= 0).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from harness_overhead import bare_p50, bare_tflite
 
 import tfopt  # noqa: F401
 from tasks.convert_tflite import convert_tflite
@@ -29,69 +35,136 @@ from tasks.write_tfrecords import write_tfrecords
 from techniques.distill import distill_model
 from techniques.prune import prune_model
 from techniques.qat import quantize_aware_train
-from tfopt.artifacts import TrainingData
-from tfopt.config import load_config
+from tfopt.artifacts import DatasetArtifact, TrainingData
+from tfopt.config import PipelineConfig, load_config
 from tfopt.demo_data import write_demo_images
 from tfopt.fileio import gzip_size_bytes
 from tfopt.variants import plan_variant
+
+REFERENCE = "baseline-tflite-fp32"
+LATENCY_ROUNDS = 5
+RUNS_PER_ROUND = 400
+
+
+def build_variants(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
+                   work: Path) -> tuple[dict[str, Path], dict[str, dict[str, float]]]:
+    """One seed's TFLite variants, and each technique's model metrics (accuracy, sparsity ...)."""
+    cfg = config.compress
+    data = TrainingData(dataset=dataset, batch_size=config.train.batch_size or 64, seed=seed,
+                        input=config.input)
+    models = work / f"seed-{seed}"
+    baseline = train_model.fn(data, config.model, config.train, models)
+    pruned = prune_model.fn(baseline, cfg.prune, data, models)
+    distilled = distill_model.fn(baseline, cfg.distill, data, models)
+    qat = quantize_aware_train.fn(baseline, cfg.qat, data, models)
+    variants = {}
+    for source, precisions in ((baseline, ("fp32", "dynamic", "float16", "int8")),
+                               (pruned, ("fp32", "int8")), (distilled, ("fp32", "int8"))):
+        savedmodel = export_savedmodel.fn(source, models)
+        for precision in precisions:
+            planned = plan_variant(source.name, "tflite", precision)
+            variants[planned.name] = convert_tflite.fn(savedmodel, planned, dataset,
+                                                       config.convert, models / "v").path
+    qat_int8 = plan_variant(qat.name, "tflite", "int8")
+    variants[qat_int8.name] = convert_tflite.fn(qat, qat_int8, dataset, config.convert,
+                                                models / "v").path
+    techniques = {model.name: dict(model.metrics) for model in (baseline, pruned, distilled, qat)}
+    return variants, techniques
+
+
+def latency_ratio(path: Path, reference: Path, images: list[np.ndarray], threads: int) -> float:
+    """Median over alternating rounds of (p50 of `path`) / (p50 of `reference`), bare loops."""
+    call, reference_call = bare_tflite(path, threads), bare_tflite(reference, threads)
+    ratios = []
+    for _ in range(LATENCY_ROUNDS):
+        ratios.append(bare_p50(call, images, RUNS_PER_ROUND, warmup=50)
+                      / bare_p50(reference_call, images, RUNS_PER_ROUND, warmup=50))
+    return float(np.median(ratios))
+
+
+def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
+                 work: Path) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Per variant: accuracy delta (points), zip ratio and latency ratio against the reference."""
+    variants, techniques = build_variants(config, dataset, seed, work)
+    images, labels = load_split(dataset, "test", scale=config.model.input_scale)
+    singles = [image[None] for image in images[:64]]
+    float_accuracy = techniques["baseline"]["test_accuracy"]
+    reference_zip = gzip_size_bytes(variants[REFERENCE])
+    rows = {}
+    for name, path in variants.items():
+        logits = predict_batched(TFLiteRunner(path, threads=2), images)
+        accuracy = float(np.mean(np.argmax(logits, 1) == labels))
+        rows[name] = {
+            "accuracy_delta_points": (accuracy - float_accuracy) * 100.0,
+            "zip_ratio": reference_zip / gzip_size_bytes(path),
+            "latency_ratio": latency_ratio(path, variants[REFERENCE], singles,
+                                           config.benchmark.threads),
+        }
+        print(f"seed {seed}: {name:30s} accuracy {accuracy:.4f} "
+              f"({rows[name]['accuracy_delta_points']:+.2f} pts) "
+              f"zip {rows[name]['zip_ratio']:.1f}x latency {rows[name]['latency_ratio']:.2f}x",
+              flush=True)
+    return rows, techniques
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    return f"{np.mean(values):{fmt}} [{min(values):{fmt}}, {max(values):{fmt}}]"
+
+
+def print_table(per_seed: list[dict[str, dict[str, float]]]) -> None:
+    """Each variant's mean over seeds and range, one line per variant."""
+    print(f"\n{'variant':30s} {'accuracy Δ pts, mean [range]':>30s} {'zip ratio':>10s} "
+          f"{'latency ratio, mean [range]':>30s}")
+    for name in per_seed[0]:
+        column = {key: [rows[name][key] for rows in per_seed] for key in per_seed[0][name]}
+        print(f"{name:30s} {_spread(column['accuracy_delta_points'], '+.2f'):>30s} "
+              f"{np.mean(column['zip_ratio']):9.1f}x "
+              f"{_spread(column['latency_ratio'], '.2f'):>30s}")
+
+
+def print_goals(per_seed: list[dict[str, dict[str, float]]],
+                techniques: list[dict[str, dict[str, float]]], pruned: str) -> None:
+    """The issue's goals, each judged on the mean over seeds, with the range beside it."""
+    def column(name: str, key: str) -> list[float]:
+        return [rows[name][key] for rows in per_seed]
+
+    pruned_drop = [t[pruned]["test_accuracy"] * 100 - t["baseline"]["test_accuracy"] * 100
+                   for t in techniques]
+    gains = [t["distilled-small"]["distillation_gain_points"] for t in techniques]
+    zip_gain = column(f"{pruned}-tflite-int8", "zip_ratio")
+    qat = column("qat-tflite-int8", "accuracy_delta_points")
+    goals = [
+        (f"{pruned} within 1 point of the baseline", pruned_drop, np.mean(pruned_drop) >= -1),
+        (f"{pruned}-tflite-int8 >= 8x smaller zipped", zip_gain, np.mean(zip_gain) >= 8),
+        ("QAT int8 within 1 point of float", qat, np.mean(qat) >= -1),
+        ("distilled >= scratch student (gain, points)", gains, np.mean(gains) >= 0),
+    ]
+    print()
+    for label, values, met in goals:
+        print(f"goal {label}: {_spread(values, '+.2f')} ({'met' if met else 'missed'})")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("configs/demo.yaml"))
+    parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args(argv)
     config = load_config(args.config)
     if config.data.source_dir == Path("data/demo"):
         write_demo_images(config.data.source_dir)
     work = args.work or Path(tempfile.mkdtemp(prefix="tfopt-compression-"))
-    cfg = config.compress
     dataset = write_tfrecords.fn(config.data, work)
-    data = TrainingData(dataset=dataset, batch_size=config.train.batch_size or 64,
-                        seed=config.train.seed, input=config.input)
-    baseline = train_model.fn(data, config.model, config.train, work / "models")
-    pruned = prune_model.fn(baseline, cfg.prune, data, work / "models")
-    distilled = distill_model.fn(baseline, cfg.distill, data, work / "models")
-    qat = quantize_aware_train.fn(baseline, cfg.qat, data, work / "models")
-
-    variants = {}
-    for source, precisions in ((baseline, ("fp32", "dynamic", "float16", "int8")),
-                               (pruned, ("fp32", "int8")), (distilled, ("fp32", "int8"))):
-        savedmodel = export_savedmodel.fn(source, work / "models")
-        for precision in precisions:
-            planned = plan_variant(source.name, "tflite", precision)
-            spec = convert_tflite.fn(savedmodel, planned, dataset, config.convert, work / "v")
-            variants[spec.name] = spec.path
-    qat_int8 = plan_variant(qat.name, "tflite", "int8")
-    variants[qat_int8.name] = convert_tflite.fn(qat, qat_int8, dataset, config.convert,
-                                                work / "v").path
-
-    images, labels = load_split(dataset, "test", scale=config.model.input_scale)
-    float_accuracy = baseline.metrics["test_accuracy"]
-    reference_zip = gzip_size_bytes(variants["baseline-tflite-fp32"])
-    print(f"demo test split: {len(labels)} images; float baseline accuracy {float_accuracy:.4f}")
-    print(f"{'variant':30s} {'accuracy':>9s} {'Δ pts':>7s} {'gzip KB':>9s} {'zip ratio':>10s}")
-    accuracy = {}
-    for name, path in variants.items():
-        logits = predict_batched(TFLiteRunner(path, threads=2), images)
-        accuracy[name] = float(np.mean(np.argmax(logits, 1) == labels))
-        zipped = gzip_size_bytes(path)
-        print(f"{name:30s} {accuracy[name]:9.4f} {(accuracy[name] - float_accuracy) * 100:+7.2f} "
-              f"{zipped / 1024:9.1f} {reference_zip / zipped:9.1f}x")
-    pruned_int8 = plan_variant(pruned.name, "tflite", "int8").name
-    zip_gain = reference_zip / gzip_size_bytes(variants[pruned_int8])
-    qat_drop = (float_accuracy - accuracy[qat_int8.name]) * 100
-    student, scratch = (distilled.metrics["test_accuracy"],
-                        distilled.metrics["scratch_test_accuracy"])
-    print()
-    print(f"sparsity reached: {pruned.metrics['sparsity']:.3f} "
-          f"(target {pruned.params['target_sparsity']})")
-    print(f"goal {pruned_int8} >= 8x smaller zipped: {zip_gain:.1f}x "
-          f"({'met' if zip_gain >= 8 else 'missed'})")
-    print(f"goal QAT int8 within 1 point of float: {qat_drop:+.2f} points lost "
-          f"({'met' if qat_drop <= 1 else 'missed'})")
-    print(f"goal distilled >= scratch student: {student:.4f} vs {scratch:.4f} "
-          f"({'met' if student >= scratch else 'missed'})")
+    per_seed, techniques = [], []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        rows, models = measure_seed(config, dataset, seed, work)
+        per_seed.append(rows)
+        techniques.append(models)
+    pruned = next(name for name in techniques[0] if name.startswith("pruned-"))
+    sparsity = [models[pruned]["sparsity"] for models in techniques]
+    print(f"\n{len(per_seed)} seeds; {pruned} sparsity reached {_spread(sparsity, '.3f')}")
+    print_table(per_seed)
+    print_goals(per_seed, techniques, pruned)
     return 0
 
 
