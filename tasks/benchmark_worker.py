@@ -364,9 +364,11 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
                    cfg: BenchmarkConfig) -> Runoff:
     """Time `specs` in alternating rounds in this process (see `tasks.runoff`).
 
-    Each turn is a short measurement with the run's protocol: its warm-up (`warmup_runs`; and
-    `warmup_seconds` in the first round, when the runtimes are cold), then windows for about
-    `min_seconds` / 4.
+    A first, untimed round warms every contender with the run's warm-up (`warmup_runs`,
+    `warmup_seconds`): measured on the demo, the first round read 1.3-1.7x the later ones for
+    all four contenders even after each one's own warm-up, and its figures widened every
+    interval until all of them overlapped. Then each turn is a short measurement with the
+    run's protocol: `warmup_runs` and windows for about `min_seconds` / 4.
     """
     from tasks.runners import load_runner
 
@@ -374,13 +376,14 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     runners = {spec.name: load_runner(spec, cfg.threads) for spec in specs}
     prepared = {name: runner.prepare(images) for name, runner in runners.items()}
     turn_seconds = max(cfg.min_seconds / 4.0, 0.05)
-    first_turn = cfg.model_copy(update={"min_seconds": turn_seconds, "max_seconds": turn_seconds,
-                                        "min_runs": max(P50_WINDOWS, cfg.min_runs // 4)})
-    later_turn = first_turn.model_copy(update={"warmup_seconds": 0.0})
+    warm_up = cfg.model_copy(update={"min_seconds": turn_seconds, "max_seconds": turn_seconds,
+                                     "min_runs": max(P50_WINDOWS, cfg.min_runs // 4)})
+    turn = warm_up.model_copy(update={"warmup_seconds": 0.0})
     names = list(runners)
+    for name in names:
+        time_runs(runners[name].invoke, prepared[name], warm_up)
     round_p50s: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(P50_WINDOWS):
-        turn = first_turn if round_index == 0 else later_turn
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             samples = time_runs(runners[name].invoke, prepared[name], turn)

@@ -6,10 +6,11 @@ hyperthread): measured here, the same LiteRT file read 0.17 ms on one turn and 0
 next, and two int8 files of the same network 0.057 and 0.078 ms on their turns but 0.076 and
 0.073 ms side by side. Each turn's interval is narrow, so such a drift picks the champion. The
 run-off takes the LiteRT and ONNX Runtime variants within `benchmark.runoff_margin` of the
-fastest eligible one (at most `MAX_CONTENDERS`), loads them all in one fresh process and times
-them in 6 rounds that alternate between them (the order rotates each round), so a
-drift reaches all of them alike. A contender's run-off p50 is the median of its round p50s and
-its interval their range, the same distribution-free 96.9% interval as a turn's windows.
+fastest eligible one (at most `MAX_CONTENDERS`), loads them all in one fresh process, warms
+them all in an untimed round and times them in 6 rounds that alternate between them (the
+order rotates each round), so a drift reaches all of them alike. A contender's run-off p50 is
+the median of its round p50s and its interval their range, the same distribution-free 96.9%
+interval as a turn's windows.
 
 TensorFlow-format variants stay out: a process cannot hold both XLA auto-clustering's flags and
 the others, and on CPU they are rarely near the fastest.
