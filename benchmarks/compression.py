@@ -4,15 +4,15 @@ Usage: .venv/bin/python benchmarks/compression.py [--config configs/demo.yaml] [
                                                    [--work DIR]
 
 Runs tfopt's own steps (as plain functions, no servers) on the demo data for each seed: shard
-(once), train the baseline, prune, distill (with the scratch control), quantization-aware
-training, and TFLite conversions; then evaluates every TFLite variant on the same test split
-with LiteRT and times it with a bare LiteRT loop in rounds that alternate with the seed's
-`baseline-tflite-fp32` (so a drifting machine moves both alike). It prints, per variant, the
-accuracy delta against the float baseline (points), the gzip-size ratio and the batch-1 latency
-ratio against `baseline-tflite-fp32`, each as the mean over seeds with its range. Goals:
-pruned-80 within 1 point of the baseline; pruned-80 + int8 at least 8x smaller zipped than fp32
-TFLite; QAT int8 within 1 point; the distilled student at least as accurate as the student from
-scratch (mean gain >= 0).
+(once), train the baseline, prune, cluster, distill (with the scratch control),
+quantization-aware training, and TFLite conversions; then evaluates every TFLite variant on the
+same test split with LiteRT and times it with a bare LiteRT loop in rounds that alternate with
+the seed's `baseline-tflite-fp32` (so a drifting machine moves both alike). It prints, per
+variant, the accuracy delta against the float baseline (points), the gzip-size ratio and the
+batch-1 latency ratio against `baseline-tflite-fp32`, each as the mean over seeds with its
+range. Goals: pruned-80 within 1 point of the baseline; pruned-80 + int8 and clustered + int8
+each at least 8x smaller zipped than fp32 TFLite; QAT int8 within 1 point; the distilled student
+at least as accurate as the student from scratch (mean gain >= 0).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from tasks.input_pipeline import load_split
 from tasks.runners import TFLiteRunner, predict_batched
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
+from techniques.cluster import cluster_model
 from techniques.distill import distill_model
 from techniques.prune import prune_model
 from techniques.qat import quantize_aware_train
@@ -57,9 +58,12 @@ def build_variants(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
     pruned = prune_model.fn(baseline, cfg.prune, data, models)
     distilled = distill_model.fn(baseline, cfg.distill, data, models)
     qat = quantize_aware_train.fn(baseline, cfg.qat, data, models)
+    clustered = cluster_model.fn(baseline, cfg.cluster.model_copy(update={"enabled": True}),
+                                 data, models)
     variants = {}
     for source, precisions in ((baseline, ("fp32", "dynamic", "float16", "int8")),
-                               (pruned, ("fp32", "int8")), (distilled, ("fp32", "int8"))):
+                               (pruned, ("fp32", "int8")), (clustered, ("fp32", "int8")),
+                               (distilled, ("fp32", "int8"))):
         savedmodel = export_savedmodel.fn(source, models)
         for precision in precisions:
             planned = plan_variant(source.name, "tflite", precision)
@@ -68,7 +72,8 @@ def build_variants(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
     qat_int8 = plan_variant(qat.name, "tflite", "int8")
     variants[qat_int8.name] = convert_tflite.fn(qat, qat_int8, dataset, config.convert,
                                                 models / "v").path
-    techniques = {model.name: dict(model.metrics) for model in (baseline, pruned, distilled, qat)}
+    techniques = {model.name: dict(model.metrics)
+                  for model in (baseline, pruned, clustered, distilled, qat)}
     return variants, techniques
 
 
@@ -123,7 +128,8 @@ def print_table(per_seed: list[dict[str, dict[str, float]]]) -> None:
 
 
 def print_goals(per_seed: list[dict[str, dict[str, float]]],
-                techniques: list[dict[str, dict[str, float]]], pruned: str) -> None:
+                techniques: list[dict[str, dict[str, float]]], pruned: str,
+                clustered: str) -> None:
     """The issue's goals, each judged on the mean over seeds, with the range beside it."""
     def column(name: str, key: str) -> list[float]:
         return [rows[name][key] for rows in per_seed]
@@ -132,10 +138,13 @@ def print_goals(per_seed: list[dict[str, dict[str, float]]],
                    for t in techniques]
     gains = [t["distilled-small"]["distillation_gain_points"] for t in techniques]
     zip_gain = column(f"{pruned}-tflite-int8", "zip_ratio")
+    cluster_zip = column(f"{clustered}-tflite-int8", "zip_ratio")
     qat = column("qat-tflite-int8", "accuracy_delta_points")
     goals = [
         (f"{pruned} within 1 point of the baseline", pruned_drop, np.mean(pruned_drop) >= -1),
         (f"{pruned}-tflite-int8 >= 8x smaller zipped", zip_gain, np.mean(zip_gain) >= 8),
+        (f"{clustered}-tflite-int8 >= 8x smaller zipped", cluster_zip,
+         np.mean(cluster_zip) >= 8),
         ("QAT int8 within 1 point of float", qat, np.mean(qat) >= -1),
         ("distilled >= scratch student (gain, points)", gains, np.mean(gains) >= 0),
     ]
@@ -161,10 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         per_seed.append(rows)
         techniques.append(models)
     pruned = next(name for name in techniques[0] if name.startswith("pruned-"))
+    clustered = next(name for name in techniques[0] if name.startswith("clustered-"))
     sparsity = [models[pruned]["sparsity"] for models in techniques]
     print(f"\n{len(per_seed)} seeds; {pruned} sparsity reached {_spread(sparsity, '.3f')}")
     print_table(per_seed)
-    print_goals(per_seed, techniques, pruned)
+    print_goals(per_seed, techniques, pruned, clustered)
     return 0
 
 

@@ -7,10 +7,11 @@ config section, the model kinds it accepts and the variants its model yields.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from prefect import Task
 
 from tfopt.artifacts import ModelArtifact, Precision, VariantFormat, VariantSpec
@@ -25,6 +26,14 @@ def is_layer_graph(model: object) -> bool:
     import tf_keras as keras
 
     return isinstance(model, keras.Sequential) or bool(getattr(model, "_is_graph_network", False))
+
+
+def kernels(model: object) -> Iterator[tuple[str, np.ndarray]]:
+    """Each layer's kernel (the weights pruning and clustering act on), with the layer's name."""
+    for layer in model.layers:
+        for weight in layer.weights:
+            if weight.name.split("/")[-1].split(":")[0] in ("kernel", "depthwise_kernel"):
+                yield layer.name, weight.numpy()
 
 
 class NotApplicable(Exception):  # noqa: N818 - a verdict about the model, not a failure

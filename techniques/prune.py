@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ from prefect import task
 
 from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
 from tasks.training import Fitted, KeepBestWeights, evaluate_test_accuracy, fit, kept_epoch
-from techniques.base import KERAS_ONLY, NotApplicable, Technique, is_layer_graph
+from techniques.base import KERAS_ONLY, NotApplicable, Technique, is_layer_graph, kernels
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import PruneConfig
 from tfopt.fileio import gzip_size_bytes
@@ -66,22 +65,14 @@ def first_sparse_epoch(cfg: PruneConfig, steps_per_epoch: int, epochs: int) -> i
     return min(epochs - 1, max(0, math.ceil(end / steps_per_epoch) - 1))
 
 
-def _kernels(model: keras.Model) -> Iterator[tuple[str, np.ndarray]]:
-    """Each layer's kernel (the weights pruning acts on), with the layer's name."""
-    for layer in model.layers:
-        for weight in layer.weights:
-            if weight.name.split("/")[-1].split(":")[0] in ("kernel", "depthwise_kernel"):
-                yield layer.name, weight.numpy()
-
-
 def kernel_sparsity(model: keras.Model) -> dict[str, float]:
     """Share of zero weights in each layer's kernel."""
-    return {name: float(np.mean(values == 0.0)) for name, values in _kernels(model)}
+    return {name: float(np.mean(values == 0.0)) for name, values in kernels(model)}
 
 
 def overall_sparsity(model: keras.Model) -> float:
     """Share of zero weights over all kernels together."""
-    sizes = [(int(np.sum(values == 0.0)), values.size) for _, values in _kernels(model)]
+    sizes = [(int(np.sum(values == 0.0)), values.size) for _, values in kernels(model)]
     total = sum(size for _, size in sizes)
     return sum(zeros for zeros, _ in sizes) / total if total else 0.0
 

@@ -362,6 +362,20 @@ class PruneConfig(TechniqueSection):
     )
 
 
+class ClusterConfig(TechniqueSection):
+    """Weight clustering (tfmot ``cluster_weights``, k-means++ centroids), fine-tune, strip."""
+
+    enabled: bool = Field(
+        False, description="Cluster the baseline's weights (off unless asked: it adds a model).")
+    clusters: int = Field(
+        16, ge=2, le=256,
+        description="Distinct values per clustered layer's weights (16: 4-bit indices).")
+    epochs: int = Field(3, ge=1, le=1000, description="Fine-tuning epochs of the centroids.")
+    learning_rate: float = Field(
+        2e-4, gt=0.0, le=1.0, description="Adam learning rate of the clustering fine-tuning."
+    )
+
+
 class DistillConfig(TechniqueSection):
     """Knowledge distillation into a small student; the same student from scratch is its control."""
 
@@ -408,6 +422,8 @@ class CompressConfig(_Section):
     """Model compression: one section per technique, and the TFLite forms of their models."""
 
     prune: PruneConfig = Field(default_factory=PruneConfig, description="Pruning.")
+    cluster: ClusterConfig = Field(
+        default_factory=ClusterConfig, description="Weight clustering.")
     distill: DistillConfig = Field(
         default_factory=DistillConfig, description="Knowledge distillation."
     )

@@ -8,11 +8,14 @@ from tasks.input_pipeline import load_split_arrays
 from tasks.keras_models import load_keras_model
 from tasks.runners import SavedModelRunner, TFLiteRunner
 from techniques import all_failed, plan, registry
+from techniques.base import NotApplicable, kernels
+from techniques.cluster import cluster_model, clusterable_layers, unique_values
 from techniques.distill import distill_model
 from techniques.prune import kernel_sparsity, prune_and_finetune, prune_model
 from techniques.qat import quantize_aware_train
 from tests.steps import to_tflite
 from tfopt.config import (
+    ClusterConfig,
     CompressConfig,
     ConvertConfig,
     DistillConfig,
@@ -31,7 +34,7 @@ def test_images(tiny_dataset):
 
 def test_every_config_section_has_a_technique_module_and_back():
     sections = {name for name, _ in CompressConfig().techniques()}
-    assert sections == set(registry()) == {"prune", "distill", "qat"}
+    assert sections == set(registry()) == {"prune", "cluster", "distill", "qat"}
     for name, technique in registry().items():
         assert issubclass(technique.section, TechniqueSection)
         assert isinstance(getattr(CompressConfig(), name), technique.section)
@@ -98,6 +101,34 @@ def test_stripped_model_equals_the_pruned_model(tiny_baseline, tiny_data, test_i
                                pruned(test_images, training=False).numpy(), atol=1e-6)
     for before, after in zip(base_weights, base.get_weights(), strict=True):
         np.testing.assert_array_equal(before, after)
+
+
+def test_clustering_leaves_at_most_its_clusters_per_layer_and_its_input_alone(
+        tiny_baseline, tiny_data, tmp_path):
+    before = sha256_file(tiny_baseline.path)
+    base = load_keras_model(tiny_baseline.path)
+    worth, too_small = clusterable_layers(base, 8)
+    assert worth and not too_small
+    cfg = ClusterConfig(enabled=True, clusters=8, epochs=1)
+    clustered = cluster_model.fn(tiny_baseline, cfg, tiny_data, tmp_path)
+    assert sha256_file(tiny_baseline.path) == before
+    assert clustered.name == "clustered-8" and clustered.params["unclustered_layers"] == "none"
+    distinct = unique_values(load_keras_model(clustered.path))
+    assert set(distinct) == set(worth) and all(n <= 8 for n in distinct.values()), distinct
+    assert min(unique_values(base).values()) > 8, "the baseline's kernels were not clustered"
+    assert clustered.metrics["unique_weights.logits"] == distinct["logits"]
+    assert clustered.metrics["keras_gzip_bytes"] < tiny_baseline.path.stat().st_size
+    assert 0.0 <= clustered.metrics["test_accuracy"] <= 1.0
+
+
+def test_a_cluster_count_above_a_layers_weights_leaves_it_or_refuses_naming_them(
+        tiny_baseline):
+    base = load_keras_model(tiny_baseline.path)
+    sizes = sorted(values.size for _, values in kernels(base))
+    worth, too_small = clusterable_layers(base, sizes[0])
+    assert too_small and len(worth) + len(too_small) == len(sizes)
+    with pytest.raises(NotApplicable, match=f"no layer .* more than {sizes[-1]} weights"):
+        clusterable_layers(base, sizes[-1])
 
 
 def test_structured_2_4_sparsity_is_what_it_logs(tiny_baseline, tiny_data, tmp_path):

@@ -1,0 +1,146 @@
+"""Weight clustering with tensorflow-model-optimization: cluster, fine-tune, strip.
+
+Each clustered layer's weights take one of `clusters` shared values (k-means++ initial
+centroids, fine-tuned): the file shrinks once zipped (few distinct values compress well) and its
+int8 form keeps them. A layer with no more weights than clusters gains nothing and is left as
+it is, by name in the model's parameters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tf_keras as keras
+from prefect import task
+
+from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
+from tasks.training import Fitted, evaluate_test_accuracy, fit, kept_epoch
+from techniques.base import KERAS_ONLY, NotApplicable, Technique, is_layer_graph, kernels
+from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.config import ClusterConfig
+from tfopt.fileio import gzip_size_bytes
+from tfopt.logs import step_logger
+
+
+def clustered_name(cfg: ClusterConfig) -> str:
+    """``clustered-<clusters>`` (e.g. ``clustered-16``)."""
+    return f"clustered-{cfg.clusters}"
+
+
+def clusterable_layers(model: keras.Model, clusters: int) -> tuple[list[str], list[str]]:
+    """The layers tfmot can cluster that have more weights than `clusters`, and those too small.
+
+    Raises:
+        NotApplicable: A subclassed model, or no layer worth clustering.
+    """
+    from tensorflow_model_optimization.python.core.clustering.keras.clustering_registry import (
+        ClusteringRegistry,
+    )
+
+    if not is_layer_graph(model):
+        raise NotApplicable(f"{model.name} is a subclassed model; tfmot rebuilds functional and "
+                            "sequential models only")
+    sizes = dict(kernels(model))
+    candidates = [layer.name for layer in model.layers
+                  if layer.name in sizes and ClusteringRegistry.supports(layer)]
+    worth = [name for name in candidates if sizes[name].size > clusters]
+    too_small = [name for name in candidates if name not in worth]
+    if not worth:
+        raise NotApplicable(
+            f"no layer of {model.name} has more than {clusters} weights to cluster"
+            + (f" ({', '.join(too_small)} have at most that many)" if too_small else ""))
+    return worth, too_small
+
+
+def unique_values(model: keras.Model) -> dict[str, int]:
+    """Distinct values in each layer's kernel."""
+    return {name: int(np.unique(values).size) for name, values in kernels(model)}
+
+
+def cluster_and_finetune(
+    base: keras.Model, cfg: ClusterConfig, data: TrainingData
+) -> tuple[keras.Model, Fitted, list[str]]:
+    """Wrap a copy of `base` for clustering and fine-tune it; `base` itself is not changed.
+
+    Returns:
+        The clustered model (still wrapped: `strip_clustering` exports it), its training, and
+        the layers left unclustered because they have no more weights than clusters.
+    """
+    import tensorflow_model_optimization as tfmot
+
+    clustering = tfmot.clustering.keras
+    worth, too_small = clusterable_layers(base, cfg.clusters)
+    params = {"number_of_clusters": cfg.clusters,
+              "cluster_centroids_init": clustering.CentroidInitialization.KMEANS_PLUS_PLUS}
+    clustered = keras.models.clone_model(
+        copy_model(base), clone_function=lambda layer: (
+            clustering.cluster_weights(layer, **params) if layer.name in worth else layer))
+    fitted = fit(clustered, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate)
+    return clustered, fitted, too_small
+
+
+@task(name="cluster_model", tags=["compression"])
+def cluster_model(
+    model: ModelArtifact, cfg: ClusterConfig, data: TrainingData, out_dir: Path
+) -> ModelArtifact:
+    """Cluster a trained model's weights, fine-tune the centroids, and strip the wrappers.
+
+    Args:
+        model: The trained Keras model (left unchanged).
+        cfg: Clusters per layer, fine-tuning epochs and learning rate.
+        data: The run's training data and input settings; the test split measures accuracy.
+        out_dir: Folder for ``clustered-<clusters>.keras``.
+
+    Returns:
+        The stripped, clustered model with each layer's distinct weight values, test accuracy
+        and gzip size as metrics.
+
+    Raises:
+        RuntimeError: A clustered layer came out with more distinct values than clusters.
+    """
+    import tensorflow_model_optimization as tfmot
+
+    logger = step_logger()
+    keras.utils.set_random_seed(data.seed)
+    clustered, fitted, too_small = cluster_and_finetune(load_keras_model(model.path), cfg, data)
+    stripped = tfmot.clustering.keras.strip_clustering(clustered)
+    name = clustered_name(cfg)
+    distinct = unique_values(stripped)
+    over = {layer: count for layer, count in distinct.items()
+            if layer not in too_small and count > cfg.clusters}
+    if over:
+        raise RuntimeError(f"{name}: layers with more distinct weights than {cfg.clusters} "
+                           f"clusters after stripping: {over}")
+    path = keras_model_path(out_dir, name)
+    save_keras_model(stripped, path)
+    logger.info("%s: distinct kernel values per layer %s%s", name, distinct,
+                f"; left as they are (no more weights than clusters): {too_small}"
+                if too_small else "")
+    return ModelArtifact(
+        name=name,
+        path=path,
+        format="keras",
+        image_size=model.image_size,
+        num_classes=model.num_classes,
+        class_names=model.class_names,
+        input_scale=model.input_scale,
+        params={"technique": "weight clustering", "clusters": cfg.clusters,
+                "centroids": "kmeans++", "epochs": cfg.epochs,
+                "learning_rate": cfg.learning_rate, "kept_epoch": kept_epoch(fitted),
+                "unclustered_layers": ",".join(too_small) or "none", **fitted.reader},
+        metrics={
+            **{f"unique_weights.{layer}": float(count) for layer, count in distinct.items()},
+            "test_accuracy": evaluate_test_accuracy(stripped, data),
+            "keras_gzip_bytes": float(gzip_size_bytes(path)),
+        },
+        history=fitted.curves,
+    )
+
+
+# No TensorFlow graph variant: clustering changes weight values, not the graph, so it would
+# time the same as the baseline's graph; its size gain shows in the TFLite files.
+TECHNIQUE = Technique(
+    name="cluster", section=ClusterConfig, accepts=KERAS_ONLY, source_name=clustered_name,
+    apply=cluster_model, yields_graph=False,
+)
