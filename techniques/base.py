@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prefect import Task
@@ -17,6 +18,9 @@ from prefect import Task
 from tfopt.artifacts import ModelArtifact, Precision, VariantFormat, VariantSpec
 from tfopt.config import TechniqueSection
 from tfopt.variants import plan_variant, variant_name
+
+if TYPE_CHECKING:
+    from tasks.training import Fitted
 
 KERAS_ONLY: frozenset[VariantFormat] = frozenset({"keras"})
 
@@ -34,6 +38,26 @@ def kernels(model: object) -> Iterator[tuple[str, np.ndarray]]:
         for weight in layer.weights:
             if weight.name.split("/")[-1].split(":")[0] in ("kernel", "depthwise_kernel"):
                 yield layer.name, weight.numpy()
+
+
+def derived_model(
+    model: ModelArtifact, name: str, path: Path, fitted: Fitted, *,
+    params: dict[str, Any], metrics: dict[str, float], fmt: VariantFormat = "keras",
+) -> ModelArtifact:
+    """The model a technique made from `model`: the same input, classes and scaling.
+
+    Its training's curves become its history; the epoch it kept and the reader settings it
+    trained with join `params`.
+    """
+    from tasks.training import kept_epoch
+
+    return ModelArtifact(
+        name=name, path=path, format=fmt, image_size=model.image_size,
+        num_classes=model.num_classes, class_names=model.class_names,
+        input_scale=model.input_scale,
+        params={**params, "kept_epoch": kept_epoch(fitted), **fitted.reader},
+        metrics=metrics, history=fitted.curves,
+    )
 
 
 class NotApplicable(Exception):  # noqa: N818 - a verdict about the model, not a failure

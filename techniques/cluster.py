@@ -15,8 +15,15 @@ import tf_keras as keras
 from prefect import task
 
 from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
-from tasks.training import Fitted, evaluate_test_accuracy, fit, kept_epoch
-from techniques.base import KERAS_ONLY, NotApplicable, Technique, is_layer_graph, kernels
+from tasks.training import Fitted, evaluate_test_accuracy, fit
+from techniques.base import (
+    KERAS_ONLY,
+    NotApplicable,
+    Technique,
+    derived_model,
+    is_layer_graph,
+    kernels,
+)
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import ClusterConfig
 from tfopt.fileio import gzip_size_bytes
@@ -117,24 +124,17 @@ def cluster_model(
     logger.info("%s: distinct kernel values per layer %s%s", name, distinct,
                 f"; left as they are (no more weights than clusters): {too_small}"
                 if too_small else "")
-    return ModelArtifact(
-        name=name,
-        path=path,
-        format="keras",
-        image_size=model.image_size,
-        num_classes=model.num_classes,
-        class_names=model.class_names,
-        input_scale=model.input_scale,
+    return derived_model(
+        model, name, path, fitted,
         params={"technique": "weight clustering", "clusters": cfg.clusters,
                 "centroids": "kmeans++", "epochs": cfg.epochs,
-                "learning_rate": cfg.learning_rate, "kept_epoch": kept_epoch(fitted),
-                "unclustered_layers": ",".join(too_small) or "none", **fitted.reader},
+                "learning_rate": cfg.learning_rate,
+                "unclustered_layers": ",".join(too_small) or "none"},
         metrics={
             **{f"unique_weights.{layer}": float(count) for layer, count in distinct.items()},
             "test_accuracy": evaluate_test_accuracy(stripped, data),
             "keras_gzip_bytes": float(gzip_size_bytes(path)),
         },
-        history=fitted.curves,
     )
 
 

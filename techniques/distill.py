@@ -16,8 +16,8 @@ from prefect import task
 
 from tasks.keras_models import keras_model_path, load_keras_model, save_keras_model
 from tasks.model_zoo import build_model
-from tasks.training import Fitted, evaluate_test_accuracy, fit, fit_compiled, kept_epoch
-from techniques.base import KERAS_ONLY, Technique
+from tasks.training import Fitted, evaluate_test_accuracy, fit, fit_compiled
+from techniques.base import KERAS_ONLY, Technique, derived_model
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import DistillConfig
 from tfopt.logs import step_logger
@@ -140,24 +140,16 @@ def distill_model(
     name = student_name(cfg)
     path = keras_model_path(out_dir, name)
     save_keras_model(student, path)
-    return ModelArtifact(
-        name=name,
-        path=path,
-        format="keras",
-        image_size=dataset.image_size,
-        num_classes=dataset.num_classes,
-        class_names=dataset.class_names,
-        input_scale=model.input_scale,
+    return derived_model(
+        model, name, path, fitted,
         params={"technique": "distillation", "student": STUDENT_ARCHITECTURE,
                 "student_width": cfg.student_width, "alpha": cfg.alpha,
                 "temperature": cfg.temperature, "epochs": cfg.epochs,
                 "learning_rate": cfg.learning_rate,
                 "student_parameters": int(student.count_params()),
-                "teacher_parameters": int(teacher.count_params()),
-                "kept_epoch": kept_epoch(fitted), **fitted.reader},
+                "teacher_parameters": int(teacher.count_params())},
         metrics={"test_accuracy": distilled_accuracy, "scratch_test_accuracy": scratch_accuracy,
                  "distillation_gain_points": gain},
-        history=fitted.curves,
     )
 
 

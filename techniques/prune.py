@@ -10,8 +10,15 @@ import tf_keras as keras
 from prefect import task
 
 from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
-from tasks.training import Fitted, KeepBestWeights, evaluate_test_accuracy, fit, kept_epoch
-from techniques.base import KERAS_ONLY, NotApplicable, Technique, is_layer_graph, kernels
+from tasks.training import Fitted, KeepBestWeights, evaluate_test_accuracy, fit
+from techniques.base import (
+    KERAS_ONLY,
+    NotApplicable,
+    Technique,
+    derived_model,
+    is_layer_graph,
+    kernels,
+)
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import PruneConfig
 from tfopt.fileio import gzip_size_bytes
@@ -158,25 +165,17 @@ def prune_model(
     overall = overall_sparsity(stripped)
     logger.info("%s: overall kernel sparsity %.3f (target %.2f); per layer %s", name, overall,
                 effective_sparsity(cfg), {k: round(v, 3) for k, v in per_layer.items()})
-    return ModelArtifact(
-        name=name,
-        path=path,
-        format="keras",
-        image_size=model.image_size,
-        num_classes=model.num_classes,
-        class_names=model.class_names,
-        input_scale=model.input_scale,
+    return derived_model(
+        model, name, path, fitted,
         params={"technique": "pruning", "target_sparsity": effective_sparsity(cfg),
                 "pattern": "2:4" if cfg.structured_2_4 else "unstructured",
-                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
-                "kept_epoch": kept_epoch(fitted), **fitted.reader},
+                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate},
         metrics={
             "sparsity": overall,
             **{f"sparsity.{layer}": value for layer, value in per_layer.items()},
             "test_accuracy": evaluate_test_accuracy(stripped, data),
             "keras_gzip_bytes": float(gzip_size_bytes(path)),
         },
-        history=fitted.curves,
     )
 
 

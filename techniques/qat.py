@@ -9,8 +9,8 @@ from prefect import task
 
 from tasks.export_savedmodel import save_serving_savedmodel
 from tasks.keras_models import copy_model, load_keras_model
-from tasks.training import evaluate_test_accuracy, fit, kept_epoch
-from techniques.base import KERAS_ONLY, NotApplicable, Technique, is_layer_graph
+from tasks.training import evaluate_test_accuracy, fit
+from techniques.base import KERAS_ONLY, NotApplicable, Technique, derived_model, is_layer_graph
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import QatConfig
 from tfopt.logs import step_logger
@@ -65,19 +65,11 @@ def quantize_aware_train(
     logger.info("QAT model test accuracy (fake-quantized): %.4f", accuracy)
     path = out_dir / f"{SOURCE_NAME}-savedmodel"
     save_serving_savedmodel(qat, model.image_size, path, model.class_names)
-    return ModelArtifact(
-        name=SOURCE_NAME,
-        path=path,
-        format="savedmodel",
-        image_size=model.image_size,
-        num_classes=model.num_classes,
-        class_names=model.class_names,
-        input_scale=model.input_scale,
+    return derived_model(
+        model, SOURCE_NAME, path, fitted, fmt="savedmodel",
         params={"technique": "quantization-aware training", "scheme": "Default8BitQuantizeScheme",
-                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
-                "kept_epoch": kept_epoch(fitted), **fitted.reader},
+                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate},
         metrics={"test_accuracy": accuracy},
-        history=fitted.curves,
     )
 
 
