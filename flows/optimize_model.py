@@ -34,6 +34,7 @@ from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.package_models import package_models
 from tasks.pick_champion import pick_champion
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
+from tasks.quantize_onnx import quantize_onnx
 from tasks.runoff import run_off
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
@@ -43,6 +44,7 @@ from tfopt import tracking
 from tfopt.artifacts import (
     BatchSweepResult,
     BenchmarkInputs,
+    DatasetArtifact,
     InputPipelineResult,
     LayoutResult,
     ModelArtifact,
@@ -51,7 +53,7 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.config import BenchmarkConfig, ConvertConfig, PipelineConfig, check_paths
+from tfopt.config import BenchmarkConfig, ConvertConfig, InputScale, PipelineConfig, check_paths
 from tfopt.fileio import atomic_write_json
 from tfopt.orchestration import StepProgress, claim_flow_run
 from tfopt.prefect_artifacts import publish_prefect_artifacts
@@ -211,11 +213,25 @@ def _baseline_variants(
         variants.append(onnx)
         if onnx.status == "ok":
             _bundle_tensorrt(savedmodel, onnx, cfg.tensorrt_max_batch, run_dir, run)
+        variants += _onnx_quantized(onnx, data.dataset, cfg, variants_dir, savedmodel.input_scale)
     variants.append(skipped(
         plan_variant(source, "savedmodel", form="tftrt"),
         tftrt_unavailable_reason()
         or "TF-TRT conversion is not built into tfopt; use the ONNX TensorRT bundle"))
     return variants
+
+
+def _onnx_quantized(
+    onnx: VariantSpec, dataset: DatasetArtifact, cfg: ConvertConfig, variants_dir: Path,
+    scale: InputScale,
+) -> list[VariantSpec]:
+    """ONNX Runtime's own quantizations of the float ONNX model (failed if that has failed)."""
+    planned = [plan_variant(onnx.source, "onnx", precision, derived_from=onnx.name)
+               for precision in cfg.onnx_quantize]
+    if onnx.status != "ok":
+        return [failed(spec, f"{onnx.name} was not built: {onnx.error}") for spec in planned]
+    return [built_or_failed(quantize_onnx(onnx, spec, dataset, cfg, variants_dir, scale,
+                                          return_state=True), spec) for spec in planned]
 
 
 def _tensorflow_forms(

@@ -1,4 +1,4 @@
-"""Convert a SavedModel to TFLite: fp32, or post-training dynamic-range, float16 or int8."""
+"""Convert a SavedModel to TFLite: fp32, or post-training dynamic-range, float16, int8 or 16x8."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ def representative_images(
         yield [image[np.newaxis]]
 
 
+_INTEGER_OPS = {
+    "int8": tf.lite.OpsSet.TFLITE_BUILTINS_INT8,
+    "int16x8": tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
+}
+
+
 def configure_converter(
     converter: tf.lite.TFLiteConverter,
     precision: Precision,
@@ -39,12 +45,12 @@ def configure_converter(
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if precision == "float16":
         converter.target_spec.supported_types = [tf.float16]
-    elif precision == "int8":
+    elif precision in ("int8", "int16x8"):
         converter.representative_dataset = lambda: representative_images(
             dataset, cfg.calibration_examples, scale
         )
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        if cfg.int8_io:
+        converter.target_spec.supported_ops = [_INTEGER_OPS[precision]]
+        if precision == "int8" and cfg.int8_io:
             converter.inference_input_type = tf.int8
             converter.inference_output_type = tf.int8
 
@@ -63,7 +69,8 @@ def convert_tflite(
         savedmodel: The exported SavedModel (left unchanged).
         variant: The planned TFLite variant; its precision is ``fp32`` (no quantization),
             ``dynamic`` (int8 weights, float activations), ``float16`` (float16 weights) or
-            ``int8`` (integer weights and activations, calibrated on training examples).
+            ``int8`` (integer weights and activations, calibrated on training examples) or
+            ``int16x8`` (int16 activations, int8 weights, calibrated likewise).
         dataset: Source of the int8 calibration examples (training split).
         cfg: Calibration size and integer input/output choice.
         out_dir: Folder to write ``<variant name>.tflite`` (and ``labels.txt``) into.
@@ -82,4 +89,6 @@ def convert_tflite(
     params: dict[str, str | int | float | bool] = {"converter": "TFLiteConverter.from_saved_model"}
     if variant.precision == "int8":
         params.update(calibration_examples=cfg.calibration_examples, int8_io=cfg.int8_io)
+    elif variant.precision == "int16x8":
+        params.update(calibration_examples=cfg.calibration_examples)
     return built(variant, path, **params)

@@ -76,6 +76,11 @@ def tflite_op_flops(interpreter: object) -> list[tuple[str, str, float]]:
     return counted
 
 
+# Dense ops by their weights' shape; the Integer ones are what ONNX Runtime's dynamic
+# quantization leaves (a QDQ model keeps Conv/Gemm/MatMul behind DequantizeLinear).
+_ONNX_COUNTED = frozenset({"Conv", "ConvInteger", "Gemm", "MatMul", "MatMulInteger"})
+
+
 def onnx_flops(path: Path) -> float:
     """FLOPs per example of an ONNX file (shapes inferred, symbolic batch taken as 1)."""
     import onnx
@@ -91,13 +96,13 @@ def onnx_flops(path: Path) -> float:
         shapes[initializer.name] = list(numpy_helper.to_array(initializer).shape)
     total = 0.0
     for node in graph.node:
-        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2:
+        if node.op_type not in _ONNX_COUNTED or len(node.input) < 2:
             continue
         weights, output = shapes.get(node.input[1]), shapes.get(node.output[0])
         if not weights or not output:
             continue
         out_elements = float(np.prod(output)) / max(output[0], 1)
-        if node.op_type == "Conv":  # weights [out, in / group, kh, kw]
+        if node.op_type in ("Conv", "ConvInteger"):  # weights [out, in / group, kh, kw]
             total += 2.0 * float(np.prod(weights[1:])) * out_elements
         else:
             transposed = any(a.name == "transB" and a.i for a in node.attribute)

@@ -145,13 +145,16 @@ def _import_tflite(path: Path, dataset: DatasetArtifact, out_dir: Path,
 
 
 def tflite_precision(runner: object) -> Precision:
-    """What a ``.tflite`` file holds: int8, float16, dynamic or fp32.
+    """What a ``.tflite`` file holds: int16x8, int8, float16, dynamic or fp32.
 
-    int8 means integer activations (an integer input, or a QUANTIZE op after a float input);
-    float16 and dynamic are float16 or int8 weights with float activations.
+    int16x8 means int16 activations; int8 integer activations (an integer input, or a QUANTIZE
+    op after a float input); float16 and dynamic are float16 or int8 weights with float
+    activations.
     """
     interpreter = runner.interpreter  # type: ignore[attr-defined]
     ops = {op["op_name"] for op in interpreter._get_ops_details()}  # no public API lists the ops
+    if any(np.dtype(t["dtype"]) == np.int16 for t in interpreter.get_tensor_details()):
+        return "int16x8"
     if np.dtype(runner.input_dtype).kind in "iu" or "QUANTIZE" in ops:  # type: ignore[attr-defined]
         return "int8"
     dtypes = {np.dtype(t["dtype"]) for t in interpreter.get_tensor_details()}

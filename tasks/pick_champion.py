@@ -64,12 +64,12 @@ def p50_interval(result: VariantResult, runoff: Runoff | None = None) -> tuple[f
     return result.latency_ms.p50_ci95
 
 
-_PRECISION_ORDER = {"fp32": 0, "float16": 1, "dynamic": 2, "int8": 3}
+_PRECISION_ORDER = {"fp32": 0, "float16": 1, "dynamic": 2, "int8": 3, "int16x8": 4}
 
 
 def simplicity(result: VariantResult) -> tuple[int, int, int]:
     """Sort key of how much was done to a variant: fewer steps sort first."""
-    return (result.source != "baseline", _PRECISION_ORDER.get(result.precision, 4),
+    return (result.source != "baseline", _PRECISION_ORDER.get(result.precision, 5),
             result.format == "xla")
 
 

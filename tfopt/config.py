@@ -109,6 +109,7 @@ class DataConfig(_Section):
 _BUILDER_PATTERN = r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$"
 InputScale = Literal["unit", "symmetric", "raw"]
 ModelKind = Literal["keras", "savedmodel", "tflite", "onnx"]
+TflitePrecision = Literal["fp32", "dynamic", "float16", "int8", "int16x8"]
 _MODEL_FILE_SUFFIXES: dict[str, ModelKind] = {
     ".keras": "keras", ".h5": "keras", ".tflite": "tflite", ".onnx": "onnx"}
 
@@ -248,11 +249,13 @@ class TrainConfig(_Section):
 class ConvertConfig(_Section):
     """Which converted and compiled forms of each model to build and benchmark."""
 
-    tflite: list[Literal["fp32", "dynamic", "float16", "int8"]] = Field(
+    tflite: list[TflitePrecision] = Field(
         default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
         description=(
             "TFLite post-training precisions: fp32 (none), dynamic (int8 weights, float "
-            "activations), float16 (float16 weights), int8 (full integer, calibrated)."
+            "activations), float16 (float16 weights), int8 (full integer, calibrated), "
+            "int16x8 (int16 activations, int8 weights, calibrated: closer to float than int8, "
+            "on reference kernels)."
         ),
     )
     calibration_examples: int = Field(
@@ -272,6 +275,15 @@ class ConvertConfig(_Section):
     dump_hlo: bool = Field(False, description="Save the jit-compiled model's HLO as an artifact.")
     onnx: bool = Field(True, description="Export ONNX with tf2onnx and benchmark ONNX Runtime.")
     onnx_opset: int = Field(17, ge=17, le=21, description="ONNX opset for the export.")
+    onnx_quantize: list[Literal["dynamic", "int8"]] = Field(
+        default_factory=lambda: ["dynamic", "int8"],
+        description=(
+            "ONNX Runtime's own quantization of the exported model: dynamic "
+            "(quantize_dynamic, int8 weights) and int8 (quantize_static, QDQ, uint8 "
+            "activations and per-channel int8 weights, calibrated on the same "
+            "calibration_examples as TFLite's int8)."
+        ),
+    )
     onnx_atol: float = Field(
         1e-4, gt=0.0, le=1.0,
         description="Largest allowed |ONNX - SavedModel| probability difference on test inputs.",
@@ -428,7 +440,7 @@ class CompressConfig(_Section):
         default_factory=DistillConfig, description="Knowledge distillation."
     )
     qat: QatConfig = Field(default_factory=QatConfig, description="Quantization-aware training.")
-    tflite: list[Literal["fp32", "dynamic", "float16", "int8"]] = Field(
+    tflite: list[TflitePrecision] = Field(
         default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
         description="TFLite precisions built for each compressed model (QAT is always int8).",
     )
@@ -683,7 +695,7 @@ class BenchmarkOnlyConfig(_Section):
     format: Literal["auto", "graph", "xla", "savedmodel", "tflite", "onnx"] = Field(
         "auto", description="The model's format (auto: from the file)."
     )
-    precision: Literal["auto", "fp32", "float16", "dynamic", "int8"] = Field(
+    precision: Literal["auto", "fp32", "float16", "dynamic", "int8", "int16x8"] = Field(
         "auto", description="Its precision (auto: the registered run's, else fp32)."
     )
     data: DataConfig = Field(default_factory=DataConfig, description="Test data (test split).")

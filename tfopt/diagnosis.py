@@ -14,10 +14,18 @@ _SLOWER_REASONS = {
                       "arithmetic: the gain is size, not speed",
     "tflite-int8": "this CPU's int8 kernels do not beat its float kernels for this op mix "
                    "(quantize/dequantize at the edges costs too)",
+    "tflite-int16x8": "16x8 kernels are TFLite's reference kernels (XNNPACK has none): the "
+                      "gain is accuracy closer to float than int8 at int8-size weights, "
+                      "not speed",
     "xla": "XLA's CPU backend parallelises worse than TensorFlow's own kernels, and small "
            "models gain little from fusion",
     "savedmodel": "the signature call adds argument flattening and a function call per inference",
     "onnx": "ONNX Runtime's CPU kernels are slower than TensorFlow's for this graph",
+    "onnx-dynamic": "ONNX Runtime's dynamic quantization turns convolutions into ConvInteger, "
+                    "which quantizes activations at every call and is slower than float Conv "
+                    "on x86",
+    "onnx-int8": "QuantizeLinear/DequantizeLinear at the edges of each quantized island cost "
+                 "more than the int8 kernels save on this model",
     "compressed": "sparsity and smaller weights do not speed up dense kernels: the gain is "
                   "compressed size (or a smaller network's fewer operations, if any)",
 }
@@ -29,6 +37,8 @@ def slowdown_reason(result: VariantResult, reference: VariantResult) -> str:
         return "compressed"
     if result.format == "tflite":
         return f"tflite-{result.precision}"
+    if result.format == "onnx" and result.precision != "fp32":
+        return f"onnx-{result.precision}"
     return result.format
 
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_OK = {
     "baseline-graph", "baseline-savedmodel", "baseline-xla", "baseline-xla-autocluster",
     "baseline-tflite-fp32", "baseline-tflite-dynamic", "baseline-tflite-float16",
-    "baseline-tflite-int8", "baseline-onnx",
+    "baseline-tflite-int8", "baseline-onnx", "baseline-onnx-int8",
 }
 EXPECTED_COMPRESSED = {
     "pruned-80-graph", "pruned-80-tflite-int8", "distilled-small-graph",

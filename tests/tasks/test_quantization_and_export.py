@@ -10,6 +10,7 @@ import pytest
 
 from tasks.benchmark_variant import benchmark_variant
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
+from tasks.import_model import tflite_precision
 from tasks.input_pipeline import load_split_arrays
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.runners import GraphRunner, OnnxRunner, SavedModelRunner, TFLiteRunner, softmax
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Largest |Δ probability| against the float SavedModel, and least top-1 agreement, per precision.
 TOLERANCE = {"fp32": (1e-4, 1.0), "float16": (2e-2, 0.95), "dynamic": (0.1, 0.9),
-             "int8": (0.15, 0.85)}
+             "int8": (0.15, 0.85), "int16x8": (0.05, 0.95)}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def reference_probs(tiny_savedmodel, test_images):
     return softmax(SavedModelRunner(tiny_savedmodel.path).predict(test_images))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "float16", "dynamic", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "float16", "dynamic", "int8", "int16x8"])
 def test_ptq_variant_converts_loads_and_agrees_with_float(
     precision, tiny_savedmodel, tiny_dataset, test_images, reference_probs, tmp_path
 ):
@@ -69,6 +70,22 @@ def test_int8_model_holds_int8_tensors_and_int8_io(tiny_savedmodel, tiny_dataset
     assert np.mean(np.argmax(probs, 1) == np.argmax(reference_probs, 1)) >= 0.85
 
 
+def test_int16x8_holds_int16_activations_and_int8_weights(tiny_savedmodel, tiny_dataset,
+                                                          tmp_path):
+    cfg = ConvertConfig(calibration_examples=20)
+    variant = to_tflite(tiny_savedmodel, "int16x8", tiny_dataset, cfg, tmp_path)
+    runner = TFLiteRunner(variant.path)
+    assert runner.input_dtype == np.float32
+    details = runner.interpreter.get_tensor_details()
+    kernels = [d for d in details if len(d["shape"]) == 4 and d["shape"][0] > 3
+               and "conv" in d["name"].lower() and d["dtype"] != np.float32]
+    assert kernels and all(d["dtype"] == np.int8 for d in kernels)
+    activations = [d for d in details if len(d["shape"]) == 4 and d["shape"][0] == 1]
+    assert any(d["dtype"] == np.int16 for d in activations)
+    assert not any(d["dtype"] == np.int8 for d in activations)
+    assert tflite_precision(runner) == "int16x8"
+
+
 def test_int8_is_much_smaller_than_fp32(tiny_savedmodel, tiny_dataset, tmp_path):
     cfg = ConvertConfig(calibration_examples=10)
     fp32 = to_tflite(tiny_savedmodel, "fp32", tiny_dataset, cfg, tmp_path)
@@ -84,6 +101,36 @@ def test_onnx_export_agrees_with_the_savedmodel(tiny_savedmodel, tiny_dataset, t
     np.testing.assert_allclose(probs, reference_probs, atol=1e-4)
     single = softmax(OnnxRunner(variant.path).predict(test_images[:1]))
     np.testing.assert_allclose(single, reference_probs[:1], atol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["dynamic", "int8"])
+def test_onnx_runtime_quantization_agrees_with_float_and_is_smaller(
+    precision, tiny_savedmodel, tiny_dataset, tmp_path, test_images, reference_probs
+):
+    import onnx
+
+    from tasks.flops import onnx_flops
+    from tasks.quantize_onnx import quantize_onnx
+
+    cfg = ConvertConfig(calibration_examples=20)
+    source = to_onnx(tiny_savedmodel, tiny_dataset, cfg, tmp_path)
+    before = sha256_file(source.path)
+    planned = plan_variant("baseline", "onnx", precision, derived_from=source.name)
+    variant = quantize_onnx.fn(source, planned, tiny_dataset, cfg, tmp_path)
+    assert variant.name == f"baseline-onnx-{precision}" and variant.path.exists()
+    assert sha256_file(source.path) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    graph = onnx.load(str(variant.path)).graph
+    ops = {node.op_type for node in graph.node}
+    assert ({"QuantizeLinear", "DequantizeLinear"} <= ops if precision == "int8"
+            else "ConvInteger" in ops or "MatMulInteger" in ops), ops
+    largest = max(graph.initializer, key=lambda t: np.prod(t.dims))
+    assert largest.data_type == onnx.TensorProto.INT8, "weights stored as int8"
+    assert variant.path.stat().st_size < source.path.stat().st_size
+    assert onnx_flops(variant.path) == pytest.approx(onnx_flops(source.path))
+    probs = softmax(OnnxRunner(variant.path).predict(test_images))
+    assert np.max(np.abs(probs - reference_probs)) <= 0.15
+    assert np.mean(np.argmax(probs, 1) == np.argmax(reference_probs, 1)) >= 0.85
 
 
 def test_onnx_mismatch_beyond_tolerance_fails(tiny_savedmodel, tiny_dataset, tmp_path):
