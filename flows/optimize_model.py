@@ -54,6 +54,7 @@ from tfopt.artifacts import (
     VariantSpec,
 )
 from tfopt.config import BenchmarkConfig, ConvertConfig, InputScale, PipelineConfig, check_paths
+from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.fileio import atomic_write_json
 from tfopt.orchestration import StepProgress, claim_flow_run
 from tfopt.prefect_artifacts import publish_prefect_artifacts
@@ -244,14 +245,20 @@ def _tensorflow_forms(
     xla_forms = [plan_variant(source, "xla", form="xla" if mode == "jit_compile" else
                               f"xla-{mode}", derived_from=graph.name, path=baseline.path,
                               params={"xla_mode": mode}) for mode in cfg.xla]
+    bf16 = [plan_variant(source, "graph", "bfloat16", derived_from=graph.name, path=baseline.path,
+                         params={"rewrite": "auto_mixed_precision_onednn_bfloat16"})
+            ] if cfg.bfloat16 else []
     if baseline.format != "keras":
         reason = "needs a tf_keras model; model.path is a plain SavedModel"
-        return [skipped(graph, reason), served, *(skipped(x, reason) for x in xla_forms)]
+        return [skipped(graph, reason), served,
+                *(skipped(x, reason) for x in [*xla_forms, *bf16])]
+    no_bf16 = bf16_unavailable_reason()
+    bf16 = [skipped(x, no_bf16) for x in bf16] if no_bf16 else bf16
     if cfg.dump_hlo and "jit_compile" in cfg.xla:
         variants_dir.mkdir(parents=True, exist_ok=True)
         xla_forms = [built(x, baseline.path, hlo_path=str(variants_dir / f"{x.name}.hlo.txt"))
                      if x.params.get("xla_mode") == "jit_compile" else x for x in xla_forms]
-    return [graph, served, *xla_forms]
+    return [graph, served, *xla_forms, *bf16]
 
 
 def _as_given(baseline: ModelArtifact) -> list[VariantSpec]:

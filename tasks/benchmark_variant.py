@@ -72,6 +72,9 @@ def _measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
         return measure_in_subprocess(variant, inputs, cfg)
     if variant.params.get("xla_mode") == "autocluster":
         raise ValueError("XLA auto-clustering needs benchmark.isolate=true (process-wide flags)")
+    if variant.precision == "bfloat16":
+        raise ValueError("a bfloat16 variant needs benchmark.isolate=true (a process-wide "
+                         "graph rewrite)")
     if cfg.cpus:
         raise ValueError("benchmark.cpus needs benchmark.isolate=true (it pins that process)")
     return measure_variant(variant, inputs, cfg)

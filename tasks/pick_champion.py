@@ -64,12 +64,13 @@ def p50_interval(result: VariantResult, runoff: Runoff | None = None) -> tuple[f
     return result.latency_ms.p50_ci95
 
 
-_PRECISION_ORDER = {"fp32": 0, "float16": 1, "dynamic": 2, "int8": 3, "int16x8": 4}
+_PRECISION_ORDER = {"fp32": 0, "float16": 1, "bfloat16": 2, "dynamic": 3, "int8": 4,
+                    "int16x8": 5}
 
 
 def simplicity(result: VariantResult) -> tuple[int, int, int]:
     """Sort key of how much was done to a variant: fewer steps sort first."""
-    return (result.source != "baseline", _PRECISION_ORDER.get(result.precision, 5),
+    return (result.source != "baseline", _PRECISION_ORDER.get(result.precision, 6),
             result.format == "xla")
 
 

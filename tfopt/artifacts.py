@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tfopt.config import InputConfig, InputScale
 
 VariantFormat = Literal["keras", "graph", "xla", "savedmodel", "tflite", "onnx"]
-Precision = Literal["fp32", "float16", "dynamic", "int8", "int16x8"]
+Precision = Literal["fp32", "float16", "bfloat16", "dynamic", "int8", "int16x8"]
 Status = Literal["ok", "failed", "skipped"]
 
 

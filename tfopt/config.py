@@ -272,6 +272,14 @@ class ConvertConfig(_Section):
             "(--tf_xla_auto_jit=2)."
         ),
     )
+    bfloat16: bool = Field(
+        True,
+        description=(
+            "A bfloat16 form of the Keras graph (oneDNN's automatic bfloat16 mixed precision, "
+            "measured in its own process) where the CPU has bf16 instructions (AVX512-BF16, "
+            "AMX-BF16); skipped with the reason elsewhere."
+        ),
+    )
     dump_hlo: bool = Field(False, description="Save the jit-compiled model's HLO as an artifact.")
     onnx: bool = Field(True, description="Export ONNX with tf2onnx and benchmark ONNX Runtime.")
     onnx_opset: int = Field(17, ge=17, le=21, description="ONNX opset for the export.")

@@ -17,6 +17,8 @@ _SLOWER_REASONS = {
     "tflite-int16x8": "16x8 kernels are TFLite's reference kernels (XNNPACK has none): the "
                       "gain is accuracy closer to float than int8 at int8-size weights, "
                       "not speed",
+    "bfloat16": "the bfloat16 rewrite adds casts around every converted op; on a small model "
+                "they cost more than bf16 kernels (AVX512-BF16/AMX) save",
     "xla": "XLA's CPU backend parallelises worse than TensorFlow's own kernels, and small "
            "models gain little from fusion",
     "savedmodel": "the signature call adds argument flattening and a function call per inference",
@@ -35,6 +37,8 @@ def slowdown_reason(result: VariantResult, reference: VariantResult) -> str:
     """The reason key for `result` coming out slower than `reference`, from their fields."""
     if result.source != reference.source:
         return "compressed"
+    if result.precision == "bfloat16":
+        return "bfloat16"
     if result.format == "tflite":
         return f"tflite-{result.precision}"
     if result.format == "onnx" and result.precision != "fp32":

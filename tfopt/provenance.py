@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from tfopt.cpu_features import inference_features
 from tfopt.services import ServiceSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +88,7 @@ def environment(
 
     return {
         "cpu": cpu_model(),
+        "cpu_features": " ".join(inference_features()) or "unknown",
         "cores": str(os.cpu_count()),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),

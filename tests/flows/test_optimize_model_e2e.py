@@ -18,6 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.live import free_port, run_tfopt
+from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.demo_data import write_demo_images
 from tfopt.services import is_healthy
 
@@ -68,7 +69,11 @@ def test_summary_has_the_contract_keys(smoke_run):
             "chosen_batch_size"} <= set(pipeline)
     assert all(pipeline[k] > 0 for k in pipeline if k != "cache")
     by_name = {v["name"]: v for v in summary["variants"]}
-    assert set(by_name) == EXPECTED_OK | EXPECTED_COMPRESSED | {"baseline-tftrt-fp32"}
+    assert set(by_name) == EXPECTED_OK | EXPECTED_COMPRESSED | {"baseline-tftrt-fp32",
+                                                                "baseline-graph-bfloat16"}
+    bf16, no_bf16 = by_name["baseline-graph-bfloat16"], bf16_unavailable_reason()
+    assert bf16["status"] == ("skipped" if no_bf16 else "ok"), bf16
+    assert summary["environment"]["cpu_features"]
     assert by_name["baseline-tftrt-fp32"]["status"] == "skipped"
     assert "TensorRT" in by_name["baseline-tftrt-fp32"]["error"]
     for name in EXPECTED_OK:

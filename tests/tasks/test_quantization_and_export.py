@@ -17,6 +17,7 @@ from tasks.runners import GraphRunner, OnnxRunner, SavedModelRunner, TFLiteRunne
 from tests.steps import to_onnx, to_tflite
 from tfopt.artifacts import VariantSpec
 from tfopt.config import BenchmarkConfig, ConvertConfig
+from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.fileio import sha256_file
 from tfopt.variants import plan_variant
 
@@ -303,3 +304,39 @@ def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
     assert "round_p50_ms" in response
     assert runoff_contenders(results, cfg.model_copy(update={"runoff_margin": None})) == []
     assert runoff_contenders(results, cfg.model_copy(update={"objective": "size"})) == []
+
+
+_LOGITS_OF = """
+import sys
+import numpy as np
+from pathlib import Path
+from tasks.runners import load_runner
+from tfopt.variants import plan_variant
+runner = load_runner(plan_variant("baseline", "graph", sys.argv[1], path=Path(sys.argv[2])))
+np.save(sys.argv[4], runner.predict(np.load(sys.argv[3])))
+"""
+
+
+@pytest.mark.skipif(bf16_unavailable_reason() is not None,
+                    reason=str(bf16_unavailable_reason()))
+def test_bfloat16_graph_variant_is_rewritten_and_measured_in_its_own_process(
+    tiny_baseline, tiny_dataset, tmp_path
+):
+    inputs = prepare_benchmark_inputs.fn(None, tiny_dataset, tmp_path / "inputs")
+    logits = {}
+    for precision in ("fp32", "bfloat16"):
+        out = tmp_path / f"{precision}.npy"
+        subprocess.run([sys.executable, "-c", _LOGITS_OF, precision, str(tiny_baseline.path),
+                        str(inputs.images), str(out)], check=True, cwd=ROOT, capture_output=True)
+        logits[precision] = np.load(out)
+    difference = np.max(np.abs(logits["fp32"] - logits["bfloat16"]))
+    assert 0 < difference < 0.5, "bf16 rounding shows: the graph was rewritten"
+    assert np.mean(logits["fp32"].argmax(1) == logits["bfloat16"].argmax(1)) >= 0.9
+    spec = plan_variant("baseline", "graph", "bfloat16", derived_from="baseline-graph",
+                        path=tiny_baseline.path)
+    assert spec.name == "baseline-graph-bfloat16"
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, min_seconds=0, max_seconds=2)
+    result = benchmark_variant.fn(spec, inputs, cfg)
+    assert result.status == "ok" and result.precision == "bfloat16" and result.accuracy > 0.5
+    with pytest.raises(ValueError, match=r"needs benchmark\.isolate"):
+        benchmark_variant.fn(spec, inputs, cfg.model_copy(update={"isolate": False}))
