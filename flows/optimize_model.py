@@ -36,6 +36,7 @@ from tasks.pick_champion import pick_champion
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.quantize_onnx import quantize_onnx
 from tasks.runoff import run_off
+from tasks.select_int8 import select_int8_layers
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_report import write_report
@@ -206,6 +207,8 @@ def _baseline_variants(
     tflite = [plan_variant(source, "tflite", p, derived_from=None if p == "fp32" else fp32.name)
               for p in cfg.tflite]
     variants += tflite_conversions(savedmodel, tflite, data.dataset, cfg, variants_dir)
+    if cfg.selective_int8 and "int8" in cfg.tflite:
+        variants.append(_selective_int8(savedmodel, data.dataset, config, variants_dir))
     if cfg.onnx:
         planned = plan_variant(source, "onnx",
                                derived_from=plan_variant(source, "savedmodel").name)
@@ -220,6 +223,19 @@ def _baseline_variants(
         tftrt_unavailable_reason()
         or "TF-TRT conversion is not built into tfopt; use the ONNX TensorRT bundle"))
     return variants
+
+
+def _selective_int8(
+    savedmodel: ModelArtifact, dataset: DatasetArtifact, config: PipelineConfig, variants_dir: Path
+) -> VariantSpec:
+    """Int8 with its worst layers kept in float, if full int8 misses the accuracy budget."""
+    source = savedmodel.name
+    planned = plan_variant(source, "tflite", "int8", form="tflite-selective",
+                           derived_from=plan_variant(source, "tflite", "int8").name)
+    state = select_int8_layers(savedmodel, planned, dataset, config.convert,
+                               config.benchmark.accuracy_budget_points, config.benchmark.threads,
+                               variants_dir, return_state=True)
+    return built_or_failed(state, planned)
 
 
 def _onnx_quantized(

@@ -272,6 +272,16 @@ class ConvertConfig(_Section):
             "(--tf_xla_auto_jit=2)."
         ),
     )
+    selective_int8: bool = Field(
+        True,
+        description=(
+            "When full int8 loses more than benchmark.accuracy_budget_points on the validation "
+            "split, keep the layers that quantize worst (QuantizationDebugger) in float, one at "
+            "a time, until it is within budget: the variant <source>-tflite-selective-int8."
+        ),
+    )
+    selective_max_float_layers: int = Field(
+        8, ge=1, le=1000, description="The most layers selective int8 may keep in float.")
     bfloat16: bool = Field(
         True,
         description=(

@@ -1,0 +1,267 @@
+"""Accuracy-driven selective int8: keep the layers that quantize worst in float until in budget.
+
+When full-integer int8 loses more than the accuracy budget on the validation split, LiteRT's
+``QuantizationDebugger`` measures every quantized layer, the layers are ranked, and the worst
+ones are kept in float (``denylisted_nodes``) one at a time until the model is within budget.
+Each step's validation accuracy and batch-1 latency are recorded, so the report says what each
+float layer bought and cost.
+
+The ranking: a layer whose output range is set by a few outlier channels quantizes the others
+below one step and destroys them, the classic int8 failure. The debugger's own statistics
+compare each quantized op with a float op fed the *same quantized inputs*, so an error made
+upstream shows again in every layer after it. The first key is therefore the layer's own
+grid against its true float values: the share of its channels whose root-mean-square, in the
+float model on the debug images, is below one quantization step. Ties (layers that crush
+nothing) are broken by the debugger's per-layer error: the mean over channels of the error's
+RMS relative to the float value's RMS.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+from prefect import task
+
+from tasks.convert_tflite import representative_images
+from tasks.input_pipeline import load_split
+from tasks.runners import TFLiteRunner
+from tfopt.artifacts import DatasetArtifact, ModelArtifact, VariantSpec
+from tfopt.config import ConvertConfig
+from tfopt.fileio import atomic_write_bytes
+from tfopt.logs import step_logger
+from tfopt.serving import SIGNATURE_KEY
+from tfopt.variants import built, failed, skipped
+
+DEBUG_EXAMPLES = 64
+_TIMED_RUNS = 300
+_WARMUP_RUNS = 50
+_LIVE = 1e-6
+
+
+class NoQuantizableLayerError(ValueError):
+    """The debugger found no quantized layer to rank."""
+
+
+@dataclass(frozen=True)
+class LayerError:
+    """One quantized layer's ranking keys."""
+
+    tensor: str
+    op: str
+    below_step: float
+    channel_error: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """The model after keeping one more layer in float."""
+
+    float_layer: str
+    val_accuracy: float
+    p50_ms: float
+
+
+def channel_error(float_values: np.ndarray, quantized: np.ndarray, scale: float,
+                  zero_point: int) -> float:
+    """Mean over channels of RMS(quantized - float) / RMS(float), dead channels left out.
+
+    A ``layer_direct_compare_metrics`` function of the debugger (channels on the last axis).
+    """
+    values = np.asarray(float_values, np.float32)
+    values = values.reshape(-1, values.shape[-1]) if values.ndim else values.reshape(1, 1)
+    restored = (np.asarray(quantized, np.float32).reshape(values.shape) - zero_point) * scale
+    signal = np.sqrt(np.mean(values**2, axis=0))
+    noise = np.sqrt(np.mean((restored - values) ** 2, axis=0))
+    live = signal > _LIVE
+    return float(np.mean(noise[live] / signal[live])) if live.any() else 0.0
+
+
+def float_channel_rms(float_model: bytes, images: np.ndarray) -> dict[str, np.ndarray]:
+    """Per tensor of the float TFLite model, the RMS of each channel over `images`."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=float_model, experimental_preserve_all_tensors=True)
+    interpreter.allocate_tensors()
+    image_input = interpreter.get_input_details()[0]
+    tensors = [(t["name"], t["index"]) for t in interpreter.get_tensor_details()
+               if np.dtype(t["dtype"]) == np.float32 and len(t["shape"]) >= 2]
+    squares: dict[str, list[np.ndarray]] = {}
+    for image in images:
+        interpreter.set_tensor(image_input["index"], image[np.newaxis])
+        interpreter.invoke()
+        for name, index in tensors:
+            try:
+                value = interpreter.get_tensor(index)
+            except ValueError:  # a constant or a tensor the runtime did not keep
+                continue
+            flat = value.reshape(-1, value.shape[-1])
+            squares.setdefault(name, []).append(np.mean(flat**2, axis=0))
+    return {name: np.sqrt(np.mean(rows, axis=0)) for name, rows in squares.items()}
+
+
+def share_below_step(rms: np.ndarray | None, scale: float) -> float:
+    """The share of live channels whose float RMS is below one quantization step."""
+    if rms is None:
+        return 0.0
+    live = rms > _LIVE
+    return float(np.mean(rms[live] < scale)) if live.any() else 0.0
+
+
+def rank_layers(statistics_csv: str, rms: dict[str, np.ndarray]) -> list[LayerError]:
+    """The debugger's layers, worst first (see the module docstring).
+
+    Args:
+        statistics_csv: ``QuantizationDebugger.layer_statistics_dump`` output, with a
+            ``channel_error`` column.
+        rms: `float_channel_rms` of the float model.
+
+    Raises:
+        NoQuantizableLayerError: The dump lists no layer.
+    """
+    layers = [
+        LayerError(tensor=row["tensor_name"], op=row["op_name"],
+                   below_step=share_below_step(rms.get(row["tensor_name"]), float(row["scale"])),
+                   channel_error=float(row["channel_error"]))
+        for row in csv.DictReader(io.StringIO(statistics_csv))
+    ]
+    if not layers:
+        raise NoQuantizableLayerError("the model has no quantizable layer: int8 changes nothing")
+    return sorted(layers, key=lambda layer: (-layer.below_step, -layer.channel_error))
+
+
+def _accuracy_and_p50(content: bytes, images: np.ndarray, labels: np.ndarray, threads: int,
+                      scratch: Path) -> tuple[float, float]:
+    """Accuracy on `images` and a quick batch-1 p50 (bare invoke loop) of a .tflite model."""
+    atomic_write_bytes(scratch, content)
+    try:
+        runner = TFLiteRunner(scratch, threads)
+        accuracy = float(np.mean(np.argmax(runner.predict(images), 1) == labels))
+        prepared = runner.prepare(images[:1])[0]
+        for _ in range(_WARMUP_RUNS):
+            runner.invoke(prepared)
+        times = []
+        for _ in range(_TIMED_RUNS):
+            start = time.perf_counter()
+            runner.invoke(prepared)
+            times.append(time.perf_counter() - start)
+    finally:
+        scratch.unlink(missing_ok=True)
+    return accuracy, float(np.median(times) * 1e3)
+
+
+def _debugger(savedmodel: ModelArtifact, debug_images: Callable[[], Iterator[list[np.ndarray]]],
+              calibration: Callable[[], Iterator[list[np.ndarray]]]
+              ) -> tf.lite.experimental.QuantizationDebugger:
+    converter = tf.lite.TFLiteConverter.from_saved_model(
+        str(savedmodel.path), signature_keys=[SIGNATURE_KEY])
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = calibration
+    options = tf.lite.experimental.QuantizationDebugOptions(
+        layer_direct_compare_metrics={"channel_error": channel_error})
+    return tf.lite.experimental.QuantizationDebugger(
+        converter=converter, debug_dataset=debug_images, debug_options=options)
+
+
+@task(name="select_int8_layers", tags=["conversion"])
+def select_int8_layers(
+    savedmodel: ModelArtifact,
+    variant: VariantSpec,
+    dataset: DatasetArtifact,
+    cfg: ConvertConfig,
+    budget_points: float,
+    threads: int,
+    out_dir: Path,
+) -> VariantSpec:
+    """Int8 with the fewest float layers that keeps validation accuracy within the budget.
+
+    Args:
+        savedmodel: The exported SavedModel (left unchanged).
+        variant: The planned selective int8 variant.
+        dataset: Calibration images (training split), the accuracy check (validation split).
+        cfg: Calibration size and the most layers to keep in float.
+        budget_points: The accuracy budget against the float model, in points.
+        threads: LiteRT threads of each step's quick latency figure.
+        out_dir: Folder to write ``<variant name>.tflite`` into.
+
+    Returns:
+        The variant built; skipped when full int8 is within budget already or nothing is
+        quantizable; failed when the most float layers allowed do not bring it within budget.
+    """
+    logger = step_logger()
+    scale = savedmodel.input_scale
+    images, labels = load_split(dataset, "val", None, scale)
+    debug_images, _ = load_split(dataset, "train", DEBUG_EXAMPLES, scale)
+    scratch = out_dir / f".{variant.name}.step.tflite"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    float_model = tf.lite.TFLiteConverter.from_saved_model(
+        str(savedmodel.path), signature_keys=[SIGNATURE_KEY]).convert()
+    float_accuracy, float_p50 = _accuracy_and_p50(float_model, images, labels, threads, scratch)
+    debugger = _debugger(
+        savedmodel, lambda: ([image[np.newaxis]] for image in debug_images),
+        lambda: representative_images(dataset, cfg.calibration_examples, scale))
+    full_accuracy, full_p50 = _accuracy_and_p50(
+        debugger.get_nondebug_quantized_model(), images, labels, threads, scratch)
+    loss = (float_accuracy - full_accuracy) * 100.0
+    logger.info("val accuracy: float %.4f (%.3f ms), full int8 %.4f (%.3f ms): %.2f points "
+                "lost, budget %.2f", float_accuracy, float_p50, full_accuracy, full_p50, loss,
+                budget_points)
+    if loss <= budget_points:
+        return skipped(variant, f"not needed: full int8 loses {loss:.2f} points on the "
+                                f"validation split, within the {budget_points} budget")
+    debugger.run()
+    dump = io.StringIO()
+    debugger.layer_statistics_dump(dump)
+    try:
+        ranked = rank_layers(dump.getvalue(), float_channel_rms(float_model, debug_images))
+    except NoQuantizableLayerError as error:
+        return skipped(variant, str(error))
+    logger.info("layers by quantization damage: %s", "; ".join(
+        f"{layer.tensor} ({layer.op}, {layer.below_step:.0%} channels below a step, "
+        f"error {layer.channel_error:.3f})" for layer in ranked[:10]))
+    denied: list[str] = []
+    steps: list[Step] = []
+    content = b""
+    for layer in ranked[:cfg.selective_max_float_layers]:
+        denied.append(layer.tensor)
+        debugger.options = tf.lite.experimental.QuantizationDebugOptions(
+            denylisted_nodes=list(denied))
+        content = debugger.get_nondebug_quantized_model()
+        accuracy, p50 = _accuracy_and_p50(content, images, labels, threads, scratch)
+        steps.append(Step(layer.tensor, accuracy, p50))
+        logger.info("float %s: val accuracy %.4f, p50 %.3f ms", layer.tensor, accuracy, p50)
+        if (float_accuracy - accuracy) * 100.0 <= budget_points:
+            break
+    record = _record(ranked, steps, float_accuracy, full_accuracy, float_p50, full_p50)
+    if (float_accuracy - steps[-1].val_accuracy) * 100.0 > budget_points:
+        return failed(variant, f"still {(float_accuracy - steps[-1].val_accuracy) * 100:.2f} "
+                               f"points below the float model after keeping {len(steps)} "
+                               f"layers in float (convert.selective_max_float_layers): "
+                               f"{record['steps']}")
+    path = out_dir / f"{variant.name}.tflite"
+    atomic_write_bytes(path, content)
+    return built(variant, path, **record)
+
+
+def _record(ranked: list[LayerError], steps: list[Step], float_accuracy: float,
+            full_accuracy: float, float_p50: float, full_p50: float
+            ) -> dict[str, str | int | float | bool]:
+    """The selection as variant parameters (flat values, as MLflow takes them)."""
+    return {
+        "method": "QuantizationDebugger ranking, denylisted_nodes",
+        "float_layers": ";".join(step.float_layer for step in steps),
+        "float_layer_count": len(steps),
+        "ranked_layers": ";".join(layer.tensor for layer in ranked[:10]),
+        "float_val_accuracy": round(float_accuracy, 4),
+        "full_int8_val_accuracy": round(full_accuracy, 4),
+        "float_p50_ms_quick": round(float_p50, 4),
+        "full_int8_p50_ms_quick": round(full_p50, 4),
+        "steps": " | ".join(f"+{step.float_layer}: val {step.val_accuracy:.4f}, "
+                            f"{step.p50_ms:.3f} ms" for step in steps),
+    }

@@ -1,0 +1,111 @@
+"""Selective int8: a layer with an outlier range is found first and kept in float."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.export_savedmodel import export_savedmodel
+from tasks.keras_models import load_keras_model, save_keras_model
+from tasks.runners import TFLiteRunner
+from tasks.select_int8 import (
+    NoQuantizableLayerError,
+    channel_error,
+    rank_layers,
+    select_int8_layers,
+)
+from tfopt.config import ConvertConfig
+from tfopt.variants import plan_variant
+
+CFG = ConvertConfig(calibration_examples=50, selective_max_float_layers=4)
+
+
+def _planned():
+    return plan_variant("baseline", "tflite", "int8", form="tflite-selective",
+                        derived_from="baseline-tflite-int8")
+
+
+@pytest.fixture(scope="module")
+def digits_baseline(tmp_path_factory):
+    """A small CNN trained on all ten digits, with a validation split large enough to judge."""
+    from tasks.train_model import train_model
+    from tasks.write_tfrecords import write_tfrecords
+    from tests.conftest import write_digit_folder
+    from tests.steps import training_data
+    from tfopt.config import DataConfig, ModelConfig, TrainConfig
+
+    work = tmp_path_factory.mktemp("digits10")
+    folder = write_digit_folder(work / "images", classes=10, per_class=30)
+    dataset = write_tfrecords.fn(DataConfig(source_dir=folder, image_size=16, val_fraction=0.2,
+                                            test_fraction=0.1, shard_size_mb=0.05), work)
+    data = training_data(dataset, seed=42)
+    return dataset, train_model.fn(data, ModelConfig(width=8),
+                                   TrainConfig(epochs=15, batch_size=16), work / "models")
+
+
+@pytest.fixture(scope="module")
+def outlier_savedmodel(digits_baseline, tmp_path_factory):
+    """The baseline with one `fc` unit turned into a huge constant the logits ignore.
+
+    The float model loses that unit only; per-tensor int8 of `fc`'s output gets a step so wide
+    that every other unit rounds to zero.
+    """
+    dataset, baseline = digits_baseline
+    model = load_keras_model(baseline.path)
+    fc, logits = model.get_layer("fc"), model.get_layer("logits")
+    kernel, bias = fc.get_weights()
+    out_kernel, out_bias = logits.get_weights()
+    unit = int(np.argmin(np.abs(out_kernel).sum(axis=1)))
+    kernel[:, unit], bias[unit] = np.abs(kernel).max(), 3000.0
+    out_kernel[unit, :] = 0.0
+    fc.set_weights([kernel, bias])
+    logits.set_weights([out_kernel, out_bias])
+    folder = tmp_path_factory.mktemp("outlier")
+    path = folder / "baseline.keras"
+    save_keras_model(model, path)
+    return dataset, export_savedmodel.fn(baseline.model_copy(update={"path": path}), folder)
+
+
+def test_the_outlier_layer_is_ranked_first_and_kept_in_float_until_within_budget(
+    outlier_savedmodel, tmp_path
+):
+    dataset, savedmodel = outlier_savedmodel
+    variant = select_int8_layers.fn(savedmodel, _planned(), dataset, CFG, 3.0, 1, tmp_path)
+    params = variant.params
+    assert variant.status == "ok", variant.error
+    assert variant.name == "baseline-tflite-selective-int8"
+    assert "/fc/" in params["ranked_layers"].split(";")[0], params["ranked_layers"]
+    assert params["float_layers"].split(";")[0] == params["ranked_layers"].split(";")[0]
+    assert params["float_val_accuracy"] >= 0.6, "the baseline learned the digits"
+    assert params["full_int8_val_accuracy"] < params["float_val_accuracy"] - 0.3, "collapsed"
+    assert 1 <= params["float_layer_count"] <= CFG.selective_max_float_layers
+    assert params["steps"].count("ms") == params["float_layer_count"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{variant.name}.tflite"]
+    runner = TFLiteRunner(variant.path)
+    types = {str(d["dtype"]) for d in runner.interpreter.get_tensor_details()}
+    assert "<class 'numpy.int8'>" in types, "the rest stays int8"
+
+
+def test_a_model_that_quantizes_well_is_not_selected(tiny_savedmodel, tiny_dataset, tmp_path):
+    variant = select_int8_layers.fn(tiny_savedmodel, _planned(), tiny_dataset, CFG, 100.0, 1,
+                                    tmp_path)
+    assert variant.status == "skipped" and "not needed: full int8 loses" in variant.error
+    assert not list(tmp_path.glob("*.tflite"))
+
+
+def test_a_budget_no_float_layer_count_reaches_fails_with_the_steps(outlier_savedmodel,
+                                                                     tmp_path):
+    dataset, savedmodel = outlier_savedmodel
+    cfg = CFG.model_copy(update={"selective_max_float_layers": 1})
+    variant = select_int8_layers.fn(savedmodel, _planned(), dataset, cfg, 0.0, 1, tmp_path)
+    assert variant.status == "failed"
+    assert "after keeping 1 layers in float" in variant.error and "val " in variant.error
+
+
+def test_ranking_refuses_an_empty_debugger_run_and_measures_relative_channel_error():
+    with pytest.raises(NoQuantizableLayerError, match="no quantizable layer"):
+        rank_layers("op_name,tensor_idx,channel_error,scale,zero_point,tensor_name\n", {})
+    values = np.array([[1.0, 2.0, 0.0]], np.float32)
+    exact = np.array([[10, 20, 0]], np.int8)
+    assert channel_error(values, exact, 0.1, 0) == pytest.approx(0.0, abs=1e-6)
+    assert channel_error(values, np.zeros_like(exact), 0.1, 0) == pytest.approx(1.0)
