@@ -46,8 +46,11 @@ def compress_model(
 ) -> tuple[list[VariantSpec], list[ModelArtifact]]:
     """Apply every enabled compression technique to the baseline and convert what it produces.
 
-    A technique that fails marks its planned variants failed, one that does not apply to the
-    model (`NotApplicable`) skipped with its reason; the others go on.
+    Techniques that start from the baseline run at once (on the task runner); one that
+    continues from another technique's model (`Technique.starts_from`) runs once that model is
+    made. A technique that fails marks its planned variants failed (and those of the
+    techniques continuing from it), one that does not apply to the model (`NotApplicable`)
+    skipped with its reason; the others go on.
 
     Args:
         config: The pipeline configuration (compress, convert and scale sections).
@@ -61,17 +64,28 @@ def compress_model(
     claim_flow_run()
     planned_all = plan(config.compress, baseline)
     plans = [p for p in planned_all if p.refusal is None]
-    futures = [p.technique.apply.submit(baseline, p.cfg, data, run_dir / "models") for p in plans]
+    models_dir = run_dir / "models"
+    futures = {p.technique.name: p.technique.apply.submit(baseline, p.cfg, data, models_dir)
+               for p in plans if p.technique.starts_from is None}
     variants = [spec for p in planned_all if p.refusal for spec in p.variants]
-    models: list[ModelArtifact] = []
-    for planned, future in zip(plans, futures, strict=True):
+    made: dict[str, ModelArtifact] = {}
+    for planned in plans:
+        starts_from = planned.technique.starts_from
+        if starts_from is not None and starts_from not in made:
+            variants += [failed(spec, f"{planned.source} continues from the {starts_from} "
+                                      "technique's model, which was not built")
+                         for spec in planned.variants]
+            continue
+        future = (futures[planned.technique.name] if starts_from is None else
+                  planned.technique.apply.submit(made[starts_from], planned.cfg, data,
+                                                 models_dir))
         state = final_state(future)
         if not state.is_completed():
             variants += _not_built(planned, state)
             continue
-        models.append(state.result())
+        made[planned.technique.name] = state.result()
         variants += _forms_of(state.result(), planned, config, data, run_dir)
-    return variants, models
+    return variants, list(made.values())
 
 
 def _not_built(planned: Planned, state: State) -> list[VariantSpec]:

@@ -58,8 +58,9 @@ class Planned:
 def plan(compress: CompressConfig, model: ModelArtifact) -> list[Planned]:
     """The enabled techniques in config order, each with its planned variants for `model`.
 
-    A technique that cannot work on this kind of model is planned with its refusal; its
-    variants are marked skipped.
+    A technique that cannot work on this kind of model, or continues from a technique that is
+    not enabled, is planned with its refusal; its variants are marked skipped. A technique
+    comes after the one it continues from (config order).
 
     Raises:
         LookupError: A config section with no technique module, or of the wrong class.
@@ -74,8 +75,14 @@ def plan(compress: CompressConfig, model: ModelArtifact) -> list[Planned]:
             raise LookupError(f"compress.{name} must be a {technique.section.__name__}")
         if not cfg.enabled:
             continue
-        variants = technique.variants(cfg, compress.tflite, model)
-        refusal = technique.refusal(model)
+        start, refusal = model.name, technique.refusal(model)
+        if technique.starts_from is not None:
+            base_cfg = getattr(compress, technique.starts_from)
+            start = techniques[technique.starts_from].source_name(base_cfg)
+            if not base_cfg.enabled and refusal is None:
+                refusal = (f"{name} continues from the {technique.starts_from} technique's "
+                           f"model: enable compress.{technique.starts_from}")
+        variants = technique.variants(cfg, compress.tflite, start)
         if refusal:
             variants = [skipped(spec, refusal) for spec in variants]
         plans.append(Planned(technique, cfg, variants, refusal))

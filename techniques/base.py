@@ -81,6 +81,8 @@ class Technique:
         apply: The Prefect task ``(model, cfg, data, out_dir) -> ModelArtifact``.
         yields_graph: Its model is benchmarked as a TensorFlow graph (it returns a Keras model).
         tflite: The TFLite precisions it yields; None: the configured ``compress.tflite``.
+        starts_from: The technique whose model it continues from (``prune`` for
+            pruning-preserving QAT), whose section must then be enabled; None: the baseline.
     """
 
     name: str
@@ -90,20 +92,21 @@ class Technique:
     apply: Task
     yields_graph: bool = True
     tflite: tuple[Precision, ...] | None = None
+    starts_from: str | None = None
 
     def variants(
-        self, cfg: TechniqueSection, tflite: list[Precision], model: ModelArtifact
+        self, cfg: TechniqueSection, tflite: list[Precision], start: str
     ) -> list[VariantSpec]:
-        """The variants it yields from `model` (not built yet).
+        """The variants it yields from the model named `start` (not built yet).
 
-        Each is derived from the same form of `model` (``pruned-80-tflite-int8`` from
+        Each is derived from the same form of that model (``pruned-80-tflite-int8`` from
         ``baseline-tflite-int8``): that is what its speed and size are judged against.
         """
         forms: list[tuple[VariantFormat, Precision]] = (
             [("graph", "fp32")] if self.yields_graph else [])
         forms += [("tflite", p) for p in (self.tflite if self.tflite is not None else tflite)]
         return [plan_variant(self.source_name(cfg), fmt, precision,
-                             derived_from=variant_name(model.name, fmt, precision))
+                             derived_from=variant_name(start, fmt, precision))
                 for fmt, precision in forms]
 
     def refusal(self, model: ModelArtifact) -> str | None:

@@ -69,7 +69,8 @@ def test_old_compress_keys_are_refused_naming_the_new_ones(old, new):
 
 def test_each_technique_has_its_own_budget():
     compress = load_config(ROOT / "configs" / "demo.yaml").compress
-    assert [name for name, _ in compress.techniques()] == ["prune", "cluster", "distill", "qat"]
+    assert [name for name, _ in compress.techniques()] == ["prune", "cluster", "distill", "qat",
+                                                        "pqat", "cqat"]
     assert compress.distill.learning_rate == 2e-3 and compress.prune.learning_rate == 5e-4
     assert compress.prune.epochs == 10 and compress.qat.epochs == 2
 

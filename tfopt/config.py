@@ -434,6 +434,22 @@ class QatConfig(TechniqueSection):
     )
 
 
+class PqatConfig(QatConfig):
+    """Pruning-preserving QAT of the pruned model (``Default8BitPrunePreserveQuantizeScheme``)."""
+
+    enabled: bool = Field(
+        False, description="Quantization-aware fine-tuning of the pruned model that keeps its "
+                           "zeros (needs compress.prune).")
+
+
+class CqatConfig(QatConfig):
+    """Cluster-preserving QAT of the clustered model (tfmot's cluster-preserving scheme)."""
+
+    enabled: bool = Field(
+        False, description="Quantization-aware fine-tuning of the clustered model that keeps its "
+                           "clusters (needs compress.cluster).")
+
+
 # Keys of the flat `compress` section before techniques had sections of their own.
 _MOVED_COMPRESS_KEYS = {
     "target_sparsity": "compress.prune.target_sparsity",
@@ -458,6 +474,11 @@ class CompressConfig(_Section):
         default_factory=DistillConfig, description="Knowledge distillation."
     )
     qat: QatConfig = Field(default_factory=QatConfig, description="Quantization-aware training.")
+    pqat: PqatConfig = Field(
+        default_factory=PqatConfig, description="Pruning-preserving QAT of the pruned model.")
+    cqat: CqatConfig = Field(
+        default_factory=CqatConfig,
+        description="Cluster-preserving QAT of the clustered model.")
     tflite: list[TflitePrecision] = Field(
         default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
         description="TFLite precisions built for each compressed model (QAT is always int8).",

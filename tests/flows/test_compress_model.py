@@ -23,7 +23,7 @@ def test_dask_runs_every_technique_and_conversion_on_worker_processes(
     config = PipelineConfig.model_validate({
         "name": "dask-test",
         "compress": {"prune": {"epochs": 1}, "distill": {"epochs": 1}, "qat": {"epochs": 1},
-                     "tflite": ["fp32", "int8"]},
+                     "pqat": {"enabled": True, "epochs": 1}, "tflite": ["fp32", "int8"]},
         "convert": {"calibration_examples": 16},
         "scale": {"task_runner": "dask", "dask_address": cluster.scheduler_address},
     })
@@ -39,15 +39,20 @@ def test_dask_runs_every_technique_and_conversion_on_worker_processes(
     finally:
         cluster.close()
 
-    assert {m.name for m in models} == {"pruned-80", "distilled-small", "qat"}
+    assert {m.name for m in models} == {"pruned-80", "distilled-small", "qat", "pqat"}
     by_name = {v.name: v for v in variants}
     assert set(by_name) == {
         "pruned-80-graph", "pruned-80-tflite-fp32", "pruned-80-tflite-int8",
         "distilled-small-graph", "distilled-small-tflite-fp32", "distilled-small-tflite-int8",
-        "qat-tflite-int8",
+        "qat-tflite-int8", "pqat-tflite-int8",
     }
     assert all(v.status == "ok" and v.path.exists() for v in variants), variants
     assert os.getpid() not in worker_pids
+    assert by_name["pqat-tflite-int8"].derived_from == "pruned-80-tflite-int8"
+    pqat = next(m for m in models if m.name == "pqat")
+    assert pqat.params["starts_from"] == "pruned-80"
+    kept = {k: v for k, v in pqat.metrics.items() if k.startswith("int8_sparsity.")}
+    assert kept and all(v >= 0.75 for v in kept.values()), "zeros survive into int8"
     for step in ("prune_model", "distill_model", "quantize_aware_train", "convert_tflite",
-                 "export_savedmodel"):
+                 "export_savedmodel", "prune_preserving_qat"):
         assert any(prefix.startswith(step) for prefix in ran), (step, ran)

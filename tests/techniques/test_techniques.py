@@ -34,7 +34,7 @@ def test_images(tiny_dataset):
 
 def test_every_config_section_has_a_technique_module_and_back():
     sections = {name for name, _ in CompressConfig().techniques()}
-    assert sections == set(registry()) == {"prune", "cluster", "distill", "qat"}
+    assert sections == set(registry()) == {"prune", "cluster", "distill", "qat", "pqat", "cqat"}
     for name, technique in registry().items():
         assert issubclass(technique.section, TechniqueSection)
         assert isinstance(getattr(CompressConfig(), name), technique.section)
@@ -56,6 +56,19 @@ def test_the_plan_names_each_variant_once_with_what_it_derives_from(tiny_baselin
     failed = all_failed(plans, "compress_model failed: KilledWorker")
     assert [v.name for v in failed] == [v.name for v in variants]
     assert all(v.status == "failed" and "KilledWorker" in v.error for v in failed)
+
+
+def test_a_collaborative_technique_derives_from_the_model_it_continues_from(tiny_baseline):
+    compress = CompressConfig.model_validate({
+        "tflite": ["int8"], "distill": {"enabled": False}, "qat": {"enabled": False},
+        "pqat": {"enabled": True}, "cqat": {"enabled": True}})
+    by_source = {p.source: p for p in plan(compress, tiny_baseline)}
+    (pqat,) = by_source["pqat"].variants
+    assert (pqat.name, pqat.derived_from, pqat.status) == (
+        "pqat-tflite-int8", "pruned-80-tflite-int8", "ok")
+    (cqat,) = by_source["cqat"].variants
+    assert cqat.status == "skipped" and "enable compress.cluster" in cqat.error
+    assert cqat.derived_from == "clustered-16-tflite-int8"
 
 
 def test_a_technique_refuses_a_model_kind_it_cannot_take(tiny_baseline):
@@ -119,6 +132,22 @@ def test_clustering_leaves_at_most_its_clusters_per_layer_and_its_input_alone(
     assert clustered.metrics["unique_weights.logits"] == distinct["logits"]
     assert clustered.metrics["keras_gzip_bytes"] < gzip_size_bytes(tiny_baseline.path)
     assert 0.0 <= clustered.metrics["test_accuracy"] <= 1.0
+
+
+def test_cluster_preserving_qat_keeps_the_clusters_in_the_int8_file(tiny_baseline, tiny_data,
+                                                                    tmp_path):
+    from techniques.cqat import cluster_preserving_qat
+    from tfopt.config import CqatConfig
+
+    clustered = cluster_model.fn(tiny_baseline, ClusterConfig(enabled=True, clusters=8, epochs=1),
+                                 tiny_data, tmp_path)
+    cqat = cluster_preserving_qat.fn(clustered, CqatConfig(enabled=True, epochs=1), tiny_data,
+                                     tmp_path)
+    assert cqat.name == "cqat" and cqat.params["starts_from"] == "clustered-8"
+    assert cqat.params["scheme"] == "Default8BitClusterPreserveQuantizeScheme"
+    per_channel = {k: v for k, v in cqat.metrics.items()
+                   if k.startswith("int8_values_per_channel.")}
+    assert len(per_channel) >= 4 and all(v <= 8 for v in per_channel.values()), per_channel
 
 
 def test_a_cluster_count_above_a_layers_weights_leaves_it_or_refuses_naming_them(
@@ -257,7 +286,8 @@ def test_a_technique_that_cannot_wrap_the_model_skips_with_tfmots_reason(
     config = PipelineConfig.model_validate({
         "name": "not-applicable",
         "compress": {"prune": {"epochs": 1}, "distill": {"enabled": False},
-                     "qat": {"epochs": 1}, "tflite": ["fp32"]},
+                     "qat": {"epochs": 1}, "pqat": {"enabled": True, "epochs": 1},
+                     "tflite": ["fp32"]},
     })
     with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
         variants, models = compress_model(config, baseline, tiny_data, tmp_path)
@@ -266,6 +296,8 @@ def test_a_technique_that_cannot_wrap_the_model_skips_with_tfmots_reason(
     assert "qat does not apply" in by_name["qat-tflite-int8"].error
     assert "Rescaling" in by_name["qat-tflite-int8"].error
     assert by_name["pruned-80-graph"].status == "ok", "pruning leaves the Rescaling layer be"
+    pqat = by_name["pqat-tflite-int8"]
+    assert pqat.status == "skipped" and "pqat does not apply" in pqat.error, pqat
     (pruned,) = models
     assert pruned.metrics["sparsity"] > 0.5
 

@@ -1,0 +1,54 @@
+"""Cluster-preserving quantization-aware training (CQAT) of the clustered model.
+
+tfmot's collaborative optimization: QAT with a scheme that keeps each layer's weights on its
+cluster centroids, so the int8 model keeps the clustered model's few distinct values per
+channel (plain QAT would spread them again).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+
+from techniques.base import KERAS_ONLY, Technique
+from techniques.qat import train_quantization_aware
+from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.config import CqatConfig
+
+SOURCE_NAME = "cqat"
+
+
+def _scheme() -> object:
+    import tensorflow_model_optimization as tfmot
+
+    return tfmot.experimental.combine.Default8BitClusterPreserveQuantizeScheme()
+
+
+@task(name="cluster_preserving_qat", tags=["compression"])
+def cluster_preserving_qat(
+    model: ModelArtifact, cfg: CqatConfig, data: TrainingData, out_dir: Path
+) -> ModelArtifact:
+    """Fine-tune the clustered model with fake-quantization that keeps its clusters.
+
+    Args:
+        model: The clustered model (``compress.cluster``'s, left unchanged).
+        cfg: Epochs and learning rate.
+        data: The run's training data and input settings; the test split measures accuracy.
+        out_dir: Folder for ``cqat-savedmodel/``.
+
+    Returns:
+        The CQAT SavedModel, with its test accuracy and, read back from its int8 TFLite form,
+        each kernel's most distinct values per output channel
+        (``int8_values_per_channel.<layer>``) and sparsity.
+    """
+    return train_quantization_aware(
+        model, cfg, data, out_dir, source=SOURCE_NAME, scheme=_scheme,
+        scheme_name="Default8BitClusterPreserveQuantizeScheme",
+        technique="cluster-preserving quantization-aware training")
+
+
+TECHNIQUE = Technique(
+    name="cqat", section=CqatConfig, accepts=KERAS_ONLY, source_name=lambda _: SOURCE_NAME,
+    apply=cluster_preserving_qat, yields_graph=False, tflite=("int8",), starts_from="cluster",
+)
