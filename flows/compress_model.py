@@ -47,7 +47,7 @@ def compress_model(
     """Apply every enabled compression technique to the baseline and convert what it produces.
 
     Techniques that start from the baseline run at once (on the task runner); one that
-    continues from another technique's model (`Technique.starts_from`) runs once that model is
+    continues from another technique's model (`Planned.starts_from`) runs once that model is
     made. A technique that fails marks its planned variants failed (and those of the
     techniques continuing from it), one that does not apply to the model (`NotApplicable`)
     skipped with its reason; the others go on.
@@ -66,11 +66,11 @@ def compress_model(
     plans = [p for p in planned_all if p.refusal is None]
     models_dir = run_dir / "models"
     futures = {p.technique.name: p.technique.apply.submit(baseline, p.cfg, data, models_dir)
-               for p in plans if p.technique.starts_from is None}
+               for p in plans if p.starts_from is None}
     variants = [spec for p in planned_all if p.refusal for spec in p.variants]
     made: dict[str, ModelArtifact] = {}
     for planned in plans:
-        starts_from = planned.technique.starts_from
+        starts_from = planned.starts_from
         if starts_from is not None and starts_from not in made:
             variants += [failed(spec, f"{planned.source} continues from the {starts_from} "
                                       "technique's model, which was not built")

@@ -54,6 +54,11 @@ class Planned:
         """The name of the model the technique makes."""
         return self.technique.source_name(self.cfg)
 
+    @property
+    def starts_from(self) -> str | None:
+        """The technique whose model it continues from (None: the baseline)."""
+        return self.technique.base_of(self.cfg)
+
 
 def plan(compress: CompressConfig, model: ModelArtifact) -> list[Planned]:
     """The enabled techniques in config order, each with its planned variants for `model`.
@@ -75,13 +80,13 @@ def plan(compress: CompressConfig, model: ModelArtifact) -> list[Planned]:
             raise LookupError(f"compress.{name} must be a {technique.section.__name__}")
         if not cfg.enabled:
             continue
-        start, refusal = model.name, technique.refusal(model)
-        if technique.starts_from is not None:
-            base_cfg = getattr(compress, technique.starts_from)
-            start = techniques[technique.starts_from].source_name(base_cfg)
+        start, refusal, base = model.name, technique.refusal(model), technique.base_of(cfg)
+        if base is not None:
+            base_cfg = getattr(compress, base)
+            start = techniques[base].source_name(base_cfg)
             if not base_cfg.enabled and refusal is None:
-                refusal = (f"{name} continues from the {technique.starts_from} technique's "
-                           f"model: enable compress.{technique.starts_from}")
+                refusal = f"{name} continues from the {base} technique's model: enable " \
+                          f"compress.{base}"
         variants = technique.variants(cfg, compress.tflite, start)
         if refusal:
             variants = [skipped(spec, refusal) for spec in variants]

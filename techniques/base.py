@@ -83,6 +83,8 @@ class Technique:
         tflite: The TFLite precisions it yields; None: the configured ``compress.tflite``.
         starts_from: The technique whose model it continues from (``prune`` for
             pruning-preserving QAT), whose section must then be enabled; None: the baseline.
+            A function of its settings when they decide (sparsity-preserving clustering
+            continues from the pruned model).
     """
 
     name: str
@@ -92,7 +94,11 @@ class Technique:
     apply: Task
     yields_graph: bool = True
     tflite: tuple[Precision, ...] | None = None
-    starts_from: str | None = None
+    starts_from: str | Callable[[Any], str | None] | None = None
+
+    def base_of(self, cfg: TechniqueSection) -> str | None:
+        """The technique whose model it continues from with settings `cfg` (None: baseline)."""
+        return self.starts_from(cfg) if callable(self.starts_from) else self.starts_from
 
     def variants(
         self, cfg: TechniqueSection, tflite: list[Precision], start: str

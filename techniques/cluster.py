@@ -24,6 +24,7 @@ from techniques.base import (
     is_layer_graph,
     kernels,
 )
+from techniques.prune import overall_sparsity
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import ClusterConfig
 from tfopt.fileio import gzip_size_bytes
@@ -31,8 +32,8 @@ from tfopt.logs import step_logger
 
 
 def clustered_name(cfg: ClusterConfig) -> str:
-    """``clustered-<clusters>`` (e.g. ``clustered-16``)."""
-    return f"clustered-{cfg.clusters}"
+    """``clustered-<clusters>``, or ``pruned-clustered-<clusters>`` keeping the zeros."""
+    return f"{'pruned-' if cfg.preserve_sparsity else ''}clustered-{cfg.clusters}"
 
 
 def clusterable_layers(model: keras.Model, clusters: int) -> tuple[list[str], list[str]]:
@@ -79,7 +80,8 @@ def cluster_and_finetune(
     clustering = tfmot.clustering.keras
     worth, too_small = clusterable_layers(base, cfg.clusters)
     params = {"number_of_clusters": cfg.clusters,
-              "cluster_centroids_init": clustering.CentroidInitialization.KMEANS_PLUS_PLUS}
+              "cluster_centroids_init": clustering.CentroidInitialization.KMEANS_PLUS_PLUS,
+              "preserve_sparsity": cfg.preserve_sparsity}
     clustered = keras.models.clone_model(
         copy_model(base), clone_function=lambda layer: (
             clustering.cluster_weights(layer, **params) if layer.name in worth else layer))
@@ -114,11 +116,13 @@ def cluster_model(
     stripped = tfmot.clustering.keras.strip_clustering(clustered)
     name = clustered_name(cfg)
     distinct = unique_values(stripped)
+    allowed = cfg.clusters + int(cfg.preserve_sparsity)  # the kept zeros are one more value
     over = {layer: count for layer, count in distinct.items()
-            if layer not in too_small and count > cfg.clusters}
+            if layer not in too_small and count > allowed}
     if over:
-        raise RuntimeError(f"{name}: layers with more distinct weights than {cfg.clusters} "
-                           f"clusters after stripping: {over}")
+        kept = " and zero" if cfg.preserve_sparsity else ""
+        raise RuntimeError(f"{name}: layers with more distinct weights than {allowed} "
+                           f"({cfg.clusters} clusters{kept}) after stripping: {over}")
     path = keras_model_path(out_dir, name)
     save_keras_model(stripped, path)
     logger.info("%s: distinct kernel values per layer %s%s", name, distinct,
@@ -128,9 +132,10 @@ def cluster_model(
         model, name, path, fitted,
         params={"technique": "weight clustering", "clusters": cfg.clusters,
                 "centroids": "kmeans++", "epochs": cfg.epochs,
-                "learning_rate": cfg.learning_rate,
+                "learning_rate": cfg.learning_rate, "preserve_sparsity": cfg.preserve_sparsity,
                 "unclustered_layers": ",".join(too_small) or "none"},
         metrics={
+            **({"sparsity": overall_sparsity(stripped)} if cfg.preserve_sparsity else {}),
             **{f"unique_weights.{layer}": float(count) for layer, count in distinct.items()},
             "test_accuracy": evaluate_test_accuracy(stripped, data),
             "keras_gzip_bytes": float(gzip_size_bytes(path)),
@@ -143,4 +148,5 @@ def cluster_model(
 TECHNIQUE = Technique(
     name="cluster", section=ClusterConfig, accepts=KERAS_ONLY, source_name=clustered_name,
     apply=cluster_model, yields_graph=False,
+    starts_from=lambda cfg: "prune" if cfg.preserve_sparsity else None,
 )

@@ -1,8 +1,9 @@
-"""Cluster-preserving quantization-aware training (CQAT) of the clustered model.
+"""Cluster-preserving quantization-aware training (CQAT, or PCQAT) of the clustered model.
 
 tfmot's collaborative optimization: QAT with a scheme that keeps each layer's weights on its
 cluster centroids, so the int8 model keeps the clustered model's few distinct values per
-channel (plain QAT would spread them again).
+channel (plain QAT would spread them again). When the clustering kept a pruned model's zeros
+(``compress.cluster.preserve_sparsity``) the scheme keeps them too: PCQAT.
 """
 
 from __future__ import annotations
@@ -19,12 +20,6 @@ from tfopt.config import CqatConfig
 SOURCE_NAME = "cqat"
 
 
-def _scheme() -> object:
-    import tensorflow_model_optimization as tfmot
-
-    return tfmot.experimental.combine.Default8BitClusterPreserveQuantizeScheme()
-
-
 @task(name="cluster_preserving_qat", tags=["compression"])
 def cluster_preserving_qat(
     model: ModelArtifact, cfg: CqatConfig, data: TrainingData, out_dir: Path
@@ -32,7 +27,8 @@ def cluster_preserving_qat(
     """Fine-tune the clustered model with fake-quantization that keeps its clusters.
 
     Args:
-        model: The clustered model (``compress.cluster``'s, left unchanged).
+        model: The clustered model (``compress.cluster``'s, left unchanged); if its clustering
+            kept a pruned model's zeros, they are kept too (PCQAT).
         cfg: Epochs and learning rate.
         data: The run's training data and input settings; the test split measures accuracy.
         out_dir: Folder for ``cqat-savedmodel/``.
@@ -42,10 +38,20 @@ def cluster_preserving_qat(
         each kernel's most distinct values per output channel
         (``int8_values_per_channel.<layer>``) and sparsity.
     """
+    preserve_sparsity = bool(model.params.get("preserve_sparsity", False))
+
+    def scheme() -> object:
+        import tensorflow_model_optimization as tfmot
+
+        return tfmot.experimental.combine.Default8BitClusterPreserveQuantizeScheme(
+            preserve_sparsity=preserve_sparsity)
+
     return train_quantization_aware(
-        model, cfg, data, out_dir, source=SOURCE_NAME, scheme=_scheme,
-        scheme_name="Default8BitClusterPreserveQuantizeScheme",
-        technique="cluster-preserving quantization-aware training")
+        model, cfg, data, out_dir, source=SOURCE_NAME, scheme=scheme,
+        scheme_name=("Default8BitClusterPreserveQuantizeScheme(preserve_sparsity=True)"
+                     if preserve_sparsity else "Default8BitClusterPreserveQuantizeScheme"),
+        technique=("PCQAT: sparsity- and cluster-preserving quantization-aware training"
+                   if preserve_sparsity else "cluster-preserving quantization-aware training"))
 
 
 TECHNIQUE = Technique(

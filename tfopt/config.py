@@ -400,6 +400,14 @@ class ClusterConfig(TechniqueSection):
     clusters: int = Field(
         16, ge=2, le=256,
         description="Distinct values per clustered layer's weights (16: 4-bit indices).")
+    preserve_sparsity: bool = Field(
+        False,
+        description=(
+            "Cluster the pruned model (compress.prune) and keep its zeros (tfmot's "
+            "sparsity-preserving clustering): pruned-clustered-<clusters>; compress.cqat on it "
+            "is then PCQAT."
+        ),
+    )
     epochs: int = Field(3, ge=1, le=1000, description="Fine-tuning epochs of the centroids.")
     learning_rate: float = Field(
         2e-4, gt=0.0, le=1.0, description="Adam learning rate of the clustering fine-tuning."

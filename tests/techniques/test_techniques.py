@@ -150,6 +150,33 @@ def test_cluster_preserving_qat_keeps_the_clusters_in_the_int8_file(tiny_baselin
     assert len(per_channel) >= 4 and all(v <= 8 for v in per_channel.values()), per_channel
 
 
+def test_pcqat_keeps_the_pruned_zeros_and_the_clusters_in_the_int8_file(tiny_baseline,
+                                                                        tiny_data, tmp_path):
+    from techniques.cqat import cluster_preserving_qat
+    from tfopt.config import CqatConfig
+
+    compress = CompressConfig.model_validate({
+        "cluster": {"enabled": True, "clusters": 8, "preserve_sparsity": True},
+        "cqat": {"enabled": True}, "tflite": ["int8"]})
+    by_source = {p.source: p for p in plan(compress, tiny_baseline)}
+    assert by_source["pruned-clustered-8"].starts_from == "prune"
+    assert by_source["pruned-clustered-8"].variants[0].derived_from == "pruned-80-tflite-int8"
+    assert by_source["cqat"].variants[0].derived_from == "pruned-clustered-8-tflite-int8"
+    pruned = prune_model.fn(tiny_baseline, PruneConfig(epochs=2), tiny_data, tmp_path)
+    clustered = cluster_model.fn(pruned, compress.cluster.model_copy(update={"epochs": 1}),
+                                 tiny_data, tmp_path)
+    assert clustered.name == "pruned-clustered-8" and clustered.metrics["sparsity"] >= 0.75
+    assert all(n <= 9 for n in unique_values(load_keras_model(clustered.path)).values())
+    pcqat = cluster_preserving_qat.fn(clustered, CqatConfig(enabled=True, epochs=1), tiny_data,
+                                      tmp_path)
+    assert pcqat.params["scheme"].endswith("(preserve_sparsity=True)")
+    metrics = pcqat.metrics
+    sparsity = [v for k, v in metrics.items() if k.startswith("int8_sparsity.")]
+    values = [v for k, v in metrics.items() if k.startswith("int8_values_per_channel.")]
+    assert sparsity and min(sparsity) >= 0.7, metrics
+    assert values and max(values) <= 9, metrics
+
+
 def test_a_cluster_count_above_a_layers_weights_leaves_it_or_refuses_naming_them(
         tiny_baseline):
     base = load_keras_model(tiny_baseline.path)
