@@ -4,15 +4,17 @@ Usage: .venv/bin/python benchmarks/compression.py [--config configs/demo.yaml] [
                                                    [--work DIR]
 
 Runs tfopt's own steps (as plain functions, no servers) on the demo data for each seed: shard
-(once), train the baseline, prune, cluster, distill (with the scratch control),
-quantization-aware training, and TFLite conversions; then evaluates every TFLite variant on the
-same test split with LiteRT and times it with a bare LiteRT loop in rounds that alternate with
-the seed's `baseline-tflite-fp32` (so a drifting machine moves both alike). It prints, per
+(once), train the baseline, prune, cluster, sparsity-preserving clustering of the pruned model,
+distill (with the scratch control), QAT, PQAT, CQAT, PCQAT, TFLite conversions (16x8 and
+selective int8 included), the ONNX export and ONNX Runtime's static int8; then evaluates every
+variant on the same test split and times it with a bare runtime loop in rounds that alternate
+with the seed's `baseline-tflite-fp32` (so a drifting machine moves both alike). It prints, per
 variant, the accuracy delta against the float baseline (points), the gzip-size ratio and the
 batch-1 latency ratio against `baseline-tflite-fp32`, each as the mean over seeds with its
 range. Goals: pruned-80 within 1 point of the baseline; pruned-80 + int8 and clustered + int8
 each at least 8x smaller zipped than fp32 TFLite; QAT int8 within 1 point; the distilled student
-at least as accurate as the student from scratch (mean gain >= 0).
+at least as accurate as the student from scratch (mean gain >= 0); selective int8 within budget
+whenever full int8 is not; ONNX Runtime static int8 within 1 point.
 """
 
 from __future__ import annotations
@@ -20,20 +22,26 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from harness_overhead import bare_p50, bare_tflite
+from harness_overhead import bare_onnx, bare_p50, bare_tflite
 
 import tfopt  # noqa: F401
 from tasks.convert_tflite import convert_tflite
+from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
 from tasks.input_pipeline import load_split
-from tasks.runners import TFLiteRunner, predict_batched
+from tasks.quantize_onnx import quantize_onnx
+from tasks.runners import OnnxRunner, TFLiteRunner, predict_batched
+from tasks.select_int8 import select_int8_layers
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from techniques.cluster import cluster_model
+from techniques.cqat import cluster_preserving_qat
 from techniques.distill import distill_model
+from techniques.pqat import prune_preserving_qat
 from techniques.prune import prune_model
 from techniques.qat import quantize_aware_train
 from tfopt.artifacts import DatasetArtifact, TrainingData
@@ -58,28 +66,56 @@ def build_variants(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
     pruned = prune_model.fn(baseline, cfg.prune, data, models)
     distilled = distill_model.fn(baseline, cfg.distill, data, models)
     qat = quantize_aware_train.fn(baseline, cfg.qat, data, models)
-    clustered = cluster_model.fn(baseline, cfg.cluster.model_copy(update={"enabled": True}),
-                                 data, models)
-    variants = {}
-    for source, precisions in ((baseline, ("fp32", "dynamic", "float16", "int8")),
+    cluster_cfg = cfg.cluster.model_copy(update={"enabled": True, "preserve_sparsity": False})
+    clustered = cluster_model.fn(baseline, cluster_cfg, data, models)
+    pruned_clustered = cluster_model.fn(
+        pruned, cluster_cfg.model_copy(update={"preserve_sparsity": True}), data, models)
+    pqat = prune_preserving_qat.fn(pruned, cfg.pqat, data, models)
+    cqat = cluster_preserving_qat.fn(clustered, cfg.cqat, data, models / "cqat")
+    pcqat = cluster_preserving_qat.fn(pruned_clustered, cfg.cqat, data, models / "pcqat")
+    variants, out = {}, models / "v"
+    savedmodels = {}
+    for source, precisions in ((baseline, ("fp32", "dynamic", "float16", "int8", "int16x8")),
                                (pruned, ("fp32", "int8")), (clustered, ("fp32", "int8")),
+                               (pruned_clustered, ("fp32", "int8")),
                                (distilled, ("fp32", "int8"))):
-        savedmodel = export_savedmodel.fn(source, models)
+        savedmodels[source.name] = export_savedmodel.fn(source, models)
         for precision in precisions:
             planned = plan_variant(source.name, "tflite", precision)
-            variants[planned.name] = convert_tflite.fn(savedmodel, planned, dataset,
-                                                       config.convert, models / "v").path
-    qat_int8 = plan_variant(qat.name, "tflite", "int8")
-    variants[qat_int8.name] = convert_tflite.fn(qat, qat_int8, dataset, config.convert,
-                                                models / "v").path
+            variants[planned.name] = convert_tflite.fn(savedmodels[source.name], planned,
+                                                       dataset, config.convert, out).path
+    for model, name in ((qat, "qat"), (pqat, "pqat"), (cqat, "cqat"), (pcqat, "pcqat")):
+        planned = plan_variant(name, "tflite", "int8")
+        variants[planned.name] = convert_tflite.fn(model, planned, dataset, config.convert,
+                                                   out).path
+    onnx = export_onnx.fn(savedmodels["baseline"], plan_variant("baseline", "onnx"), dataset,
+                          config.convert, out)
+    onnx_int8 = quantize_onnx.fn(onnx, plan_variant("baseline", "onnx", "int8"), dataset,
+                                 config.convert, out, config.model.input_scale)
+    variants[onnx.name], variants[onnx_int8.name] = onnx.path, onnx_int8.path
+    selective = select_int8_layers.fn(
+        savedmodels["baseline"], plan_variant("baseline", "tflite", "int8",
+                                              form="tflite-selective"),
+        dataset, config.convert, config.benchmark.accuracy_budget_points,
+        config.benchmark.threads, out)
+    if selective.status == "ok":
+        variants[selective.name] = selective.path
+    else:
+        print(f"seed {seed}: {selective.name} {selective.status}: {selective.error}")
     techniques = {model.name: dict(model.metrics)
-                  for model in (baseline, pruned, clustered, distilled, qat)}
+                  for model in (baseline, pruned, clustered, pruned_clustered, distilled, qat,
+                                pqat)}
+    techniques["cqat"], techniques["pcqat"] = dict(cqat.metrics), dict(pcqat.metrics)
     return variants, techniques
+
+
+def _bare(path: Path, threads: int) -> Callable[[np.ndarray], object]:
+    return (bare_onnx if path.suffix == ".onnx" else bare_tflite)(path, threads)
 
 
 def latency_ratio(path: Path, reference: Path, images: list[np.ndarray], threads: int) -> float:
     """Median over alternating rounds of (p50 of `path`) / (p50 of `reference`), bare loops."""
-    call, reference_call = bare_tflite(path, threads), bare_tflite(reference, threads)
+    call, reference_call = _bare(path, threads), bare_tflite(reference, threads)
     ratios = []
     for _ in range(LATENCY_ROUNDS):
         ratios.append(bare_p50(call, images, RUNS_PER_ROUND, warmup=50)
@@ -97,7 +133,8 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
     reference_zip = gzip_size_bytes(variants[REFERENCE])
     rows = {}
     for name, path in variants.items():
-        logits = predict_batched(TFLiteRunner(path, threads=2), images)
+        runner = (OnnxRunner if path.suffix == ".onnx" else TFLiteRunner)(path, threads=2)
+        logits = predict_batched(runner, images)
         accuracy = float(np.mean(np.argmax(logits, 1) == labels))
         rows[name] = {
             "accuracy_delta_points": (accuracy - float_accuracy) * 100.0,
@@ -120,8 +157,10 @@ def print_table(per_seed: list[dict[str, dict[str, float]]]) -> None:
     """Each variant's mean over seeds and range, one line per variant."""
     print(f"\n{'variant':30s} {'accuracy Δ pts, mean [range]':>30s} {'zip ratio':>10s} "
           f"{'latency ratio, mean [range]':>30s}")
-    for name in per_seed[0]:
-        column = {key: [rows[name][key] for rows in per_seed] for key in per_seed[0][name]}
+    names = list(dict.fromkeys(name for rows in per_seed for name in rows))
+    for name in names:  # a variant only some seeds built (selective int8) over those seeds
+        seeds = [rows[name] for rows in per_seed if name in rows]
+        column = {key: [row[key] for row in seeds] for key in seeds[0]}
         print(f"{name:30s} {_spread(column['accuracy_delta_points'], '+.2f'):>30s} "
               f"{np.mean(column['zip_ratio']):9.1f}x "
               f"{_spread(column['latency_ratio'], '.2f'):>30s}")
@@ -140,6 +179,8 @@ def print_goals(per_seed: list[dict[str, dict[str, float]]],
     zip_gain = column(f"{pruned}-tflite-int8", "zip_ratio")
     cluster_zip = column(f"{clustered}-tflite-int8", "zip_ratio")
     qat = column("qat-tflite-int8", "accuracy_delta_points")
+    onnx_int8 = column("baseline-onnx-int8", "accuracy_delta_points")
+    full_int8 = column("baseline-tflite-int8", "accuracy_delta_points")
     goals = [
         (f"{pruned} within 1 point of the baseline", pruned_drop, np.mean(pruned_drop) >= -1),
         (f"{pruned}-tflite-int8 >= 8x smaller zipped", zip_gain, np.mean(zip_gain) >= 8),
@@ -147,7 +188,15 @@ def print_goals(per_seed: list[dict[str, dict[str, float]]],
          np.mean(cluster_zip) >= 8),
         ("QAT int8 within 1 point of float", qat, np.mean(qat) >= -1),
         ("distilled >= scratch student (gain, points)", gains, np.mean(gains) >= 0),
+        ("ONNX Runtime static int8 within 1 point of float", onnx_int8, np.mean(onnx_int8) >= -1),
+        ("full int8 within budget (else selective int8 is built and judged)", full_int8,
+         np.mean(full_int8) >= -1),
     ]
+    selective = [rows["baseline-tflite-selective-int8"]["accuracy_delta_points"]
+                 for rows in per_seed if "baseline-tflite-selective-int8" in rows]
+    if selective:
+        goals.append((f"selective int8 within 1 point ({len(selective)} seeds needed it)",
+                      selective, np.mean(selective) >= -1))
     print()
     for label, values, met in goals:
         print(f"goal {label}: {_spread(values, '+.2f')} ({'met' if met else 'missed'})")
@@ -171,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         techniques.append(models)
     pruned = next(name for name in techniques[0] if name.startswith("pruned-"))
     clustered = next(name for name in techniques[0] if name.startswith("clustered-"))
+    for name in ("pqat", "cqat", "pcqat"):
+        kept = {k: _spread([t[name][k] for t in techniques], ".2f")
+                for k in techniques[0][name] if k.startswith("int8_")}
+        print(f"{name}: read back from its int8 file: {kept}")
     sparsity = [models[pruned]["sparsity"] for models in techniques]
     print(f"\n{len(per_seed)} seeds; {pruned} sparsity reached {_spread(sparsity, '.3f')}")
     print_table(per_seed)
