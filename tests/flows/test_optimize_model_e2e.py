@@ -69,8 +69,12 @@ def test_summary_has_the_contract_keys(smoke_run):
             "chosen_batch_size"} <= set(pipeline)
     assert all(pipeline[k] > 0 for k in pipeline if k != "cache")
     by_name = {v["name"]: v for v in summary["variants"]}
-    assert set(by_name) == EXPECTED_OK | EXPECTED_COMPRESSED | {"baseline-tftrt-fp32",
-                                                                "baseline-graph-bfloat16"}
+    assert set(by_name) == EXPECTED_OK | EXPECTED_COMPRESSED | {
+        "baseline-tftrt-fp32", "baseline-graph-bfloat16", "baseline-tflite-selective-int8"}
+    selective = by_name["baseline-tflite-selective-int8"]
+    assert selective["status"] in ("ok", "skipped"), selective
+    if selective["status"] == "skipped":
+        assert "not needed: full int8 loses" in selective["error"]
     bf16, no_bf16 = by_name["baseline-graph-bfloat16"], bf16_unavailable_reason()
     assert bf16["status"] == ("skipped" if no_bf16 else "ok"), bf16
     assert summary["environment"]["cpu_features"]
