@@ -69,23 +69,33 @@ def compress_model(
                for p in plans if p.starts_from is None}
     variants = [spec for p in planned_all if p.refusal for spec in p.variants]
     made: dict[str, ModelArtifact] = {}
+    missing = {p.technique.name: p.variants[0] for p in planned_all if p.refusal and p.variants}
     for planned in plans:
         starts_from = planned.starts_from
         if starts_from is not None and starts_from not in made:
-            variants += [failed(spec, f"{planned.source} continues from the {starts_from} "
-                                      "technique's model, which was not built")
-                         for spec in planned.variants]
+            variants += _without_base(planned, missing.get(starts_from))
             continue
         future = (futures[planned.technique.name] if starts_from is None else
                   planned.technique.apply.submit(made[starts_from], planned.cfg, data,
                                                  models_dir))
         state = final_state(future)
         if not state.is_completed():
-            variants += _not_built(planned, state)
+            not_built = _not_built(planned, state)
+            missing[planned.technique.name] = not_built[0] if not_built else None
+            variants += not_built
             continue
         made[planned.technique.name] = state.result()
         variants += _forms_of(state.result(), planned, config, data, run_dir)
     return variants, list(made.values())
+
+
+def _without_base(planned: Planned, base: VariantSpec | None) -> list[VariantSpec]:
+    """A technique whose starting model is missing: skipped or failed as that model's variants."""
+    why = f"{base.status}: {base.error}" if base is not None else "not built"
+    reason = (f"{planned.source} continues from the {planned.starts_from} technique's model, "
+              f"which was {why}")
+    mark = skipped if base is not None and base.status == "skipped" else failed
+    return [mark(spec, reason) for spec in planned.variants]
 
 
 def _not_built(planned: Planned, state: State) -> list[VariantSpec]:

@@ -71,6 +71,19 @@ def test_a_collaborative_technique_derives_from_the_model_it_continues_from(tiny
     assert cqat.derived_from == "clustered-16-tflite-int8"
 
 
+def test_a_technique_whose_starting_model_is_missing_inherits_skipped_or_failed(tiny_baseline):
+    from flows.compress_model import _without_base
+    from tfopt.variants import failed, skipped
+
+    compress = CompressConfig.model_validate({"pqat": {"enabled": True}})
+    by_source = {p.source: p for p in plan(compress, tiny_baseline)}
+    pruned, pqat = by_source["pruned-80"].variants[0], by_source["pqat"]
+    (left,) = _without_base(pqat, skipped(pruned, "prune does not apply: Rescaling"))
+    assert left.status == "skipped" and "which was skipped: prune does not apply" in left.error
+    (broken,) = _without_base(pqat, failed(pruned, "pruned-80 failed: OOM"))
+    assert broken.status == "failed" and "pruned-80 failed: OOM" in broken.error
+
+
 def test_a_technique_refuses_a_model_kind_it_cannot_take(tiny_baseline):
     tflite_model = tiny_baseline.model_copy(update={"format": "tflite"})
     plans = plan(CompressConfig(), tflite_model)
