@@ -61,9 +61,10 @@ def make_quantization_aware(base: keras.Model, scheme: object | None = None) -> 
 def int8_kernel_stats(savedmodel: Path) -> dict[str, float]:
     """Sparsity and most distinct values per output channel of each int8 kernel, read back.
 
-    The SavedModel is converted to int8 TFLite as the run's variant is, and each weight tensor
-    is read from the converted file (the test tfmot's own collaborative-optimization tests
-    make): what survived quantization, not what the Keras model held.
+    The SavedModel is converted to int8 TFLite and each weight tensor read back from the
+    converted file, as tfmot's own collaborative-optimization tests do: what survived
+    quantization, not what the Keras model held. Kernels with one output row (depthwise
+    ``[1, h, w, channels]``) are not listed.
     """
     from ai_edge_litert.interpreter import Interpreter
 
