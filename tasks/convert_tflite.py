@@ -70,7 +70,9 @@ def convert_tflite(
         variant: The planned TFLite variant; its precision is ``fp32`` (no quantization),
             ``dynamic`` (int8 weights, float activations), ``float16`` (float16 weights) or
             ``int8`` (integer weights and activations, calibrated on training examples) or
-            ``int16x8`` (int16 activations, int8 weights, calibrated likewise).
+            ``int16x8`` (int16 activations, int8 weights, calibrated likewise). With
+            ``sparsity_encoding`` in its params, weights are stored in TFLite's sparse format
+            (``Optimize.EXPERIMENTAL_SPARSITY``).
         dataset: Source of the int8 calibration examples (training split).
         cfg: Calibration size and integer input/output choice.
         out_dir: Folder to write ``<variant name>.tflite`` (and ``labels.txt``) into.
@@ -82,6 +84,9 @@ def convert_tflite(
         str(savedmodel.path), signature_keys=[SIGNATURE_KEY]
     )
     configure_converter(converter, variant.precision, dataset, cfg, savedmodel.input_scale)
+    if variant.params.get("sparsity_encoding"):
+        converter.optimizations = [*converter.optimizations,
+                                   tf.lite.Optimize.EXPERIMENTAL_SPARSITY]
     flatbuffer = converter.convert()
     path = out_dir / f"{variant.name}.tflite"
     atomic_write_bytes(path, flatbuffer)

@@ -81,6 +81,10 @@ class Technique:
         apply: The Prefect task ``(model, cfg, data, out_dir) -> ModelArtifact``.
         yields_graph: Its model is benchmarked as a TensorFlow graph (it returns a Keras model).
         tflite: The TFLite precisions it yields; None: the configured ``compress.tflite``.
+        sparse_tflite: Also a ``<source>-tflite-sparse`` variant when fp32 TFLite is built: fp32
+            converted with ``Optimize.EXPERIMENTAL_SPARSITY`` (sparse weight encoding), derived
+            from the dense fp32 file, so the benchmark shows whether sparsity buys latency and
+            not only size.
         starts_from: The technique whose model it continues from (``prune`` for
             pruning-preserving QAT), whose section must then be enabled; None: the baseline.
             A function of its settings when they decide (sparsity-preserving clustering
@@ -94,6 +98,7 @@ class Technique:
     apply: Task
     yields_graph: bool = True
     tflite: tuple[Precision, ...] | None = None
+    sparse_tflite: bool = False
     starts_from: str | Callable[[Any], str | None] | None = None
 
     def base_of(self, cfg: TechniqueSection) -> str | None:
@@ -111,9 +116,15 @@ class Technique:
         forms: list[tuple[VariantFormat, Precision]] = (
             [("graph", "fp32")] if self.yields_graph else [])
         forms += [("tflite", p) for p in (self.tflite if self.tflite is not None else tflite)]
-        return [plan_variant(self.source_name(cfg), fmt, precision,
-                             derived_from=variant_name(start, fmt, precision))
-                for fmt, precision in forms]
+        source = self.source_name(cfg)
+        planned = [plan_variant(source, fmt, precision,
+                                derived_from=variant_name(start, fmt, precision))
+                   for fmt, precision in forms]
+        if self.sparse_tflite and ("tflite", "fp32") in forms:
+            planned.append(plan_variant(source, "tflite", form="tflite-sparse",
+                                        derived_from=variant_name(source, "tflite", "fp32"),
+                                        params={"sparsity_encoding": True}))
+        return planned
 
     def refusal(self, model: ModelArtifact) -> str | None:
         """Why it cannot work on `model`, or None when it can."""

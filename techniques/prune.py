@@ -179,7 +179,9 @@ def prune_model(
     )
 
 
+# int8 stays dense: with EXPERIMENTAL_SPARSITY the int8 file fails to load under XNNPACK here
+# ("failed to delegate FULLY_CONNECTED", TF 2.21 / ai-edge-litert 2.3).
 TECHNIQUE = Technique(
     name="prune", section=PruneConfig, accepts=KERAS_ONLY, source_name=pruned_name,
-    apply=prune_model,
+    apply=prune_model, sparse_tflite=True,
 )

@@ -43,12 +43,16 @@ def test_dask_runs_every_technique_and_conversion_on_worker_processes(
     by_name = {v.name: v for v in variants}
     assert set(by_name) == {
         "pruned-80-graph", "pruned-80-tflite-fp32", "pruned-80-tflite-int8",
+        "pruned-80-tflite-sparse",
         "distilled-small-graph", "distilled-small-tflite-fp32", "distilled-small-tflite-int8",
         "qat-tflite-int8", "pqat-tflite-int8",
     }
     assert all(v.status == "ok" and v.path.exists() for v in variants), variants
     assert os.getpid() not in worker_pids
     assert by_name["pqat-tflite-int8"].derived_from == "pruned-80-tflite-int8"
+    sparse, dense = by_name["pruned-80-tflite-sparse"], by_name["pruned-80-tflite-fp32"]
+    assert sparse.derived_from == dense.name and sparse.params["sparsity_encoding"] is True
+    assert sparse.path.stat().st_size < dense.path.stat().st_size, "sparse encoding"
     pqat = next(m for m in models if m.name == "pqat")
     assert pqat.params["starts_from"] == "pruned-80"
     kept = {k: v for k, v in pqat.metrics.items() if k.startswith("int8_sparsity.")}

@@ -51,6 +51,11 @@ def test_the_plan_names_each_variant_once_with_what_it_derives_from(tiny_baselin
         ("pruned-80-tflite-int8", "pruned-80", "tflite", "int8", "baseline-tflite-int8"),
         ("qat-tflite-int8", "qat", "tflite", "int8", "baseline-tflite-int8"),
     ]
+    with_fp32 = CompressConfig.model_validate({"tflite": ["fp32"]})
+    sparse = next(v for v in plan(with_fp32, tiny_baseline)[0].variants
+                  if v.params.get("sparsity_encoding"))
+    assert (sparse.name, sparse.precision, sparse.derived_from) == (
+        "pruned-80-tflite-sparse", "fp32", "pruned-80-tflite-fp32")
     two_of_four = CompressConfig.model_validate({"prune": {"structured_2_4": True}})
     assert plan(two_of_four, tiny_baseline)[0].source == "pruned-2of4"
     failed = all_failed(plans, "compress_model failed: KilledWorker")
@@ -114,6 +119,28 @@ def test_fine_tuning_reads_with_the_runs_input_settings(tiny_baseline, tiny_data
     cropped = prune_model.fn(tiny_baseline, PruneConfig(epochs=1), tiny_data, tmp_path)
     assert cropped.params["input.random_crop_min_area"] == 0.85
     assert cropped.params["input.cache"] == "encoded"
+
+
+def test_sparse_encoding_shrinks_the_pruned_fp32_file_and_keeps_its_outputs(
+        tiny_baseline, tiny_data, tiny_dataset, test_images, tmp_path):
+    from tasks.convert_tflite import convert_tflite
+    from tasks.export_savedmodel import export_savedmodel
+    from tfopt.variants import plan_variant
+
+    pruned = prune_model.fn(tiny_baseline, PruneConfig(epochs=2), tiny_data, tmp_path)
+    savedmodel = export_savedmodel.fn(pruned, tmp_path)
+    cfg = ConvertConfig(calibration_examples=10)
+    dense = convert_tflite.fn(savedmodel, plan_variant("pruned-80", "tflite"), tiny_dataset, cfg,
+                              tmp_path)
+    sparse = convert_tflite.fn(
+        savedmodel, plan_variant("pruned-80", "tflite", form="tflite-sparse",
+                                 params={"sparsity_encoding": True}), tiny_dataset, cfg, tmp_path)
+    assert sparse.path.stat().st_size < 0.6 * dense.path.stat().st_size
+    runner = TFLiteRunner(sparse.path)
+    ops = {op["op_name"] for op in runner.interpreter._get_ops_details()}
+    assert "DENSIFY" in ops, ops
+    np.testing.assert_allclose(runner.predict(test_images),
+                               TFLiteRunner(dense.path).predict(test_images), atol=1e-4)
 
 
 def test_stripped_model_equals_the_pruned_model(tiny_baseline, tiny_data, test_images):
