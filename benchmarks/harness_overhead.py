@@ -40,19 +40,16 @@ MODELS = {"small": ("small_cnn", 32, {"width": 32}),
 
 def build_files(name: str, out_dir: Path) -> tuple[int, Path, Path]:
     """The model as fp32 TFLite and ONNX files; returns its image size and the two paths."""
-    import tensorflow as tf
-
+    from tasks.convert_tflite import serving_converter
     from tasks.export_onnx import run_tf2onnx
     from tasks.export_savedmodel import save_serving_savedmodel
     from tasks.model_zoo import build_model
-    from tfopt.serving import SIGNATURE_KEY
 
     architecture, size, options = MODELS[name]
     model = build_model(architecture, size, 10, **options)
     savedmodel = out_dir / f"{name}-savedmodel"
     save_serving_savedmodel(model, size, savedmodel)
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(savedmodel),
-                                                         signature_keys=[SIGNATURE_KEY])
+    converter = serving_converter(savedmodel)
     tflite = out_dir / f"{name}.tflite"
     tflite.write_bytes(converter.convert())
     onnx = out_dir / f"{name}.onnx"

@@ -26,6 +26,12 @@ def representative_images(
         yield [image[np.newaxis]]
 
 
+def serving_converter(savedmodel: Path) -> tf.lite.TFLiteConverter:
+    """A TFLite converter for the SavedModel's serving signature (no optimizations set yet)."""
+    return tf.lite.TFLiteConverter.from_saved_model(str(savedmodel),
+                                                    signature_keys=[SIGNATURE_KEY])
+
+
 _INTEGER_OPS = {
     "int8": tf.lite.OpsSet.TFLITE_BUILTINS_INT8,
     "int16x8": tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
@@ -80,9 +86,7 @@ def convert_tflite(
     Returns:
         The variant, built.
     """
-    converter = tf.lite.TFLiteConverter.from_saved_model(
-        str(savedmodel.path), signature_keys=[SIGNATURE_KEY]
-    )
+    converter = serving_converter(savedmodel.path)
     configure_converter(converter, variant.precision, dataset, cfg, savedmodel.input_scale)
     if variant.params.get("sparsity_encoding"):
         converter.optimizations = [*converter.optimizations,

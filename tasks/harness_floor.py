@@ -34,19 +34,16 @@ def build_floor_models(image_size: int, out_dir: Path) -> dict[str, Path]:
     }
     if all(path.exists() for path in floors.values()):
         return floors
-    import tensorflow as tf
-
+    from tasks.convert_tflite import serving_converter
     from tasks.export_savedmodel import save_serving_savedmodel
     from tasks.keras_models import keras, save_keras_model
-    from tfopt.serving import SIGNATURE_KEY
 
     inputs = keras.Input((image_size, image_size, 3))
     first_pixel = keras.layers.Cropping2D(((0, image_size - 1), (0, image_size - 1)))(inputs)
     model = keras.Model(inputs, keras.layers.Flatten()(first_pixel), name="harness_floor")
     save_keras_model(model, floors["keras"])
     save_serving_savedmodel(model, image_size, floors["savedmodel"])
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(floors["savedmodel"]),
-                                                         signature_keys=[SIGNATURE_KEY])
+    converter = serving_converter(floors["savedmodel"])
     atomic_write_bytes(floors["tflite"], converter.convert())
     atomic_write_bytes(floors["onnx"], onnx_floor_bytes(image_size))
     return floors

@@ -153,11 +153,11 @@ def tflite_precision(runner: object) -> Precision:
     """
     interpreter = runner.interpreter  # type: ignore[attr-defined]
     ops = {op["op_name"] for op in interpreter._get_ops_details()}  # no public API lists the ops
-    if any(np.dtype(t["dtype"]) == np.int16 for t in interpreter.get_tensor_details()):
+    dtypes = {np.dtype(t["dtype"]) for t in interpreter.get_tensor_details()}
+    if np.dtype(np.int16) in dtypes:
         return "int16x8"
     if np.dtype(runner.input_dtype).kind in "iu" or "QUANTIZE" in ops:  # type: ignore[attr-defined]
         return "int8"
-    dtypes = {np.dtype(t["dtype"]) for t in interpreter.get_tensor_details()}
     if np.dtype(np.float16) in dtypes:
         return "float16"
     return "dynamic" if np.dtype(np.int8) in dtypes else "fp32"

@@ -29,14 +29,13 @@ import numpy as np
 import tensorflow as tf
 from prefect import task
 
-from tasks.convert_tflite import representative_images
+from tasks.convert_tflite import representative_images, serving_converter
 from tasks.input_pipeline import load_split
 from tasks.runners import TFLiteRunner
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, VariantSpec
 from tfopt.config import ConvertConfig
 from tfopt.fileio import atomic_write_bytes
 from tfopt.logs import step_logger
-from tfopt.serving import SIGNATURE_KEY
 from tfopt.variants import built, failed, skipped
 
 DEBUG_EXAMPLES = 64
@@ -159,8 +158,7 @@ def _accuracy_and_p50(content: bytes, images: np.ndarray, labels: np.ndarray, th
 def _debugger(savedmodel: ModelArtifact, debug_images: Callable[[], Iterator[list[np.ndarray]]],
               calibration: Callable[[], Iterator[list[np.ndarray]]]
               ) -> tf.lite.experimental.QuantizationDebugger:
-    converter = tf.lite.TFLiteConverter.from_saved_model(
-        str(savedmodel.path), signature_keys=[SIGNATURE_KEY])
+    converter = serving_converter(savedmodel.path)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = calibration
     options = tf.lite.experimental.QuantizationDebugOptions(
@@ -200,8 +198,7 @@ def select_int8_layers(
     debug_images, _ = load_split(dataset, "train", DEBUG_EXAMPLES, scale)
     scratch = out_dir / f".{variant.name}.step.tflite"
     out_dir.mkdir(parents=True, exist_ok=True)
-    float_model = tf.lite.TFLiteConverter.from_saved_model(
-        str(savedmodel.path), signature_keys=[SIGNATURE_KEY]).convert()
+    float_model = serving_converter(savedmodel.path).convert()
     float_accuracy, float_p50 = _accuracy_and_p50(float_model, images, labels, threads, scratch)
     debugger = _debugger(
         savedmodel, lambda: ([image[np.newaxis]] for image in debug_images),

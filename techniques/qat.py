@@ -15,6 +15,7 @@ import tensorflow as tf
 import tf_keras as keras
 from prefect import task
 
+from tasks.convert_tflite import serving_converter
 from tasks.export_savedmodel import save_serving_savedmodel
 from tasks.keras_models import copy_model, load_keras_model
 from tasks.training import evaluate_test_accuracy, fit
@@ -22,7 +23,6 @@ from techniques.base import KERAS_ONLY, NotApplicable, Technique, derived_model,
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import QatConfig
 from tfopt.logs import step_logger
-from tfopt.serving import SIGNATURE_KEY
 
 SOURCE_NAME = "qat"
 DEFAULT_SCHEME = "Default8BitQuantizeScheme"
@@ -68,8 +68,7 @@ def int8_kernel_stats(savedmodel: Path) -> dict[str, float]:
     """
     from ai_edge_litert.interpreter import Interpreter
 
-    converter = tf.lite.TFLiteConverter.from_saved_model(
-        str(savedmodel), signature_keys=[SIGNATURE_KEY])
+    converter = serving_converter(savedmodel)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     interpreter = Interpreter(model_content=converter.convert())
     stats: dict[str, float] = {}
