@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install browser-deps run test lint up down status serve clean
+.PHONY: install browser-deps db-deps run test lint up down status serve clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,12 +24,21 @@ browser-deps:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 	@$(CHROMIUM) --version 2>/dev/null
 
+# Debian's PostgreSQL for `tfopt up --db postgres` and the tests on it (tfopt runs the server from
+# a data folder under .tfopt, not as the system service).
+db-deps:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; }
+	@ls /usr/lib/postgresql/*/bin/postgres 2>/dev/null || command -v postgres
+
 run: install
 	$(BIN)/tfopt up
 	$(BIN)/tfopt demo-data
 	$(BIN)/tfopt run --config configs/demo.yaml --summary-json .tfopt/demo-summary.json
 
-test: install browser-deps
+test: install browser-deps db-deps
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

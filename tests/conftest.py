@@ -74,11 +74,15 @@ def tiny_savedmodel(tiny_baseline, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def live_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceSettings]:
-    """Real Prefect and MLflow server processes on free ports, state in a temporary folder."""
-    from tests.live import running_services
+def live_services() -> Iterator[ServiceSettings]:
+    """Real Prefect and MLflow server processes on free ports, state in a temporary folder.
 
-    with running_services(tmp_path_factory.mktemp("tfopt-home")) as settings:
+    They keep their state in a real PostgreSQL server, as a team sharing them would; the
+    default SQLite stores are what `tests/test_outages.py` starts.
+    """
+    from tests.live import running_services, state_folder_for_postgres
+
+    with state_folder_for_postgres() as state, running_services(state, db="postgres") as settings:
         yield settings
 
 

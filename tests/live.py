@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,15 +27,26 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_services(state_dir: Path) -> Iterator[ServiceSettings]:
-    """Prefect and MLflow servers on free ports with their state in `state_dir`."""
+def running_services(state_dir: Path, db: str = "sqlite") -> Iterator[ServiceSettings]:
+    """Prefect and MLflow servers (and PostgreSQL for `db="postgres"`) on free ports."""
     settings = ServiceSettings(state_dir=state_dir, prefect_port=free_port(),
-                               mlflow_port=free_port())
-    start_services(settings, timeout_s=240)
+                               mlflow_port=free_port(), db=db, postgres_port=free_port())
     try:
+        start_services(settings, timeout_s=240)
         yield settings
     finally:
         stop_services(settings)
+
+
+@contextmanager
+def state_folder_for_postgres() -> Iterator[Path]:
+    """A temporary tfopt state folder that PostgreSQL's own user may enter (pytest's are 0700)."""
+    folder = Path(tempfile.mkdtemp(prefix="tfopt-home-"))
+    folder.chmod(0o711)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def service_env(settings: ServiceSettings) -> dict[str, str]:
@@ -44,6 +57,7 @@ def service_env(settings: ServiceSettings) -> dict[str, str]:
         TFOPT_HOME=str(settings.state_dir),
         TFOPT_PREFECT_PORT=str(settings.prefect_port),
         TFOPT_MLFLOW_PORT=str(settings.mlflow_port),
+        TFOPT_POSTGRES_PORT=str(settings.postgres_port),
         PREFECT_HOME=str(Path(settings.state_dir) / "client"),
     )
     return env

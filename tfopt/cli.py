@@ -15,6 +15,7 @@ from rich.console import Console
 import tfopt  # noqa: F401  (environment first)
 from tfopt.config import ConfigError, check_paths, load_config
 from tfopt.services import (
+    DATABASES,
     ServiceError,
     ServiceSettings,
     health_url,
@@ -30,9 +31,9 @@ from tfopt.services import (
 console = Console(width=None if sys.stdout.isatty() else 140)
 
 
-def _cmd_up(_: argparse.Namespace) -> int:
-    settings = ServiceSettings.from_env()
-    console.print(f"starting local services (state in {settings.state_dir}) ...")
+def _cmd_up(args: argparse.Namespace) -> int:
+    settings = ServiceSettings.from_env(db=args.db)
+    console.print(f"starting local services on {settings.db} (state in {settings.state_dir}) ...")
     for line in start_services(settings):
         console.print(line)
     _print_addresses(settings)
@@ -59,6 +60,12 @@ def _cmd_status(_: argparse.Namespace) -> int:
 def _print_addresses(settings: ServiceSettings) -> None:
     console.print(f"Prefect UI: {settings.prefect_url}")
     console.print(f"MLflow UI:  {settings.mlflow_url}")
+    if settings.db == "postgres":
+        from tfopt import postgres
+
+        secret = postgres.password_file(settings.state_dir)
+        console.print(f"PostgreSQL: {postgres.LOOPBACK}:{settings.postgres_port}, user "
+                      f"{postgres.SUPERUSER}, password in {secret}", highlight=False)
 
 
 def _cmd_demo_data(args: argparse.Namespace) -> int:
@@ -248,9 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tfopt` command."""
     parser = argparse.ArgumentParser(prog="tfopt", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("up", help="start the local Prefect and MLflow servers").set_defaults(
-        handler=_cmd_up
-    )
+    up = commands.add_parser("up", help="start the local Prefect and MLflow servers")
+    up.add_argument("--db", choices=DATABASES, default=None,
+                    help="their database: SQLite files (the default) or a local PostgreSQL "
+                    "server started with them (TFOPT_DB sets the default)")
+    up.set_defaults(handler=_cmd_up)
     commands.add_parser("down", help="stop the local servers").set_defaults(handler=_cmd_down)
     commands.add_parser("status", help="are the local servers answering?").set_defaults(
         handler=_cmd_status

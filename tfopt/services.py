@@ -1,8 +1,10 @@
-"""Local Prefect and MLflow servers: real processes, SQLite stores, bound to 127.0.0.1.
+"""Local Prefect and MLflow servers: real processes, bound to 127.0.0.1.
 
 `tfopt up` starts both in the background (their own process groups, so they outlive the
 command), writes their pids and logs under the state folder, and waits until each answers its
-health check. Running it again while they are healthy does nothing; `tfopt down` stops them.
+health check. Their stores are SQLite files by default; with `--db postgres` both use a local
+PostgreSQL server that `tfopt up` starts first (`tfopt.postgres`). Running it again while they
+are healthy does nothing; `tfopt down` stops all of them.
 """
 
 from __future__ import annotations
@@ -18,13 +20,17 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from tfopt import postgres
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PREFECT_PORT = 4200
 DEFAULT_MLFLOW_PORT = 5000
+DEFAULT_POSTGRES_PORT = 5433  # 5432 is left to a system PostgreSQL
+DATABASES = ("sqlite", "postgres")
 
 
 _CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
@@ -47,15 +53,29 @@ class ServiceSettings:
     host: str = DEFAULT_HOST
     prefect_port: int = DEFAULT_PREFECT_PORT
     mlflow_port: int = DEFAULT_MLFLOW_PORT
+    db: str = "sqlite"
+    postgres_port: int = DEFAULT_POSTGRES_PORT
+
+    def __post_init__(self) -> None:
+        if self.db not in DATABASES:
+            raise ServiceError(f"unknown database {self.db!r}: choose one of {DATABASES}")
 
     @classmethod
-    def from_env(cls) -> ServiceSettings:
-        """Read `TFOPT_HOME`, `TFOPT_HOST`, `TFOPT_PREFECT_PORT` and `TFOPT_MLFLOW_PORT`."""
+    def from_env(cls, db: str | None = None) -> ServiceSettings:
+        """Read `TFOPT_HOME`, `TFOPT_HOST`, `TFOPT_*_PORT` and `TFOPT_DB`.
+
+        Args:
+            db: The servers' database; None takes the one the running servers were started
+                with, else `TFOPT_DB`, else SQLite.
+        """
+        state_dir = Path(os.environ.get("TFOPT_HOME", ".tfopt")).resolve()
         return cls(
-            state_dir=Path(os.environ.get("TFOPT_HOME", ".tfopt")).resolve(),
+            state_dir=state_dir,
             host=os.environ.get("TFOPT_HOST", DEFAULT_HOST),
             prefect_port=int(os.environ.get("TFOPT_PREFECT_PORT", DEFAULT_PREFECT_PORT)),
             mlflow_port=int(os.environ.get("TFOPT_MLFLOW_PORT", DEFAULT_MLFLOW_PORT)),
+            db=db or running_database(state_dir) or os.environ.get("TFOPT_DB", "sqlite"),
+            postgres_port=int(os.environ.get("TFOPT_POSTGRES_PORT", DEFAULT_POSTGRES_PORT)),
         )
 
     @property
@@ -78,9 +98,11 @@ class ServiceSettings:
 class _Service:
     name: str
     port: int
-    health_url: str
+    address: str
+    ready: Callable[[], bool]
     command: list[str]
-    env: dict[str, str]
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
 
 
 def _bin(name: str) -> str:
@@ -89,44 +111,81 @@ def _bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
+def _http_service(name: str, port: int, url: str, command: list[str],
+                  env: dict[str, str]) -> _Service:
+    return _Service(name=name, port=port, address=url, ready=lambda: is_healthy(url),
+                    command=command, env=env)
+
+
+def _postgres_service(settings: ServiceSettings) -> _Service:
+    state, port = settings.state_dir, settings.postgres_port
+    try:
+        command, user = postgres.server_command(state, port), postgres.server_user()
+    except postgres.PostgresError as error:
+        raise ServiceError(str(error)) from None
+    return _Service(
+        name="postgres", port=port, address=f"{postgres.LOOPBACK}:{port}",
+        ready=lambda: postgres.can_log_in(state, port), command=command, user=user,
+    )
+
+
+def _store_urls(settings: ServiceSettings) -> tuple[str, str]:
+    """The Prefect and MLflow database addresses (PostgreSQL's carry the password)."""
+    if settings.db == "postgres":
+        state, port = settings.state_dir, settings.postgres_port
+        return (postgres.database_url(state, port, "prefect", "asyncpg"),
+                postgres.database_url(state, port, "mlflow", "psycopg2"))
+    return (f"sqlite+aiosqlite:///{settings.state_dir / 'prefect' / 'prefect.db'}",
+            f"sqlite:///{settings.state_dir / 'mlflow' / 'mlflow.db'}")
+
+
 def _services(settings: ServiceSettings) -> list[_Service]:
+    """The servers to start, in order (stop them in reverse); addresses carry no password."""
     state = settings.state_dir
-    prefect_home = state / "prefect"
-    mlflow_home = state / "mlflow"
-    prefect = _Service(
-        name="prefect",
-        port=settings.prefect_port,
-        health_url=f"{settings.prefect_api_url}/health",
+    prefect_store, mlflow_store = _store_urls(settings)
+    prefect = _http_service(
+        "prefect", settings.prefect_port, f"{settings.prefect_api_url}/health",
         command=[
             _bin("prefect"), "server", "start",
             "--host", settings.host, "--port", str(settings.prefect_port),
         ],
         env={
-            "PREFECT_HOME": str(prefect_home),
+            "PREFECT_HOME": str(state / "prefect"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_API_DATABASE_CONNECTION_URL": (
-                f"sqlite+aiosqlite:///{prefect_home / 'prefect.db'}"
-            ),
+            "PREFECT_API_DATABASE_CONNECTION_URL": prefect_store,
             "PREFECT_UI_API_URL": settings.prefect_api_url,
             # Only the server's own UI may call the API from a browser (Prefect allows any
             # origin by default, so any web page could create or delete objects).
             "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": settings.prefect_url,
         },
     )
-    mlflow = _Service(
-        name="mlflow",
-        port=settings.mlflow_port,
-        health_url=f"{settings.mlflow_url}/health",
+    mlflow = _http_service(
+        "mlflow", settings.mlflow_port, f"{settings.mlflow_url}/health",
         command=[
             _bin("mlflow"), "server",
-            "--backend-store-uri", f"sqlite:///{mlflow_home / 'mlflow.db'}",
-            "--artifacts-destination", str(mlflow_home / "artifacts"),
+            "--artifacts-destination", str(state / "mlflow" / "artifacts"),
             "--host", settings.host, "--port", str(settings.mlflow_port),
             "--workers", "1",
         ],
-        env={},
+        # In the environment, not on the command line, where `ps` would show the password.
+        env={"MLFLOW_BACKEND_STORE_URI": mlflow_store},
     )
+    if settings.db == "postgres":
+        return [_postgres_service(settings), prefect, mlflow]
     return [prefect, mlflow]
+
+
+SERVICE_NAMES = ("postgres", "prefect", "mlflow")
+
+
+def _database_file(state_dir: Path) -> Path:
+    return state_dir / "run" / "database"
+
+
+def running_database(state_dir: Path) -> str | None:
+    """The database the servers of `state_dir` were started with, while they run."""
+    path = _database_file(state_dir)
+    return path.read_text().strip() if path.exists() else None
 
 
 def is_healthy(url: str, timeout_s: float = 2.0) -> bool:
@@ -210,38 +269,75 @@ def _warn_if_exposed(host: str) -> str | None:
 
 
 def start_services(settings: ServiceSettings, timeout_s: float = 180.0) -> list[str]:
-    """Start the Prefect and MLflow servers unless they already answer; wait until both do.
+    """Start the servers unless they already answer; wait until each does.
+
+    With `settings.db == "postgres"` the PostgreSQL server comes first (its cluster and the
+    Prefect and MLflow databases created on first use), then Prefect and MLflow on it.
 
     Args:
-        settings: State folder, host and ports.
+        settings: State folder, host, ports and database.
         timeout_s: How long to wait for each health check.
 
     Returns:
         One human-readable line per service saying what happened.
 
     Raises:
-        ServiceError: A port is taken by something else, or a server did not become healthy.
+        ServiceError: A port is taken by something else, the running servers use another
+            database, PostgreSQL cannot be set up, or a server did not become healthy.
     """
     messages = []
     warning = _warn_if_exposed(settings.host)
     if warning:
         messages.append(warning)
-    started: list[tuple[_Service, subprocess.Popen]] = []
-    for service in _services(settings):
-        if is_healthy(service.health_url):
-            messages.append(f"{service.name}: already running at {service.health_url}")
-            continue
-        if not _port_is_free(settings.host, service.port):
-            raise ServiceError(
-                f"{service.name}: port {service.port} on {settings.host} is taken by another "
-                f"process that is not a healthy {service.name} server. Stop it, or choose another "
-                f"port with TFOPT_{service.name.upper()}_PORT=<port>."
-            )
-        started.append((service, _spawn(settings, service)))
-    for service, process in started:
-        _wait_healthy(settings, service, process, timeout_s)
-        messages.append(f"{service.name}: started (pid {process.pid}) at {service.health_url}")
+    _refuse_other_database(settings)
+    services = _services(settings)
+    databases = [service for service in services if service.name == "postgres"]
+    servers = [service for service in services if service.name != "postgres"]
+    for group in (databases, servers):
+        started: list[tuple[_Service, subprocess.Popen]] = []
+        for service in group:
+            if service.ready():
+                messages.append(f"{service.name}: already running at {service.address}")
+                continue
+            _check_port(settings, service)
+            if service.name == "postgres":
+                messages.extend(_postgres_setup(settings))
+            started.append((service, _spawn(settings, service)))
+        for service, process in started:
+            _wait_healthy(settings, service, process, timeout_s)
+            messages.append(f"{service.name}: started (pid {process.pid}) at {service.address}")
+        if group is databases and databases:
+            created = postgres.create_databases(settings.state_dir, settings.postgres_port)
+            messages.extend(f"postgres: created database {name}" for name in created)
+    _database_file(settings.state_dir).write_text(f"{settings.db}\n")
     return messages
+
+
+def _refuse_other_database(settings: ServiceSettings) -> None:
+    running = running_database(settings.state_dir)
+    if running and running != settings.db and any(service_status(settings).values()):
+        raise ServiceError(
+            f"the servers of {settings.state_dir} run on {running}, not {settings.db}. "
+            f"Stop them with `tfopt down` first, then `tfopt up --db {settings.db}`."
+        )
+
+
+def _check_port(settings: ServiceSettings, service: _Service) -> None:
+    host = postgres.LOOPBACK if service.name == "postgres" else settings.host
+    if not _port_is_free(host, service.port):
+        raise ServiceError(
+            f"{service.name}: port {service.port} on {host} is taken by another "
+            f"process that is not a healthy {service.name} server. Stop it, or choose another "
+            f"port with TFOPT_{service.name.upper()}_PORT=<port>."
+        )
+
+
+def _postgres_setup(settings: ServiceSettings) -> list[str]:
+    try:
+        created = postgres.ensure_cluster(settings.state_dir)
+    except postgres.PostgresError as error:
+        raise ServiceError(str(error)) from None
+    return [created] if created else []
 
 
 def _spawn(settings: ServiceSettings, service: _Service) -> subprocess.Popen:
@@ -260,6 +356,7 @@ def _spawn(settings: ServiceSettings, service: _Service) -> subprocess.Popen:
             env=env,
             cwd=settings.state_dir,
             start_new_session=True,
+            user=service.user,
         )
     pid_path = _pid_file(settings, service.name)
     pid_path.parent.mkdir(parents=True, exist_ok=True)
@@ -272,7 +369,7 @@ def _wait_healthy(
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if is_healthy(service.health_url):
+        if service.ready():
             return
         if process.poll() is not None:
             raise ServiceError(
@@ -281,7 +378,7 @@ def _wait_healthy(
             )
         time.sleep(0.5)
     raise ServiceError(
-        f"{service.name} did not answer {service.health_url} within {timeout_s:.0f} s; see "
+        f"{service.name} did not answer at {service.address} within {timeout_s:.0f} s; see "
         f"{_log_file(settings, service.name)}"
     )
 
@@ -289,29 +386,35 @@ def _wait_healthy(
 def stop_services(settings: ServiceSettings, timeout_s: float = 30.0) -> list[str]:
     """Stop the servers that `start_services` started (by their pid files); idempotent.
 
+    Prefect and MLflow go first, then the PostgreSQL server they used, if any.
+
     Args:
-        settings: The same settings the servers were started with.
-        timeout_s: Grace period after SIGTERM before SIGKILL.
+        settings: The same state folder the servers were started with.
+        timeout_s: Grace period after the stop signal before SIGKILL.
 
     Returns:
         One line per service saying what happened.
     """
     messages = []
-    for service in _services(settings):
-        pid_path = _pid_file(settings, service.name)
+    for name in reversed(SERVICE_NAMES):
+        pid_path = _pid_file(settings, name)
         pid = _read_pid(pid_path)
         if pid is None:
-            messages.append(f"{service.name}: not running")
+            if name != "postgres" or pid_path.exists():
+                messages.append(f"{name}: not running")
             pid_path.unlink(missing_ok=True)
             continue
-        _terminate_group(pid, timeout_s)
+        # SIGINT is PostgreSQL's fast shutdown; SIGTERM would wait for every client to leave.
+        first = signal.SIGINT if name == "postgres" else signal.SIGTERM
+        _terminate_group(pid, timeout_s, first)
         pid_path.unlink(missing_ok=True)
-        messages.append(f"{service.name}: stopped (pid {pid})")
+        messages.append(f"{name}: stopped (pid {pid})")
+    _database_file(settings.state_dir).unlink(missing_ok=True)
     return messages
 
 
-def _terminate_group(pid: int, timeout_s: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def _terminate_group(pid: int, timeout_s: float, first: signal.Signals) -> None:
+    for sig in (first, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
@@ -332,8 +435,15 @@ def _reap(pid: int) -> None:
 
 
 def service_status(settings: ServiceSettings) -> dict[str, bool]:
-    """Return whether each service answers its health check."""
-    return {service.name: is_healthy(service.health_url) for service in _services(settings)}
+    """Whether each server answers: Prefect and MLflow, and PostgreSQL when it is in use."""
+    status = {
+        "prefect": is_healthy(f"{settings.prefect_api_url}/health"),
+        "mlflow": is_healthy(f"{settings.mlflow_url}/health"),
+    }
+    if settings.db == "postgres":
+        status = {"postgres": postgres.can_log_in(settings.state_dir, settings.postgres_port),
+                  **status}
+    return status
 
 
 def require_services(prefect_api_url: str, mlflow_url: str) -> None:

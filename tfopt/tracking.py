@@ -463,8 +463,15 @@ def log_dataset(run: TrackedRun, dataset: DatasetArtifact) -> None:
                **{f"{split}_examples": info.examples for split, info in dataset.splits.items()}}
     entity = Dataset(name=dataset.root.name, digest=digest, source_type="local",
                      source=json.dumps({"uri": str(dataset.root)}), profile=json.dumps(profile))
-    with_retries(lambda: run.client.log_inputs(run.run_id, datasets=[DatasetInput(
-        entity, tags=[InputTag("mlflow.data.context", "training")])]))
+    inputs = [DatasetInput(entity, tags=[InputTag("mlflow.data.context", "training")])]
+    try:
+        with_retries(lambda: run.client.log_inputs(run.run_id, datasets=inputs))
+    except MlflowException as error:
+        # The server looks a data set up, then inserts it: two runs logging the same data set at
+        # once (PostgreSQL store) both insert, one fails. Logged again, it is found and linked.
+        if "already exists" not in str(error):
+            raise
+        with_retries(lambda: run.client.log_inputs(run.run_id, datasets=inputs))
 
 
 def describe_run(run: TrackedRun, markdown: str) -> None:
