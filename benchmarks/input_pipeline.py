@@ -22,7 +22,6 @@ Goals on 2 cores: tuned (cache rule) >= 3x naive; tuned without cache >= 0.8x th
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import tempfile
@@ -32,8 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
-from PIL import Image
-from sklearn.datasets import load_digits
 
 import tfopt  # noqa: F401
 from tasks.input_pipeline import (
@@ -46,26 +43,7 @@ from tasks.input_pipeline import (
 from tasks.measure_input_pipeline import examples_per_second
 from tasks.write_tfrecords import write_tfrecords
 from tfopt.config import DataConfig
-
-
-def write_jpegs(root: Path, count: int, size: int, seed: int = 0) -> None:
-    """Write `count` distinct digit JPEGs of `size` x `size` pixels under `root/<digit>/`."""
-    digits = load_digits()
-    rng = np.random.default_rng(seed)
-    for index in range(count):
-        source = index % len(digits.target)
-        label = digits.target[source]
-        gray = np.clip(digits.images[source] * (255.0 / 16.0), 0, 255).astype(np.uint8)
-        image = Image.fromarray(gray, mode="L").resize((size, size), Image.BICUBIC)
-        pixels = np.asarray(image, np.float32) * rng.uniform(0.7, 1.0)
-        pixels = np.roll(pixels, tuple(rng.integers(-3, 4, size=2)), axis=(0, 1))
-        pixels += rng.normal(0.0, 8.0, pixels.shape)
-        rgb = np.repeat(np.clip(pixels, 0, 255).astype(np.uint8)[..., None], 3, axis=2)
-        buffer = io.BytesIO()
-        Image.fromarray(rgb).save(buffer, format="JPEG", quality=90)
-        class_dir = root / str(label)
-        class_dir.mkdir(parents=True, exist_ok=True)
-        (class_dir / f"img_{index:06d}.jpg").write_bytes(buffer.getvalue())
+from tfopt.demo_data import write_varied_digit_jpegs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     source = work / f"jpegs-{args.images}-{args.size}"
     if not (source / ".complete").exists():
         started = time.perf_counter()
-        write_jpegs(source, args.images, args.size)
+        write_varied_digit_jpegs(source, args.images, args.size)
         (source / ".complete").write_text("ok\n")
         print(f"wrote {args.images} JPEGs in {time.perf_counter() - started:.1f} s")
     cfg = DataConfig(source_dir=source, image_size=args.size, shard_size_mb=args.shard_mb,

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.common import benchmark_serialized, error_of, sharded_data
-from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
+from tasks.prepare_benchmark_inputs import (
+    INPUTS_ARTIFACT,
+    prepare_benchmark_inputs,
+    read_inputs_index,
+)
 from tasks.resolve_model import UnusableModelError, resolve_model
 from tasks.write_report import write_report
 from tfopt import tracking
 from tfopt.config import BenchmarkOnlyConfig
+from tfopt.machines import MACHINE_RUN_ROLE, machine_label, machine_protocol
 from tfopt.orchestration import claim_flow_run
 from tfopt.prefect_artifacts import publish_prefect_artifacts
 from tfopt.provenance import environment, mlflow_tracking_uri
@@ -40,6 +46,8 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
     work_dir = config.work_dir.resolve()
     tracking_uri = mlflow_tracking_uri()
     run_dir = work_dir / "benchmarks" / f"{config.name}-{flow_run.id}"
+    if config.pipeline_run:
+        return _benchmark_for_pipeline_run(config, config.pipeline_run, tracking_uri, run_dir)
     spec = resolve_model(config.model, config.format, config.precision, tracking_uri,
                          run_dir / "model")
     tags = {"prefect.flow_run_id": str(flow_run.id), "tfopt.role": "benchmark"}
@@ -76,3 +84,51 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
     get_run_logger().info("%s: accuracy %.4f, p50 %.3f ms", result.name, result.accuracy,
                           result.latency_ms.p50)
     return summary
+
+
+def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,
+                                tracking_uri: str, run_dir: Path) -> dict[str, Any]:
+    """Measure a pipeline's variant here, on its inputs with its protocol, as its child run.
+
+    The protocol is the pipeline's with this machine's settings on top (`machine_protocol`);
+    the child run is tagged with the machine (host and work pool) and its environment header.
+    """
+    import mlflow.artifacts
+
+    local_inputs = Path(mlflow.artifacts.download_artifacts(
+        run_id=pipeline_run, artifact_path=INPUTS_ARTIFACT, dst_path=str(run_dir),
+        tracking_uri=tracking_uri))
+    inputs, pipeline_protocol = read_inputs_index(local_inputs)
+    protocol = machine_protocol(pipeline_protocol)
+    spec = resolve_model(config.model, config.format, config.precision, tracking_uri,
+                         run_dir / "model")
+    measured = benchmark_serialized(spec, inputs, protocol)
+    if not measured.is_completed():
+        raise UnusableModelError(f"model {config.model} cannot be measured: {error_of(measured)}")
+    result = measured.result()
+    machine = machine_label(_work_pool_of_this_flow_run())
+    env = environment(protocol.threads, result.tf_intra_op_threads, protocol.cpus)
+    client = tracking.client(tracking_uri)
+    parent = tracking.with_retries(lambda: client.get_run(pipeline_run))
+    run_id = tracking.log_variant_run(
+        client, parent.info.experiment_id, pipeline_run, result,
+        tags={"prefect.flow_run_id": str(flow_run.id), "tfopt.role": MACHINE_RUN_ROLE,
+              "tfopt.machine": machine, **{f"env.{k}": str(v) for k, v in env.items()}},
+        log_model_files=False, run_name=f"{spec.name} @ {machine}")
+    get_run_logger().info("%s on %s: p50 %.3f ms (%s threads)", spec.name, machine,
+                          result.latency_ms.p50, protocol.threads)
+    return {
+        "config_name": config.name, "model": config.model, "machine": machine,
+        "pipeline_run": pipeline_run, "mlflow_tracking_uri": redact(tracking_uri),
+        "mlflow_experiment_id": parent.info.experiment_id, "mlflow_run_id": run_id,
+        "prefect_flow_run_id": str(flow_run.id), "environment": env,
+        "variants": [variant_entry(result, None, protocol.accuracy_budget_points)],
+    }
+
+
+def _work_pool_of_this_flow_run() -> str | None:
+    """The work pool this flow run was sent to (None: started here, not by a worker)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run.id).work_pool_name

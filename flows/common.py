@@ -12,21 +12,23 @@ from tasks.benchmark_variant import benchmark_variant
 from tasks.convert_tflite import convert_tflite
 from tasks.write_tfrecords import is_intact, write_tfrecords
 from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, ModelArtifact, VariantSpec
-from tfopt.config import BenchmarkConfig, ConvertConfig, DataConfig
+from tfopt.config import BenchmarkConfig, ConvertConfig, DataConfig, ScaleConfig
 from tfopt.orchestration import benchmark_slot
 from tfopt.variants import failed
 
 
-def sharded_data(cfg: DataConfig, work_dir: Path) -> DatasetArtifact:
+def sharded_data(
+    cfg: DataConfig, work_dir: Path, scale: ScaleConfig | None = None
+) -> DatasetArtifact:
     """The data set's shards through Prefect's cache; written again if cached files are gone."""
-    dataset = write_tfrecords(cfg, work_dir)
+    dataset = write_tfrecords(cfg, work_dir, scale)
     if is_intact(dataset):
         return dataset
     get_run_logger().warning(
         "the cached shards of %s are gone from %s; writing them again", cfg.source_dir,
         dataset.root,
     )
-    return write_tfrecords.with_options(refresh_cache=True)(cfg, work_dir)
+    return write_tfrecords.with_options(refresh_cache=True)(cfg, work_dir, scale)
 
 
 def benchmark_serialized(

@@ -20,23 +20,18 @@ from techniques import Planned, plan
 from techniques.base import NotApplicable
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.config import PipelineConfig, ScaleConfig
-from tfopt.orchestration import claim_flow_run
+from tfopt.orchestration import claim_flow_run, local_dask_cluster_kwargs
 from tfopt.variants import built, failed, skipped
 
 
 def task_runner_for(scale: ScaleConfig) -> TaskRunner:
-    """The task runner `scale` asks for.
-
-    Dask workers are processes with one thread each, so two TensorFlow trainings do not share
-    one interpreter's global Keras state.
-    """
+    """The task runner `scale` asks for (a local Dask cluster: `local_dask_cluster_kwargs`)."""
     if scale.task_runner == "dask":
         from prefect_dask import DaskTaskRunner
 
         if scale.dask_address:
             return DaskTaskRunner(address=scale.dask_address)
-        return DaskTaskRunner(cluster_kwargs={"n_workers": scale.dask_workers,
-                                              "threads_per_worker": 1, "processes": True})
+        return DaskTaskRunner(cluster_kwargs=local_dask_cluster_kwargs(scale.dask_workers))
     return ThreadPoolTaskRunner(max_workers=1)
 
 

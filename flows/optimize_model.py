@@ -33,7 +33,11 @@ from tasks.measure_data_layout import measure_data_layout
 from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.package_models import package_models
 from tasks.pick_champion import pick_champion
-from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
+from tasks.prepare_benchmark_inputs import (
+    INPUTS_ARTIFACT,
+    prepare_benchmark_inputs,
+    write_inputs_index,
+)
 from tasks.quantize_onnx import quantize_onnx
 from tasks.runoff import run_off
 from tasks.select_int8 import select_int8_layers
@@ -106,6 +110,9 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         measured = _prepare_data(config, work_dir, run_dir, run)
         baseline, savedmodel = _baseline(config, measured.data, work_dir, run_dir, run)
         inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
+        if config.benchmark.share_inputs:
+            tracking.log_file(run, write_inputs_index(inputs, config.benchmark).parent,
+                              INPUTS_ARTIFACT)
         variants = _baseline_variants(config, measured.data, baseline, savedmodel, run_dir, run)
         compressed, technique_models = _compressed_variants(config, measured.data, baseline,
                                                             run_dir, run)
@@ -128,7 +135,7 @@ def _prepare_data(
     config: PipelineConfig, work_dir: Path, run_dir: Path, run: tracking.TrackedRun
 ) -> _Measured:
     """Shard the data, sweep the batch size, measure the readers and the data layouts."""
-    dataset = sharded_data(config.data, work_dir)
+    dataset = sharded_data(config.data, work_dir, config.scale)
     tracking.log_dataset(run, dataset)
     sweep = sweep_batch_size(dataset, config.model, config.input, run_dir / "report")
     batch_size = config.train.batch_size or sweep.chosen_batch_size

@@ -39,7 +39,7 @@ def preprocess_data(config: PreprocessConfig = PreprocessConfig()) -> dict[str, 
         params=config.model_dump(mode="json"),
         tags={"prefect.flow_run_id": str(flow_run.id), "tfopt.role": "preprocess"},
     ) as run:
-        dataset = sharded_data(config.data, work_dir)
+        dataset = sharded_data(config.data, work_dir, config.scale)
         tracking.log_dataset(run, dataset)
     summary = {**dataset_entry(dataset), "root": str(dataset.root),
                "mlflow_run_id": run.run_id, "prefect_flow_run_id": str(flow_run.id)}

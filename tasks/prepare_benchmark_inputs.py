@@ -11,7 +11,12 @@ from tasks.harness_floor import build_floor_models
 from tasks.input_pipeline import load_split
 from tasks.runners import load_runner, predict_batched
 from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, VariantSpec
-from tfopt.config import InputScale
+from tfopt.config import BenchmarkConfig, InputScale
+from tfopt.fileio import atomic_write_json
+
+INPUTS_INDEX = "inputs.json"
+INPUTS_ARTIFACT = "benchmark-inputs"
+"""Where a pipeline's MLflow run keeps its benchmark inputs (`BenchmarkConfig.share_inputs`)."""
 
 
 def _save_array(path: Path, values: np.ndarray) -> None:
@@ -69,3 +74,49 @@ def prepare_benchmark_inputs(
     _save_array(inputs.images, images)
     _save_array(inputs.labels, labels)
     return inputs
+
+
+def write_inputs_index(inputs: BenchmarkInputs, protocol: BenchmarkConfig) -> Path:
+    """Describe the inputs folder and the benchmark protocol, so another machine can repeat it.
+
+    The pipeline logs the folder to MLflow; `read_inputs_index` on a machine that downloaded it
+    gives the same arrays and the protocol the pipeline measured with. Paths are stored relative
+    to the folder.
+
+    Returns:
+        The index file (in the folder of ``inputs.images``).
+    """
+    folder = inputs.images.parent
+
+    def relative(path: Path) -> str:
+        return str(path.relative_to(folder))
+
+    index = {
+        "images": relative(inputs.images), "labels": relative(inputs.labels),
+        "reference_logits": (relative(inputs.reference_logits)
+                             if inputs.reference_logits else None),
+        "examples": inputs.examples, "batch_size": inputs.batch_size,
+        "floor_models": {kind: relative(path) for kind, path in inputs.floor_models.items()},
+        "protocol": protocol.model_dump(mode="json"),
+    }
+    atomic_write_json(folder / INPUTS_INDEX, index)
+    return folder / INPUTS_INDEX
+
+
+def read_inputs_index(folder: Path) -> tuple[BenchmarkInputs, BenchmarkConfig]:
+    """The inputs and the protocol `write_inputs_index` described, found under `folder`.
+
+    Raises:
+        FileNotFoundError: `folder` holds no index (not a pipeline's benchmark inputs).
+    """
+    import json
+
+    index = json.loads((folder / INPUTS_INDEX).read_text(encoding="utf-8"))
+    inputs = BenchmarkInputs(
+        images=folder / index["images"], labels=folder / index["labels"],
+        reference_logits=folder / index["reference_logits"] if index["reference_logits"]
+        else None,
+        examples=index["examples"], batch_size=index["batch_size"],
+        floor_models={kind: folder / path for kind, path in index["floor_models"].items()},
+    )
+    return inputs, BenchmarkConfig.model_validate(index["protocol"])

@@ -16,6 +16,7 @@ from tfopt.orchestration import retry_if_transient
 
 _SUFFIX_FORMATS = {".tflite": "tflite", ".onnx": "onnx", ".keras": "graph"}
 _MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
+_RUN_URI = re.compile(r"^runs:/(?P<run_id>[0-9a-f]{32})/(?P<path>[^\s]+)$")
 
 
 def detect_format(path: Path) -> tuple[str, Path]:
@@ -58,6 +59,9 @@ def check_model_reference(model: str, tracking_uri: str) -> None:
     Raises:
         UnusableModelError: Naming the reference and what is missing.
     """
+    if model.startswith("runs:/"):
+        _check_run_reference(model, tracking_uri)
+        return
     match = _MODEL_URI.match(model)
     if not match:
         if not model.startswith("models:/"):
@@ -83,6 +87,30 @@ def check_model_reference(model: str, tracking_uri: str) -> None:
         raise UnusableModelError(
             f"model: {model}: the registry at {tracking_uri} has no registered model "
             f"{match['name']!r} with {what} ({error.error_code})") from error
+
+
+def _check_run_reference(model: str, tracking_uri: str) -> None:
+    """Refuse a ``runs:/`` URI whose run or artifact does not exist.
+
+    Raises:
+        UnusableModelError: Naming what is missing.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    match = _RUN_URI.match(model)
+    if not match:
+        raise UnusableModelError(f"model: {model} is not runs:/<32-hex run id>/<artifact path>")
+    client = MlflowClient(tracking_uri)
+    try:
+        client.get_run(match["run_id"])
+    except MlflowException as error:
+        raise UnusableModelError(f"model: {model}: the tracking server at {tracking_uri} has no "
+                                 f"run {match['run_id']} ({error.error_code})") from error
+    path = match["path"].rstrip("/")
+    parent = path.rsplit("/", 1)[0] if "/" in path else None
+    if path not in {a.path for a in client.list_artifacts(match["run_id"], parent)}:
+        raise UnusableModelError(f"model: {model}: run {match['run_id']} has no artifact {path}")
 
 
 def _probe_in_a_subprocess(model_format: str, path: Path) -> None:
@@ -117,7 +145,8 @@ def resolve_model(
     """Turn a model reference into a variant to benchmark, downloading registered models.
 
     Args:
-        model: ``models:/<name>@<alias>``, ``models:/<name>/<version>`` or a local path.
+        model: ``models:/<name>@<alias>``, ``models:/<name>/<version>``,
+            ``runs:/<run id>/<artifact path>`` (a pipeline's variant) or a local path.
         fmt: The format, or ``auto`` to detect it.
         precision: The precision, or ``auto`` (the registered run's param, else fp32).
         tracking_uri: MLflow server holding the registry.
@@ -129,6 +158,8 @@ def resolve_model(
     Raises:
         ValueError: The reference matches no model.
     """
+    if model.startswith("runs:/") and not _RUN_URI.match(model):
+        raise ValueError(f"model: {model} is not runs:/<32-hex run id>/<artifact path>")
     params: dict[str, str] = {}
     match = _MODEL_URI.match(model)
     if match:
@@ -145,6 +176,15 @@ def resolve_model(
         if version.run_id:
             params = client.get_run(version.run_id).data.params
         label = f"{name}-v{version.version}"
+    elif run_match := _RUN_URI.match(model):
+        import mlflow.artifacts
+        from mlflow.tracking import MlflowClient
+
+        run = MlflowClient(tracking_uri).get_run(run_match["run_id"])
+        label = run.data.tags.get("tfopt.variant") or run.info.run_name or run.info.run_id
+        local = Path(mlflow.artifacts.download_artifacts(
+            artifact_uri=model, dst_path=str(download_dir / label), tracking_uri=tracking_uri))
+        params = run.data.params
     else:
         local = Path(model)
         if not local.exists():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from tasks.keras_models import (
     load_keras_model,
     save_keras_model,
 )
+from tasks.multi_worker import WorkerFailedError, train_on_local_workers
 from tasks.training import (
     HISTORY_NAME,
     Fitted,
@@ -77,10 +79,12 @@ def train_model(
             "another run is training the same baseline (%s); waiting for it", checkpoint_dir),
             ) if lock else nullcontext():
         trained = _trained_earlier(checkpoint_dir) if train_cfg.epochs else None
-        if trained is None:
-            trained = _train(data, model_cfg, train_cfg, strategy, checkpoint_dir)
+        if trained is None and train_cfg.epochs and train_cfg.distribute == "multi_worker":
+            trained = _train_on_workers(data, model_cfg, train_cfg, checkpoint_dir, out_dir)
+        elif trained is None:
+            trained = train_in_scope(data, model_cfg, train_cfg, strategy, checkpoint_dir)
             if train_cfg.epochs:
-                _keep(trained, checkpoint_dir)
+                keep_trained(trained, checkpoint_dir)
         else:
             logger.info("reusing the baseline an earlier run trained with the same data and "
                         "settings (%s)", checkpoint_dir)
@@ -109,7 +113,7 @@ def train_model(
             "epochs": train_cfg.epochs,
             "kept_epoch": kept_epoch(fitted),
             "mixed_precision": train_cfg.mixed_precision,
-            "distribute": f"{train_cfg.distribute} ({strategy.num_replicas_in_sync} replicas)",
+            "distribute": _distribute_param(train_cfg, strategy),
             "parameters": int(model.count_params()),
             "devices": ",".join(d.device_type for d in tf.config.list_physical_devices()),
             **fitted.reader,
@@ -125,11 +129,40 @@ BEST_NAME = "best-epoch.npz"
 _TRAINED_INFO = "trained.json"
 
 
-def _train(
+def _distribute_param(train_cfg: TrainConfig, strategy: tf.distribute.Strategy) -> str:
+    if train_cfg.distribute == "multi_worker":
+        return f"multi_worker ({train_cfg.workers} workers)"
+    return f"{train_cfg.distribute} ({strategy.num_replicas_in_sync} replicas)"
+
+
+def _train_on_workers(data: TrainingData, model_cfg: ModelConfig, train_cfg: TrainConfig,
+                      checkpoint_dir: Path | None, out_dir: Path) -> _Trained:
+    """Train on local worker processes (`tasks.multi_worker`); load what the chief saved."""
+    folder = checkpoint_dir or out_dir / "multi-worker"
+    train_on_local_workers(data, model_cfg, train_cfg, folder, folder / HISTORY_NAME)
+    trained = _trained_earlier(folder)
+    if trained is None:
+        raise WorkerFailedError(f"the multi-worker training's chief saved no model in {folder}")
+    if checkpoint_dir is None:
+        shutil.rmtree(folder)
+    return trained
+
+
+def train_in_scope(
     data: TrainingData, model_cfg: ModelConfig, train_cfg: TrainConfig,
-    strategy: tf.distribute.Strategy, checkpoint_dir: Path | None,
+    strategy: tf.distribute.Strategy, checkpoint_dir: Path | None, chief: bool = True,
 ) -> _Trained:
-    """Build or load the baseline and fit it (resuming from the folder's last epoch)."""
+    """Build or load the baseline under `strategy` and fit it (resuming an interrupted fit).
+
+    Args:
+        data: The run's training data.
+        model_cfg: Where the model comes from.
+        train_cfg: Epochs, learning rate, precision policy.
+        strategy: The tf.distribute strategy to build and train under.
+        checkpoint_dir: Backup folder (shared by all workers of a multi-worker training).
+        chief: Whether this process writes the history and the best epoch's file (the only
+            one, or worker 0 of a multi-worker training).
+    """
     dataset = data.dataset
     keras.utils.set_random_seed(data.seed)
     with precision_policy(train_cfg.mixed_precision), strategy.scope():
@@ -138,15 +171,16 @@ def _train(
         if train_cfg.epochs == 0:
             fitted = Fitted(curves={}, seconds=0.0)
         else:
+            best_file = checkpoint_dir / BEST_NAME if checkpoint_dir and chief else None
             fitted = fit(
                 model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
-                callbacks=[*resumable_callbacks(checkpoint_dir),
+                callbacks=[*resumable_callbacks(checkpoint_dir, history=chief),
                            EpochProgress(StepProgress("train-baseline", "epochs trained"),
                                          train_cfg.epochs)],
-                best=KeepBestWeights(path=checkpoint_dir / BEST_NAME if checkpoint_dir else None),
+                best=KeepBestWeights(path=best_file),
             )
-    curves = (read_history(checkpoint_dir / HISTORY_NAME) if checkpoint_dir and fitted.curves
-              else fitted.curves)
+    curves = (read_history(checkpoint_dir / HISTORY_NAME)
+              if checkpoint_dir and chief and fitted.curves else fitted.curves)
     if train_cfg.mixed_precision != "off":
         # Variables stay float32 under a mixed policy; a float32 twin carries them into export
         # and conversion without the policy's casts (TFLite has no bfloat16 kernels).
@@ -166,7 +200,7 @@ def _trained_earlier(checkpoint_dir: Path | None) -> _Trained | None:
                          reader=info["reader"], best_epoch=info.get("best_epoch")), info["curves"]
 
 
-def _keep(trained: _Trained, checkpoint_dir: Path | None) -> None:
+def keep_trained(trained: _Trained, checkpoint_dir: Path | None) -> None:
     """Leave the trained baseline in `checkpoint_dir` for reruns (the info file last)."""
     if checkpoint_dir is None:
         return

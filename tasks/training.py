@@ -51,6 +51,7 @@ def training_data(
     train = tuned_dataset(dataset.splits["train"].files, dataset.image_size, data.batch_size,
                           training=True, seed=data.seed, options=train_options,
                           examples_hint=dataset.splits["train"].examples)
+    train = train.with_options(_shared_by_workers())
     reader = {"input.cache": decision.mode,
               "input.random_crop_min_area": train_options.random_crop_min_area,
               "input.deterministic": train_options.deterministic}
@@ -60,7 +61,18 @@ def training_data(
                                     scale=data.input_scale)
     val = tuned_dataset(dataset.splits["val"].files, dataset.image_size, data.batch_size,
                         options=val_options, examples_hint=dataset.splits["val"].examples)
-    return train, val, reader
+    return train, val.with_options(_shared_by_workers()), reader
+
+
+def _shared_by_workers() -> tf.data.Options:
+    """Under MultiWorkerMirroredStrategy, each worker keeps its share of every batch.
+
+    Sharding by file, TensorFlow's first choice, fails when a small data set has fewer shard
+    files than workers; elsewhere the option does nothing.
+    """
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return options
 
 
 class KeepBestWeights(keras.callbacks.Callback):
@@ -176,15 +188,24 @@ def evaluate_test_accuracy(model: keras.Model, data: TrainingData) -> float:
     return float(np.mean(np.argmax(logits, axis=1) == labels))
 
 
-def resumable_callbacks(checkpoint_dir: Path | None) -> list[keras.callbacks.Callback]:
-    """Per-epoch backup and an appended history log under `checkpoint_dir` (none if None)."""
+def resumable_callbacks(
+    checkpoint_dir: Path | None, history: bool = True
+) -> list[keras.callbacks.Callback]:
+    """Per-epoch backup and an appended history log under `checkpoint_dir` (none if None).
+
+    Args:
+        checkpoint_dir: The folder; every worker of a multi-worker training passes the same.
+        history: Whether this process writes the history (only a multi-worker chief does).
+    """
     if checkpoint_dir is None:
         return []
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    return [
-        keras.callbacks.BackupAndRestore(str(checkpoint_dir / "backup")),
-        keras.callbacks.CSVLogger(str(checkpoint_dir / HISTORY_NAME), append=True),
-    ]
+    callbacks: list[keras.callbacks.Callback] = [
+        keras.callbacks.BackupAndRestore(str(checkpoint_dir / "backup"))]
+    if history:
+        callbacks.append(keras.callbacks.CSVLogger(str(checkpoint_dir / HISTORY_NAME),
+                                                   append=True))
+    return callbacks
 
 
 def read_history(path: Path) -> dict[str, list[float]]:
@@ -216,7 +237,8 @@ def _epoch_row(row: dict[str | None, object]) -> tuple[int, dict[str, float]] | 
 def distribution_strategy(name: str) -> tf.distribute.Strategy:
     """The tf.distribute strategy for training: `mirrored` copies the model to every local GPU.
 
-    Without GPUs MirroredStrategy runs one CPU replica; `none` is TensorFlow's default strategy.
+    Without GPUs MirroredStrategy runs one CPU replica; `none` is TensorFlow's default strategy,
+    and so is `multi_worker` in the process that starts the workers (`tasks.multi_worker`).
     """
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()

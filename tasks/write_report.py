@@ -174,7 +174,7 @@ def _layer_of(node: str) -> str:
     return parts[-2] if len(parts) > 1 else node
 
 
-def _save(fig: object, path: Path) -> Path:
+def save_figure(fig: object, path: Path) -> Path:
     """Lay out, write as PNG and close a figure."""
     import matplotlib.pyplot as plt
 
@@ -210,7 +210,7 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
     axis.set_ylabel("test accuracy")
     axis.set_title(f"Accuracy vs latency (champion: {summary['champion'] or 'none'})")
     axis.legend()
-    paths.append(_save(fig, out_dir / "accuracy_vs_latency.png"))
+    paths.append(save_figure(fig, out_dir / "accuracy_vs_latency.png"))
 
     fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
     names = [r.name for r in ok]
@@ -220,7 +220,7 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
     axis.set_xlabel("KB")
     axis.set_title("Model size per variant")
     axis.legend()
-    paths.append(_save(fig, out_dir / "size.png"))
+    paths.append(save_figure(fig, out_dir / "size.png"))
 
     fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
     axis.boxplot([r.samples_ms or [r.latency_ms.p50] for r in ok], vert=False,
@@ -228,7 +228,7 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
     axis.set_xscale("log")
     axis.set_xlabel("batch-1 latency (ms, log), warm-up excluded")
     axis.set_title("Latency distributions")
-    paths.append(_save(fig, out_dir / "latency_distributions.png"))
+    paths.append(save_figure(fig, out_dir / "latency_distributions.png"))
     swept = [r for r in ok if len(r.p50_ms_by_threads) > 1]
     if swept:
         paths.append(_thread_scaling_plot(swept, out_dir / "thread_scaling.png"))
@@ -270,7 +270,7 @@ def _roofline_plot(entries: list[dict[str, Any]], env: dict[str, Any], path: Pat
     axis.set_xlabel("FLOPs per byte of model (log)")
     axis.set_ylabel("achieved GFLOP/s at batch 1 (log)")
     axis.set_title("Where each variant stands against this machine's limits")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _thread_scaling_plot(swept: list[VariantResult], path: Path) -> Path:
@@ -290,7 +290,7 @@ def _thread_scaling_plot(swept: list[VariantResult], path: Path) -> Path:
     axis.set_xticks(range(1, most + 1))
     axis.set_title("Thread scaling (benchmark.thread_sweep)")
     axis.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 @task(name="write_report", tags=["report"])

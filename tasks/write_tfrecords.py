@@ -4,7 +4,9 @@ The shard plan is computed from the file listing alone (paths, sizes, labels, a 
 split), so it is deterministic and known before any image is read. Each shard is written under a
 temporary name and renamed when complete, then described by a small sidecar JSON. A rerun skips
 every shard whose sidecar matches the plan and whose bytes still match its checksum, so an
-interrupted run resumes instead of starting over. Large writes run one process per core.
+interrupted run resumes instead of starting over. Large writes run one process per core; with
+`scale.task_runner: dask` every pending shard is a Dask task (a local cluster or a running
+scheduler), each worker writing its shard atomically into the shared output folder.
 
 The source is a class-per-folder image tree, or a folder of existing TFRecord files whose
 image and label features are named in the config; either way the shards hold the same
@@ -21,6 +23,7 @@ import os
 import re
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,10 +31,10 @@ from PIL import Image
 from prefect import task
 
 from tfopt.artifacts import DatasetArtifact, SplitInfo
-from tfopt.config import DataConfig
+from tfopt.config import DataConfig, ScaleConfig
 from tfopt.fileio import atomic_write_json, sha256_file
 from tfopt.logs import step_logger
-from tfopt.orchestration import retry_if_transient
+from tfopt.orchestration import local_dask_cluster_kwargs, retry_if_transient
 
 SPLITS = ("train", "val", "test")
 MANIFEST_NAME = "manifest.json"
@@ -449,19 +452,54 @@ def writer_processes(cfg: DataConfig, pending: list[ShardPlan]) -> int:
 
 
 def write_pending_shards(
-    pending: list[ShardPlan], cfg: DataConfig, class_names: list[str], out_dir: Path
-) -> list[dict]:
-    """Write shards, in parallel processes when that pays (spawned: no forked TensorFlow)."""
-    workers = writer_processes(cfg, pending)
+    pending: list[ShardPlan], cfg: DataConfig, class_names: list[str], out_dir: Path,
+    scale: ScaleConfig | None = None,
+) -> tuple[list[dict], str]:
+    """Write shards here, in parallel processes when that pays, or as Dask tasks.
+
+    Local processes are spawned (no forked TensorFlow); Dask is used when `scale` asks for it.
+
+    Returns:
+        The shards' sidecars in the order of `pending`, and who wrote them.
+    """
     paths = [out_dir / plan.file_name.replace(".tfrecord", shard_suffix(cfg)) for plan in pending]
+    if scale is not None and scale.task_runner == "dask" and pending:
+        return _write_on_dask(pending, cfg, class_names, paths, scale)
+    workers = writer_processes(cfg, pending)
     if workers == 1:
-        return [write_shard(plan, cfg, class_names, path) for plan, path in zip(pending, paths,
-                                                                                strict=True)]
+        return [write_shard(plan, cfg, class_names, path)
+                for plan, path in zip(pending, paths, strict=True)], "1 process"
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         futures = [pool.submit(write_shard, plan, cfg, class_names, path)
                    for plan, path in zip(pending, paths, strict=True)]
-        return [future.result() for future in futures]
+        return [future.result() for future in futures], f"{workers} processes"
+
+
+def _write_on_dask(pending: list[ShardPlan], cfg: DataConfig, class_names: list[str],
+                   paths: list[Path], scale: ScaleConfig) -> tuple[list[dict], str]:
+    with _dask_client(scale) as client:
+        workers = len(client.scheduler_info(n_workers=-1)["workers"])
+        # pure=False: a shard is written for its side effect, never taken from Dask's cache.
+        futures = client.map(write_shard, pending, [cfg] * len(pending),
+                             [class_names] * len(pending), paths, pure=False)
+        metas = client.gather(futures)
+        return metas, f"{workers} Dask workers at {client.scheduler.address}"
+
+
+@contextmanager
+def _dask_client(scale: ScaleConfig) -> Iterator:
+    """A Dask client of the scheduler at `scale.dask_address`, or of a local cluster."""
+    from distributed import Client, LocalCluster
+
+    if scale.dask_address:
+        with Client(scale.dask_address) as client:
+            yield client
+        return
+    with LocalCluster(dashboard_address=None,
+                      **local_dask_cluster_kwargs(scale.dask_workers)) as cluster, \
+            Client(cluster) as client:
+        yield client
 
 
 def dataset_dir_for(cfg: DataConfig, work_dir: Path, images: list[SourceImage]) -> Path:
@@ -523,15 +561,19 @@ def is_intact(dataset: DatasetArtifact) -> bool:
     retry_delay_seconds=5,
     retry_condition_fn=retry_if_transient,
 )
-def write_tfrecords(cfg: DataConfig, work_dir: Path) -> DatasetArtifact:
+def write_tfrecords(
+    cfg: DataConfig, work_dir: Path, scale: ScaleConfig | None = None
+) -> DatasetArtifact:
     """Shard an image folder into TFRecord files with a manifest; resume where a run stopped.
 
     Prefect caches the result under the source folder's fingerprint and the settings, so an
-    unchanged input is not read again; shards already on disk are reused in any case.
+    unchanged input is not read again; shards already on disk are reused in any case. Where
+    the shards are written does not change them, so `scale` is not part of the cache key.
 
     Args:
         cfg: Source folder, split fractions and shard size.
         work_dir: Root folder; shards go to ``<work_dir>/datasets/<source>-<hash>/``.
+        scale: Dask (`task_runner: dask`) or here (None or sequential).
 
     Returns:
         The shard files per split, the class names and the counts.
@@ -576,13 +618,10 @@ def write_tfrecords(cfg: DataConfig, work_dir: Path) -> DatasetArtifact:
             pending.append(plan)
         else:
             metas[plan.file_name] = meta
-    written = write_pending_shards(pending, cfg, class_names, out_dir)
+    written, writers = write_pending_shards(pending, cfg, class_names, out_dir, scale)
     metas.update({plan.file_name: meta for plan, meta in zip(pending, written, strict=True)})
-    logger.info(
-        "%d shards in %s (%d reused from an earlier run, %d written by %d process(es))",
-        len(plans), out_dir, len(plans) - len(pending), len(pending),
-        writer_processes(cfg, pending) if pending else 0,
-    )
+    logger.info("%d shards in %s (%d reused from an earlier run, %d written by %s)",
+                len(plans), out_dir, len(plans) - len(pending), len(pending), writers)
     return _finish_manifest(cfg, out_dir, class_names,
                             [metas[plan.file_name] for plan in plans], listing_skipped)
 

@@ -197,6 +197,9 @@ _BENCHMARK_FLAGS = {"model": "model", "format": "format", "name": "name",
 def _cmd_benchmark(args: argparse.Namespace) -> int:
     from tfopt.config import BenchmarkOnlyConfig
 
+    if args.run or args.work_pool:
+        return _benchmark_on_machines(args)
+
     overrides: dict[str, object] = {
         key: str(value) if isinstance(value, Path) else value
         for flag, key in _BENCHMARK_FLAGS.items()
@@ -218,6 +221,44 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     _report(summary, args.summary_json)
     console.print(f"MLflow UI:  {summary['mlflow_run_url']}")
     return 0
+
+
+def _benchmark_on_machines(args: argparse.Namespace) -> int:
+    """`tfopt benchmark --run R --work-pool P ...`: measure R's variants where P's workers are."""
+    from rich.table import Table
+
+    from tfopt import machines, tracking
+
+    if not (args.run and args.work_pool):
+        raise ConfigError("--run and --work-pool go together: the pipeline run whose variants "
+                          "to measure, and the work pool(s) of the machines to measure them on")
+    _, tracking_uri = _connect_services()
+    variants = machines.variants_to_measure(tracking_uri, args.run, args.variant)
+    submitted = machines.submit(args.run, variants, args.work_pool, args.work_dir, args.source)
+    console.print(f"{len(submitted)} benchmark_model flow runs submitted: {len(variants)} "
+                  f"variants x {', '.join(args.work_pool)}; waiting for the workers ...")
+    states = machines.wait_for(submitted, args.timeout)
+    for item in submitted:
+        if states[item.flow_run_id] != "Completed":
+            console.print(f"{item.variant} on {item.pool}: {states[item.flow_run_id]} (flow run "
+                          f"{item.flow_run_id})", highlight=False)
+    names, rows = machines.machine_rows(tracking_uri, args.run)
+    report_dir = (args.work_dir or Path(".tfopt/work")).resolve() / "machines" / args.run
+    files = machines.write_machine_report(names, rows, report_dir)
+    client = tracking.client(tracking_uri)
+    for path in files:
+        tracking.log_artifact(client, args.run, path, "report/machines")
+    table = Table(title="batch-1 p50 (ms) per machine, same files, same inputs")
+    table.add_column("variant")
+    for name in names:
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(row["variant"], *(f"{row[n]['p50_ms']:.3f}" if n in row else "-"
+                                        for n in names))
+    console.print(table)
+    console.print(f"per machine report: {files[0]} (also in the run's report/machines)")
+    failed = sum(1 for state in states.values() if state != "Completed")
+    return 1 if failed else 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -246,7 +287,11 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from tfopt.machines import MACHINE_BENCHMARK_ENV, machine_settings
+
+    settings = machine_settings(_parse_overrides(args.set))
     _connect_services()
+    os.environ[MACHINE_BENCHMARK_ENV] = settings
     prefect = Path(sys.executable).with_name("prefect")
     os.execv(prefect, [str(prefect), "worker", "start", "--pool", args.pool, "--type", "process"])
 
@@ -276,7 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config value, e.g. --set train.epochs=2")
     run.add_argument("--print-json", action="store_true", help="print the summary JSON")
     run.set_defaults(handler=_cmd_run)
-    bench = commands.add_parser("benchmark", help="benchmark one registered or saved model")
+    bench = commands.add_parser(
+        "benchmark", help="benchmark one registered or saved model, or a pipeline run's "
+        "variants on the machines of work pools (--run, --work-pool)")
     bench.add_argument("--config", type=Path, default=None,
                        help="YAML of the benchmark_model flow's parameters (BenchmarkOnlyConfig)")
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -290,6 +337,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--name", default=None)
     bench.add_argument("--work-dir", type=Path, default=None)
     bench.add_argument("--summary-json", type=Path, default=None)
+    bench.add_argument("--run", default=None,
+                       help="an optimize_model MLflow run id: measure its ok variants on the "
+                            "machines of --work-pool")
+    bench.add_argument("--work-pool", action="append", default=[],
+                       help="a process work pool whose worker sits on the target machine "
+                            "(repeat for several machines)")
+    bench.add_argument("--variant", action="append", default=None,
+                       help="only this variant of --run (repeatable; default: every ok one)")
+    bench.add_argument("--timeout", type=float, default=3600.0,
+                       help="seconds to wait for the workers (default 3600)")
+    bench.add_argument("--source", default=None,
+                       help="git URL the workers clone the code from (default: this checkout)")
     bench.set_defaults(handler=_cmd_benchmark)
     serve = commands.add_parser(
         "serve", help="serve the deployments of deployments/prefect.yaml from this process"
@@ -305,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.set_defaults(handler=_cmd_deploy)
     worker = commands.add_parser("worker", help="start a Prefect worker on a process work pool")
     worker.add_argument("--pool", default="tfopt-process")
+    worker.add_argument("--set", action="append", default=[], metavar="benchmark.KEY=VALUE",
+                        help="this machine's benchmark settings for the runs it measures, "
+                             "e.g. --set benchmark.threads=4 --set benchmark.cpus=[0,1,2,3]")
     worker.set_defaults(handler=_cmd_worker)
     return parser
 

@@ -237,12 +237,17 @@ class TrainConfig(_Section):
         2e-3, gt=0.0, le=1.0, description="Adam learning rate for the baseline."
     )
     seed: int = Field(42, ge=0, le=2**31 - 1, description="Seed for weights, shuffling and splits.")
-    distribute: Literal["none", "mirrored"] = Field(
+    distribute: Literal["none", "mirrored", "multi_worker"] = Field(
         "none",
         description=(
             "tf.distribute strategy for baseline training: mirrored replicates the model on "
-            "every local GPU (one CPU replica without GPUs); see the README for multi-worker."
+            "every local GPU (one CPU replica without GPUs); multi_worker trains it with "
+            "MultiWorkerMirroredStrategy on `workers` worker processes of this machine."
         ),
+    )
+    workers: int = Field(
+        2, ge=2, le=64,
+        description="Worker processes of a multi_worker training (each with its TF_CONFIG).",
     )
 
 
@@ -611,6 +616,14 @@ class BenchmarkConfig(_Section):
         None, min_length=1, max_length=1024,
         description="Pin the measuring process to these CPU numbers (null: no pinning).",
     )
+    share_inputs: bool = Field(
+        True,
+        description=(
+            "Log the decoded test split and this protocol to the pipeline's MLflow run, so "
+            "`tfopt benchmark --run` can measure its variants on other machines (the split is "
+            "stored as float32 arrays: large for big images or test sets)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _scenarios_fit(self) -> BenchmarkConfig:
@@ -635,13 +648,14 @@ class BenchmarkConfig(_Section):
 
 
 class ScaleConfig(_Section):
-    """Where the compression techniques and their conversions run."""
+    """Where the TFRecord shards are written and the compression techniques run."""
 
     task_runner: Literal["sequential", "dask"] = Field(
         "sequential",
         description=(
-            "sequential: one after another in the flow's process; dask: fanned out to Dask "
-            "worker processes (benchmarks stay serialized by the tfopt-benchmark limit)."
+            "sequential: in the flow's process (shards in parallel processes when the data is "
+            "large); dask: shards and compression techniques fanned out to Dask worker "
+            "processes (benchmarks stay serialized by the tfopt-benchmark limit)."
         ),
     )
     dask_address: str | None = Field(
@@ -720,6 +734,9 @@ class PreprocessConfig(_Section):
     )
     work_dir: Path = Field(Path(".tfopt/work"), description="Folder for the TFRecord shards.")
     data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
+    scale: ScaleConfig = Field(
+        default_factory=ScaleConfig, description="Where the shards are written (Dask or here)."
+    )
     services: ServicesConfig = Field(
         default_factory=ServicesConfig, description="Waiting for the servers."
     )
@@ -735,8 +752,8 @@ class BenchmarkOnlyConfig(_Section):
     model: str = Field(
         "models:/tfopt-demo@champion", min_length=1,
         description=(
-            "models:/<name>@<alias>, models:/<name>/<version>, or a path to a .tflite, .onnx or "
-            ".keras file or a SavedModel folder."
+            "models:/<name>@<alias>, models:/<name>/<version>, runs:/<run id>/<artifact path>, "
+            "or a path to a .tflite, .onnx or .keras file or a SavedModel folder."
         ),
     )
     format: Literal["auto", "graph", "xla", "savedmodel", "tflite", "onnx"] = Field(
@@ -753,6 +770,15 @@ class BenchmarkOnlyConfig(_Section):
     )
     benchmark: BenchmarkConfig = Field(
         default_factory=BenchmarkConfig, description="Benchmark protocol."
+    )
+    pipeline_run: str | None = Field(
+        None, pattern=r"^[0-9a-f]{32}$",
+        description=(
+            "An optimize_model MLflow run: measure `model` (one of its variants, "
+            "runs:/<child run id>/model) on that run's benchmark inputs with its protocol and "
+            "log the result as a child run of it, tagged with this machine (`data`, "
+            "`batch_size`, `input_scale` and `benchmark` are then taken from that run)."
+        ),
     )
     services: ServicesConfig = Field(
         default_factory=ServicesConfig, description="Waiting for the servers."

@@ -77,3 +77,25 @@ def digit_to_jpeg(pixels: np.ndarray, image_size: int, quality: int = 95) -> byt
     buffer = io.BytesIO()
     image.convert("RGB").save(buffer, format="JPEG", quality=quality)
     return buffer.getvalue()
+
+
+def write_varied_digit_jpegs(root: Path, count: int, size: int, seed: int = 0) -> None:
+    """Write `count` distinct digit JPEGs of `size` x `size` pixels under `root/<digit>/`."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        source = index % len(digits.target)
+        label = digits.target[source]
+        gray = np.clip(digits.images[source] * (255.0 / 16.0), 0, 255).astype(np.uint8)
+        image = Image.fromarray(gray, mode="L").resize((size, size), Image.BICUBIC)
+        pixels = np.asarray(image, np.float32) * rng.uniform(0.7, 1.0)
+        pixels = np.roll(pixels, tuple(rng.integers(-3, 4, size=2)), axis=(0, 1))
+        pixels += rng.normal(0.0, 8.0, pixels.shape)
+        rgb = np.repeat(np.clip(pixels, 0, 255).astype(np.uint8)[..., None], 3, axis=2)
+        buffer = io.BytesIO()
+        Image.fromarray(rgb).save(buffer, format="JPEG", quality=90)
+        class_dir = root / str(label)
+        class_dir.mkdir(parents=True, exist_ok=True)
+        (class_dir / f"img_{index:06d}.jpg").write_bytes(buffer.getvalue())

@@ -197,6 +197,13 @@ def is_healthy(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """A TCP port of `host` nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
 def _port_is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -290,6 +290,7 @@ def log_variant_run(
     source_params: Mapping[str, object] | None = None,
     source_metrics: Mapping[str, float] | None = None,
     mlflow_model: Path | None = None,
+    run_name: str | None = None,
 ) -> str:
     """Create a child run for one benchmarked variant with its params, metrics and model.
 
@@ -305,6 +306,7 @@ def log_variant_run(
         source_metrics: Metrics of that technique (e.g. sparsity reached), logged as
             ``source.<name>``.
         mlflow_model: The variant packaged as an MLflow Model folder.
+        run_name: The child run's name (default: the variant's).
 
     Returns:
         The child run's id.
@@ -313,7 +315,7 @@ def log_variant_run(
     run_id = start_run(
         mlflow,
         experiment_id,
-        run_name=data["name"],
+        run_name=run_name or data["name"],
         params={
             **{key: data[key] for key in ("name", "source", "format", "precision")},
             **{f"source.{key}": value for key, value in (source_params or {}).items()},

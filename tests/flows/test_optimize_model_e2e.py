@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.live import free_port, run_tfopt
+from tests.live import free_port, run_tfopt, tfopt_process
 from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.demo_data import write_demo_images
 from tfopt.services import is_healthy
@@ -450,3 +451,55 @@ def test_a_model_file_that_is_not_keras_gets_what_its_kind_allows(
     champion = mlflow.pyfunc.load_model(summary["champion_model"]["uri"])
     images, _ = _smoke_test_split_of(tmp_path / "work", summary, f"own-{kind}")
     assert _scores(champion.predict(images[:3])).shape == (3, 10)
+
+
+def test_variants_are_measured_on_the_machines_of_two_work_pools(smoke_run, tmp_path):
+    """`tfopt benchmark --run --work-pool` x2: workers with their own threads and CPUs."""
+    settings, summary, _, _ = smoke_run
+    pipeline_run = summary["mlflow_run_id"]
+    unknown = run_tfopt(settings, ["benchmark", "--run", pipeline_run, "--work-pool", "any",
+                                   "--variant", "no-such-variant"], timeout_s=300)
+    assert unknown.returncode == 2 and "not an ok variant" in unknown.stdout, unknown.stdout
+    pools = {"one-core": ["--set", "benchmark.threads=1", "--set", "benchmark.cpus=[0]"],
+             "two-threads": ["--set", "benchmark.threads=2"]}
+    variants = ["baseline-tflite-int8", "baseline-onnx"]
+    command = ["benchmark", "--run", pipeline_run, "--work-dir", str(tmp_path / "work"),
+               "--timeout", "900"]
+    for pool in pools:
+        command += ["--work-pool", pool]
+    for variant in variants:
+        command += ["--variant", variant]
+    logs = {pool: tmp_path / f"worker-{pool}.log" for pool in pools}
+    with ExitStack() as workers:
+        for pool, settings_of_pool in pools.items():
+            workers.enter_context(tfopt_process(
+                settings, ["worker", "--pool", pool, *settings_of_pool], logs[pool],
+                ready=lambda log=logs[pool]: "started" in log.read_text().lower()))
+        completed = run_tfopt(settings, command, timeout_s=1200)
+    assert completed.returncode == 0, (completed.stdout[-3000:] + completed.stderr[-3000:]
+                                       + logs["one-core"].read_text()[-3000:])
+    client = MlflowClient(settings.mlflow_url)
+    measured = client.search_runs(
+        [summary["mlflow_experiment_id"]],
+        filter_string=f"tags.mlflow.parentRunId = '{pipeline_run}' "
+                      "and tags.`tfopt.role` = 'machine-benchmark'")
+    by_pool = {pool: {r.data.tags["tfopt.variant"]: r for r in measured
+                      if r.data.tags["tfopt.machine"].endswith(f"({pool})")} for pool in pools}
+    assert all(set(runs) == set(variants) for runs in by_pool.values()), by_pool
+    pipeline = {v["name"]: v for v in summary["variants"]}
+    for pool, threads, cpus in (("one-core", "1", "0"), ("two-threads", "2", "not pinned")):
+        for name, run in by_pool[pool].items():
+            tags, metrics = run.data.tags, run.data.metrics
+            assert (tags["env.benchmark_threads"], tags["env.benchmark_cpus"]) == (threads, cpus)
+            assert tags["env.cpu"] and tags["tfopt.status"] == "ok"
+            # The same file on the same inputs: the same answers, wherever it runs.
+            assert metrics["accuracy"] == pytest.approx(pipeline[name]["accuracy"], abs=0.01)
+            assert metrics["latency_p50_ms"] > 0
+    report = {a.path for a in client.list_artifacts(pipeline_run, "report/machines")}
+    assert {"report/machines/machines.md", "report/machines/machines.png",
+            "report/machines/machines.json"} <= report
+    table = json.loads((tmp_path / "work" / "machines" / pipeline_run / "machines.json")
+                       .read_text())
+    assert len(table["machines"]) == 3 and table["machines"][0].endswith("(pipeline run)")
+    assert {row["variant"] for row in table["variants"]} == set(variants)
+    assert "per machine" in completed.stdout.lower()

@@ -34,6 +34,14 @@ def test_the_search_finds_a_rate_within_the_budget_and_below_capacity():
     assert 50 <= found.target_qps < 300
 
 
+def test_the_search_comes_down_from_a_start_far_beyond_capacity():
+    # 16x capacity: halving 3 times (the old floor of first_qps / 8) would never get there.
+    found = server_search([_service(0.004)], list(range(16)), budget_ms=60, first_qps=4_000,
+                          seconds=0.2)
+    assert found is not None, "a 4 ms client serves ~250 queries/s; the search must get there"
+    assert found.target_qps < 300 and found.p99_ms <= 60
+
+
 def test_offline_reports_the_best_batch_size():
     def predict(batch: np.ndarray) -> None:
         time.sleep(0.002 + 0.0001 * len(batch))  # a fixed cost per call: batches pay off

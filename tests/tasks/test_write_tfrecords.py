@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -17,7 +18,7 @@ from tasks.write_tfrecords import (
     write_tfrecords,
 )
 from tests.conftest import write_digit_folder
-from tfopt.config import DataConfig
+from tfopt.config import DataConfig, ScaleConfig
 
 
 def _records(files: list[Path]) -> list[dict]:
@@ -95,6 +96,30 @@ def test_rerun_rewrites_a_damaged_shard_resume(tiny_data_cfg, tmp_path):
     manifest = first.manifest_path.read_text()
     second = write_tfrecords.fn(tiny_data_cfg, tmp_path)
     assert second.manifest_path.read_text() == manifest
+
+
+def test_dask_workers_write_the_sequential_writers_shards_and_resume(
+    tiny_data_cfg, tiny_dataset, tmp_path, caplog
+):
+    from distributed import LocalCluster
+
+    sequential = tiny_dataset.manifest_path.read_text()
+    caplog.set_level(logging.INFO, logger="tfopt")
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+        running = ScaleConfig(task_runner="dask", dask_address=cluster.scheduler_address)
+        on_dask = write_tfrecords.fn(tiny_data_cfg, tmp_path, running)
+    assert on_dask.manifest_path.read_text() == sequential, "same shards, same checksums"
+    assert f"written by 2 Dask workers at {cluster.scheduler_address}" in caplog.text
+    assert not list(on_dask.root.glob(".*.tmp"))
+
+    victim = on_dask.splits["train"].files[0]
+    victim.write_bytes(victim.read_bytes()[:-10])
+    caplog.clear()
+    local = ScaleConfig(task_runner="dask", dask_workers=2)
+    resumed = write_tfrecords.fn(tiny_data_cfg, tmp_path, local)
+    assert resumed.manifest_path.read_text() == sequential
+    assert f"({on_dask.shards - 1} reused from an earlier run, 1 written by 2 Dask workers" in (
+        caplog.text)
 
 
 def test_corrupt_and_non_image_files_are_skipped_and_counted(tmp_path):

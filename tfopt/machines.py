@@ -1,0 +1,292 @@
+"""Benchmark a pipeline run's variants on other machines and put the machines side by side.
+
+`tfopt benchmark --run <MLflow run id> --work-pool <pool>` registers the `benchmark_model`
+flow once per work pool (deployment ``benchmark_model/on-<pool>``) and starts one flow run per
+ok variant of that run. A worker of the pool (`tfopt worker --pool <pool>`, on the machine that
+will serve) downloads the variant and the run's benchmark inputs from MLflow, measures it with
+the run's protocol, and logs a child run of the pipeline's run tagged with its machine. The
+machine's own benchmark settings (threads, CPUs) are the worker's: `tfopt worker --set
+benchmark.threads=4` puts them in `MACHINE_BENCHMARK_ENV`, which every flow run it starts
+inherits. `compare_machines` then writes the "per machine" table and plot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tfopt.config import BenchmarkConfig, ConfigError
+
+MACHINE_BENCHMARK_ENV = "TFOPT_MACHINE_BENCHMARK"
+"""JSON object of ``benchmark.*`` settings of this machine, set by `tfopt worker --set`."""
+MACHINE_RUN_ROLE = "machine-benchmark"
+BENCHMARK_FLOW = "benchmark_model"
+_ENTRYPOINT = "flows/benchmark_model.py:benchmark_model"
+_FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+class MachineBenchmarkError(ConfigError):
+    """A pipeline run that cannot be benchmarked elsewhere, or a flow run that did not finish."""
+
+
+def machine_settings(pairs: Mapping[str, object]) -> str:
+    """Validate a worker's ``benchmark.*`` overrides; return them as `MACHINE_BENCHMARK_ENV`.
+
+    Args:
+        pairs: Dotted keys under ``benchmark.`` and their values (from ``--set``).
+
+    Raises:
+        ConfigError: A key outside ``benchmark.`` or a value `BenchmarkConfig` refuses.
+    """
+    from pydantic import ValidationError
+
+    settings = {}
+    for key, value in pairs.items():
+        field = key.removeprefix("benchmark.")
+        if field == key or field not in BenchmarkConfig.model_fields:
+            raise ConfigError(f"--set {key}: a worker sets benchmark.<field> only "
+                              f"(fields: {', '.join(sorted(BenchmarkConfig.model_fields))})")
+        settings[field] = value
+    try:
+        BenchmarkConfig.model_validate(settings)
+    except ValidationError as error:
+        raise ConfigError(f"--set: {error}") from error
+    return json.dumps(settings)
+
+
+def machine_protocol(protocol: BenchmarkConfig) -> BenchmarkConfig:
+    """`protocol` with this machine's settings (`MACHINE_BENCHMARK_ENV`) on top."""
+    overrides = json.loads(os.environ.get(MACHINE_BENCHMARK_ENV) or "{}")
+    return BenchmarkConfig.model_validate({**protocol.model_dump(mode="json"), **overrides})
+
+
+def machine_label(work_pool: str | None) -> str:
+    """How a machine is named in runs and reports: its host name and the work pool it serves."""
+    host = socket.gethostname()
+    return f"{host} ({work_pool})" if work_pool else host
+
+
+@dataclass(frozen=True)
+class VariantRun:
+    """An ok variant of a pipeline run: its name and its MLflow child run."""
+
+    name: str
+    run_id: str
+
+
+def variants_to_measure(tracking_uri: str, pipeline_run: str,
+                        names: list[str] | None = None) -> list[VariantRun]:
+    """The ok variants of a pipeline run whose model files it logged (all, or those `names`).
+
+    Raises:
+        MachineBenchmarkError: No such run, not a pipeline run with shared inputs, or a name
+            that is not an ok variant of it.
+    """
+    from mlflow.exceptions import MlflowException
+
+    from tasks.prepare_benchmark_inputs import INPUTS_ARTIFACT
+    from tfopt import tracking
+
+    client = tracking.client(tracking_uri)
+    try:
+        parent = client.get_run(pipeline_run)
+    except MlflowException as error:
+        raise MachineBenchmarkError(f"--run {pipeline_run}: no such MLflow run at "
+                                    f"{tracking_uri} ({error.error_code})") from error
+    if parent.data.tags.get("tfopt.role") != "pipeline":
+        raise MachineBenchmarkError(f"--run {pipeline_run} is not an optimize_model run")
+    if not client.list_artifacts(pipeline_run, INPUTS_ARTIFACT):
+        raise MachineBenchmarkError(
+            f"--run {pipeline_run} logged no benchmark inputs (it ran with "
+            "benchmark.share_inputs false, or before tfopt shared them)")
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{pipeline_run}' "
+                      "and tags.`tfopt.status` = 'ok'",
+        max_results=1000)
+    ok = {child.data.tags["tfopt.variant"]: child.info.run_id for child in children
+          if child.data.tags.get("tfopt.role") != MACHINE_RUN_ROLE
+          and "tfopt.variant" in child.data.tags}
+    unknown = sorted(set(names or []) - set(ok))
+    if unknown:
+        raise MachineBenchmarkError(f"--variant {', '.join(unknown)}: not an ok variant of run "
+                                    f"{pipeline_run} (ok: {', '.join(sorted(ok))})")
+    chosen = sorted(names or ok)
+    if not chosen:
+        raise MachineBenchmarkError(f"--run {pipeline_run} has no ok variant")
+    return [VariantRun(name, ok[name]) for name in chosen]
+
+
+def deploy_to_pool(pool: str, source: str | None = None) -> str:
+    """Register `benchmark_model` to a process work pool (created if missing).
+
+    Args:
+        pool: The work pool whose workers sit on the machine to measure on.
+        source: Where the worker gets the flow code: this checkout (None) or a git URL.
+
+    Returns:
+        The deployment's full name, ``benchmark_model/on-<pool>``.
+    """
+    from prefect import Flow
+
+    from deployments.serve import PROJECT_DIR, ensure_work_pools
+
+    ensure_work_pools([pool])
+    flow = Flow.from_source(source or str(PROJECT_DIR), _ENTRYPOINT)
+    deployment = flow.to_deployment(
+        name=f"on-{pool}", tags=["tfopt", "benchmark", "machine"],
+        description=f"Benchmark pipeline variants on the machine of work pool {pool}.")
+    deployment.apply(work_pool_name=pool)
+    return f"{BENCHMARK_FLOW}/on-{pool}"
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """One flow run started on a pool for one variant."""
+
+    pool: str
+    variant: str
+    flow_run_id: str
+
+
+def submit(pipeline_run: str, variants: list[VariantRun], pools: list[str],
+           work_dir: Path | None = None, source: str | None = None) -> list[Submitted]:
+    """Start one `benchmark_model` flow run per variant on every pool (not waiting for them)."""
+    from prefect.deployments import run_deployment
+
+    submitted = []
+    for pool in pools:
+        deployment = deploy_to_pool(pool, source)
+        for variant in variants:
+            config: dict[str, Any] = {"name": variant.name[:64],
+                                      "model": f"runs:/{variant.run_id}/model",
+                                      "pipeline_run": pipeline_run}
+            if work_dir is not None:
+                config["work_dir"] = str(work_dir)
+            flow_run = run_deployment(deployment, parameters={"config": config}, timeout=0,
+                                      tags=["machine-benchmark"])
+            submitted.append(Submitted(pool, variant.name, str(flow_run.id)))
+    return submitted
+
+
+def wait_for(submitted: list[Submitted], timeout_s: float) -> dict[str, str]:
+    """Wait until every submitted flow run is final; its state name per flow run id.
+
+    Raises:
+        MachineBenchmarkError: Some are not final after `timeout_s` (is a worker running on
+            each pool?).
+    """
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout_s
+    states: dict[str, str] = {}
+    with get_client(sync_client=True) as client:
+        while True:
+            for item in submitted:
+                if states.get(item.flow_run_id, "").upper() not in _FINAL:
+                    state = client.read_flow_run(item.flow_run_id).state
+                    states[item.flow_run_id] = state.name if state else "Pending"
+            waiting = [item for item in submitted
+                       if states[item.flow_run_id].upper() not in _FINAL]
+            if not waiting:
+                return states
+            if time.monotonic() > deadline:
+                pools = sorted({item.pool for item in waiting})
+                raise MachineBenchmarkError(
+                    f"{len(waiting)} flow runs on {', '.join(pools)} did not finish within "
+                    f"{timeout_s:.0f} s; is a worker running on each pool "
+                    "(`tfopt worker --pool <pool>`)?")
+            time.sleep(2.0)
+
+
+def machine_rows(tracking_uri: str, pipeline_run: str) -> tuple[list[str], list[dict]]:
+    """The machines that measured a pipeline run's variants, and one row per variant.
+
+    The pipeline's own measurements come first (its host); each machine's latest measurement
+    of a variant counts.
+
+    Returns:
+        The machine labels, and per variant ``{"variant", machine: {"p50_ms", "p50_ci95",
+        "throughput_per_s", "threads", "cpus"}}``.
+    """
+    from tfopt import tracking
+
+    client = tracking.client(tracking_uri)
+    parent = client.get_run(pipeline_run)
+    here = f"{parent.data.tags.get('tfopt.host', 'pipeline')} (pipeline run)"
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{pipeline_run}' "
+                      "and tags.`tfopt.status` = 'ok'",
+        order_by=["attributes.start_time ASC"], max_results=5000)
+    machines = [here]
+    rows: dict[str, dict[str, Any]] = {}
+    for child in children:
+        tags, metrics = child.data.tags, child.data.metrics
+        if "tfopt.variant" not in tags or "latency_p50_ms" not in metrics:
+            continue
+        machine = tags.get("tfopt.machine", here) if tags.get(
+            "tfopt.role") == MACHINE_RUN_ROLE else here
+        if machine not in machines:
+            machines.append(machine)
+        low, high = (metrics.get("latency_p50_ci95_low_ms"),
+                     metrics.get("latency_p50_ci95_high_ms"))
+        rows.setdefault(tags["tfopt.variant"], {"variant": tags["tfopt.variant"]})[machine] = {
+            "p50_ms": metrics["latency_p50_ms"],
+            "p50_ci95": [low, high] if low is not None else None,
+            "throughput_per_s": metrics.get("throughput_per_s"),
+            "threads": tags.get("env.benchmark_threads",
+                                parent.data.params.get("benchmark.threads")),
+            "cpus": tags.get("env.benchmark_cpus", parent.data.params.get("benchmark.cpus")),
+        }
+    measured_elsewhere = [row for row in rows.values() if len(row) > 2]
+    return machines, sorted(measured_elsewhere, key=lambda row: row["variant"])
+
+
+def write_machine_report(machines: list[str], rows: list[dict], out_dir: Path) -> list[Path]:
+    """The "per machine" table (Markdown, JSON) and plot of `machine_rows`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from tasks.write_report import save_figure
+    from tfopt.fileio import atomic_write_json, atomic_write_text
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["# Per machine: batch-1 p50 (ms) of the same files on the same inputs", "",
+             "| variant | " + " | ".join(machines) + " |",
+             "|---|" + "---:|" * len(machines)]
+    for row in rows:
+        cells = []
+        for machine in machines:
+            cell = row.get(machine)
+            cells.append("-" if cell is None else
+                         f"{cell['p50_ms']:.3f} ({cell['threads'] or '?'} threads)")
+        lines.append(f"| {row['variant']} | " + " | ".join(cells) + " |")
+    markdown = out_dir / "machines.md"
+    atomic_write_text(markdown, "\n".join(lines) + "\n")
+    table = out_dir / "machines.json"
+    atomic_write_json(table, {"machines": machines, "variants": rows})
+
+    fig, axis = plt.subplots(figsize=(8, 1.0 + 0.5 * len(rows) * max(1, len(machines)) / 2))
+    height = 0.8 / len(machines)
+    positions = np.arange(len(rows))
+    for index, machine in enumerate(machines):
+        values = [row[machine]["p50_ms"] if machine in row else 0.0 for row in rows]
+        axis.barh(positions + index * height, values, height, label=machine)
+    axis.set_yticks(positions + height * (len(machines) - 1) / 2,
+                    [row["variant"] for row in rows])
+    axis.invert_yaxis()
+    axis.set_xlabel("batch-1 p50 latency (ms)")
+    axis.set_title("Per machine: the same variants, measured where they will run")
+    axis.legend(fontsize="small")
+    plot = save_figure(fig, out_dir / "machines.png")
+    return [markdown, table, plot]
