@@ -22,6 +22,8 @@ def test_a_workers_settings_apply_on_top_of_the_pipelines_protocol(monkeypatch):
     assert (here.min_runs, here.p50_ci_width) == (30, 0.25), "the rest is the pipeline's"
     monkeypatch.delenv(MACHINE_BENCHMARK_ENV)
     assert machine_protocol(pipeline) == pipeline
+    pinned_there = BenchmarkConfig(cpus=[0])
+    assert machine_protocol(pinned_there).cpus is None, "another machine's CPUs do not apply"
 
 
 @pytest.mark.parametrize(("pairs", "message"), [

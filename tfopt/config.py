@@ -655,7 +655,7 @@ class ScaleConfig(_Section):
         description=(
             "sequential: in the flow's process (shards in parallel processes when the data is "
             "large); dask: shards and compression techniques fanned out to Dask worker "
-            "processes (benchmarks stay serialized by the tfopt-benchmark limit)."
+            "processes (benchmarks stay serialized by the machine's tfopt-benchmark-<host> limit)."
         ),
     )
     dask_address: str | None = Field(

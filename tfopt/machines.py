@@ -61,9 +61,14 @@ def machine_settings(pairs: Mapping[str, object]) -> str:
 
 
 def machine_protocol(protocol: BenchmarkConfig) -> BenchmarkConfig:
-    """`protocol` with this machine's settings (`MACHINE_BENCHMARK_ENV`) on top."""
+    """`protocol` with this machine's settings (`MACHINE_BENCHMARK_ENV`) on top.
+
+    CPU numbers belong to a machine, not to the protocol: the pipeline machine's pinning is
+    dropped, and only the worker's own ``benchmark.cpus`` pins here.
+    """
     overrides = json.loads(os.environ.get(MACHINE_BENCHMARK_ENV) or "{}")
-    return BenchmarkConfig.model_validate({**protocol.model_dump(mode="json"), **overrides})
+    return BenchmarkConfig.model_validate(
+        {**protocol.model_dump(mode="json"), "cpus": None, **overrides})
 
 
 def machine_label(work_pool: str | None) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextvars
+import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,13 +24,9 @@ from prefect.states import State
 from tfopt.logs import step_logger
 from tfopt.services import left_by_dead_process, process_identity
 
-BENCHMARK_LIMIT = "tfopt-benchmark"
-"""Global concurrency limit (1 slot) held while a variant is measured, across all flow runs."""
 BENCHMARK_LEASE_S = 60
 """The slot's lease (Prefect's shortest): renewed while its holder lives, so a killed holder's
 slot is free again within a minute and Prefect's lease check (every 15 s by default)."""
-BENCHMARK_HOLDER_VARIABLE = "tfopt_benchmark_holder"
-"""Prefect variable naming who took the benchmark slot last, for the waiting runs' log."""
 _WAIT_LOG_INTERVAL_S = 30
 
 
@@ -94,17 +92,35 @@ def crash_orphan_flow_runs(reason: str) -> list[str]:
     return marked
 
 
+def _host_key() -> str:
+    return re.sub(r"[^a-z0-9]+", "-", socket.gethostname().lower()).strip("-") or "host"
+
+
+def benchmark_limit() -> str:
+    """This machine's benchmark slot: the global concurrency limit ``tfopt-benchmark-<host>``.
+
+    One per machine, because it guards the machine's cores: flow runs on one machine take
+    turns, workers on different machines (`tfopt benchmark --run`) measure at once.
+    """
+    return f"tfopt-benchmark-{_host_key()}"
+
+
+def _holder_variable() -> str:
+    """The Prefect variable naming who took this machine's slot last, for the waiting log."""
+    return f"tfopt_benchmark_holder_{_host_key().replace('-', '_')}"
+
+
 def ensure_benchmark_limit() -> None:
     """Create the benchmark limit with one slot unless it exists (a user may have raised it)."""
     with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
         client.create_global_concurrency_limit(
-            GlobalConcurrencyLimitCreate(name=BENCHMARK_LIMIT, limit=1)
+            GlobalConcurrencyLimitCreate(name=benchmark_limit(), limit=1)
         )
 
 
 @contextmanager
 def benchmark_slot(what: str) -> Iterator[None]:
-    """Hold the machine's benchmark slot: two measurements never overlap on one Prefect server.
+    """Hold this machine's benchmark slot: two measurements never overlap on one machine.
 
     The slot is a Prefect lease held by this flow run: a process killed while holding it loses
     it when the lease runs out. While the slot is taken, the wait is logged every 30 s with
@@ -115,7 +131,7 @@ def benchmark_slot(what: str) -> Iterator[None]:
     """
     ensure_benchmark_limit()
     with _logging_the_wait(what) as acquired, concurrency(
-        BENCHMARK_LIMIT, occupy=1, strict=True, lease_duration=BENCHMARK_LEASE_S,
+        benchmark_limit(), occupy=1, strict=True, lease_duration=BENCHMARK_LEASE_S,
         holder=_lease_holder(),
     ):
         acquired.set()
@@ -163,7 +179,7 @@ def _record_holder(what: str) -> None:
               "flow_run": context.flow_run.name if context and context.flow_run else "",
               "since": datetime.now(UTC).isoformat(timespec="seconds")}
     try:
-        Variable.set(BENCHMARK_HOLDER_VARIABLE, holder, overwrite=True)
+        Variable.set(_holder_variable(), holder, overwrite=True)
     except Exception as error:  # the slot is held either way
         step_logger().warning("could not record the benchmark slot's holder: %s", error)
 
@@ -173,7 +189,7 @@ def describe_benchmark_holder() -> str:
     from prefect.variables import Variable
 
     try:
-        holder = Variable.get(BENCHMARK_HOLDER_VARIABLE, default=None)
+        holder = Variable.get(_holder_variable(), default=None)
     except Exception as error:  # only the log line depends on it
         return f"a holder tfopt could not read ({type(error).__name__})"
     if not isinstance(holder, dict):
