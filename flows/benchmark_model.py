@@ -93,11 +93,8 @@ def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,
     The protocol is the pipeline's with this machine's settings on top (`machine_protocol`);
     the child run is tagged with the machine (host and work pool) and its environment header.
     """
-    import mlflow.artifacts
-
-    local_inputs = Path(mlflow.artifacts.download_artifacts(
-        run_id=pipeline_run, artifact_path=INPUTS_ARTIFACT, dst_path=str(run_dir),
-        tracking_uri=tracking_uri))
+    local_inputs = tracking.download_run_artifacts(tracking_uri, pipeline_run, INPUTS_ARTIFACT,
+                                                   run_dir)
     inputs, pipeline_protocol = read_inputs_index(local_inputs)
     protocol = machine_protocol(pipeline_protocol)
     spec = resolve_model(config.model, config.format, config.precision, tracking_uri,

@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # The strategy must exist before any other TensorFlow operation runs in this process.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    from tasks.baseline import TRAINED_NAME, keep_trained, train_in_scope
     from tasks.keras_models import save_keras_model
-    from tasks.train_model import TRAINED_NAME, keep_trained, train_in_scope
 
     spec = json.loads(Path(spec_path).read_text())
     resolver = strategy.cluster_resolver

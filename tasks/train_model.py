@@ -2,40 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from contextlib import nullcontext
 from pathlib import Path
 
 import tensorflow as tf
-import tf_keras as keras
 from prefect import task
 
-from tasks.keras_models import (
-    baseline_factory,
-    build_configured,
-    keras_model_path,
-    load_keras_model,
-    save_keras_model,
-)
+from tasks.baseline import Trained, keep_trained, train_in_scope, trained_earlier
+from tasks.keras_models import keras_model_path, save_keras_model
 from tasks.multi_worker import WorkerFailedError, train_on_local_workers
 from tasks.training import (
     HISTORY_NAME,
-    Fitted,
-    KeepBestWeights,
     distribution_strategy,
     evaluate_test_accuracy,
-    fit,
     kept_epoch,
-    precision_policy,
-    read_history,
-    resumable_callbacks,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import ModelConfig, TrainConfig
-from tfopt.fileio import atomic_write_json, file_lock
+from tfopt.fileio import file_lock
 from tfopt.logs import step_logger
-from tfopt.orchestration import StepProgress
 from tfopt.serving import write_labels
 
 
@@ -78,7 +64,7 @@ def train_model(
     with file_lock(lock, lambda: logger.info(
             "another run is training the same baseline (%s); waiting for it", checkpoint_dir),
             ) if lock else nullcontext():
-        trained = _trained_earlier(checkpoint_dir) if train_cfg.epochs else None
+        trained = trained_earlier(checkpoint_dir) if train_cfg.epochs else None
         if trained is None and train_cfg.epochs and train_cfg.distribute == "multi_worker":
             trained = _train_on_workers(data, model_cfg, train_cfg, checkpoint_dir, out_dir)
         elif trained is None:
@@ -123,12 +109,6 @@ def train_model(
     )
 
 
-_Trained = tuple[keras.Model, Fitted, dict[str, list[float]]]
-TRAINED_NAME = "trained.keras"
-BEST_NAME = "best-epoch.npz"
-_TRAINED_INFO = "trained.json"
-
-
 def _distribute_param(train_cfg: TrainConfig, strategy: tf.distribute.Strategy) -> str:
     if train_cfg.distribute == "multi_worker":
         return f"multi_worker ({train_cfg.workers} workers)"
@@ -136,79 +116,16 @@ def _distribute_param(train_cfg: TrainConfig, strategy: tf.distribute.Strategy) 
 
 
 def _train_on_workers(data: TrainingData, model_cfg: ModelConfig, train_cfg: TrainConfig,
-                      checkpoint_dir: Path | None, out_dir: Path) -> _Trained:
+                      checkpoint_dir: Path | None, out_dir: Path) -> Trained:
     """Train on local worker processes (`tasks.multi_worker`); load what the chief saved."""
     folder = checkpoint_dir or out_dir / "multi-worker"
     train_on_local_workers(data, model_cfg, train_cfg, folder, folder / HISTORY_NAME)
-    trained = _trained_earlier(folder)
+    trained = trained_earlier(folder)
     if trained is None:
         raise WorkerFailedError(f"the multi-worker training's chief saved no model in {folder}")
     if checkpoint_dir is None:
         shutil.rmtree(folder)
     return trained
-
-
-def train_in_scope(
-    data: TrainingData, model_cfg: ModelConfig, train_cfg: TrainConfig,
-    strategy: tf.distribute.Strategy, checkpoint_dir: Path | None, chief: bool = True,
-) -> _Trained:
-    """Build or load the baseline under `strategy` and fit it (resuming an interrupted fit).
-
-    Args:
-        data: The run's training data.
-        model_cfg: Where the model comes from.
-        train_cfg: Epochs, learning rate, precision policy.
-        strategy: The tf.distribute strategy to build and train under.
-        checkpoint_dir: Backup folder (shared by all workers of a multi-worker training).
-        chief: Whether this process writes the history and the best epoch's file (the only
-            one, or worker 0 of a multi-worker training).
-    """
-    dataset = data.dataset
-    keras.utils.set_random_seed(data.seed)
-    with precision_policy(train_cfg.mixed_precision), strategy.scope():
-        model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes,
-                                 dataset.class_names)()
-        if train_cfg.epochs == 0:
-            fitted = Fitted(curves={}, seconds=0.0)
-        else:
-            best_file = checkpoint_dir / BEST_NAME if checkpoint_dir and chief else None
-            fitted = fit(
-                model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
-                callbacks=[*resumable_callbacks(checkpoint_dir, history=chief),
-                           EpochProgress(StepProgress("train-baseline", "epochs trained"),
-                                         train_cfg.epochs)],
-                best=KeepBestWeights(path=best_file),
-            )
-    curves = (read_history(checkpoint_dir / HISTORY_NAME)
-              if checkpoint_dir and chief and fitted.curves else fitted.curves)
-    if train_cfg.mixed_precision != "off":
-        # Variables stay float32 under a mixed policy; a float32 twin carries them into export
-        # and conversion without the policy's casts (TFLite has no bfloat16 kernels).
-        float_model = build_configured(model_cfg, dataset.image_size, dataset.num_classes)
-        float_model.set_weights(model.get_weights())
-        model = float_model
-    return model, fitted, curves
-
-
-def _trained_earlier(checkpoint_dir: Path | None) -> _Trained | None:
-    """The baseline a finished earlier run left in `checkpoint_dir`, or None."""
-    if checkpoint_dir is None or not (checkpoint_dir / _TRAINED_INFO).is_file():
-        return None
-    info = json.loads((checkpoint_dir / _TRAINED_INFO).read_text())
-    model = load_keras_model(checkpoint_dir / TRAINED_NAME)
-    return model, Fitted(curves=info["curves"], seconds=info["seconds"],
-                         reader=info["reader"], best_epoch=info.get("best_epoch")), info["curves"]
-
-
-def keep_trained(trained: _Trained, checkpoint_dir: Path | None) -> None:
-    """Leave the trained baseline in `checkpoint_dir` for reruns (the info file last)."""
-    if checkpoint_dir is None:
-        return
-    model, fitted, curves = trained
-    save_keras_model(model, checkpoint_dir / TRAINED_NAME)
-    atomic_write_json(checkpoint_dir / _TRAINED_INFO, {
-        "curves": curves, "seconds": fitted.seconds, "reader": fitted.reader,
-        "best_epoch": fitted.best_epoch})
 
 
 def _source_params(model_cfg: ModelConfig) -> dict[str, str | int | float]:
@@ -219,15 +136,3 @@ def _source_params(model_cfg: ModelConfig) -> dict[str, str | int | float]:
         return {"source": "builder", "builder": str(model_cfg.builder)}
     return {"source": "zoo", "architecture": model_cfg.architecture, "width": model_cfg.width,
             "alpha": model_cfg.alpha, "data_format": model_cfg.data_format}
-
-
-class EpochProgress(keras.callbacks.Callback):
-    """Moves a Prefect progress artifact at every finished epoch (resumed runs included)."""
-
-    def __init__(self, progress: StepProgress, epochs: int) -> None:
-        super().__init__()
-        self._progress, self._epochs = progress, epochs
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        """Report `epoch + 1` of the planned epochs as done."""
-        self._progress.update(epoch + 1, self._epochs)

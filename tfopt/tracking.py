@@ -235,6 +235,16 @@ def log_artifact(
         with_retries(lambda: mlflow.log_artifact(run_id, str(path), artifact_path))
 
 
+def download_run_artifacts(tracking_uri: str, run_id: str, artifact_path: str,
+                           dst: Path) -> Path:
+    """Download a run's artifact (file or folder) under `dst`, retried; return its local path."""
+    import mlflow.artifacts
+
+    return Path(with_retries(lambda: mlflow.artifacts.download_artifacts(
+        run_id=run_id, artifact_path=artifact_path, dst_path=str(dst),
+        tracking_uri=tracking_uri)))
+
+
 def end_run(mlflow: MlflowClient, run_id: str, status: str = "FINISHED") -> None:
     """Mark a run FINISHED, FAILED or KILLED."""
     with_retries(lambda: mlflow.set_terminated(run_id, status=status))

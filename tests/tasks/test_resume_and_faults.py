@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.train_model import BEST_NAME, train_model
+from tasks.baseline import BEST_NAME
+from tasks.train_model import train_model
 from tasks.training import HISTORY_NAME, KeepBestWeights, read_history
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
