@@ -20,6 +20,7 @@ import numpy as np
 
 from tasks.machine_load import LoadProbe, background_cores
 from tfopt.artifacts import (
+    RUNNER_PARAMS,
     BenchmarkInputs,
     LatencyStats,
     OpProfile,
@@ -343,6 +344,8 @@ def measure_variant(
         top1_agreement=float(np.mean(np.argmax(reference, 1) == np.argmax(logits, 1))),
         max_abs_diff=float(np.max(np.abs(softmax(reference) - softmax(logits)))),
         batch_throughput_per_s=throughput_at_batch,
+        runner_params={key: str(value) for key, value in spec.params.items()
+                       if key in RUNNER_PARAMS},
         batch_size=inputs.batch_size,
         samples_ms=[float(v) for v in samples[:_KEPT_SAMPLES]],
         path=spec.path,

@@ -147,7 +147,8 @@ def resolve_model(
     Args:
         model: ``models:/<name>@<alias>``, ``models:/<name>/<version>``,
             ``runs:/<run id>/<artifact path>`` (a pipeline's variant) or a local path.
-        fmt: The format, or ``auto`` to detect it.
+        fmt: The format, or ``auto`` to detect it (the run's ``format`` says XLA, and its
+            ``runner.*`` params how to run it).
         precision: The precision, or ``auto`` (the registered run's param, else fp32).
         tracking_uri: MLflow server holding the registry.
         download_dir: Where registered models are downloaded.
@@ -191,7 +192,11 @@ def resolve_model(
             raise ValueError(f"model: {model} is neither a models:/ URI nor an existing path")
         label = local.stem if local.is_file() else local.name
     detected, path = detect_format(local)
+    if detected in ("graph", "keras") and params.get("format") == "xla":
+        detected = "xla"  # an XLA variant's file is its Keras model; its run says XLA
     chosen_format = detected if fmt == "auto" else fmt
     chosen_precision = params.get("precision", "fp32") if precision == "auto" else precision
+    runner = {key.removeprefix("runner."): value for key, value in params.items()
+              if key.startswith("runner.")}
     return VariantSpec(name=label, source=label, format=chosen_format,
-                       precision=chosen_precision, path=path, params={"model": model})
+                       precision=chosen_precision, path=path, params={"model": model, **runner})

@@ -211,6 +211,10 @@ class Runoff(_Frozen):
         return min(self.round_p50_ms[name]), max(self.round_p50_ms[name])
 
 
+RUNNER_PARAMS = ("xla_mode",)
+"""The `VariantSpec.params` that change how a variant's file is run (kept on its result)."""
+
+
 class VariantResult(_Frozen):
     """A benchmarked variant: the summary contract's entry plus the measurement details."""
 
@@ -248,6 +252,9 @@ class VariantResult(_Frozen):
     server_qps_within_budget: float | None = None
     server_p99_ms: float | None = None
     p50_ms_by_threads: dict[int, float] = Field(default_factory=dict)
+    runner_params: dict[str, str] = Field(default_factory=dict)
+    """The variant's settings that change how its file is run (``xla_mode``), so another
+    machine measures the same thing (logged as ``runner.<key>`` params)."""
     op_profile: OpProfile | None = None
     path: Path | None = None
     extra_files: list[Path] = Field(default_factory=list)

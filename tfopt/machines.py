@@ -28,7 +28,6 @@ MACHINE_BENCHMARK_ENV = "TFOPT_MACHINE_BENCHMARK"
 MACHINE_RUN_ROLE = "machine-benchmark"
 BENCHMARK_FLOW = "benchmark_model"
 _ENTRYPOINT = "flows/benchmark_model.py:benchmark_model"
-_FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 class MachineBenchmarkError(ConfigError):
@@ -191,14 +190,16 @@ def wait_for(submitted: list[Submitted], timeout_s: float) -> dict[str, str]:
 
     deadline = time.monotonic() + timeout_s
     states: dict[str, str] = {}
+    final: set[str] = set()
     with get_client(sync_client=True) as client:
         while True:
             for item in submitted:
-                if states.get(item.flow_run_id, "").upper() not in _FINAL:
+                if item.flow_run_id not in final:
                     state = client.read_flow_run(item.flow_run_id).state
                     states[item.flow_run_id] = state.name if state else "Pending"
-            waiting = [item for item in submitted
-                       if states[item.flow_run_id].upper() not in _FINAL]
+                    if state is not None and state.is_final():
+                        final.add(item.flow_run_id)
+            waiting = [item for item in submitted if item.flow_run_id not in final]
             if not waiting:
                 return states
             if time.monotonic() > deadline:

@@ -329,6 +329,7 @@ def log_variant_run(
         params={
             **{key: data[key] for key in ("name", "source", "format", "precision")},
             **{f"source.{key}": value for key, value in (source_params or {}).items()},
+            **{f"runner.{key}": value for key, value in (data.get("runner_params") or {}).items()},
         },
         tags={
             **(tags or {}),

@@ -462,7 +462,7 @@ def test_variants_are_measured_on_the_machines_of_two_work_pools(smoke_run, tmp_
     assert unknown.returncode == 2 and "not an ok variant" in unknown.stdout, unknown.stdout
     pools = {"one-core": ["--set", "benchmark.threads=1", "--set", "benchmark.cpus=[0]"],
              "two-threads": ["--set", "benchmark.threads=2"]}
-    variants = ["baseline-tflite-int8", "baseline-onnx"]
+    variants = ["baseline-tflite-int8", "baseline-onnx", "baseline-xla"]
     command = ["benchmark", "--run", pipeline_run, "--work-dir", str(tmp_path / "work"),
                "--timeout", "900"]
     for pool in pools:
@@ -495,6 +495,8 @@ def test_variants_are_measured_on_the_machines_of_two_work_pools(smoke_run, tmp_
             # The same file on the same inputs: the same answers, wherever it runs.
             assert metrics["accuracy"] == pytest.approx(pipeline[name]["accuracy"], abs=0.01)
             assert metrics["latency_p50_ms"] > 0
+        xla = by_pool[pool]["baseline-xla"].data.params
+        assert (xla["format"], xla["runner.xla_mode"]) == ("xla", "jit_compile"), "run as XLA"
     report = {a.path for a in client.list_artifacts(pipeline_run, "report/machines")}
     assert {"report/machines/machines.md", "report/machines/machines.png",
             "report/machines/machines.json"} <= report
