@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -109,8 +110,6 @@ def read_inputs_index(folder: Path) -> tuple[BenchmarkInputs, BenchmarkConfig]:
     Raises:
         FileNotFoundError: `folder` holds no index (not a pipeline's benchmark inputs).
     """
-    import json
-
     index = json.loads((folder / INPUTS_INDEX).read_text(encoding="utf-8"))
     inputs = BenchmarkInputs(
         images=folder / index["images"], labels=folder / index["labels"],

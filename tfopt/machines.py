@@ -7,7 +7,7 @@ will serve) downloads the variant and the run's benchmark inputs from MLflow, me
 the run's protocol, and logs a child run of the pipeline's run tagged with its machine. The
 machine's own benchmark settings (threads, CPUs) are the worker's: `tfopt worker --set
 benchmark.threads=4` puts them in `MACHINE_BENCHMARK_ENV`, which every flow run it starts
-inherits. `compare_machines` then writes the "per machine" table and plot.
+inherits. `machine_rows` and `write_machine_report` then make the "per machine" table and plot.
 """
 
 from __future__ import annotations
@@ -109,12 +109,8 @@ def variants_to_measure(tracking_uri: str, pipeline_run: str,
         raise MachineBenchmarkError(
             f"--run {pipeline_run} logged no benchmark inputs (it ran with "
             "benchmark.share_inputs false, or before tfopt shared them)")
-    children = client.search_runs(
-        [parent.info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{pipeline_run}' "
-                      "and tags.`tfopt.status` = 'ok'",
-        max_results=1000)
-    ok = {child.data.tags["tfopt.variant"]: child.info.run_id for child in children
+    ok = {child.data.tags["tfopt.variant"]: child.info.run_id
+          for child in _ok_variant_runs(client, parent)
           if child.data.tags.get("tfopt.role") != MACHINE_RUN_ROLE
           and "tfopt.variant" in child.data.tags}
     unknown = sorted(set(names or []) - set(ok))
@@ -125,6 +121,15 @@ def variants_to_measure(tracking_uri: str, pipeline_run: str,
     if not chosen:
         raise MachineBenchmarkError(f"--run {pipeline_run} has no ok variant")
     return [VariantRun(name, ok[name]) for name in chosen]
+
+
+def _ok_variant_runs(client: Any, parent: Any) -> list[Any]:
+    """The ok child runs of a pipeline run, its own and the machines', oldest first."""
+    return client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' "
+                      "and tags.`tfopt.status` = 'ok'",
+        order_by=["attributes.start_time ASC"], max_results=5000)
 
 
 def deploy_to_pool(pool: str, source: str | None = None) -> str:
@@ -226,14 +231,9 @@ def machine_rows(tracking_uri: str, pipeline_run: str) -> tuple[list[str], list[
     client = tracking.client(tracking_uri)
     parent = client.get_run(pipeline_run)
     here = f"{parent.data.tags.get('tfopt.host', 'pipeline')} (pipeline run)"
-    children = client.search_runs(
-        [parent.info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{pipeline_run}' "
-                      "and tags.`tfopt.status` = 'ok'",
-        order_by=["attributes.start_time ASC"], max_results=5000)
     machines = [here]
     rows: dict[str, dict[str, Any]] = {}
-    for child in children:
+    for child in _ok_variant_runs(client, parent):
         tags, metrics = child.data.tags, child.data.metrics
         if "tfopt.variant" not in tags or "latency_p50_ms" not in metrics:
             continue
