@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -127,12 +128,21 @@ class KeepBestWeights(keras.callbacks.Callback):
             self._path.unlink(missing_ok=True)
 
 
+LearningRate = float | keras.optimizers.schedules.LearningRateSchedule
+
+
+def cosine_decay(data: TrainingData, epochs: int, learning_rate: float) -> LearningRate:
+    """`learning_rate` decayed to zero along a cosine over `epochs` of the training split."""
+    steps_per_epoch = math.ceil(data.dataset.splits["train"].examples / data.batch_size)
+    return keras.optimizers.schedules.CosineDecay(learning_rate, max(1, epochs * steps_per_epoch))
+
+
 def fit(
     model: keras.Model,
     data: TrainingData,
     *,
     epochs: int,
-    learning_rate: float,
+    learning_rate: LearningRate,
     callbacks: list[keras.callbacks.Callback] | None = None,
     best: KeepBestWeights | None = None,
 ) -> Fitted:

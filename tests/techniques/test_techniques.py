@@ -265,6 +265,20 @@ def test_distillation_loss_decreases_and_the_control_is_reported(tiny_baseline, 
     )
     assert student.params["student_parameters"] < student.params["teacher_parameters"]
     assert student.params["learning_rate"] == 3e-3
+    assert student.params["learning_rate_schedule"] == "cosine"
+
+
+def test_both_students_learning_rate_decays_to_zero_over_their_epochs(tiny_data):
+    from techniques.distill import students_learning_rate
+
+    cfg = DistillConfig(epochs=3, learning_rate=2e-3)
+    steps = 3 * -(-tiny_data.dataset.splits["train"].examples // tiny_data.batch_size)
+    rate = students_learning_rate(cfg, tiny_data)
+    assert float(rate(0)) == pytest.approx(2e-3)
+    assert float(rate(steps / 2)) == pytest.approx(1e-3, rel=1e-3)
+    assert float(rate(steps)) == pytest.approx(0.0, abs=1e-9)
+    constant = cfg.model_copy(update={"learning_rate_schedule": "constant"})
+    assert students_learning_rate(constant, tiny_data) == 2e-3
 
 
 NEW_TECHNIQUE = '''
