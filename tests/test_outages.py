@@ -26,6 +26,8 @@ def _outage_command(tmp_path: Path, *settings: str) -> list[str]:
         "--set", f"work_dir={work}", "--set", "name=outage", "--set", "convert.xla=[]",
         "--set", "convert.tflite=[fp32]", "--set", "compress.prune.enabled=false",
         "--set", "compress.distill.enabled=false", "--set", "compress.qat.enabled=false",
+        "--set", "convert.bfloat16=false", "--set", "convert.onnx_quantize=[]",
+        "--set", "input.measure_layouts=false", "--set", "input.sweep_batch_sizes=[32]",
         *[arg for setting in settings for arg in ("--set", setting)]])
 
 

@@ -61,6 +61,9 @@ def smoke_parameters(tmp_path_factory: pytest.TempPathFactory) -> dict:
     config = load_config(ROOT / "configs" / "smoke.yaml", {
         "name": "ui-smoke", "experiment": "tfopt-ui", "data.source_dir": str(tmp / "demo"),
         "work_dir": str(tmp / "work"),
+        # The UI path, not every technique again (smoke_run covers those): still 10+ variants.
+        "convert.xla": ["jit_compile"], "convert.bfloat16": False, "convert.onnx_quantize": [],
+        "compress.distill.enabled": False,
     })
     return {"config": config.model_dump(mode="json")}
 

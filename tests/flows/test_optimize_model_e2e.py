@@ -400,6 +400,7 @@ def test_a_trained_model_file_goes_through_the_pipeline_as_it_is(live_services, 
         "convert.tflite": "[fp32, int8]", "convert.xla": "[]", "compress.tflite": "[int8]",
         "compress.distill.enabled": "false", "compress.qat.enabled": "false",
         "compress.prune.epochs": 1, "input.sweep_batch_sizes": "[32]",
+        "convert.onnx_quantize": "[]", "convert.bfloat16": "false",
     }
     summary = _run_smoke_with(live_services, summary_path, overrides)
     by_name = {v["name"]: v for v in summary["variants"]}
@@ -437,7 +438,8 @@ def test_a_model_file_that_is_not_keras_gets_what_its_kind_allows(
     summary = _run_smoke_with(live_services, tmp_path / "out.json", {
         "data.source_dir": demo, "work_dir": tmp_path / "work", "name": f"own-{kind}",
         "model.source": "file", "model.path": files[kind], "train.epochs": 0,
-        "convert.tflite": "[fp32]", "convert.xla": "[]",
+        "convert.tflite": "[fp32]", "convert.xla": "[]", "convert.onnx_quantize": "[]",
+        "convert.bfloat16": "false",
     })
     by_name = {v["name"]: v for v in summary["variants"]}
     assert by_name[THEIRS[kind]]["status"] == "ok", by_name[THEIRS[kind]]
