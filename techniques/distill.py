@@ -5,14 +5,13 @@ tensorflow-model-optimization has no distillation API, so this is a Keras model 
 KL(softmax(teacher / T) || softmax(student / T))``. The same student trained from scratch with
 the same budget is the control, so the gain (or loss) from the teacher is visible.
 
-The recipe was picked by a paired comparison on the demo (both students on identical batches,
-5 seeds; gain = distilled - scratch test accuracy in points). Both students' learning rate
-decays to zero along a cosine by default: at a constant rate each ended wherever its last epochs
-landed, the gain swung from -7.9 to +3.3 points between seeds and no recipe could be told from
-another. Decayed, the spread shrank to about a point, and temperature 1 (alpha 0.5: +0.55,
-range +0.30 to +1.52) beat 2 (-2.1) and 4 (-3.2): a student this small cannot follow the
-teacher's softened logits, only its plain (T=1) probabilities. The figures are in
-configs/demo.yaml; benchmarks/distillation.py reruns the comparison.
+The recipe was picked by measurement on the demo (gain = distilled - scratch test accuracy in
+points, figures in configs/demo.yaml). Both students' learning rate decays to zero along a
+cosine by default: at a constant rate each ended wherever its last epochs happened to land, and
+the gain swung by up to 8 points between seeds (paired on identical batches, 5 seeds: T4 -1.09,
+range -7.90 to +3.34), so no recipe could be told from another. Decayed, temperature 1 beat 2
+and 4 every time: a student this small cannot follow the teacher's softened logits, only its
+plain probabilities. benchmarks/distillation.py reruns the paired comparison.
 """
 
 from __future__ import annotations
