@@ -28,8 +28,12 @@ _TWO_OF_FOUR = 0.5
 
 
 def pruned_name(cfg: PruneConfig) -> str:
-    """``pruned-<percent>`` (e.g. ``pruned-80``), or ``pruned-2of4`` for 2:4 sparsity."""
-    return "pruned-2of4" if cfg.structured_2_4 else f"pruned-{round(cfg.target_sparsity * 100)}"
+    """``pruned-<percent>`` (e.g. ``pruned-80``), or ``pruned-2of4`` for 2:4 sparsity.
+
+    The latency-aware policy adds ``-xnnpack`` (``pruned-80-xnnpack``).
+    """
+    name = "pruned-2of4" if cfg.structured_2_4 else f"pruned-{round(cfg.target_sparsity * 100)}"
+    return f"{name}-xnnpack" if cfg.policy == "xnnpack_latency" else name
 
 
 def effective_sparsity(cfg: PruneConfig) -> float:
@@ -84,6 +88,22 @@ def overall_sparsity(model: keras.Model) -> float:
     return sum(zeros for zeros, _ in sizes) / total if total else 0.0
 
 
+def wrap_for_xnnpack(model: keras.Model, params: dict) -> keras.Model:
+    """`model` wrapped by tfmot's `PruneForLatencyOnXNNPack` policy (its 1x1 convolutions only).
+
+    Raises:
+        NotApplicable: The model is not laid out as the policy requires (tfmot's reason).
+    """
+    import tensorflow_model_optimization as tfmot
+
+    sparsity = tfmot.sparsity.keras
+    try:
+        return sparsity.prune_low_magnitude(
+            model, pruning_policy=sparsity.PruneForLatencyOnXNNPack(), **params)
+    except ValueError as error:
+        raise NotApplicable(f"PruneForLatencyOnXNNPack refuses {model.name}: {error}") from error
+
+
 def wrap_prunable_layers(model: keras.Model, params: dict) -> keras.Model:
     """`model` with tfmot's pruning wrapper around every layer that has prunable weights.
 
@@ -128,7 +148,8 @@ def prune_and_finetune(
 
     steps_per_epoch = math.ceil(data.dataset.splits["train"].examples / data.batch_size)
     total_steps = steps_per_epoch * cfg.epochs
-    pruned = wrap_prunable_layers(copy_model(base), pruning_params(cfg, total_steps))
+    wrap = wrap_for_xnnpack if cfg.policy == "xnnpack_latency" else wrap_prunable_layers
+    pruned = wrap(copy_model(base), pruning_params(cfg, total_steps))
     fitted = fit(pruned, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
                  callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
                  best=KeepBestWeights(from_epoch=first_sparse_epoch(cfg, steps_per_epoch,
@@ -144,13 +165,18 @@ def prune_model(
 
     Args:
         model: The trained Keras model (left unchanged).
-        cfg: Target sparsity (or 2:4), fine-tuning epochs and learning rate.
+        cfg: Target sparsity (or 2:4), which layers (all, or XNNPACK's sparse 1x1
+            convolutions), fine-tuning epochs and learning rate.
         data: The run's training data and input settings; the test split measures accuracy.
         out_dir: Folder for ``pruned-<percent>.keras``.
 
     Returns:
         The stripped, pruned model with its sparsity per layer, overall sparsity, test
         accuracy and gzip size as metrics.
+
+    Raises:
+        NotApplicable: The model cannot be pruned as asked (subclassed, nothing prunable, or
+            not laid out for the XNNPACK policy); the step is skipped with the reason.
     """
     import tensorflow_model_optimization as tfmot
 
@@ -169,6 +195,7 @@ def prune_model(
         model, name, path, fitted,
         params={"technique": "pruning", "target_sparsity": effective_sparsity(cfg),
                 "pattern": "2:4" if cfg.structured_2_4 else "unstructured",
+                "policy": cfg.policy,
                 "epochs": cfg.epochs, "learning_rate": cfg.learning_rate},
         metrics={
             "sparsity": overall,

@@ -388,6 +388,16 @@ class PruneConfig(TechniqueSection):
         description="Prune 2 of every 4 weights (2:4 structured sparsity, 50%) instead of "
                     "ramping to target_sparsity.",
     )
+    policy: Literal["all", "xnnpack_latency"] = Field(
+        "all",
+        description=(
+            "Which layers to prune: all (every layer tfmot can prune) or xnnpack_latency "
+            "(tfmot's PruneForLatencyOnXNNPack: only the 1x1 convolutions XNNPACK's sparse "
+            "kernels run, on models laid out as XNNPACK's sparse inference needs: a "
+            "ZeroPadding2D + 3x3 stride-2 VALID Conv2D on the 3-channel input, a "
+            "GlobalAveragePooling2D at the end; other models are skipped with tfmot's reason)."
+        ),
+    )
     epochs: int = Field(
         10, ge=1, le=1000,
         description="Fine-tuning epochs while pruning: the ramp to the target takes the first "

@@ -110,6 +110,36 @@ def test_pruning_reaches_the_target_sparsity_and_leaves_its_input(tiny_baseline,
     assert pruned.params["learning_rate"] == cfg.learning_rate
 
 
+def _xnnpack_sparse_model(path, classes: int):
+    """A model laid out as XNNPACK's sparse inference (and tfmot's latency policy) requires."""
+    from tasks.keras_models import save_keras_model
+
+    inputs = keras.Input((16, 16, 3), name="images")
+    x = keras.layers.ZeroPadding2D(1)(inputs)
+    x = keras.layers.Conv2D(8, 3, strides=2, padding="valid", name="stem")(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.Conv2D(32, 1, name="pointwise")(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)
+    x = keras.layers.Flatten()(x)
+    save_keras_model(keras.Model(inputs, keras.layers.Dense(classes, name="logits")(x)), path)
+    return path
+
+
+def test_the_xnnpack_latency_policy_prunes_only_1x1_convolutions_or_skips_with_tfmots_reason(
+        tiny_baseline, tiny_data, tmp_path):
+    cfg = PruneConfig(target_sparsity=0.8, epochs=2, policy="xnnpack_latency")
+    with pytest.raises(NotApplicable, match=r"PruneForLatencyOnXNNPack refuses .*Conv2D 3x3"):
+        prune_model.fn(tiny_baseline, cfg, tiny_data, tmp_path)
+    laid_out = tiny_baseline.model_copy(update={"path": _xnnpack_sparse_model(
+        tmp_path / "xnnpack.keras", tiny_data.dataset.num_classes)})
+    pruned = prune_model.fn(laid_out, cfg, tiny_data, tmp_path)
+    assert pruned.name == "pruned-80-xnnpack" and pruned.params["policy"] == "xnnpack_latency"
+    per_layer = kernel_sparsity(load_keras_model(pruned.path))
+    assert per_layer["pointwise"] >= 0.78, per_layer
+    assert per_layer["stem"] < 0.05 and per_layer["logits"] < 0.05, per_layer
+
+
 def test_fine_tuning_reads_with_the_runs_input_settings(tiny_baseline, tiny_data, tmp_path):
     no_crops = tiny_data.model_copy(update={"input": tiny_data.input.model_copy(
         update={"random_crop_min_area": 1.0})})
