@@ -395,7 +395,8 @@ class PruneConfig(TechniqueSection):
             "(tfmot's PruneForLatencyOnXNNPack: only the 1x1 convolutions XNNPACK's sparse "
             "kernels run, on models laid out as XNNPACK's sparse inference needs: a "
             "ZeroPadding2D + 3x3 stride-2 VALID Conv2D on the 3-channel input, a "
-            "GlobalAveragePooling2D at the end; other models are skipped with tfmot's reason)."
+            "GlobalAveragePooling2D(keepdims=True) at the end; other models are skipped with "
+            "tfmot's reason)."
         ),
     )
     epochs: int = Field(
