@@ -29,9 +29,9 @@ from tasks.input_pipeline import load_split
 from tasks.keras_models import load_keras_model
 from tasks.model_zoo import build_model
 from tasks.train_model import train_model
-from tasks.training import KeepBestWeights
+from tasks.training import KeepBestWeights, compile_for_labels
 from tasks.write_tfrecords import write_tfrecords
-from techniques.distill import STUDENT_ARCHITECTURE, Distiller, students_learning_rate
+from techniques.distill import STUDENT_ARCHITECTURE, compiled_distiller, students_learning_rate
 from tfopt.artifacts import TrainingData
 from tfopt.config import DistillConfig, load_config
 from tfopt.demo_data import write_demo_images
@@ -63,15 +63,13 @@ def train_student(splits: dict[str, Split], teacher: keras.Model, cfg: DistillCo
              .shuffle(len(images), seed=seed, reshuffle_each_iteration=True)
              .batch(data.batch_size))
     val = tf.data.Dataset.from_tensor_slices(splits["val"]).batch(256)
-    rate = students_learning_rate(cfg, data)
     if recipe is None:
         model = student
-        model.compile(keras.optimizers.Adam(rate),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
+        compile_for_labels(model, students_learning_rate(cfg, data))
     else:
         temperature, alpha = recipe
-        model = Distiller(student, teacher, alpha, temperature)
-        model.compile(keras.optimizers.Adam(rate))
+        model = compiled_distiller(teacher, student, cfg.model_copy(
+            update={"temperature": temperature, "alpha": alpha}), data)
     model.fit(train, validation_data=val, epochs=cfg.epochs, verbose=0,
               callbacks=[KeepBestWeights()])
     test_images, test_labels = splits["test"]

@@ -131,10 +131,15 @@ class KeepBestWeights(keras.callbacks.Callback):
 LearningRate = float | keras.optimizers.schedules.LearningRateSchedule
 
 
+def steps_per_epoch(data: TrainingData) -> int:
+    """Batches in one pass over the training split (the last one may be short)."""
+    return math.ceil(data.dataset.splits["train"].examples / data.batch_size)
+
+
 def cosine_decay(data: TrainingData, epochs: int, learning_rate: float) -> LearningRate:
     """`learning_rate` decayed to zero along a cosine over `epochs` of the training split."""
-    steps_per_epoch = math.ceil(data.dataset.splits["train"].examples / data.batch_size)
-    return keras.optimizers.schedules.CosineDecay(learning_rate, max(1, epochs * steps_per_epoch))
+    return keras.optimizers.schedules.CosineDecay(learning_rate,
+                                                  max(1, epochs * steps_per_epoch(data)))
 
 
 def fit(
@@ -152,12 +157,17 @@ def fit(
     so they all learn from the same pipeline with the same loss, and all end with their best
     validation epoch's weights.
     """
+    compile_for_labels(model, learning_rate)
+    return fit_compiled(model, data, epochs=epochs, callbacks=callbacks, best=best)
+
+
+def compile_for_labels(model: keras.Model, learning_rate: LearningRate) -> None:
+    """Compile `model` as `fit` trains it: Adam, cross-entropy of logits and integer labels."""
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    return fit_compiled(model, data, epochs=epochs, callbacks=callbacks, best=best)
 
 
 def fit_compiled(

@@ -109,13 +109,20 @@ def students_learning_rate(cfg: DistillConfig, data: TrainingData) -> LearningRa
     return cfg.learning_rate
 
 
+def compiled_distiller(teacher: keras.Model, student: keras.Model, cfg: DistillConfig,
+                       data: TrainingData) -> Distiller:
+    """A `Distiller` of `student` from `teacher`, compiled with the students' learning rate."""
+    distiller = Distiller(student, teacher, cfg.alpha, cfg.temperature)
+    distiller.compile(optimizer=keras.optimizers.Adam(students_learning_rate(cfg, data)))
+    return distiller
+
+
 def distill(
     teacher: keras.Model, student: keras.Model, cfg: DistillConfig, data: TrainingData
 ) -> Fitted:
     """Train `student` against `teacher` in place on the run's pipeline."""
-    distiller = Distiller(student, teacher, cfg.alpha, cfg.temperature)
-    distiller.compile(optimizer=keras.optimizers.Adam(students_learning_rate(cfg, data)))
-    return fit_compiled(distiller, data, epochs=cfg.epochs)
+    return fit_compiled(compiled_distiller(teacher, student, cfg, data), data,
+                        epochs=cfg.epochs)
 
 
 def student_name(_: DistillConfig) -> str:

@@ -10,7 +10,13 @@ import tf_keras as keras
 from prefect import task
 
 from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
-from tasks.training import Fitted, KeepBestWeights, evaluate_test_accuracy, fit
+from tasks.training import (
+    Fitted,
+    KeepBestWeights,
+    evaluate_test_accuracy,
+    fit,
+    steps_per_epoch,
+)
 from techniques.base import (
     KERAS_ONLY,
     NotApplicable,
@@ -70,10 +76,10 @@ def ramp_end_step(cfg: PruneConfig, total_steps: int) -> int:
     return 0 if cfg.structured_2_4 else max(1, int(total_steps * 0.7))
 
 
-def first_sparse_epoch(cfg: PruneConfig, steps_per_epoch: int, epochs: int) -> int:
+def first_sparse_epoch(cfg: PruneConfig, per_epoch: int, epochs: int) -> int:
     """The first (0-based) epoch that ends at the target sparsity: the first candidate to keep."""
-    end = ramp_end_step(cfg, steps_per_epoch * epochs)
-    return min(epochs - 1, max(0, math.ceil(end / steps_per_epoch) - 1))
+    end = ramp_end_step(cfg, per_epoch * epochs)
+    return min(epochs - 1, max(0, math.ceil(end / per_epoch) - 1))
 
 
 def kernel_sparsity(model: keras.Model) -> dict[str, float]:
@@ -146,13 +152,13 @@ def prune_and_finetune(
     """
     import tensorflow_model_optimization as tfmot
 
-    steps_per_epoch = math.ceil(data.dataset.splits["train"].examples / data.batch_size)
-    total_steps = steps_per_epoch * cfg.epochs
+    per_epoch = steps_per_epoch(data)
+    total_steps = per_epoch * cfg.epochs
     wrap = wrap_for_xnnpack if cfg.policy == "xnnpack_latency" else wrap_prunable_layers
     pruned = wrap(copy_model(base), pruning_params(cfg, total_steps))
     fitted = fit(pruned, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
                  callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
-                 best=KeepBestWeights(from_epoch=first_sparse_epoch(cfg, steps_per_epoch,
+                 best=KeepBestWeights(from_epoch=first_sparse_epoch(cfg, per_epoch,
                                                                     cfg.epochs)))
     return pruned, fitted
 
