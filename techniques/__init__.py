@@ -87,7 +87,7 @@ def plan(compress: CompressConfig, model: ModelArtifact) -> list[Planned]:
             if not base_cfg.enabled and refusal is None:
                 refusal = f"{name} continues from the {base} technique's model: enable " \
                           f"compress.{base}"
-        variants = technique.variants(cfg, compress.tflite, start)
+        variants = technique.variants(cfg, compress.tflite, start, graph=compress.graph)
         if refusal:
             variants = [skipped(spec, refusal) for spec in variants]
         plans.append(Planned(technique, cfg, variants, refusal))

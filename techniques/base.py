@@ -106,15 +106,16 @@ class Technique:
         return self.starts_from(cfg) if callable(self.starts_from) else self.starts_from
 
     def variants(
-        self, cfg: TechniqueSection, tflite: list[Precision], start: str
+        self, cfg: TechniqueSection, tflite: list[Precision], start: str, *, graph: bool = True
     ) -> list[VariantSpec]:
         """The variants it yields from the model named `start` (not built yet).
 
         Each is derived from the same form of that model (``pruned-80-tflite-int8`` from
-        ``baseline-tflite-int8``): that is what its speed and size are judged against.
+        ``baseline-tflite-int8``): that is what its speed and size are judged against. `graph`
+        False leaves out its TensorFlow graph form (``compress.graph``).
         """
         forms: list[tuple[VariantFormat, Precision]] = (
-            [("graph", "fp32")] if self.yields_graph else [])
+            [("graph", "fp32")] if self.yields_graph and graph else [])
         forms += [("tflite", p) for p in (self.tflite if self.tflite is not None else tflite)]
         source = self.source_name(cfg)
         planned = [plan_variant(source, fmt, precision,

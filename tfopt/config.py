@@ -524,6 +524,11 @@ class CompressConfig(_Section):
         default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
         description="TFLite precisions built for each compressed model (QAT is always int8).",
     )
+    graph: bool = Field(
+        default=True,
+        description="Also benchmark each compressed Keras model as a TensorFlow graph (the "
+                    "baseline's graph, SavedModel and XLA forms are measured regardless).",
+    )
 
     @model_validator(mode="before")
     @classmethod

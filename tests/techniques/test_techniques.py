@@ -56,6 +56,9 @@ def test_the_plan_names_each_variant_once_with_what_it_derives_from(tiny_baselin
                   if v.params.get("sparsity_encoding"))
     assert (sparse.name, sparse.precision, sparse.derived_from) == (
         "pruned-80-tflite-sparse", "fp32", "pruned-80-tflite-fp32")
+    without_graphs = compress.model_copy(update={"graph": False})
+    assert [v.name for p in plan(without_graphs, tiny_baseline) for v in p.variants] == [
+        "pruned-80-tflite-int8", "qat-tflite-int8"]
     two_of_four = CompressConfig.model_validate({"prune": {"structured_2_4": True}})
     assert plan(two_of_four, tiny_baseline)[0].source == "pruned-2of4"
     failed = all_failed(plans, "compress_model failed: KilledWorker")
