@@ -29,7 +29,7 @@ import numpy as np
 from harness_overhead import bare_onnx, bare_p50, bare_tflite
 
 import tfopt  # noqa: F401
-from tasks.convert_tflite import convert_tflite
+from tasks.convert_tflite import convert_tflite, int8_kernel_stats
 from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
 from tasks.input_pipeline import load_split
@@ -106,6 +106,8 @@ def build_variants(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
                   for model in (baseline, pruned, clustered, pruned_clustered, distilled, qat,
                                 pqat)}
     techniques["cqat"], techniques["pcqat"] = dict(cqat.metrics), dict(pcqat.metrics)
+    for name in ("pqat", "cqat", "pcqat"):  # what the flow reads back from the same files
+        techniques[name].update(int8_kernel_stats(variants[f"{name}-tflite-int8"]))
     return variants, techniques
 
 

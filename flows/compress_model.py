@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.states import State
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from flows.common import error_of, final_state, tflite_conversions
+from tasks.convert_tflite import int8_kernel_stats
 from tasks.export_savedmodel import export_savedmodel
 from techniques import Planned, plan
 from techniques.base import NotApplicable
@@ -79,9 +80,27 @@ def compress_model(
             missing[planned.technique.name] = not_built[0] if not_built else None
             variants += not_built
             continue
-        made[planned.technique.name] = state.result()
-        variants += _forms_of(state.result(), planned, config, data, run_dir)
+        forms = _forms_of(state.result(), planned, config, data, run_dir)
+        made[planned.technique.name] = _with_int8_readback(state.result(), forms)
+        variants += forms
     return variants, list(made.values())
+
+
+def _with_int8_readback(model: ModelArtifact, forms: list[VariantSpec]) -> ModelArtifact:
+    """`model` with its int8 TFLite file's kernel statistics (`int8_kernel_stats`) as metrics.
+
+    Read from the very file the benchmark measures, so the sparsity and clusters a technique
+    kept are checked where they must survive; a model without an int8 form is returned as is.
+    """
+    int8 = next((spec for spec in forms if spec.status == "ok" and spec.format == "tflite"
+                 and spec.precision == "int8" and not spec.params.get("sparsity_encoding")),
+                None)
+    if int8 is None:
+        return model
+    kept = int8_kernel_stats(int8.path)
+    get_run_logger().info("%s: read back from %s: %s", model.name, int8.name,
+                          {key: round(value, 3) for key, value in kept.items()})
+    return model.model_copy(update={"metrics": {**model.metrics, **kept}})
 
 
 def _without_base(planned: Planned, base: VariantSpec | None) -> list[VariantSpec]:

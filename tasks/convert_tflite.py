@@ -101,3 +101,31 @@ def convert_tflite(
     elif variant.precision == "int16x8":
         params.update(calibration_examples=cfg.calibration_examples)
     return built(variant, path, **params)
+
+
+def int8_kernel_stats(tflite: Path) -> dict[str, float]:
+    """Sparsity and most distinct values per output channel of each int8 kernel of a file.
+
+    Each weight tensor is read back from the converted file, as tfmot's own
+    collaborative-optimization tests do: what survived quantization (the zeros a pruning kept,
+    the values a clustering left), not what the Keras model held. Kernels with one output row
+    (depthwise ``[1, h, w, channels]``) are not listed.
+    """
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(tflite))
+    stats: dict[str, float] = {}
+    for detail in interpreter.get_tensor_details():
+        shape = detail["shape"]
+        if np.dtype(detail["dtype"]) != np.int8 or len(shape) not in (2, 4) or shape[0] < 2:
+            continue
+        try:
+            weights = interpreter.get_tensor(detail["index"])
+        except ValueError:  # an activation, not a constant
+            continue
+        parts = detail["name"].split(";")[0].split("/")
+        layer = (parts[-2] if len(parts) > 1 else parts[0]).removeprefix("quant_")
+        stats[f"int8_sparsity.{layer}"] = float(np.mean(weights == 0))
+        stats[f"int8_values_per_channel.{layer}"] = float(max(
+            len(np.unique(channel)) for channel in weights))
+    return stats

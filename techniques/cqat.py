@@ -34,9 +34,9 @@ def cluster_preserving_qat(
         out_dir: Folder for ``cqat-savedmodel/``.
 
     Returns:
-        The CQAT SavedModel, with its test accuracy and, read back from its int8 TFLite form,
-        each kernel's most distinct values per output channel
-        (``int8_values_per_channel.<layer>``) and sparsity.
+        The CQAT SavedModel, with its test accuracy. Once converted, `compress_model` reads
+        its int8 file back: each kernel's most distinct values per output channel
+        (``int8_values_per_channel.<layer>``) and sparsity join its metrics.
     """
     preserve_sparsity = bool(model.params.get("preserve_sparsity", False))
 

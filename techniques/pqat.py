@@ -37,8 +37,9 @@ def prune_preserving_qat(
         out_dir: Folder for ``pqat-savedmodel/``.
 
     Returns:
-        The PQAT SavedModel, with its test accuracy and, read back from its int8 TFLite form,
-        each kernel's sparsity (``int8_sparsity.<layer>``).
+        The PQAT SavedModel, with its test accuracy. Once converted, `compress_model` reads
+        its int8 file back: each kernel's sparsity (``int8_sparsity.<layer>``) joins its
+        metrics.
     """
     return train_quantization_aware(
         model, cfg, data, out_dir, source=SOURCE_NAME, scheme=_scheme,

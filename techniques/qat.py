@@ -10,12 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-import tensorflow as tf
 import tf_keras as keras
 from prefect import task
 
-from tasks.convert_tflite import serving_converter
 from tasks.export_savedmodel import save_serving_savedmodel
 from tasks.keras_models import copy_model, load_keras_model
 from tasks.training import evaluate_test_accuracy, fit
@@ -58,36 +55,6 @@ def make_quantization_aware(base: keras.Model, scheme: object | None = None) -> 
         ) from error
 
 
-def int8_kernel_stats(savedmodel: Path) -> dict[str, float]:
-    """Sparsity and most distinct values per output channel of each int8 kernel, read back.
-
-    The SavedModel is converted to int8 TFLite and each weight tensor read back from the
-    converted file, as tfmot's own collaborative-optimization tests do: what survived
-    quantization, not what the Keras model held. Kernels with one output row (depthwise
-    ``[1, h, w, channels]``) are not listed.
-    """
-    from ai_edge_litert.interpreter import Interpreter
-
-    converter = serving_converter(savedmodel)
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    interpreter = Interpreter(model_content=converter.convert())
-    stats: dict[str, float] = {}
-    for detail in interpreter.get_tensor_details():
-        shape = detail["shape"]
-        if np.dtype(detail["dtype"]) != np.int8 or len(shape) not in (2, 4) or shape[0] < 2:
-            continue
-        try:
-            weights = interpreter.get_tensor(detail["index"])
-        except ValueError:  # an activation, not a constant
-            continue
-        parts = detail["name"].split(";")[0].split("/")
-        layer = (parts[-2] if len(parts) > 1 else parts[0]).removeprefix("quant_")
-        stats[f"int8_sparsity.{layer}"] = float(np.mean(weights == 0))
-        stats[f"int8_values_per_channel.{layer}"] = float(max(
-            len(np.unique(channel)) for channel in weights))
-    return stats
-
-
 def train_quantization_aware(
     model: ModelArtifact, cfg: QatConfig, data: TrainingData, out_dir: Path, *,
     source: str, scheme: Callable[[], object] | None = None,
@@ -103,15 +70,11 @@ def train_quantization_aware(
     logger.info("%s test accuracy (fake-quantized): %.4f", source, accuracy)
     path = out_dir / f"{source}-savedmodel"
     save_serving_savedmodel(qat, model.image_size, path, model.class_names)
-    kept = {} if scheme is None else int8_kernel_stats(path)
-    if kept:
-        logger.info("%s: read back from its int8 TFLite: %s", source,
-                    {key: round(value, 3) for key, value in kept.items()})
     return derived_model(
         model, source, path, fitted, fmt="savedmodel",
         params={"technique": technique, "scheme": scheme_name, "starts_from": model.name,
                 "epochs": cfg.epochs, "learning_rate": cfg.learning_rate},
-        metrics={"test_accuracy": accuracy, **kept},
+        metrics={"test_accuracy": accuracy},
     )
 
 
