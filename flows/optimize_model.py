@@ -27,6 +27,7 @@ from flows.compress_model import compress_model, task_runner_for
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
 from tasks.export_onnx import export_onnx
 from tasks.export_savedmodel import export_savedmodel
+from tasks.harness_floor import floor_key
 from tasks.import_model import import_model
 from tasks.keras_models import source_stamp
 from tasks.measure_data_layout import measure_data_layout
@@ -329,11 +330,17 @@ def _compressed_variants(
 def _benchmark_all(
     variants: list[VariantSpec], inputs: BenchmarkInputs, cfg: BenchmarkConfig
 ) -> list[VariantResult]:
-    """Benchmark every variant, one at a time, with a progress artifact."""
+    """Benchmark every variant, one at a time, with a progress artifact.
+
+    The harness's floor of each runner is timed with the first variant that goes through it
+    and handed on to the others (`BenchmarkInputs.floor_ms`).
+    """
     progress = StepProgress("benchmark-variants", "variants benchmarked")
     results = []
     for spec in variants:
-        results.append(_benchmark_one(spec, inputs, cfg))
+        result = _benchmark_one(spec, inputs, cfg)
+        inputs = inputs.with_floor(floor_key(result.format, cfg.threads), result.harness_floor_ms)
+        results.append(result)
         progress.update(len(results), len(variants))
     return results
 

@@ -269,15 +269,19 @@ def harness_floor_ms(spec: VariantSpec, inputs: BenchmarkInputs, images: np.ndar
                      cfg: BenchmarkConfig) -> float | None:
     """The p50 of the variant's floor model through the same runner, threads and protocol.
 
-    Timed briefly (the floor models take microseconds); None where no floor model was built.
+    Timed briefly (the floor models take microseconds), once per run for each floor model and
+    thread count (`BenchmarkInputs.floor_ms`); None where no floor model was built.
     """
-    from tasks.harness_floor import FLOOR_OF_FORMAT
+    from tasks.harness_floor import FLOOR_OF_FORMAT, floor_key
     from tasks.runners import load_runner
 
     floor_kind = FLOOR_OF_FORMAT.get(spec.format, "")  # also the floor model's runner format
     floor_path = inputs.floor_models.get(floor_kind)
     if floor_path is None:
         return None
+    known = inputs.floor_ms.get(floor_key(spec.format, cfg.threads))
+    if known is not None:
+        return known
     runner = load_runner(VariantSpec(name="harness-floor", source="harness", format=floor_kind,
                                      precision="fp32", path=floor_path), cfg.threads)
     brief = cfg.model_copy(update={"min_seconds": min(cfg.min_seconds, _FLOOR_SECONDS),

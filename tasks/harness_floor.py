@@ -18,6 +18,11 @@ FLOOR_OF_FORMAT = {"keras": "keras", "graph": "keras", "xla": "keras",
 """Which floor model a variant's format is measured against (the runner it goes through)."""
 
 
+def floor_key(variant_format: str, threads: int) -> str:
+    """Which floor measurement a variant of `variant_format` at `threads` threads shares."""
+    return f"{FLOOR_OF_FORMAT.get(variant_format, '')}@{threads}"
+
+
 def build_floor_models(image_size: int, out_dir: Path) -> dict[str, Path]:
     """Write the floor models for ``[batch, image_size, image_size, 3]`` float inputs.
 

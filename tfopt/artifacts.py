@@ -156,6 +156,15 @@ class BenchmarkInputs(_Frozen):
     floor_models: dict[str, Path] = Field(default_factory=dict)
     """Per runner format, a model that does next to nothing on inputs of the same shape: timed
     through the same runner, it is the harness's own floor (see `tasks.harness_floor`)."""
+    floor_ms: dict[str, float] = Field(default_factory=dict)
+    """Floors this run has measured already, per floor model and thread count (``floor_key``):
+    the next variant of that kind reports it instead of timing the same model again."""
+
+    def with_floor(self, key: str, floor_ms: float | None) -> BenchmarkInputs:
+        """These inputs with a measured floor known (unchanged if None or known already)."""
+        if floor_ms is None or key in self.floor_ms:
+            return self
+        return self.model_copy(update={"floor_ms": {**self.floor_ms, key: floor_ms}})
 
 
 class LatencyStats(_Frozen):

@@ -81,6 +81,9 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert summary["environment"]["cpu_features"]
     assert by_name["baseline-tftrt-fp32"]["status"] == "skipped"
     assert "TensorRT" in by_name["baseline-tftrt-fp32"]["error"]
+    floors = {(v["format"], v["harness_floor_ms"]) for v in summary["variants"]
+              if v["status"] == "ok" and v["format"] in ("tflite", "onnx")}
+    assert len(floors) == 2, f"one floor measurement per runner and thread count: {floors}"
     for name in EXPECTED_OK:
         variant = by_name[name]
         assert set(variant) >= VARIANT_KEYS

@@ -10,6 +10,7 @@ import pytest
 
 from tasks.benchmark_variant import benchmark_variant
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
+from tasks.harness_floor import floor_key
 from tasks.import_model import tflite_precision
 from tasks.input_pipeline import load_split_arrays
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
@@ -185,6 +186,12 @@ def test_isolated_benchmark_measures_agreement_and_memory(tiny_savedmodel, tiny_
     assert result.first_inference_ms > 0
     # A TFLite variant's process never loads TensorFlow, so its peak memory is small.
     assert 10 < result.peak_rss_mb < 400
+    # A floor the run measured already for this runner and thread count is handed on, not
+    # timed again; another thread count is a measurement of its own.
+    known = inputs.with_floor(floor_key("tflite", cfg.threads), 123.0)
+    assert benchmark_variant.fn(variant, known, cfg).harness_floor_ms == 123.0
+    assert known.with_floor(floor_key("tflite", cfg.threads), 1.0) is known
+    assert floor_key("tflite", cfg.threads + 1) not in known.floor_ms
 
 
 def test_a_thread_sweep_times_the_variant_at_each_thread_count(tiny_savedmodel, tiny_dataset,
