@@ -647,7 +647,8 @@ class BenchmarkConfig(_Section):
     )
     cpus: list[int] | None = Field(
         None, min_length=1, max_length=1024,
-        description="Pin the measuring process to these CPU numbers (null: no pinning).",
+        description=("Pin the measuring process to these CPU numbers; negative ones count from "
+                     "the last CPU available (-1: the last; null: no pinning)."),
     )
     share_inputs: bool = Field(
         True,
@@ -674,10 +675,11 @@ class BenchmarkConfig(_Section):
         if cpus is None:
             return None
         available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        missing = sorted(set(cpus) - set(available))
+        resolved = {available[cpu] if -len(available) <= cpu < 0 else cpu for cpu in cpus}
+        missing = sorted(resolved - set(available))
         if missing:
             raise ValueError(f"CPUs {missing} are not available here (available: {available})")
-        return sorted(set(cpus))
+        return sorted(resolved)
 
 
 class ScaleConfig(_Section):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -66,6 +67,11 @@ def test_benchmark_cpus_are_checked_and_pin_the_measuring_process(tiny_baseline,
                                                                   tmp_path):
     with pytest.raises(ValueError, match=r"CPUs \[4096\] are not available here"):
         BenchmarkConfig(cpus=[0, 4096])
+    available = sorted(os.sched_getaffinity(0))
+    assert BenchmarkConfig(cpus=[-1]).cpus == [available[-1]], "-1 is the last CPU"
+    assert BenchmarkConfig(cpus=[-1, available[-1]]).cpus == [available[-1]]
+    with pytest.raises(ValueError, match=r"CPUs \[-4096\] are not available here"):
+        BenchmarkConfig(cpus=[-4096])
     inputs = prepare_benchmark_inputs.fn(None, tiny_dataset, tmp_path / "inputs")
     cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, min_seconds=0, max_seconds=2, cpus=[0])
     result = benchmark_variant.fn(_graph_spec(tiny_baseline), inputs, cfg)
