@@ -90,14 +90,19 @@ def _with_int8_readback(model: ModelArtifact, forms: list[VariantSpec]) -> Model
     """`model` with its int8 TFLite file's kernel statistics (`int8_kernel_stats`) as metrics.
 
     Read from the very file the benchmark measures, so the sparsity and clusters a technique
-    kept are checked where they must survive; a model without an int8 form is returned as is.
+    kept are checked where they must survive; a model without an int8 form, or whose file
+    cannot be read (logged), is returned as is.
     """
     int8 = next((spec for spec in forms if spec.status == "ok" and spec.format == "tflite"
                  and spec.precision == "int8" and not spec.params.get("sparsity_encoding")),
                 None)
     if int8 is None:
         return model
-    kept = int8_kernel_stats(int8.path)
+    try:
+        kept = int8_kernel_stats(int8.path)
+    except (OSError, ValueError, RuntimeError) as error:
+        get_run_logger().warning("%s: could not read %s back: %s", model.name, int8.name, error)
+        return model
     get_run_logger().info("%s: read back from %s: %s", model.name, int8.name,
                           {key: round(value, 3) for key, value in kept.items()})
     return model.model_copy(update={"metrics": {**model.metrics, **kept}})
