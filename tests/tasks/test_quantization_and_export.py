@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tasks import load_scenarios
 from tasks.benchmark_variant import benchmark_variant
 from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
 from tasks.harness_floor import floor_key
@@ -207,7 +208,8 @@ def test_a_thread_sweep_times_the_variant_at_each_thread_count(tiny_savedmodel, 
     assert result.p50_ms_by_threads[1] > 0
 
 
-def test_load_scenarios_measure_offline_and_server_rates(tiny_savedmodel, tiny_dataset, tmp_path):
+def test_load_scenarios_measure_offline_and_server_rates(tiny_savedmodel, tiny_dataset, tmp_path,
+                                                        monkeypatch):
     variant = to_tflite(tiny_savedmodel, "int8", tiny_dataset, ConvertConfig(), tmp_path)
     inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset,
                                          tmp_path / "inputs")
@@ -220,6 +222,14 @@ def test_load_scenarios_measure_offline_and_server_rates(tiny_savedmodel, tiny_d
     plain = benchmark_variant.fn(variant, inputs, cfg.model_copy(
         update={"scenarios": ["single_stream"]}))
     assert plain.offline_examples_per_s is None and plain.server_qps_within_budget is None
+
+    def no_search(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("searched for a rate at which no single query meets the budget")
+
+    monkeypatch.setattr(load_scenarios, "server_search", no_search)
+    hopeless = benchmark_variant.fn(variant, inputs, cfg.model_copy(update={
+        "isolate": False, "scenarios": ["single_stream", "server"], "latency_budget_ms": 1e-6}))
+    assert hopeless.server_qps_within_budget == 0.0 and hopeless.server_p99_ms is None
 
 
 def test_autocluster_needs_an_isolated_process(tiny_baseline, tiny_savedmodel, tiny_dataset,
