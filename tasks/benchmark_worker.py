@@ -248,18 +248,19 @@ def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
         rate, best_size = offline_throughput(runner.predict, images, sizes, 1.0 / p50_s,
                                              cfg.scenario_seconds)
         found.update(offline_examples_per_s=rate, offline_batch_size=best_size)
-    if ("server" in cfg.scenarios and cfg.latency_budget_ms is not None
-            and float(np.percentile(samples_ms, 99)) > cfg.latency_budget_ms):
+    if "server" not in cfg.scenarios or cfg.latency_budget_ms is None:
+        return found
+    if float(np.percentile(samples_ms, 99)) > cfg.latency_budget_ms:
         found.update(server_qps_within_budget=0.0, server_p99_ms=None)
-    elif "server" in cfg.scenarios and cfg.latency_budget_ms is not None:
-        threads = max(1, cfg.threads // cfg.server_clients)
-        runners = [runner if threads == cfg.threads else load_runner(spec, threads)]
-        runners += [load_runner(spec, threads) for _ in range(cfg.server_clients - 1)]
-        clients = [_client(each, images) for each in runners]
-        trial = server_search(clients, prepared, cfg.latency_budget_ms,
-                              0.5 * cfg.server_clients / p50_s, cfg.scenario_seconds)
-        found.update(server_qps_within_budget=trial.target_qps if trial else 0.0,
-                     server_p99_ms=trial.p99_ms if trial else None)
+        return found
+    threads = max(1, cfg.threads // cfg.server_clients)
+    runners = [runner if threads == cfg.threads else load_runner(spec, threads)]
+    runners += [load_runner(spec, threads) for _ in range(cfg.server_clients - 1)]
+    clients = [_client(each, images) for each in runners]
+    trial = server_search(clients, prepared, cfg.latency_budget_ms,
+                          0.5 * cfg.server_clients / p50_s, cfg.scenario_seconds)
+    found.update(server_qps_within_budget=trial.target_qps if trial else 0.0,
+                 server_p99_ms=trial.p99_ms if trial else None)
     return found
 
 
