@@ -299,8 +299,9 @@ def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
 
     inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset,
                                          tmp_path / "inputs")
+    # The tiny model's int8 form can lose more than a point; this test is about the run-off.
     cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, min_seconds=0.3, max_seconds=2,
-                          runoff_margin=10.0, isolate=True)
+                          runoff_margin=10.0, isolate=True, accuracy_budget_points=100.0)
     results = [benchmark_variant.fn(to_tflite(tiny_savedmodel, precision, tiny_dataset,
                                               ConvertConfig(), tmp_path), inputs, cfg)
                for precision in ("fp32", "int8")]
