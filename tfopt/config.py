@@ -455,6 +455,15 @@ class DistillConfig(TechniqueSection):
             "or constant."
         ),
     )
+    student_init: Literal["teacher", "random"] = Field(
+        "teacher",
+        description=(
+            "Where the distilled student starts: from the teacher's most important filters of "
+            "the convolutions they share by name (random where they share none; measured on the "
+            "demo, 5 seeds: +1.9 points over the control instead of +0.3), or random like its "
+            "control."
+        ),
+    )
 
 
 class QatConfig(TechniqueSection):

@@ -7,11 +7,12 @@ import tf_keras as keras
 from tasks.convert_tflite import int8_kernel_stats
 from tasks.input_pipeline import load_split_arrays
 from tasks.keras_models import load_keras_model
+from tasks.model_zoo import build_model
 from tasks.runners import SavedModelRunner, TFLiteRunner
 from techniques import all_failed, plan, registry
 from techniques.base import NotApplicable, kernels
 from techniques.cluster import cluster_model, clusterable_layers, unique_values
-from techniques.distill import distill_model
+from techniques.distill import distill_model, inherit_filters
 from techniques.prune import kernel_sparsity, prune_and_finetune, prune_model
 from techniques.qat import quantize_aware_train
 from tests.steps import to_tflite
@@ -306,6 +307,44 @@ def test_distillation_loss_decreases_and_the_control_is_reported(tiny_baseline, 
     assert student.params["student_parameters"] < student.params["teacher_parameters"]
     assert student.params["learning_rate"] == 3e-3
     assert student.params["learning_rate_schedule"] == "cosine"
+    assert student.params["inherited_layers"] == "block0_conv,block1_conv,block2_conv"
+
+
+def test_the_student_starts_from_the_teachers_most_important_filters(tiny_baseline,
+                                                                    test_images):
+    teacher = load_keras_model(tiny_baseline.path)
+    size, classes = teacher.input_shape[1], teacher.output_shape[-1]
+    student = build_model("small_student", size, classes, width=4)
+    assert inherit_filters(student, teacher) == ["block0_conv", "block1_conv", "block2_conv"]
+    gamma = teacher.get_layer("block0_bn").get_weights()[0]
+    kernel = teacher.get_layer("block0_conv").get_weights()[0]
+    kept = np.sort(np.argsort(-np.abs(gamma) * np.abs(kernel).sum(axis=(0, 1, 2)))[:4])
+
+    def first_block(model: keras.Model) -> np.ndarray:
+        return keras.Model(model.input, model.get_layer("block0_relu").output)(
+            test_images[:8], training=False).numpy()
+
+    np.testing.assert_allclose(first_block(student), first_block(teacher)[..., kept],
+                               rtol=1e-5, atol=1e-5)
+    taught = teacher.get_layer("block1_conv").get_weights()[0][:, :, kept, :]
+    for column in np.moveaxis(student.get_layer("block1_conv").get_weights()[0], -1, 0):
+        assert any(np.array_equal(column, candidate)
+                   for candidate in np.moveaxis(taught, -1, 0)), "a filter the teacher has"
+
+
+def test_a_teacher_that_shares_no_convolution_leaves_the_student_random(tiny_baseline):
+    teacher = load_keras_model(tiny_baseline.path)
+    size, classes = teacher.input_shape[1], teacher.output_shape[-1]
+    for other in (build_model("small_cnn", size, classes, width=2),
+                  keras.Sequential([keras.Input((size, size, 3)),
+                                    keras.layers.Conv2D(16, 3, use_bias=False, name="stem"),
+                                    keras.layers.GlobalAveragePooling2D(),
+                                    keras.layers.Dense(classes)])):
+        student = build_model("small_student", size, classes, width=4)
+        before = [weight.copy() for weight in student.get_weights()]
+        assert inherit_filters(student, other) == []
+        assert all(np.array_equal(a, b) for a, b in zip(before, student.get_weights(),
+                                                         strict=True))
 
 
 def test_both_students_learning_rate_decays_to_zero_over_their_epochs(tiny_data):
