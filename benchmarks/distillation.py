@@ -2,15 +2,18 @@
 
 Usage: .venv/bin/python benchmarks/distillation.py [--config configs/demo.yaml]
            [--recipes T1:a0.5,T4:a0.5] [--seeds 1,2,3,4,5] [--schedule cosine|constant]
-           [--epochs N] [--work DIR]
+           [--epochs N] [--student-init teacher|random] [--work DIR]
 
 Trains the config's baseline once (seed 1) as the teacher, loads the demo's splits into memory
 and, for each seed, trains the student of `compress.distill` from scratch and with each recipe
-(temperature T, label weight alpha) from the same initial weights on the same shuffled batches
-(a seeded in-memory reader instead of the run's pipeline), keeping each training's best
-validation epoch as tfopt does. It prints every test accuracy and, per recipe, the gain over
-scratch in points: mean and range over the seeds. Pairing removes the reader's and the
-initialisation's noise from the comparison, which one unpaired run per seed cannot resolve.
+(temperature T, label weight alpha; a1 trains on labels alone) on the same shuffled batches (a
+seeded in-memory reader instead of the run's pipeline), keeping each training's best
+validation epoch as tfopt does. Every student is built from the same seeded initial weights;
+the distilled ones then start from the teacher's filters when `student_init` is teacher (as
+tfopt's distilled student does), so a1 shows what that start alone is worth. It prints every
+test accuracy and, per recipe, the gain over scratch in points: mean and range over the seeds.
+Pairing removes the reader's and the initialisation's noise from the comparison, which one
+unpaired run per seed cannot resolve.
 """
 
 from __future__ import annotations
@@ -31,7 +34,12 @@ from tasks.model_zoo import build_model
 from tasks.train_model import train_model
 from tasks.training import KeepBestWeights, compile_for_labels
 from tasks.write_tfrecords import write_tfrecords
-from techniques.distill import STUDENT_ARCHITECTURE, compiled_distiller, students_learning_rate
+from techniques.distill import (
+    STUDENT_ARCHITECTURE,
+    compiled_distiller,
+    inherit_filters,
+    students_learning_rate,
+)
 from tfopt.artifacts import TrainingData
 from tfopt.config import DistillConfig, load_config
 from tfopt.demo_data import write_demo_images
@@ -52,8 +60,8 @@ def train_student(splits: dict[str, Split], teacher: keras.Model, cfg: DistillCo
                   data: TrainingData, recipe: tuple[float, float] | None, seed: int) -> float:
     """One student's test accuracy: from scratch (`recipe` None) or distilled with `recipe`.
 
-    `cfg` gives the width, epochs and learning rate (and its schedule, as techniques.distill
-    sets it); `data` the batch size.
+    `cfg` gives the width, epochs, learning rate (and its schedule, as techniques.distill
+    sets it) and the distilled student's start; `data` the batch size.
     """
     keras.utils.set_random_seed(seed)
     images, labels = splits["train"]
@@ -68,6 +76,8 @@ def train_student(splits: dict[str, Split], teacher: keras.Model, cfg: DistillCo
         compile_for_labels(model, students_learning_rate(cfg, data))
     else:
         temperature, alpha = recipe
+        if cfg.student_init == "teacher":
+            inherit_filters(student, teacher)
         model = compiled_distiller(teacher, student, cfg.model_copy(
             update={"temperature": temperature, "alpha": alpha}), data)
     model.fit(train, validation_data=val, epochs=cfg.epochs, verbose=0,
@@ -80,18 +90,21 @@ def train_student(splits: dict[str, Split], teacher: keras.Model, cfg: DistillCo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("configs/demo.yaml"))
-    parser.add_argument("--recipes", default="T1:a0.5,T1:a0.25,T2:a0.5,T4:a0.5")
+    parser.add_argument("--recipes", default="T1:a0.75,T1:a0.5,T2:a0.5,T1:a1")
     parser.add_argument("--seeds", default="1,2,3,4,5")
     parser.add_argument("--schedule", choices=["cosine", "constant"], default=None,
                         help="default: the config's compress.distill.learning_rate_schedule")
     parser.add_argument("--epochs", type=int, default=None,
                         help="default: the config's compress.distill.epochs")
+    parser.add_argument("--student-init", choices=["teacher", "random"], default=None,
+                        help="default: the config's compress.distill.student_init")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args(argv)
     config = load_config(args.config)
     cfg = config.compress.distill.model_copy(update={
         "learning_rate_schedule": args.schedule or config.compress.distill.learning_rate_schedule,
-        "epochs": args.epochs or config.compress.distill.epochs})
+        "epochs": args.epochs or config.compress.distill.epochs,
+        "student_init": args.student_init or config.compress.distill.student_init})
     if config.data.source_dir == Path("data/demo"):
         write_demo_images(config.data.source_dir)
     work = args.work or Path(tempfile.mkdtemp(prefix="tfopt-distillation-"))
@@ -114,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({gains[recipe][-1]:+.2f} points)", flush=True)
     print(f"\nstudent width {cfg.student_width}, {cfg.epochs} epochs, "
           f"{cfg.learning_rate_schedule} learning rate from "
-          f"{cfg.learning_rate:g}, {len(seeds)} seeds; gain over scratch, points:")
+          f"{cfg.learning_rate:g}, distilled students from {cfg.student_init} weights, "
+          f"{len(seeds)} seeds; gain over scratch, points:")
     for (temperature, alpha), values in gains.items():
         print(f"T{temperature:g} a{alpha:g}: {np.mean(values):+.2f} "
               f"[{min(values):+.2f}, {max(values):+.2f}]")
