@@ -15,14 +15,14 @@ plain probabilities. benchmarks/distillation.py reruns the paired comparison.
 
 What made the student beat its control is where it starts (`student_init: teacher`): from the
 teacher's most important filters of each convolution the two share by name (width pruning of
-the teacher, then distillation, as NVIDIA's Minitron recipe does). Over 5 paired seeds of the
-demo (width 8, 20 cosine epochs, gain over scratch in points): random start T1 a0.5 +0.25
-[-0.60, +0.61]; teacher's filters a0.5 +1.58 [+0.31, +2.74], a0.75 +1.89 [+0.91, +2.74],
-labels only (a1) +2.13 [+1.21, +2.74], T2 a0.5 +0.79 [-0.92, +2.13]. The knowledge the student
-lacks is in the teacher's weights more than in its outputs: a0.75 and a1 are within one test
-image of each other, and a0.75 keeps the teacher's outputs in the loss. Given enough epochs
-(100) the student from scratch reaches the teacher (0.985-0.991), so a longer budget leaves
-the teacher nothing to add; the start is what a short budget gains.
+the teacher, then distillation, as NVIDIA's Minitron recipe does). benchmarks/distillation.py
+on the demo (width 8, 20 cosine epochs, 5 paired seeds, gain over scratch in points): from the
+teacher's filters T1 a0.75 +2.07 [+0.91, +3.34], a0.5 +2.01, T2 a0.5 +1.76, labels only (a1)
++1.76; from random weights T1 a0.75 +0.18 [-0.30, +0.91], a0.5 +0.24, T2 a0.5 -0.36. What the
+student lacked was mostly in the teacher's weights, and its outputs add a little on top (a0.75
+over a1). Given enough epochs (100) the student from scratch reaches the teacher (0.985-0.991
+on 3 seeds), so a longer budget leaves the teacher nothing to add; a short one is where the
+start pays.
 """
 
 from __future__ import annotations
