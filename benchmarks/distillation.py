@@ -37,7 +37,7 @@ from tasks.write_tfrecords import write_tfrecords
 from techniques.distill import (
     STUDENT_ARCHITECTURE,
     compiled_distiller,
-    inherit_filters,
+    start_student,
     students_learning_rate,
 )
 from tfopt.artifacts import TrainingData
@@ -76,8 +76,7 @@ def train_student(splits: dict[str, Split], teacher: keras.Model, cfg: DistillCo
         compile_for_labels(model, students_learning_rate(cfg, data))
     else:
         temperature, alpha = recipe
-        if cfg.student_init == "teacher":
-            inherit_filters(student, teacher)
+        start_student(student, teacher, cfg)
         model = compiled_distiller(teacher, student, cfg.model_copy(
             update={"temperature": temperature, "alpha": alpha}), data)
     model.fit(train, validation_data=val, epochs=cfg.epochs, verbose=0,

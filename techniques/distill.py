@@ -180,6 +180,15 @@ def inherit_filters(student: keras.Model, teacher: keras.Model) -> list[str]:
     return inherited
 
 
+def start_student(student: keras.Model, teacher: keras.Model, cfg: DistillConfig) -> list[str]:
+    """Give the distilled student the start `cfg.student_init` asks for.
+
+    Returns:
+        The convolutions taken from the teacher (`inherit_filters`); empty for a random start.
+    """
+    return inherit_filters(student, teacher) if cfg.student_init == "teacher" else []
+
+
 def student_name(_: DistillConfig) -> str:
     """The distilled student's name (the source of its variants)."""
     return "distilled-small"
@@ -215,7 +224,7 @@ def distill_model(
                            width=cfg.student_width)
 
     student = new_student()
-    inherited = inherit_filters(student, teacher) if cfg.student_init == "teacher" else []
+    inherited = start_student(student, teacher, cfg)
     if cfg.student_init == "teacher" and not inherited:
         logger.info("the teacher shares no convolution with the student: random start")
     fitted = distill(teacher, student, cfg, data)
