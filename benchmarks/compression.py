@@ -29,13 +29,9 @@ import numpy as np
 from harness_overhead import bare_onnx, bare_p50, bare_tflite
 
 import tfopt  # noqa: F401
-from tasks.convert_tflite import convert_tflite, int8_kernel_stats
-from tasks.export_onnx import export_onnx
+from flows.parameters import PipelineConfig, load_pipeline_config
+from tasks.build_variant import build_variant
 from tasks.export_savedmodel import export_savedmodel
-from tasks.input_pipeline import load_split
-from tasks.quantize_onnx import quantize_onnx
-from tasks.runners import OnnxRunner, TFLiteRunner, predict_batched
-from tasks.select_int8 import select_int8_layers
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from techniques.cluster import cluster_model
@@ -44,15 +40,31 @@ from techniques.distill import distill_model
 from techniques.pqat import prune_preserving_qat
 from techniques.prune import prune_model
 from techniques.qat import quantize_aware_train
-from tfopt.artifacts import DatasetArtifact, TrainingData
-from tfopt.config import PipelineConfig, load_config
+from tfopt.artifacts import DatasetArtifact, ModelArtifact, TrainingData, VariantSpec
+from tfopt.data.pipeline import load_split
 from tfopt.demo_data import write_demo_images
 from tfopt.fileio import gzip_size_bytes
+from tfopt.runtimes import runtime_of, settings_of
+from tfopt.runtimes.base import BuildSources, predict_batched
+from tfopt.runtimes.litert import TFLiteRunner, int8_kernel_stats
+from tfopt.runtimes.onnxruntime import OnnxRunner
 from tfopt.variants import plan_variant
 
 REFERENCE = "baseline-tflite-fp32"
 LATENCY_ROUNDS = 5
 RUNS_PER_ROUND = 400
+
+
+def build(spec: VariantSpec, savedmodel: ModelArtifact, config: PipelineConfig,
+          dataset: DatasetArtifact, out: Path,
+          built: dict[str, VariantSpec] | None = None) -> VariantSpec:
+    """A planned variant of `savedmodel` built by its runtime, as the pipeline builds it."""
+    sources = BuildSources(model=savedmodel, savedmodel=savedmodel, dataset=dataset,
+                           out_dir=out, built=built or {},
+                           calibration_examples=config.convert.calibration_examples,
+                           accuracy_budget_points=config.benchmark.accuracy_budget_points,
+                           threads=config.benchmark.threads)
+    return build_variant.fn(spec, sources, settings_of(runtime_of(spec.format), config))
 
 
 def build_variants(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
@@ -82,22 +94,17 @@ def build_variants(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
         savedmodels[source.name] = export_savedmodel.fn(source, models)
         for precision in precisions:
             planned = plan_variant(source.name, "tflite", precision)
-            variants[planned.name] = convert_tflite.fn(savedmodels[source.name], planned,
-                                                       dataset, config.convert, out).path
+            variants[planned.name] = build(planned, savedmodels[source.name], config,
+                                           dataset, out).path
     for model, name in ((qat, "qat"), (pqat, "pqat"), (cqat, "cqat"), (pcqat, "pcqat")):
         planned = plan_variant(name, "tflite", "int8")
-        variants[planned.name] = convert_tflite.fn(model, planned, dataset, config.convert,
-                                                   out).path
-    onnx = export_onnx.fn(savedmodels["baseline"], plan_variant("baseline", "onnx"), dataset,
-                          config.convert, out)
-    onnx_int8 = quantize_onnx.fn(onnx, plan_variant("baseline", "onnx", "int8"), dataset,
-                                 config.convert, out, config.model.input_scale)
+        variants[planned.name] = build(planned, model, config, dataset, out).path
+    onnx = build(plan_variant("baseline", "onnx"), savedmodels["baseline"], config, dataset, out)
+    onnx_int8 = build(plan_variant("baseline", "onnx", "int8", derived_from=onnx.name),
+                      savedmodels["baseline"], config, dataset, out, {onnx.name: onnx})
     variants[onnx.name], variants[onnx_int8.name] = onnx.path, onnx_int8.path
-    selective = select_int8_layers.fn(
-        savedmodels["baseline"], plan_variant("baseline", "tflite", "int8",
-                                              form="tflite-selective"),
-        dataset, config.convert, config.benchmark.accuracy_budget_points,
-        config.benchmark.threads, out)
+    selective = build(plan_variant("baseline", "tflite", "int8", form="tflite-selective"),
+                      savedmodels["baseline"], config, dataset, out)
     if selective.status == "ok":
         variants[selective.name] = selective.path
     else:
@@ -213,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args(argv)
-    config = load_config(args.config)
+    config = load_pipeline_config(args.config)
     if config.data.source_dir == Path("data/demo"):
         write_demo_images(config.data.source_dir)
     work = args.work or Path(tempfile.mkdtemp(prefix="tfopt-compression-"))

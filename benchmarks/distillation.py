@@ -28,21 +28,22 @@ import tensorflow as tf
 import tf_keras as keras
 
 import tfopt  # noqa: F401
-from tasks.input_pipeline import load_split
-from tasks.keras_models import load_keras_model
-from tasks.model_zoo import build_model
+from flows.parameters import load_pipeline_config
 from tasks.train_model import train_model
-from tasks.training import KeepBestWeights, compile_for_labels
 from tasks.write_tfrecords import write_tfrecords
 from techniques.distill import (
     STUDENT_ARCHITECTURE,
+    DistillConfig,
     compiled_distiller,
     start_student,
     students_learning_rate,
 )
 from tfopt.artifacts import TrainingData
-from tfopt.config import DistillConfig, load_config
+from tfopt.data.pipeline import load_split
 from tfopt.demo_data import write_demo_images
+from tfopt.models.keras_io import load_keras_model
+from tfopt.models.training import KeepBestWeights, compile_for_labels
+from tfopt.models.zoo import build_model
 
 Split = tuple[np.ndarray, np.ndarray]
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: the config's compress.distill.student_init")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args(argv)
-    config = load_config(args.config)
+    config = load_pipeline_config(args.config)
     cfg = config.compress.distill.model_copy(update={
         "learning_rate_schedule": args.schedule or config.compress.distill.learning_rate_schedule,
         "epochs": args.epochs or config.compress.distill.epochs,

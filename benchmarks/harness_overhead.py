@@ -40,10 +40,10 @@ MODELS = {"small": ("small_cnn", 32, {"width": 32}),
 
 def build_files(name: str, out_dir: Path) -> tuple[int, Path, Path]:
     """The model as fp32 TFLite and ONNX files; returns its image size and the two paths."""
-    from tasks.convert_tflite import serving_converter
-    from tasks.export_onnx import run_tf2onnx
-    from tasks.export_savedmodel import save_serving_savedmodel
-    from tasks.model_zoo import build_model
+    from tfopt.models.zoo import build_model
+    from tfopt.runtimes.litert import serving_converter
+    from tfopt.runtimes.onnxruntime import run_tf2onnx
+    from tfopt.runtimes.tensorflow import save_serving_savedmodel
 
     architecture, size, options = MODELS[name]
     model = build_model(architecture, size, 10, **options)
@@ -107,10 +107,11 @@ def bare_p50(call: Callable[[np.ndarray], object], images: list[np.ndarray], run
 
 def compare(label: str, runtime: str, path: Path, size: int, args: argparse.Namespace) -> float:
     """Alternate harness and bare rounds on one file; print and return the median ratio."""
-    from tasks.benchmark_worker import time_runs
-    from tasks.harness_floor import build_floor_models
-    from tasks.runners import OnnxRunner, TFLiteRunner
     from tfopt.config import BenchmarkConfig
+    from tfopt.measurement.floor import build_floor_models
+    from tfopt.measurement.worker import time_runs
+    from tfopt.runtimes.litert import TFLiteRunner
+    from tfopt.runtimes.onnxruntime import OnnxRunner
 
     runner_class = TFLiteRunner if runtime == "tflite" else OnnxRunner
     images = np.random.default_rng(0).random((32, size, size, 3), dtype=np.float32)
@@ -165,9 +166,10 @@ def recheck_summary(summary_path: Path, rounds: int) -> int:
     """Re-measure a finished run's files with bare loops; print summary p50 / bare p50."""
     import json
 
-    from tasks.benchmark_worker import time_runs
-    from tasks.runners import OnnxRunner, TFLiteRunner, quantize
     from tfopt.config import BenchmarkConfig
+    from tfopt.measurement.worker import time_runs
+    from tfopt.runtimes.litert import TFLiteRunner, quantize
+    from tfopt.runtimes.onnxruntime import OnnxRunner
 
     summary = json.loads(summary_path.read_text())
     run_dir = summary_path.parent / "work" / "runs"

@@ -33,16 +33,16 @@ import numpy as np
 import tensorflow as tf
 
 import tfopt  # noqa: F401
-from tasks.input_pipeline import (
+from tasks.write_tfrecords import write_tfrecords
+from tfopt.config import DataConfig
+from tfopt.data.pipeline import (
     ReaderOptions,
     decode_ceiling_dataset,
     naive_dataset,
     plan_cache,
     tuned_dataset,
 )
-from tasks.measure_input_pipeline import examples_per_second
-from tasks.write_tfrecords import write_tfrecords
-from tfopt.config import DataConfig
+from tfopt.data.throughput import examples_per_second
 from tfopt.demo_data import write_varied_digit_jpegs
 
 

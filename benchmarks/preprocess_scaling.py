@@ -30,7 +30,7 @@ import tfopt  # noqa: F401
 from tasks.write_tfrecords import write_tfrecords
 from tfopt.config import DataConfig, ScaleConfig
 from tfopt.demo_data import write_varied_digit_jpegs
-from tfopt.orchestration import local_dask_cluster_kwargs
+from tfopt.scaling import local_cluster_kwargs
 
 
 def timed_write(cfg: DataConfig, work: Path, scale: ScaleConfig | None) -> tuple[float, str]:
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         modes: dict[str, ScaleConfig | None] = {"sequential": None}
         for workers in (1, 2):
             cluster = stack.enter_context(LocalCluster(
-                dashboard_address=None, **local_dask_cluster_kwargs(workers)))
+                dashboard_address=None, **local_cluster_kwargs(workers)))
             client = stack.enter_context(Client(cluster))
             client.run(importlib.import_module, "tasks.write_tfrecords")
             client.run(importlib.import_module, "tensorflow")

@@ -20,19 +20,21 @@ import time
 from pathlib import Path
 
 import tfopt  # noqa: F401
-from flows.compress_model import compress_model, task_runner_for
+from flows.compress_model import compress_model
+from flows.parameters import PipelineConfig, load_pipeline_config
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from tfopt.artifacts import TrainingData
-from tfopt.config import PipelineConfig, ScaleConfig, load_config
+from tfopt.config import ScaleConfig
 from tfopt.demo_data import write_demo_images
+from tfopt.scaling import task_runner
 
 
 def timed_subflow(config: PipelineConfig, scale: ScaleConfig, data: TrainingData, baseline,
                   run_dir: Path) -> float:
     """Seconds one `compress_model` run takes on the runner `scale` names; fails on any variant."""
     started = time.perf_counter()
-    variants, _ = compress_model.with_options(task_runner=task_runner_for(scale))(
+    variants, _ = compress_model.with_options(task_runner=task_runner(scale))(
         config, baseline, data, run_dir)
     elapsed = time.perf_counter() - started
     failed = [v.name for v in variants if v.status != "ok"]
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dask-workers", type=int, default=2)
     args = parser.parse_args(argv)
-    config = load_config(args.config)
+    config = load_pipeline_config(args.config)
     if config.data.source_dir == Path("data/demo"):
         write_demo_images(config.data.source_dir)
     work = Path(tempfile.mkdtemp(prefix="tfopt-runners-"))

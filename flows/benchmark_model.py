@@ -9,21 +9,19 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.common import benchmark_serialized, error_of, sharded_data
-from tasks.prepare_benchmark_inputs import (
-    INPUTS_ARTIFACT,
-    prepare_benchmark_inputs,
-    read_inputs_index,
-)
-from tasks.resolve_model import UnusableModelError, resolve_model
+from flows.parameters import BenchmarkOnlyConfig
+from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
+from tasks.resolve_model import resolve_model
 from tasks.write_report import write_report
 from tfopt import tracking
-from tfopt.config import BenchmarkOnlyConfig
 from tfopt.machines import MACHINE_RUN_ROLE, machine_label, machine_protocol
+from tfopt.measurement.inputs import INPUTS_ARTIFACT, read_inputs_index
+from tfopt.models.references import UnusableModelError
 from tfopt.orchestration import claim_flow_run
 from tfopt.prefect_artifacts import publish_prefect_artifacts
 from tfopt.provenance import environment, mlflow_tracking_uri
+from tfopt.report.summary import variant_entry
 from tfopt.services import redact
-from tfopt.summary import variant_entry
 
 
 @flow(name="benchmark_model", flow_run_name="benchmark-{config.name}", log_prints=True)

@@ -1,19 +1,30 @@
-"""Steps shared by the flows: cached preprocessing, conversions, serialized benchmarks."""
+"""Steps shared by the flows: cached preprocessing, building planned variants, benchmarks."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger
 from prefect.futures import PrefectFuture
 from prefect.states import State
 
 from tasks.benchmark_variant import benchmark_variant
-from tasks.convert_tflite import convert_tflite
-from tasks.write_tfrecords import is_intact, write_tfrecords
-from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, ModelArtifact, VariantSpec
-from tfopt.config import BenchmarkConfig, ConvertConfig, DataConfig, ScaleConfig
+from tasks.build_variant import build_variant
+from tasks.write_tfrecords import write_tfrecords
+from tfopt.artifacts import (
+    BenchmarkInputs,
+    DatasetArtifact,
+    ModelArtifact,
+    TrainingData,
+    VariantResult,
+    VariantSpec,
+)
+from tfopt.config import BenchmarkConfig, DataConfig, ScaleConfig
+from tfopt.data.shards import is_intact
 from tfopt.orchestration import benchmark_slot
+from tfopt.runtimes import runtime_of, settings_of
+from tfopt.runtimes.base import BuildSources
 from tfopt.variants import failed
 
 
@@ -39,6 +50,19 @@ def benchmark_serialized(
         return benchmark_variant(spec, inputs, cfg, return_state=True)
 
 
+def benchmark_one(spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
+                  ) -> VariantResult:
+    """A built variant's measurements; one not built (or whose benchmark failed) keeps why."""
+    if spec.status == "ok":
+        state = benchmark_serialized(spec, inputs, cfg)
+        if state.is_completed():
+            return state.result()
+        spec = failed(spec, error_of(state))
+    return VariantResult(name=spec.name, source=spec.source, format=spec.format,
+                         precision=spec.precision, status=spec.status, error=spec.error,
+                         derived_from=spec.derived_from)
+
+
 def error_of(state: State) -> str:
     """The exception (type and message) a failed state holds."""
     error = state.result(raise_on_failure=False)
@@ -46,7 +70,7 @@ def error_of(state: State) -> str:
 
 
 def built_or_failed(state: State, planned: VariantSpec) -> VariantSpec:
-    """A conversion's variant, or the planned one marked failed with the conversion's error."""
+    """A build's variant, or the planned one marked failed with the build's error."""
     return state.result() if state.is_completed() else failed(planned, error_of(state))
 
 
@@ -56,31 +80,53 @@ def final_state(future: PrefectFuture) -> State:
     return future.state
 
 
-def tflite_conversions(
-    savedmodel: ModelArtifact,
-    planned: list[VariantSpec],
-    dataset: DatasetArtifact,
-    cfg: ConvertConfig,
-    variants_dir: Path,
-    *,
-    submit: bool = False,
-) -> list[VariantSpec]:
-    """TFLite conversions of one SavedModel; a conversion that fails becomes a failed variant.
+def build_sources(model: ModelArtifact, savedmodel: ModelArtifact | None, data: TrainingData,
+                  config: Any, out_dir: Path) -> BuildSources:
+    """What the runtimes convert a model's variants from, with the run's shared settings."""
+    return BuildSources(model=model, savedmodel=savedmodel, dataset=data.dataset,
+                        out_dir=out_dir,
+                        calibration_examples=config.convert.calibration_examples,
+                        accuracy_budget_points=config.benchmark.accuracy_budget_points,
+                        threads=config.benchmark.threads)
+
+
+def build_forms(planned: list[VariantSpec], sources: BuildSources, config: Any, *,
+                submit: bool = False) -> list[VariantSpec]:
+    """Build one model's planned variants with their runtimes; a failure becomes that variant's.
+
+    Variants that convert the model itself are built first (submitted to the flow's task runner
+    at once when `submit`, else one after another here), then those that convert another
+    variant (a quantized ONNX file from the float one), which then gets the built one.
 
     Args:
-        savedmodel: The converter's input.
-        planned: The TFLite variants to build (one per precision).
-        dataset: Training examples calibrate int8.
-        cfg: Converter settings.
-        variants_dir: Where the .tflite files go.
-        submit: Submit the conversions to the flow's task runner (they may run at once)
-            instead of running them one after another here.
+        planned: The variants, in plan order (skipped ones are kept as they are).
+        sources: The model, its SavedModel, the data set and the output folder.
+        config: The pipeline configuration (each runtime's settings).
+        submit: Submit the independent builds to the task runner (they may run at once).
+
+    Returns:
+        The variants in plan order, built, skipped or failed.
     """
+    done: dict[str, VariantSpec] = {s.name: s for s in planned if s.status != "ok"}
+    todo = [s for s in planned if s.status == "ok"]
+    first = [s for s in todo if runtime_of(s.format).builds_from(s) is None]
     if submit:
-        futures = [convert_tflite.submit(savedmodel, spec, dataset, cfg, variants_dir)
-                   for spec in planned]
-        states = [final_state(future) for future in futures]
+        futures = {s.name: build_variant.submit(s, sources, _settings(s, config)) for s in first}
+        done.update({s.name: built_or_failed(final_state(futures[s.name]), s) for s in first})
     else:
-        states = [convert_tflite(savedmodel, spec, dataset, cfg, variants_dir,
-                                 return_state=True) for spec in planned]
-    return [built_or_failed(state, spec) for state, spec in zip(states, planned, strict=True)]
+        for spec in first:
+            done[spec.name] = _build(spec, sources, config)
+    for spec in todo:
+        if spec.name not in done:
+            with_built = sources.model_copy(update={"built": {**sources.built, **done}})
+            done[spec.name] = _build(spec, with_built, config)
+    return [done[spec.name] for spec in planned]
+
+
+def _build(spec: VariantSpec, sources: BuildSources, config: Any) -> VariantSpec:
+    state = build_variant(spec, sources, _settings(spec, config), return_state=True)
+    return built_or_failed(state, spec)
+
+
+def _settings(spec: VariantSpec, config: Any) -> Any:
+    return settings_of(runtime_of(spec.format), config)

@@ -1,52 +1,43 @@
-"""Subflow: apply every enabled compression technique to the baseline, then convert each result.
+"""Subflow: apply every enabled compression technique to the baseline, then build their forms.
 
 The techniques come from the registry (`techniques.plan`) and are submitted to the subflow's
-task runner, chosen by `ScaleConfig`: one at a time in this process (sequential), or at once on
-Dask worker processes (a local cluster or a running scheduler). Benchmarks are not run here;
-the main flow serializes them.
+task runner, chosen by `ScaleConfig` (`tfopt.scaling.task_runner`): one at a time in this
+process (sequential), or at once on Dask worker processes. A technique that continues from
+another's model is handed that technique's future, so Prefect starts it once that model is made.
+Benchmarks are not run here; the main flow serializes them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.futures import PrefectFuture
 from prefect.states import State
-from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from flows.common import error_of, final_state, tflite_conversions
-from tasks.convert_tflite import int8_kernel_stats
+from flows.common import build_forms, build_sources, error_of, final_state
+from flows.parameters import PipelineConfig
 from tasks.export_savedmodel import export_savedmodel
 from techniques import Planned, plan
 from techniques.base import NotApplicable
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
-from tfopt.config import PipelineConfig, ScaleConfig
-from tfopt.orchestration import claim_flow_run, local_dask_cluster_kwargs
-from tfopt.variants import built, failed, skipped
-
-
-def task_runner_for(scale: ScaleConfig) -> TaskRunner:
-    """The task runner `scale` asks for (a local Dask cluster: `local_dask_cluster_kwargs`)."""
-    if scale.task_runner == "dask":
-        from prefect_dask import DaskTaskRunner
-
-        if scale.dask_address:
-            return DaskTaskRunner(address=scale.dask_address)
-        return DaskTaskRunner(cluster_kwargs=local_dask_cluster_kwargs(scale.dask_workers))
-    return ThreadPoolTaskRunner(max_workers=1)
+from tfopt.orchestration import claim_flow_run
+from tfopt.runtimes.litert import int8_kernel_stats
+from tfopt.variants import failed, skipped
 
 
 @flow(name="compress_model", flow_run_name="compress-{config.name}", log_prints=True)
 def compress_model(
     config: PipelineConfig, baseline: ModelArtifact, data: TrainingData, run_dir: Path
 ) -> tuple[list[VariantSpec], list[ModelArtifact]]:
-    """Apply every enabled compression technique to the baseline and convert what it produces.
+    """Apply every enabled compression technique to the baseline and build its model's forms.
 
-    Techniques that start from the baseline run at once (on the task runner); one that
-    continues from another technique's model (`Planned.starts_from`) runs once that model is
-    made. A technique that fails marks its planned variants failed (and those of the
-    techniques continuing from it), one that does not apply to the model (`NotApplicable`)
-    skipped with its reason; the others go on.
+    Every technique is submitted at once; one that continues from another technique's model
+    (`Planned.starts_from`) gets that technique's future as its input, so it waits for it. A
+    technique that fails marks its planned variants failed (and those of the techniques
+    continuing from it), one that does not apply to the model (`NotApplicable`) skipped with
+    its reason; the others go on.
 
     Args:
         config: The pipeline configuration (compress, convert and scale sections).
@@ -58,32 +49,34 @@ def compress_model(
         The variants to benchmark, and the compressed models (for their technique metrics).
     """
     claim_flow_run()
-    planned_all = plan(config.compress, baseline)
-    plans = [p for p in planned_all if p.refusal is None]
-    models_dir = run_dir / "models"
-    futures = {p.technique.name: p.technique.apply.submit(baseline, p.cfg, data, models_dir)
-               for p in plans if p.starts_from is None}
-    variants = [spec for p in planned_all if p.refusal for spec in p.variants]
-    made: dict[str, ModelArtifact] = {}
-    missing = {p.technique.name: p.variants[0] for p in planned_all if p.refusal and p.variants}
+    plans = plan(config, baseline)
+    futures = _submit_techniques([p for p in plans if p.refusal is None], baseline, data,
+                                 run_dir / "models")
+    variants: list[VariantSpec] = []
+    made: list[ModelArtifact] = []
     for planned in plans:
-        starts_from = planned.starts_from
-        if starts_from is not None and starts_from not in made:
-            variants += _without_base(planned, missing.get(starts_from))
+        if planned.refusal is not None:
+            variants += planned.variants
             continue
-        future = (futures[planned.technique.name] if starts_from is None else
-                  planned.technique.apply.submit(made[starts_from], planned.cfg, data,
-                                                 models_dir))
-        state = final_state(future)
+        state = final_state(futures[planned.technique.name])
         if not state.is_completed():
-            not_built = _not_built(planned, state)
-            missing[planned.technique.name] = not_built[0] if not_built else None
-            variants += not_built
+            variants += _not_built(planned, state, plans, futures)
             continue
         forms = _forms_of(state.result(), planned, config, data, run_dir)
-        made[planned.technique.name] = _with_int8_readback(state.result(), forms)
+        made.append(_with_int8_readback(state.result(), forms))
         variants += forms
-    return variants, list(made.values())
+    return variants, made
+
+
+def _submit_techniques(plans: list[Planned], baseline: ModelArtifact, data: TrainingData,
+                       models_dir: Path) -> dict[str, PrefectFuture]:
+    """Each technique submitted, in run order, on the baseline or its starting model's future."""
+    futures: dict[str, PrefectFuture] = {}
+    for planned in plans:
+        start = baseline if planned.starts_from is None else futures[planned.starts_from]
+        futures[planned.technique.name] = planned.technique.apply.submit(
+            start, planned.cfg, data, models_dir)
+    return futures
 
 
 def _with_int8_readback(model: ModelArtifact, forms: list[VariantSpec]) -> ModelArtifact:
@@ -108,7 +101,23 @@ def _with_int8_readback(model: ModelArtifact, forms: list[VariantSpec]) -> Model
     return model.model_copy(update={"metrics": {**model.metrics, **kept}})
 
 
-def _without_base(planned: Planned, base: VariantSpec | None) -> list[VariantSpec]:
+def _not_built(planned: Planned, state: State, plans: list[Planned],
+               futures: dict[str, PrefectFuture]) -> list[VariantSpec]:
+    """The variants of a technique that made no model: skipped, failed, or as its start was."""
+    base = planned.starts_from
+    if base is not None and not final_state(futures[base]).is_completed():
+        start = next(p for p in plans if p.technique.name == base)
+        return without_base(planned, _not_built(start, futures[base].state, plans, futures)[0]
+                            if start.variants else None)
+    outcome = state.result(raise_on_failure=False)
+    if isinstance(outcome, NotApplicable):
+        reason = f"{planned.technique.name} does not apply: {outcome}"
+        return [skipped(spec, reason) for spec in planned.variants]
+    error = f"{planned.source} failed: {error_of(state)}"
+    return [failed(spec, error) for spec in planned.variants]
+
+
+def without_base(planned: Planned, base: VariantSpec | None) -> list[VariantSpec]:
     """A technique whose starting model is missing: skipped or failed as that model's variants."""
     why = f"{base.status}: {base.error}" if base is not None else "not built"
     reason = (f"{planned.source} continues from the {planned.starts_from} technique's model, "
@@ -117,23 +126,10 @@ def _without_base(planned: Planned, base: VariantSpec | None) -> list[VariantSpe
     return [mark(spec, reason) for spec in planned.variants]
 
 
-def _not_built(planned: Planned, state: State) -> list[VariantSpec]:
-    """The technique's variants, skipped if it does not apply to the model, else failed."""
-    if isinstance(state.result(raise_on_failure=False), NotApplicable):
-        reason = f"{planned.technique.name} does not apply: {state.result(raise_on_failure=False)}"
-        return [skipped(spec, reason) for spec in planned.variants]
-    error = f"{planned.source} failed: {error_of(state)}"
-    return [failed(spec, error) for spec in planned.variants]
-
-
-def _forms_of(
-    model: ModelArtifact, planned: Planned, config: PipelineConfig, data: TrainingData,
-    run_dir: Path,
-) -> list[VariantSpec]:
-    """The planned variants of one technique's model: its graph form and TFLite conversions."""
+def _forms_of(model: ModelArtifact, planned: Planned, config: Any, data: TrainingData,
+              run_dir: Path) -> list[VariantSpec]:
+    """The planned variants of one technique's model, built by their runtimes at once."""
     savedmodel = (model if model.format == "savedmodel"
                   else export_savedmodel.submit(model, run_dir / "models").result())
-    graphs = [built(spec, model.path) for spec in planned.variants if spec.format == "graph"]
-    tflite = [spec for spec in planned.variants if spec.format == "tflite"]
-    return graphs + tflite_conversions(savedmodel, tflite, data.dataset, config.convert,
-                                       run_dir / "variants", submit=True)
+    sources = build_sources(model, savedmodel, data, config, run_dir / "variants")
+    return build_forms(planned.variants, sources, config, submit=True)

@@ -17,31 +17,23 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.common import (
-    benchmark_serialized,
-    built_or_failed,
+    benchmark_one,
+    build_forms,
+    build_sources,
     error_of,
     sharded_data,
-    tflite_conversions,
 )
-from flows.compress_model import compress_model, task_runner_for
-from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
-from tasks.export_onnx import export_onnx
+from flows.compress_model import compress_model
+from flows.parameters import PipelineConfig
+from tasks.export_bundle import export_bundle
 from tasks.export_savedmodel import export_savedmodel
-from tasks.harness_floor import floor_key
 from tasks.import_model import import_model
-from tasks.keras_models import source_stamp
 from tasks.measure_data_layout import measure_data_layout
 from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.package_models import package_models
 from tasks.pick_champion import pick_champion
-from tasks.prepare_benchmark_inputs import (
-    INPUTS_ARTIFACT,
-    prepare_benchmark_inputs,
-    write_inputs_index,
-)
-from tasks.quantize_onnx import quantize_onnx
+from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.runoff import run_off
-from tasks.select_int8 import select_int8_layers
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_report import write_report
@@ -50,7 +42,6 @@ from tfopt import tracking
 from tfopt.artifacts import (
     BatchSweepResult,
     BenchmarkInputs,
-    DatasetArtifact,
     InputPipelineResult,
     LayoutResult,
     ModelArtifact,
@@ -59,14 +50,19 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.config import BenchmarkConfig, ConvertConfig, InputScale, PipelineConfig, check_paths
-from tfopt.cpu_features import bf16_unavailable_reason
+from tfopt.config import BenchmarkConfig, check_paths
 from tfopt.fileio import atomic_write_json
+from tfopt.measurement.floor import floor_key
+from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
+from tfopt.models.sources import source_stamp
 from tfopt.orchestration import StepProgress, claim_flow_run
 from tfopt.prefect_artifacts import publish_prefect_artifacts
 from tfopt.provenance import environment, mlflow_tracking_uri
-from tfopt.summary import build_summary
-from tfopt.variants import built, failed, plan_variant, skipped
+from tfopt.report.summary import build_summary
+from tfopt.runtimes import plan_forms, registry, settings_of
+from tfopt.runtimes.base import BuildSources, PlanRequest
+from tfopt.scaling import task_runner
+from tfopt.variants import plan_variant
 
 
 @dataclass(frozen=True)
@@ -202,108 +198,33 @@ def _baseline_variants(
     config: PipelineConfig, data: TrainingData, baseline: ModelArtifact,
     savedmodel: ModelArtifact | None, run_dir: Path, run: tracking.TrackedRun,
 ) -> list[VariantSpec]:
-    """Every form of the baseline: graph, SavedModel, XLA, TFLite, ONNX (+ TensorRT), TF-TRT.
+    """Every runtime's forms of the baseline (`tfopt.runtimes.plan_forms`), built in plan order.
 
     What a model kind cannot give (a Keras graph from a plain SavedModel, anything but itself
-    from a .tflite or .onnx file) is listed as skipped with the reason.
+    from a .tflite or .onnx file) is listed as skipped with the reason. Runtimes that ship a
+    bundle (TensorRT's ONNX + trtexec) then export it as an artifact.
     """
-    if savedmodel is None:
-        return _as_given(baseline)
-    source, cfg, variants_dir = baseline.name, config.convert, run_dir / "variants"
-    variants = _tensorflow_forms(baseline, savedmodel, cfg, variants_dir)
-    fp32 = plan_variant(source, "tflite", "fp32")
-    tflite = [plan_variant(source, "tflite", p, derived_from=None if p == "fp32" else fp32.name)
-              for p in cfg.tflite]
-    variants += tflite_conversions(savedmodel, tflite, data.dataset, cfg, variants_dir)
-    if cfg.selective_int8 and "int8" in cfg.tflite:
-        variants.append(_selective_int8(savedmodel, data.dataset, config, variants_dir))
-    if cfg.onnx:
-        planned = plan_variant(source, "onnx",
-                               derived_from=plan_variant(source, "savedmodel").name)
-        onnx = built_or_failed(export_onnx(savedmodel, planned, data.dataset, cfg, variants_dir,
-                                           return_state=True), planned)
-        variants.append(onnx)
-        if onnx.status == "ok":
-            _bundle_tensorrt(savedmodel, onnx, cfg.tensorrt_max_batch, run_dir, run)
-        variants += _onnx_quantized(onnx, data.dataset, cfg, variants_dir, savedmodel.input_scale)
-    variants.append(skipped(
-        plan_variant(source, "savedmodel", form="tftrt"),
-        tftrt_unavailable_reason()
-        or "TF-TRT conversion is not built into tfopt; use the ONNX TensorRT bundle"))
+    planned = plan_forms(PlanRequest(source=baseline.name, kind=baseline.format,
+                                     precision=baseline.precision), config)
+    sources = build_sources(baseline, savedmodel, data, config, run_dir / "variants")
+    variants = build_forms(planned, sources, config)
+    _export_bundles(sources.model_copy(update={"built": {v.name: v for v in variants}}),
+                    config, run_dir, run)
     return variants
 
 
-def _selective_int8(
-    savedmodel: ModelArtifact, dataset: DatasetArtifact, config: PipelineConfig, variants_dir: Path
-) -> VariantSpec:
-    """Int8 with its worst layers kept in float, if full int8 misses the accuracy budget."""
-    source = savedmodel.name
-    planned = plan_variant(source, "tflite", "int8", form="tflite-selective",
-                           derived_from=plan_variant(source, "tflite", "int8").name)
-    state = select_int8_layers(savedmodel, planned, dataset, config.convert,
-                               config.benchmark.accuracy_budget_points, config.benchmark.threads,
-                               variants_dir, return_state=True)
-    return built_or_failed(state, planned)
-
-
-def _onnx_quantized(
-    onnx: VariantSpec, dataset: DatasetArtifact, cfg: ConvertConfig, variants_dir: Path,
-    scale: InputScale,
-) -> list[VariantSpec]:
-    """ONNX Runtime's own quantizations of the float ONNX model (failed if that has failed)."""
-    planned = [plan_variant(onnx.source, "onnx", precision, derived_from=onnx.name)
-               for precision in cfg.onnx_quantize]
-    if onnx.status != "ok":
-        return [failed(spec, f"{onnx.name} was not built: {onnx.error}") for spec in planned]
-    return [built_or_failed(quantize_onnx(onnx, spec, dataset, cfg, variants_dir, scale,
-                                          return_state=True), spec) for spec in planned]
-
-
-def _tensorflow_forms(
-    baseline: ModelArtifact, savedmodel: ModelArtifact, cfg: ConvertConfig, variants_dir: Path
-) -> list[VariantSpec]:
-    """The Keras graph, the SavedModel and the XLA forms (graph and XLA need a Keras model)."""
-    source = baseline.name
-    graph = plan_variant(source, "graph", path=baseline.path)
-    served = plan_variant(source, "savedmodel", derived_from=graph.name, path=savedmodel.path)
-    xla_forms = [plan_variant(source, "xla", form="xla" if mode == "jit_compile" else
-                              f"xla-{mode}", derived_from=graph.name, path=baseline.path,
-                              params={"xla_mode": mode}) for mode in cfg.xla]
-    bf16 = [plan_variant(source, "graph", "bfloat16", derived_from=graph.name, path=baseline.path,
-                         params={"rewrite": "auto_mixed_precision_onednn_bfloat16"})
-            ] if cfg.bfloat16 else []
-    if baseline.format != "keras":
-        reason = "needs a tf_keras model; model.path is a plain SavedModel"
-        return [skipped(graph, reason), served,
-                *(skipped(x, reason) for x in [*xla_forms, *bf16])]
-    no_bf16 = bf16_unavailable_reason()
-    bf16 = [skipped(x, no_bf16) for x in bf16] if no_bf16 else bf16
-    if cfg.dump_hlo and "jit_compile" in cfg.xla:
-        variants_dir.mkdir(parents=True, exist_ok=True)
-        xla_forms = [built(x, baseline.path, hlo_path=str(variants_dir / f"{x.name}.hlo.txt"))
-                     if x.params.get("xla_mode") == "jit_compile" else x for x in xla_forms]
-    return [graph, served, *xla_forms, *bf16]
-
-
-def _as_given(baseline: ModelArtifact) -> list[VariantSpec]:
-    """A .tflite or .onnx baseline: benchmarked as it is; what it cannot become, skipped."""
-    given = plan_variant(baseline.name, baseline.format, baseline.precision, path=baseline.path)
-    reason = f"model.path is a .{baseline.format} file: it is benchmarked as it is"
-    others = [plan_variant(baseline.name, fmt) for fmt in ("graph", "savedmodel", "tflite", "onnx")
-              if fmt != baseline.format]
-    return [given, *(skipped(spec, reason) for spec in others)]
-
-
-def _bundle_tensorrt(
-    savedmodel: ModelArtifact, onnx: VariantSpec, max_batch: int, run_dir: Path,
-    run: tracking.TrackedRun,
-) -> None:
-    """The TensorRT bundle (ONNX + trtexec line) as an artifact; a failure is only logged."""
-    bundled = bundle_tensorrt(savedmodel, onnx, max_batch, run_dir / "export", return_state=True)
-    if bundled.is_completed():
-        tracking.log_file(run, bundled.result(), f"export/{bundled.result().name}")
-    else:
-        get_run_logger().warning("TensorRT bundle failed: %s", error_of(bundled))
+def _export_bundles(sources: BuildSources, config: PipelineConfig, run_dir: Path,
+                    run: tracking.TrackedRun) -> None:
+    """Each exporting runtime's bundle as an artifact; a failure is only logged."""
+    for runtime in registry().values():
+        if not runtime.exports:
+            continue
+        state = export_bundle(runtime.name, sources, settings_of(runtime, config),
+                              run_dir / "export", return_state=True)
+        if not state.is_completed():
+            get_run_logger().warning("%s bundle failed: %s", runtime.name, error_of(state))
+        elif state.result() is not None:
+            tracking.log_file(run, state.result(), f"export/{state.result().name}")
 
 
 def _compressed_variants(
@@ -315,12 +236,12 @@ def _compressed_variants(
     If the subflow fails as a whole (e.g. its Dask cluster), every planned compressed variant is
     marked failed and the baseline variants still go on.
     """
-    compressing = compress_model.with_options(task_runner=task_runner_for(config.scale))(
+    compressing = compress_model.with_options(task_runner=task_runner(config.scale))(
         config, baseline, data, run_dir, return_state=True)
     if not compressing.is_completed():
         error = f"compress_model failed: {error_of(compressing)}"
         get_run_logger().warning(error)
-        return all_failed(plan(config.compress, baseline), error), []
+        return all_failed(plan(config, baseline), error), []
     variants, models = compressing.result()
     for model in models:
         tracking.log_technique(run, model)
@@ -338,25 +259,11 @@ def _benchmark_all(
     progress = StepProgress("benchmark-variants", "variants benchmarked")
     results = []
     for spec in variants:
-        result = _benchmark_one(spec, inputs, cfg)
+        result = benchmark_one(spec, inputs, cfg)
         inputs = inputs.with_floor(floor_key(result.format, cfg.threads), result.harness_floor_ms)
         results.append(result)
         progress.update(len(results), len(variants))
     return results
-
-
-def _benchmark_one(
-    spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
-) -> VariantResult:
-    """A built variant's measurements; one not built (or whose benchmark failed) keeps why."""
-    if spec.status == "ok":
-        state = benchmark_serialized(spec, inputs, cfg)
-        if state.is_completed():
-            return state.result()
-        spec = failed(spec, error_of(state))
-    return VariantResult(name=spec.name, source=spec.source, format=spec.format,
-                         precision=spec.precision, status=spec.status, error=spec.error,
-                         derived_from=spec.derived_from)
 
 
 def _summarize(

@@ -9,11 +9,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from flows.common import sharded_data
+from flows.parameters import PreprocessConfig
 from tfopt import tracking
-from tfopt.config import PreprocessConfig, check_paths
+from tfopt.config import check_paths
 from tfopt.orchestration import claim_flow_run
 from tfopt.provenance import mlflow_tracking_uri
-from tfopt.summary import dataset_entry
+from tfopt.report.summary import dataset_entry
 
 
 @flow(name="preprocess_data", flow_run_name="preprocess-{config.name}", log_prints=True)

@@ -1,135 +1,14 @@
-"""Find a model to benchmark: a registered MLflow model version, or a file or folder."""
+"""Prefect task: find a model to benchmark (a registered version, a run's variant, a file)."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 from prefect import task
 
-from tasks.package_models import model_file_of
 from tfopt.artifacts import VariantSpec
-from tfopt.config import ConfigError
+from tfopt.models.references import resolve_reference
 from tfopt.orchestration import retry_if_transient
-
-_SUFFIX_FORMATS = {".tflite": "tflite", ".onnx": "onnx", ".keras": "graph"}
-_MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
-_RUN_URI = re.compile(r"^runs:/(?P<run_id>[0-9a-f]{32})/(?P<path>[^\s]+)$")
-
-
-def detect_format(path: Path) -> tuple[str, Path]:
-    """The runner format of a model file or folder, and the path to open.
-
-    An MLflow Model folder written by tfopt (a registered variant) resolves to the model file
-    its metadata names; any other folder holding a single model file resolves to that file.
-
-    Raises:
-        ValueError: Nothing recognizable at `path`.
-    """
-    if path.is_dir() and (packaged := model_file_of(path)) is not None:
-        return packaged
-    if path.is_file() and path.suffix in _SUFFIX_FORMATS:
-        return _SUFFIX_FORMATS[path.suffix], path
-    if path.is_dir():
-        if (path / "saved_model.pb").exists():
-            return "savedmodel", path
-        candidates = [p for p in path.iterdir() if p.suffix in _SUFFIX_FORMATS or
-                      (p / "saved_model.pb").exists()]
-        if len(candidates) == 1:
-            return detect_format(candidates[0])
-    if not path.exists():
-        raise ValueError(f"{path} does not exist")
-    raise ValueError(
-        f"no model found at {path}: expected a .tflite, .onnx or .keras file or a SavedModel"
-    )
-
-
-class UnusableModelError(ConfigError):
-    """The model to benchmark does not exist, is not registered, or cannot be run."""
-
-
-def check_model_reference(model: str, tracking_uri: str) -> None:
-    """Refuse a reference that names nothing, before any flow runs; the model is not opened.
-
-    A ``models:/`` URI must name a registered model and an existing version or alias; a path
-    must hold a model file or folder tfopt recognizes.
-
-    Raises:
-        UnusableModelError: Naming the reference and what is missing.
-    """
-    if model.startswith("runs:/"):
-        _check_run_reference(model, tracking_uri)
-        return
-    match = _MODEL_URI.match(model)
-    if not match:
-        if not model.startswith("models:/"):
-            try:
-                model_format, path = detect_format(Path(model))
-            except ValueError as error:
-                raise UnusableModelError(f"model: {error}") from error
-            _probe_in_a_subprocess(model_format, path)
-            return
-        raise UnusableModelError(
-            f"model: {model} is not models:/<name>@<alias> or models:/<name>/<version>")
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    try:
-        if match["alias"]:
-            client.get_model_version_by_alias(match["name"], match["alias"])
-        else:
-            client.get_model_version(match["name"], match["version"])
-    except MlflowException as error:
-        what = f"alias {match['alias']!r}" if match["alias"] else f"version {match['version']}"
-        raise UnusableModelError(
-            f"model: {model}: the registry at {tracking_uri} has no registered model "
-            f"{match['name']!r} with {what} ({error.error_code})") from error
-
-
-def _check_run_reference(model: str, tracking_uri: str) -> None:
-    """Refuse a ``runs:/`` URI whose run or artifact does not exist.
-
-    Raises:
-        UnusableModelError: Naming what is missing.
-    """
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    match = _RUN_URI.match(model)
-    if not match:
-        raise UnusableModelError(f"model: {model} is not runs:/<32-hex run id>/<artifact path>")
-    client = MlflowClient(tracking_uri)
-    try:
-        client.get_run(match["run_id"])
-    except MlflowException as error:
-        raise UnusableModelError(f"model: {model}: the tracking server at {tracking_uri} has no "
-                                 f"run {match['run_id']} ({error.error_code})") from error
-    path = match["path"].rstrip("/")
-    parent = path.rsplit("/", 1)[0] if "/" in path else None
-    if path not in {a.path for a in client.list_artifacts(match["run_id"], parent)}:
-        raise UnusableModelError(f"model: {model}: run {match['run_id']} has no artifact {path}")
-
-
-def _probe_in_a_subprocess(model_format: str, path: Path) -> None:
-    """Open a local model file with its runner in a separate process (never in this one).
-
-    Raises:
-        UnusableModelError: The runner cannot open it, with the runtime's last message.
-    """
-    script = ("import sys, tfopt; from pathlib import Path; from tasks.runners import load_runner;"
-              " from tfopt.artifacts import VariantSpec;"
-              " load_runner(VariantSpec(name='probe', source='probe', format=sys.argv[1],"
-              " precision='fp32', path=Path(sys.argv[2])))")
-    done = subprocess.run([sys.executable, "-c", script, model_format, str(path)],
-                          capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).resolve().parents[1])
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise UnusableModelError(f"model: {path} cannot be opened as {model_format}: "
-                                 f"{lines[-1][:300] if lines else done.returncode}")
 
 
 @task(
@@ -159,44 +38,4 @@ def resolve_model(
     Raises:
         ValueError: The reference matches no model.
     """
-    if model.startswith("runs:/") and not _RUN_URI.match(model):
-        raise ValueError(f"model: {model} is not runs:/<32-hex run id>/<artifact path>")
-    params: dict[str, str] = {}
-    match = _MODEL_URI.match(model)
-    if match:
-        import mlflow.artifacts
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri)
-        name = match["name"]
-        version = (client.get_model_version_by_alias(name, match["alias"]) if match["alias"]
-                   else client.get_model_version(name, match["version"]))
-        target = download_dir / f"{name}-v{version.version}"
-        local = Path(mlflow.artifacts.download_artifacts(
-            artifact_uri=version.source, dst_path=str(target), tracking_uri=tracking_uri))
-        if version.run_id:
-            params = client.get_run(version.run_id).data.params
-        label = f"{name}-v{version.version}"
-    elif run_match := _RUN_URI.match(model):
-        import mlflow.artifacts
-        from mlflow.tracking import MlflowClient
-
-        run = MlflowClient(tracking_uri).get_run(run_match["run_id"])
-        label = run.data.tags.get("tfopt.variant") or run.info.run_name or run.info.run_id
-        local = Path(mlflow.artifacts.download_artifacts(
-            artifact_uri=model, dst_path=str(download_dir / label), tracking_uri=tracking_uri))
-        params = run.data.params
-    else:
-        local = Path(model)
-        if not local.exists():
-            raise ValueError(f"model: {model} is neither a models:/ URI nor an existing path")
-        label = local.stem if local.is_file() else local.name
-    detected, path = detect_format(local)
-    if detected in ("graph", "keras") and params.get("format") == "xla":
-        detected = "xla"  # an XLA variant's file is its Keras model; its run says XLA
-    chosen_format = detected if fmt == "auto" else fmt
-    chosen_precision = params.get("precision", "fp32") if precision == "auto" else precision
-    runner = {key.removeprefix("runner."): value for key, value in params.items()
-              if key.startswith("runner.")}
-    return VariantSpec(name=label, source=label, format=chosen_format,
-                       precision=chosen_precision, path=path, params={"model": model, **runner})
+    return resolve_reference(model, fmt, precision, tracking_uri, download_dir)

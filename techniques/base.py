@@ -1,8 +1,9 @@
 """The technique contract: what every compression technique declares, in one place.
 
-A technique module defines a Prefect task ``(model, cfg, data, out_dir) -> ModelArtifact`` that
-never changes its input model, and a module-level ``TECHNIQUE = Technique(...)`` naming its
-config section, the model kinds it accepts and the variants its model yields.
+A technique module defines its config section (a `TechniqueSection`), a Prefect task
+``(model, cfg, data, out_dir) -> ModelArtifact`` that never changes its input model, and a
+module-level ``TECHNIQUE = Technique(...)`` naming its section, the model kinds it accepts,
+the model it continues from, and the forms its model asks the runtimes for.
 """
 
 from __future__ import annotations
@@ -14,15 +15,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prefect import Task
+from pydantic import Field
 
-from tfopt.artifacts import ModelArtifact, Precision, VariantFormat, VariantSpec
-from tfopt.config import TechniqueSection
-from tfopt.variants import plan_variant, variant_name
+from tfopt.artifacts import ModelArtifact, ModelFormat, Precision, VariantSpec
+from tfopt.config import Section
+from tfopt.runtimes import plan_forms
+from tfopt.runtimes.base import PlanRequest
 
 if TYPE_CHECKING:
-    from tasks.training import Fitted
+    from tfopt.models.training import Fitted
 
-KERAS_ONLY: frozenset[VariantFormat] = frozenset({"keras"})
+KERAS_ONLY: frozenset[str] = frozenset({"keras"})
+
+
+class TechniqueSection(Section):
+    """A compression technique's own settings (one section under ``compress`` per technique).
+
+    Each technique module declares its section; the registry assembles ``compress`` from them.
+    """
+
+    enabled: bool = Field(True, description="Apply this technique to the baseline.")
 
 
 def is_layer_graph(model: object) -> bool:
@@ -42,14 +54,14 @@ def kernels(model: object) -> Iterator[tuple[str, np.ndarray]]:
 
 def derived_model(
     model: ModelArtifact, name: str, path: Path, fitted: Fitted, *,
-    params: dict[str, Any], metrics: dict[str, float], fmt: VariantFormat = "keras",
+    params: dict[str, Any], metrics: dict[str, float], fmt: ModelFormat = "keras",
 ) -> ModelArtifact:
     """The model a technique made from `model`: the same input, classes and scaling.
 
     Its training's curves become its history; the epoch it kept and the reader settings it
     trained with join `params`.
     """
-    from tasks.training import kept_epoch
+    from tfopt.models.training import kept_epoch
 
     return ModelArtifact(
         name=name, path=path, format=fmt, image_size=model.image_size,
@@ -74,7 +86,8 @@ class Technique:
 
     Attributes:
         name: Its section under ``compress`` in the config (``compress.<name>``).
-        section: That section's class: the technique's own epochs, learning rate, settings.
+        section: That section's class, declared in the technique's module: its own epochs,
+            learning rate, settings.
         accepts: The model kinds (a `ModelArtifact`'s format) it can work on.
         source_name: The name of the model it makes, from its settings (``pruned-80``); its
             variants are named after it.
@@ -88,12 +101,12 @@ class Technique:
         starts_from: The technique whose model it continues from (``prune`` for
             pruning-preserving QAT), whose section must then be enabled; None: the baseline.
             A function of its settings when they decide (sparsity-preserving clustering
-            continues from the pruned model).
+            continues from the pruned model). The run order follows from it.
     """
 
     name: str
     section: type[TechniqueSection]
-    accepts: frozenset[VariantFormat]
+    accepts: frozenset[str]
     source_name: Callable[[Any], str]
     apply: Task
     yields_graph: bool = True
@@ -105,27 +118,24 @@ class Technique:
         """The technique whose model it continues from with settings `cfg` (None: baseline)."""
         return self.starts_from(cfg) if callable(self.starts_from) else self.starts_from
 
-    def variants(
-        self, cfg: TechniqueSection, tflite: list[Precision], start: str, *, graph: bool = True
-    ) -> list[VariantSpec]:
-        """The variants it yields from the model named `start` (not built yet).
+    def request(self, cfg: TechniqueSection, compress: Any, start: str) -> PlanRequest:
+        """What its model asks the runtimes for: its graph and TFLite forms.
 
-        Each is derived from the same form of that model (``pruned-80-tflite-int8`` from
-        ``baseline-tflite-int8``): that is what its speed and size are judged against. `graph`
-        False leaves out its TensorFlow graph form (``compress.graph``).
+        Each form derives from the same form of the model named `start` (``pruned-80-tflite-
+        int8`` from ``baseline-tflite-int8``): that is what its speed and size are judged
+        against. ``compress.graph`` false leaves out the graph form.
         """
-        forms: list[tuple[VariantFormat, Precision]] = (
-            [("graph", "fp32")] if self.yields_graph and graph else [])
-        forms += [("tflite", p) for p in (self.tflite if self.tflite is not None else tflite)]
-        source = self.source_name(cfg)
-        planned = [plan_variant(source, fmt, precision,
-                                derived_from=variant_name(start, fmt, precision))
-                   for fmt, precision in forms]
-        if self.sparse_tflite and ("tflite", "fp32") in forms:
-            planned.append(plan_variant(source, "tflite", form="tflite-sparse",
-                                        derived_from=variant_name(source, "tflite", "fp32"),
-                                        params={"sparsity_encoding": True}))
-        return planned
+        asked: dict[str, tuple[str, ...]] = {
+            "tflite": tuple(self.tflite if self.tflite is not None else compress.tflite)}
+        if self.yields_graph and compress.graph:
+            asked["graph"] = ("fp32",)
+        return PlanRequest(source=self.source_name(cfg),
+                           kind="keras" if self.yields_graph else "savedmodel", start=start,
+                           asked=asked, sparse=self.sparse_tflite)
+
+    def variants(self, cfg: TechniqueSection, config: Any, start: str) -> list[VariantSpec]:
+        """The variants it yields from the model named `start` (not built yet)."""
+        return plan_forms(self.request(cfg, config.compress, start), config)
 
     def refusal(self, model: ModelArtifact) -> str | None:
         """Why it cannot work on `model`, or None when it can."""

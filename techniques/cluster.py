@@ -13,22 +13,45 @@ from pathlib import Path
 import numpy as np
 import tf_keras as keras
 from prefect import task
+from pydantic import Field
 
-from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
-from tasks.training import Fitted, evaluate_test_accuracy, fit
 from techniques.base import (
     KERAS_ONLY,
     NotApplicable,
     Technique,
+    TechniqueSection,
     derived_model,
     is_layer_graph,
     kernels,
 )
 from techniques.prune import overall_sparsity
 from tfopt.artifacts import ModelArtifact, TrainingData
-from tfopt.config import ClusterConfig
 from tfopt.fileio import gzip_size_bytes
 from tfopt.logs import step_logger
+from tfopt.models.keras_io import copy_model, keras_model_path, load_keras_model, save_keras_model
+from tfopt.models.training import Fitted, evaluate_test_accuracy, fit
+
+
+class ClusterConfig(TechniqueSection):
+    """Weight clustering (tfmot ``cluster_weights``, k-means++ centroids), fine-tune, strip."""
+
+    enabled: bool = Field(
+        False, description="Cluster the baseline's weights (off unless asked: it adds a model).")
+    clusters: int = Field(
+        16, ge=2, le=256,
+        description="Distinct values per clustered layer's weights (16: 4-bit indices).")
+    preserve_sparsity: bool = Field(
+        False,
+        description=(
+            "Cluster the pruned model (compress.prune) and keep its zeros (tfmot's "
+            "sparsity-preserving clustering): pruned-clustered-<clusters>; compress.cqat on it "
+            "is then PCQAT."
+        ),
+    )
+    epochs: int = Field(3, ge=1, le=1000, description="Fine-tuning epochs of the centroids.")
+    learning_rate: float = Field(
+        2e-4, gt=0.0, le=1.0, description="Adam learning rate of the clustering fine-tuning."
+    )
 
 
 def clustered_name(cfg: ClusterConfig) -> str:

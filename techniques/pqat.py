@@ -9,11 +9,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
+from pydantic import Field
 
 from techniques.base import KERAS_ONLY, Technique
-from techniques.qat import train_quantization_aware
+from techniques.qat import QatConfig, train_quantization_aware
 from tfopt.artifacts import ModelArtifact, TrainingData
-from tfopt.config import PqatConfig
+
+
+class PqatConfig(QatConfig):
+    """Pruning-preserving QAT of the pruned model (``Default8BitPrunePreserveQuantizeScheme``)."""
+
+    enabled: bool = Field(
+        False, description="Quantization-aware fine-tuning of the pruned model that keeps its "
+                           "zeros (needs compress.prune).")
 
 SOURCE_NAME = "pqat"
 

@@ -4,31 +4,64 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import tf_keras as keras
 from prefect import task
+from pydantic import Field
 
-from tasks.keras_models import copy_model, keras_model_path, load_keras_model, save_keras_model
-from tasks.training import (
+from techniques.base import (
+    KERAS_ONLY,
+    NotApplicable,
+    Technique,
+    TechniqueSection,
+    derived_model,
+    is_layer_graph,
+    kernels,
+)
+from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.fileio import gzip_size_bytes
+from tfopt.logs import step_logger
+from tfopt.models.keras_io import copy_model, keras_model_path, load_keras_model, save_keras_model
+from tfopt.models.training import (
     Fitted,
     KeepBestWeights,
     evaluate_test_accuracy,
     fit,
     steps_per_epoch,
 )
-from techniques.base import (
-    KERAS_ONLY,
-    NotApplicable,
-    Technique,
-    derived_model,
-    is_layer_graph,
-    kernels,
-)
-from tfopt.artifacts import ModelArtifact, TrainingData
-from tfopt.config import PruneConfig
-from tfopt.fileio import gzip_size_bytes
-from tfopt.logs import step_logger
+
+
+class PruneConfig(TechniqueSection):
+    """Magnitude pruning (tfmot ``prune_low_magnitude``), fine-tuning, then stripping."""
+
+    target_sparsity: float = Field(
+        0.8, ge=0.05, le=0.95, description="Share of prunable weights set to zero."
+    )
+    structured_2_4: bool = Field(
+        False,
+        description="Prune 2 of every 4 weights (2:4 structured sparsity, 50%) instead of "
+                    "ramping to target_sparsity.",
+    )
+    policy: Literal["all", "xnnpack_latency"] = Field(
+        "all",
+        description=(
+            "Which layers to prune: all (every layer tfmot can prune) or xnnpack_latency "
+            "(tfmot's PruneForLatencyOnXNNPack: only the 1x1 convolutions XNNPACK's sparse "
+            "kernels run, on models laid out as XNNPACK's sparse inference needs: a "
+            "ZeroPadding2D + 3x3 stride-2 VALID Conv2D on the 3-channel input, a "
+            "GlobalAveragePooling2D(keepdims=True) at the end; other models are skipped with "
+            "tfmot's reason)."
+        ),
+    )
+    epochs: int = Field(
+        10, ge=1, le=1000,
+        description="Fine-tuning epochs while pruning: the ramp to the target takes the first "
+                    "70%; the best validation epoch after it is kept.")
+    learning_rate: float = Field(
+        5e-4, gt=0.0, le=1.0, description="Adam learning rate of the pruning fine-tuning."
+    )
 
 _TWO_OF_FOUR = 0.5
 

@@ -12,14 +12,30 @@ from pathlib import Path
 
 import tf_keras as keras
 from prefect import task
+from pydantic import Field
 
-from tasks.export_savedmodel import save_serving_savedmodel
-from tasks.keras_models import copy_model, load_keras_model
-from tasks.training import evaluate_test_accuracy, fit
-from techniques.base import KERAS_ONLY, NotApplicable, Technique, derived_model, is_layer_graph
+from techniques.base import (
+    KERAS_ONLY,
+    NotApplicable,
+    Technique,
+    TechniqueSection,
+    derived_model,
+    is_layer_graph,
+)
 from tfopt.artifacts import ModelArtifact, TrainingData
-from tfopt.config import QatConfig
 from tfopt.logs import step_logger
+from tfopt.models.keras_io import copy_model, load_keras_model
+from tfopt.models.training import evaluate_test_accuracy, fit
+from tfopt.runtimes.tensorflow import save_serving_savedmodel
+
+
+class QatConfig(TechniqueSection):
+    """Quantization-aware fine-tuning (tfmot ``quantize_model``), then int8 TFLite."""
+
+    epochs: int = Field(2, ge=1, le=1000, description="Quantization-aware fine-tuning epochs.")
+    learning_rate: float = Field(
+        5e-4, gt=0.0, le=1.0, description="Adam learning rate of the QAT fine-tuning."
+    )
 
 SOURCE_NAME = "qat"
 DEFAULT_SCHEME = "Default8BitQuantizeScheme"

@@ -3,26 +3,42 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from tasks.convert_tflite import convert_tflite
-from tasks.export_onnx import export_onnx
+from tasks.build_variant import build_variant
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, Precision, TrainingData, VariantSpec
-from tfopt.config import ConvertConfig, InputConfig
+from tfopt.config import InputConfig
+from tfopt.runtimes.base import BuildSources
 from tfopt.variants import plan_variant
 
 
+def sources_for(savedmodel: ModelArtifact, dataset: DatasetArtifact, out_dir: Path,
+                cfg: Any = None, built: dict[str, VariantSpec] | None = None,
+                budget_points: float = 1.0, threads: int = 1) -> BuildSources:
+    """What the runtimes convert `savedmodel`'s variants from, as a flow hands it over."""
+    return BuildSources(model=savedmodel, savedmodel=savedmodel, dataset=dataset,
+                        out_dir=out_dir, built=built or {},
+                        calibration_examples=getattr(cfg, "calibration_examples", 200),
+                        accuracy_budget_points=budget_points, threads=threads)
+
+
+def build(spec: VariantSpec, savedmodel: ModelArtifact, dataset: DatasetArtifact, cfg: Any,
+          out_dir: Path, **sources: Any) -> VariantSpec:
+    """``build_variant`` of a planned variant of `savedmodel`, with `cfg` as its settings."""
+    return build_variant.fn(spec, sources_for(savedmodel, dataset, out_dir, cfg, **sources), cfg)
+
+
 def to_tflite(savedmodel: ModelArtifact, precision: Precision, dataset: DatasetArtifact,
-              cfg: ConvertConfig, out_dir: Path) -> VariantSpec:
-    """``convert_tflite`` of the planned ``<source>-tflite-<precision>`` variant."""
-    return convert_tflite.fn(savedmodel, plan_variant(savedmodel.name, "tflite", precision),
-                             dataset, cfg, out_dir)
+              cfg: Any, out_dir: Path) -> VariantSpec:
+    """The planned ``<source>-tflite-<precision>`` variant, built."""
+    return build(plan_variant(savedmodel.name, "tflite", precision), savedmodel, dataset, cfg,
+                 out_dir)
 
 
-def to_onnx(savedmodel: ModelArtifact, dataset: DatasetArtifact, cfg: ConvertConfig,
+def to_onnx(savedmodel: ModelArtifact, dataset: DatasetArtifact, cfg: Any,
             out_dir: Path) -> VariantSpec:
-    """``export_onnx`` of the planned ``<source>-onnx`` variant."""
-    return export_onnx.fn(savedmodel, plan_variant(savedmodel.name, "onnx"), dataset, cfg,
-                          out_dir)
+    """The planned ``<source>-onnx`` variant, exported and checked."""
+    return build(plan_variant(savedmodel.name, "onnx"), savedmodel, dataset, cfg, out_dir)
 
 
 def training_data(dataset: DatasetArtifact, batch_size: int = 16, seed: int = 0,

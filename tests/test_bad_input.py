@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tasks.write_tfrecords import NoUsableDataError, write_tfrecords
+from flows.parameters import load_pipeline_config
+from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tfopt.cli import main
-from tfopt.config import ConfigError, DataConfig, check_paths, load_config
+from tfopt.config import ConfigError, DataConfig, check_paths
+from tfopt.data.sources import NoUsableDataError
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -53,7 +55,7 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
 def test_bad_input_parameters_are_refused_naming_field_and_allowed_values(override, field,
                                                                          allowed):
     with pytest.raises(ConfigError) as caught:
-        load_config(SMOKE, override)
+        load_pipeline_config(SMOKE, override)
     message = str(caught.value)
     assert f"  {field}:" in message and allowed in message, message
 
@@ -68,7 +70,7 @@ def test_bad_input_missing_data_folder_is_refused_before_any_work(tmp_path, caps
 
 def test_bad_input_unwritable_work_folder_is_refused(tmp_path):
     (tmp_path / "a-file").write_text("not a folder")
-    config = load_config(SMOKE, {"data.source_dir": str(tmp_path),
+    config = load_pipeline_config(SMOKE, {"data.source_dir": str(tmp_path),
                                  "work_dir": str(tmp_path / "a-file" / "work")})
     with pytest.raises(ConfigError, match="work_dir"):
         check_paths(config)

@@ -4,14 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from tfopt.config import ConfigError, PipelineConfig, load_config
+from flows.parameters import PipelineConfig, load_pipeline_config
+from tfopt.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("name", ["demo", "smoke"])
 def test_shipped_configs_validate(name):
-    config = load_config(ROOT / "configs" / f"{name}.yaml")
+    config = load_pipeline_config(ROOT / "configs" / f"{name}.yaml")
     assert config.name == name
 
 
@@ -40,16 +41,16 @@ def test_every_field_has_a_description_and_a_default():
 )
 def test_bad_values_are_refused_naming_the_field(override, field):
     with pytest.raises(ConfigError) as caught:
-        load_config(ROOT / "configs" / "smoke.yaml", override)
+        load_pipeline_config(ROOT / "configs" / "smoke.yaml", override)
     assert field in str(caught.value)
 
 
 def test_unreadable_or_non_mapping_config(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
-        load_config(tmp_path / "nope.yaml")
+        load_pipeline_config(tmp_path / "nope.yaml")
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
-        load_config(tmp_path / "list.yaml")
+        load_pipeline_config(tmp_path / "list.yaml")
 
 
 @pytest.mark.parametrize(
@@ -63,20 +64,32 @@ def test_unreadable_or_non_mapping_config(tmp_path):
 )
 def test_old_compress_keys_are_refused_naming_the_new_ones(old, new):
     with pytest.raises(ConfigError) as caught:
-        load_config(ROOT / "configs" / "smoke.yaml", old)
+        load_pipeline_config(ROOT / "configs" / "smoke.yaml", old)
     assert new in str(caught.value), caught.value
 
 
+def test_techniques_run_after_the_technique_they_continue_from():
+    from techniques import registry
+
+    order = [name for name, _ in PipelineConfig().compress.techniques()]
+    assert order == list(registry())
+    for name, technique in registry().items():
+        settings = technique.section()
+        for flipped in (settings, *(settings.model_copy(update={field: True})
+                                    for field, info in type(settings).model_fields.items()
+                                    if info.annotation in (bool, "bool"))):
+            base = technique.base_of(flipped)
+            assert base is None or order.index(base) < order.index(name), (name, base)
+
+
 def test_each_technique_has_its_own_budget():
-    compress = load_config(ROOT / "configs" / "demo.yaml").compress
-    assert [name for name, _ in compress.techniques()] == ["prune", "cluster", "distill", "qat",
-                                                        "pqat", "cqat"]
+    compress = load_pipeline_config(ROOT / "configs" / "demo.yaml").compress
     assert compress.distill.learning_rate == 2e-3 and compress.prune.learning_rate == 5e-4
     assert compress.prune.epochs == 10 and compress.qat.epochs == 2
 
 
 def test_parameters_without_a_file_validate_into_any_flow_schema():
-    from tfopt.config import BenchmarkOnlyConfig
+    from flows.parameters import BenchmarkOnlyConfig
 
     config = load_config(None, {"model": "m.tflite", "benchmark.threads": 1},
                          BenchmarkOnlyConfig)

@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from tasks.prepare_benchmark_inputs import read_inputs_index, write_inputs_index
+from flows.parameters import BenchmarkOnlyConfig
 from tfopt.artifacts import BenchmarkInputs
-from tfopt.config import BenchmarkConfig, BenchmarkOnlyConfig, ConfigError
+from tfopt.config import BenchmarkConfig, ConfigError
 from tfopt.machines import MACHINE_BENCHMARK_ENV, machine_protocol, machine_settings
+from tfopt.measurement.inputs import read_inputs_index, write_inputs_index
 
 
 def test_a_workers_settings_apply_on_top_of_the_pipelines_protocol(monkeypatch):

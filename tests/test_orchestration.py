@@ -6,9 +6,10 @@ import os
 
 from prefect.states import Completed, Failed
 
-from tasks.write_tfrecords import preprocessing_cache_key, source_fingerprint
+from tasks.write_tfrecords import preprocessing_cache_key
 from tests.conftest import write_digit_folder
 from tfopt.config import DataConfig
+from tfopt.data.sources import source_fingerprint
 from tfopt.orchestration import StepProgress, TransientError, retry_if_transient
 
 

@@ -86,14 +86,23 @@ def _parse_overrides(pairs: list[str]) -> dict[str, object]:
     return overrides
 
 
-def _connect_services() -> tuple[str, str]:
-    """Check both servers answer, point this process at them, return their addresses."""
+def _point_at_services() -> None:
+    """Point this process at the configured servers before anything imports Prefect.
+
+    Prefect reads ``PREFECT_API_URL`` once, when it is first imported (loading a config
+    imports the techniques, which define Prefect tasks); set later, a flow would run on a
+    temporary in-process server instead.
+    """
     from tfopt.provenance import mlflow_tracking_uri, prefect_api_url
 
-    api_url, tracking_uri = prefect_api_url(), mlflow_tracking_uri()
+    os.environ["PREFECT_API_URL"] = prefect_api_url()
+    os.environ["MLFLOW_TRACKING_URI"] = mlflow_tracking_uri()
+
+
+def _connect_services() -> tuple[str, str]:
+    """Check both servers answer; return their addresses (set by `_point_at_services`)."""
+    api_url, tracking_uri = os.environ["PREFECT_API_URL"], os.environ["MLFLOW_TRACKING_URI"]
     require_services(api_url, tracking_uri)
-    os.environ["PREFECT_API_URL"] = api_url
-    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
     return api_url, tracking_uri
 
 
@@ -149,7 +158,7 @@ def _run_flow(flow_call: Callable[[], dict], api_url: str) -> dict:
 def _report(summary: dict, summary_json: Path | None) -> None:
     """Write the summary JSON if asked and print the variants table."""
     from tfopt.fileio import atomic_write_json
-    from tfopt.summary import summary_table
+    from tfopt.report.summary import summary_table
 
     if summary_json:
         atomic_write_json(summary_json, summary)
@@ -159,7 +168,9 @@ def _report(summary: dict, summary_json: Path | None) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     import json
 
-    config = load_config(args.config, _parse_overrides(args.set))
+    from flows.parameters import load_pipeline_config
+
+    config = load_pipeline_config(args.config, _parse_overrides(args.set))
     if not config.data.source_dir.is_dir() and config.data.source_dir == Path("data/demo"):
         from tfopt.demo_data import write_demo_images
 
@@ -195,7 +206,7 @@ _BENCHMARK_FLAGS = {"model": "model", "format": "format", "name": "name",
 
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
-    from tfopt.config import BenchmarkOnlyConfig
+    from flows.parameters import BenchmarkOnlyConfig
 
     if args.run or args.work_pool:
         return _benchmark_on_machines(args)
@@ -211,7 +222,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         raise ConfigError(f"data.source_dir: {config.data.source_dir} is not a folder")
     api_url, tracking_uri = _connect_services()
     _reconcile_leftovers(tracking_uri)
-    from tasks.resolve_model import check_model_reference
+    from tfopt.models.references import check_model_reference
 
     check_model_reference(config.model, tracking_uri)
 
@@ -227,6 +238,7 @@ def _benchmark_on_machines(args: argparse.Namespace) -> int:
     """`tfopt benchmark --run R --work-pool P ...`: measure R's variants where P's workers are."""
     from rich.table import Table
 
+    from deployments import machines as deployed
     from tfopt import machines, tracking
 
     if not (args.run and args.work_pool):
@@ -234,10 +246,10 @@ def _benchmark_on_machines(args: argparse.Namespace) -> int:
                           "to measure, and the work pool(s) of the machines to measure them on")
     _, tracking_uri = _connect_services()
     variants = machines.variants_to_measure(tracking_uri, args.run, args.variant)
-    submitted = machines.submit(args.run, variants, args.work_pool, args.work_dir, args.source)
+    submitted = deployed.submit(args.run, variants, args.work_pool, args.work_dir, args.source)
     console.print(f"{len(submitted)} benchmark_model flow runs submitted: {len(variants)} "
                   f"variants x {', '.join(args.work_pool)}; waiting for the workers ...")
-    states = machines.wait_for(submitted, args.timeout)
+    states = deployed.wait_for(submitted, args.timeout)
     for item in submitted:
         if states[item.flow_run_id] != "Completed":
             console.print(f"{item.variant} on {item.pool}: {states[item.flow_run_id]} (flow run "
@@ -374,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tfopt` console script."""
     args = build_parser().parse_args(argv)
+    _point_at_services()
     try:
         return args.handler(args)
     except PrefectUnavailableError as error:

@@ -24,7 +24,9 @@ from pydantic import (
 )
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A config section: frozen, unknown keys refused, booleans never taken for numbers."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @field_validator("*", mode="before")
@@ -51,7 +53,7 @@ def run_name_field(default: str) -> Any:
     )
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     """Where the labelled data comes from and how it is split and sharded."""
 
     source_dir: Path = Field(
@@ -108,36 +110,42 @@ class DataConfig(_Section):
 
 _BUILDER_PATTERN = r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$"
 InputScale = Literal["unit", "symmetric", "raw"]
-ModelKind = Literal["keras", "savedmodel", "tflite", "onnx"]
-TflitePrecision = Literal["fp32", "dynamic", "float16", "int8", "int16x8"]
-_MODEL_FILE_SUFFIXES: dict[str, ModelKind] = {
-    ".keras": "keras", ".h5": "keras", ".tflite": "tflite", ".onnx": "onnx"}
+KERAS_SUFFIXES = (".keras", ".h5")
+"""Files tfopt reads as tf_keras models."""
 
 
-def model_kind(path: Path) -> ModelKind:
-    """The kind of model file or folder at `path`.
+def model_kind(path: Path) -> str:
+    """The kind of model file or folder at `path`: ``keras``, ``savedmodel`` or a runtime's format.
 
-    A folder is a SavedModel: a tf_keras one when it holds Keras metadata, else a plain one.
+    A folder is a SavedModel: a tf_keras one when it holds Keras metadata, else a plain one. A
+    file is a Keras model by its suffix, or a file some runtime measures as it is (``.tflite``,
+    ``.onnx``: `tfopt.runtimes.file_suffixes`).
 
     Raises:
         ValueError: Not a model file tfopt reads.
     """
-    if path.suffix in _MODEL_FILE_SUFFIXES:
-        return _MODEL_FILE_SUFFIXES[path.suffix]
+    from tfopt.runtimes import file_suffixes
+
+    suffixes = file_suffixes()
+    if path.suffix in KERAS_SUFFIXES:
+        return "keras"
+    if path.suffix in suffixes:
+        return suffixes[path.suffix]
     if path.suffix == "" or path.is_dir():
         return "keras" if (path / "keras_metadata.pb").is_file() else "savedmodel"
-    raise ValueError(
-        f"model.path: {path} is not a .keras, .h5, .tflite or .onnx file or a SavedModel folder")
+    known = [*KERAS_SUFFIXES, *suffixes]
+    listed = f"{', '.join(known[:-1])} or {known[-1]}"
+    raise ValueError(f"model.path: {path} is not a {listed} file or a SavedModel folder")
 
 
 APPLICATION_ARCHITECTURES = ("mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
                              "efficientnet_b0", "resnet50")
-"""The zoo networks tasks/model_zoo.py builds from tf_keras.applications."""
+"""The zoo networks tfopt/models/zoo.py builds from tf_keras.applications."""
 Architecture = Literal["small_cnn", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
                        "efficientnet_b0", "resnet50"]
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """Which model is the baseline: a zoo network, the user's trained file, or the user's code."""
 
     source: Literal["zoo", "file", "builder"] = Field(
@@ -193,7 +201,7 @@ class ModelConfig(_Section):
     )
 
     @property
-    def kind(self) -> ModelKind:
+    def kind(self) -> str:
         """The kind of model the baseline is (a zoo network or a builder's is a Keras model)."""
         return model_kind(self.path) if self.source == "file" and self.path else "keras"
 
@@ -215,7 +223,7 @@ class ModelConfig(_Section):
         return self
 
 
-class TrainConfig(_Section):
+class TrainConfig(Section):
     """How the baseline is trained."""
 
     epochs: int = Field(
@@ -251,72 +259,7 @@ class TrainConfig(_Section):
     )
 
 
-class ConvertConfig(_Section):
-    """Which converted and compiled forms of each model to build and benchmark."""
-
-    tflite: list[TflitePrecision] = Field(
-        default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
-        description=(
-            "TFLite post-training precisions: fp32 (none), dynamic (int8 weights, float "
-            "activations), float16 (float16 weights), int8 (full integer, calibrated), "
-            "int16x8 (int16 activations, int8 weights, calibrated: closer to float than int8, "
-            "on reference kernels)."
-        ),
-    )
-    calibration_examples: int = Field(
-        200, ge=1, le=100_000,
-        description="Training examples fed to the int8 converter to calibrate activation ranges.",
-    )
-    int8_io: bool = Field(
-        False, description="Full-integer models take int8 input and give int8 output (else float)."
-    )
-    xla: list[Literal["jit_compile", "autocluster"]] = Field(
-        default_factory=lambda: ["jit_compile", "autocluster"],
-        description=(
-            "XLA variants: a tf.function with jit_compile=True, and TensorFlow's auto-clustering "
-            "(--tf_xla_auto_jit=2)."
-        ),
-    )
-    selective_int8: bool = Field(
-        True,
-        description=(
-            "When full int8 loses more than benchmark.accuracy_budget_points on the validation "
-            "split, keep the layers that quantize worst (QuantizationDebugger) in float, one at "
-            "a time, until it is within budget: the variant <source>-tflite-selective-int8."
-        ),
-    )
-    selective_max_float_layers: int = Field(
-        8, ge=1, le=1000, description="The most layers selective int8 may keep in float.")
-    bfloat16: bool = Field(
-        True,
-        description=(
-            "A bfloat16 form of the Keras graph (oneDNN's automatic bfloat16 mixed precision, "
-            "measured in its own process) where the CPU has bf16 instructions (AVX512-BF16, "
-            "AMX-BF16); skipped with the reason elsewhere."
-        ),
-    )
-    dump_hlo: bool = Field(False, description="Save the jit-compiled model's HLO as an artifact.")
-    onnx: bool = Field(True, description="Export ONNX with tf2onnx and benchmark ONNX Runtime.")
-    onnx_opset: int = Field(17, ge=17, le=21, description="ONNX opset for the export.")
-    onnx_quantize: list[Literal["dynamic", "int8"]] = Field(
-        default_factory=lambda: ["dynamic", "int8"],
-        description=(
-            "ONNX Runtime's own quantization of the exported model: dynamic "
-            "(quantize_dynamic, int8 weights) and int8 (quantize_static, QDQ, uint8 "
-            "activations and per-channel int8 weights, calibrated on the same "
-            "calibration_examples as TFLite's int8)."
-        ),
-    )
-    onnx_atol: float = Field(
-        1e-4, gt=0.0, le=1.0,
-        description="Largest allowed |ONNX - SavedModel| probability difference on test inputs.",
-    )
-    tensorrt_max_batch: int = Field(
-        32, ge=1, le=4096, description="Max batch in the TensorRT (trtexec) shape profile."
-    )
-
-
-class InputConfig(_Section):
+class InputConfig(Section):
     """The tuned tf.data pipeline and the measurements that tune it."""
 
     cache_budget_mb: float = Field(
@@ -368,199 +311,7 @@ class InputConfig(_Section):
     )
 
 
-class TechniqueSection(_Section):
-    """A compression technique's own settings (one section under ``compress`` per technique).
-
-    Each technique module in ``techniques/`` names its section; the registry pairs them.
-    """
-
-    enabled: bool = Field(True, description="Apply this technique to the baseline.")
-
-
-class PruneConfig(TechniqueSection):
-    """Magnitude pruning (tfmot ``prune_low_magnitude``), fine-tuning, then stripping."""
-
-    target_sparsity: float = Field(
-        0.8, ge=0.05, le=0.95, description="Share of prunable weights set to zero."
-    )
-    structured_2_4: bool = Field(
-        False,
-        description="Prune 2 of every 4 weights (2:4 structured sparsity, 50%) instead of "
-                    "ramping to target_sparsity.",
-    )
-    policy: Literal["all", "xnnpack_latency"] = Field(
-        "all",
-        description=(
-            "Which layers to prune: all (every layer tfmot can prune) or xnnpack_latency "
-            "(tfmot's PruneForLatencyOnXNNPack: only the 1x1 convolutions XNNPACK's sparse "
-            "kernels run, on models laid out as XNNPACK's sparse inference needs: a "
-            "ZeroPadding2D + 3x3 stride-2 VALID Conv2D on the 3-channel input, a "
-            "GlobalAveragePooling2D(keepdims=True) at the end; other models are skipped with "
-            "tfmot's reason)."
-        ),
-    )
-    epochs: int = Field(
-        10, ge=1, le=1000,
-        description="Fine-tuning epochs while pruning: the ramp to the target takes the first "
-                    "70%; the best validation epoch after it is kept.")
-    learning_rate: float = Field(
-        5e-4, gt=0.0, le=1.0, description="Adam learning rate of the pruning fine-tuning."
-    )
-
-
-class ClusterConfig(TechniqueSection):
-    """Weight clustering (tfmot ``cluster_weights``, k-means++ centroids), fine-tune, strip."""
-
-    enabled: bool = Field(
-        False, description="Cluster the baseline's weights (off unless asked: it adds a model).")
-    clusters: int = Field(
-        16, ge=2, le=256,
-        description="Distinct values per clustered layer's weights (16: 4-bit indices).")
-    preserve_sparsity: bool = Field(
-        False,
-        description=(
-            "Cluster the pruned model (compress.prune) and keep its zeros (tfmot's "
-            "sparsity-preserving clustering): pruned-clustered-<clusters>; compress.cqat on it "
-            "is then PCQAT."
-        ),
-    )
-    epochs: int = Field(3, ge=1, le=1000, description="Fine-tuning epochs of the centroids.")
-    learning_rate: float = Field(
-        2e-4, gt=0.0, le=1.0, description="Adam learning rate of the clustering fine-tuning."
-    )
-
-
-class DistillConfig(TechniqueSection):
-    """Knowledge distillation into a small student; the same student from scratch is its control."""
-
-    student_width: int = Field(
-        8, ge=4, le=256, description="Filters in the student's first layer."
-    )
-    alpha: float = Field(
-        0.5, ge=0.0, le=1.0,
-        description="Weight of the label loss; 1 - alpha weighs the teacher's softened outputs.",
-    )
-    temperature: float = Field(
-        1.0, ge=1.0, le=100.0, description="Softmax temperature of the distillation loss."
-    )
-    epochs: int = Field(10, ge=1, le=1000, description="Epochs of both students.")
-    learning_rate: float = Field(
-        2e-3, gt=0.0, le=1.0, description="Adam learning rate of both students (its start)."
-    )
-    learning_rate_schedule: Literal["cosine", "constant"] = Field(
-        "cosine",
-        description=(
-            "Both students' learning rate over their epochs: cosine (decays to zero, so both "
-            "end converged and their comparison is not decided by where the last epoch landed) "
-            "or constant."
-        ),
-    )
-    student_init: Literal["teacher", "random"] = Field(
-        "teacher",
-        description=(
-            "Where the distilled student starts: from the teacher's most important filters of "
-            "the convolutions they share by name (random where they share none; on the demo, "
-            "benchmarks/distillation.py, 5 paired seeds: +2.07 points over the control instead "
-            "of +0.18), or random like its control."
-        ),
-    )
-
-
-class QatConfig(TechniqueSection):
-    """Quantization-aware fine-tuning (tfmot ``quantize_model``), then int8 TFLite."""
-
-    epochs: int = Field(2, ge=1, le=1000, description="Quantization-aware fine-tuning epochs.")
-    learning_rate: float = Field(
-        5e-4, gt=0.0, le=1.0, description="Adam learning rate of the QAT fine-tuning."
-    )
-
-
-class PqatConfig(QatConfig):
-    """Pruning-preserving QAT of the pruned model (``Default8BitPrunePreserveQuantizeScheme``)."""
-
-    enabled: bool = Field(
-        False, description="Quantization-aware fine-tuning of the pruned model that keeps its "
-                           "zeros (needs compress.prune).")
-
-
-class CqatConfig(QatConfig):
-    """Cluster-preserving QAT of the clustered model (tfmot's cluster-preserving scheme)."""
-
-    enabled: bool = Field(
-        False, description="Quantization-aware fine-tuning of the clustered model that keeps its "
-                           "clusters (needs compress.cluster).")
-    learning_rate: float = Field(
-        2e-5, gt=0.0, le=1.0,
-        description=(
-            "Adam learning rate of the CQAT fine-tuning. Lower than QAT's: CQAT trains the "
-            "centroids, and one step moves every weight of a cluster (6 clusters on the demo, "
-            "int8 vs the baseline, 2 seeds: 5e-4 -4.3 and -7.0 points, 1e-4 0 and -0.6, 2e-5 "
-            "+1.2 and +0.6)."
-        ),
-    )
-
-
-# Keys of the flat `compress` section before techniques had sections of their own.
-_MOVED_COMPRESS_KEYS = {
-    "target_sparsity": "compress.prune.target_sparsity",
-    "structured_2_4": "compress.prune.structured_2_4",
-    "prune_epochs": "compress.prune.epochs",
-    "student_width": "compress.distill.student_width",
-    "distill_alpha": "compress.distill.alpha",
-    "temperature": "compress.distill.temperature",
-    "distill_epochs": "compress.distill.epochs",
-    "qat_epochs": "compress.qat.epochs",
-    "finetune_learning_rate": "compress.prune.learning_rate and compress.qat.learning_rate",
-}
-
-
-class CompressConfig(_Section):
-    """Model compression: one section per technique, and the TFLite forms of their models."""
-
-    prune: PruneConfig = Field(default_factory=PruneConfig, description="Pruning.")
-    cluster: ClusterConfig = Field(
-        default_factory=ClusterConfig, description="Weight clustering.")
-    distill: DistillConfig = Field(
-        default_factory=DistillConfig, description="Knowledge distillation."
-    )
-    qat: QatConfig = Field(default_factory=QatConfig, description="Quantization-aware training.")
-    pqat: PqatConfig = Field(
-        default_factory=PqatConfig, description="Pruning-preserving QAT of the pruned model.")
-    cqat: CqatConfig = Field(
-        default_factory=CqatConfig,
-        description="Cluster-preserving QAT of the clustered model.")
-    tflite: list[TflitePrecision] = Field(
-        default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
-        description="TFLite precisions built for each compressed model (QAT is always int8).",
-    )
-    graph: bool = Field(
-        default=True,
-        description="Also benchmark each compressed Keras model as a TensorFlow graph (the "
-                    "baseline's graph, SavedModel and XLA forms are measured regardless).",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_old_keys(cls, raw: Any) -> Any:
-        if not isinstance(raw, dict):
-            return raw
-        moved = [f"compress.{key} is now {_MOVED_COMPRESS_KEYS[key]}"
-                 for key in raw if key in _MOVED_COMPRESS_KEYS]
-        moved += [f"compress.{key}: {value!r} is now compress.{key}.enabled: {value!r}"
-                  for key, value in raw.items()
-                  if key in ("prune", "distill", "qat") and isinstance(value, bool)]
-        if moved:
-            raise ValueError("old compress keys: " + "; ".join(moved))
-        return raw
-
-    def techniques(self) -> list[tuple[str, TechniqueSection]]:
-        """Each technique section's name and settings, in declaration order."""
-        return [(name, getattr(self, name)) for name, field in type(self).model_fields.items()
-                if isinstance(field.annotation, type)
-                and issubclass(field.annotation, TechniqueSection)]
-
-
-class BenchmarkConfig(_Section):
+class BenchmarkConfig(Section):
     """How every variant is measured (the same protocol for all of them)."""
 
     warmup_runs: int = Field(
@@ -691,7 +442,7 @@ class BenchmarkConfig(_Section):
         return sorted(resolved)
 
 
-class ScaleConfig(_Section):
+class ScaleConfig(Section):
     """Where the TFRecord shards are written and the compression techniques run."""
 
     task_runner: Literal["sequential", "dask"] = Field(
@@ -711,7 +462,7 @@ class ScaleConfig(_Section):
     )
 
 
-class ServicesConfig(_Section):
+class ServicesConfig(Section):
     """How tfopt treats its Prefect and MLflow servers."""
 
     retry_seconds: float | None = Field(
@@ -720,112 +471,6 @@ class ServicesConfig(_Section):
             "How long a request to MLflow is retried before the run stops with an error naming "
             "the server (null: TFOPT_SERVICE_RETRY_SECONDS, else 60)."
         ),
-    )
-
-
-class PipelineConfig(_Section):
-    """All parameters of one tfopt pipeline run."""
-
-    name: str = run_name_field("demo")
-    experiment: str = Field(
-        "tfopt", min_length=1, max_length=128, description="MLflow experiment to log into."
-    )
-    work_dir: Path = Field(
-        Path(".tfopt/work"), description="Folder for TFRecords, models and reports."
-    )
-    data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="Baseline network.")
-    input: InputConfig = Field(default_factory=InputConfig, description="Input pipeline.")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="Baseline training.")
-    compress: CompressConfig = Field(
-        default_factory=CompressConfig, description="Pruning, distillation, QAT."
-    )
-    convert: ConvertConfig = Field(default_factory=ConvertConfig, description="Conversions.")
-    benchmark: BenchmarkConfig = Field(
-        default_factory=BenchmarkConfig, description="Benchmark protocol."
-    )
-    scale: ScaleConfig = Field(
-        default_factory=ScaleConfig, description="Task runner for the compression techniques."
-    )
-    services: ServicesConfig = Field(
-        default_factory=ServicesConfig, description="Waiting for the servers."
-    )
-
-    @model_validator(mode="after")
-    def _training_fits_the_model_source(self) -> PipelineConfig:
-        if self.train.epochs == 0 and self.model.source != "file":
-            raise ValueError(
-                f"train.epochs: 0 trains nothing, so model.source={self.model.source} leaves no "
-                "model to optimize (epochs 0 is for model.source=file)"
-            )
-        if self.train.mixed_precision != "off" and self.model.source != "zoo":
-            raise ValueError("train.mixed_precision applies to model.source=zoo networks only")
-        if (self.model.source == "zoo" and self.model.architecture in APPLICATION_ARCHITECTURES
-                and self.data.image_size < 32):
-            raise ValueError(
-                f"model.architecture {self.model.architecture} needs images of at least 32x32 "
-                f"pixels but data.image_size is {self.data.image_size}"
-            )
-        return self
-
-
-class PreprocessConfig(_Section):
-    """Shard a data folder into TFRecords with a manifest, and nothing else."""
-
-    name: str = run_name_field("preprocess")
-    experiment: str = Field(
-        "tfopt-preprocess", min_length=1, max_length=128, description="MLflow experiment."
-    )
-    work_dir: Path = Field(Path(".tfopt/work"), description="Folder for the TFRecord shards.")
-    data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
-    scale: ScaleConfig = Field(
-        default_factory=ScaleConfig, description="Where the shards are written (Dask or here)."
-    )
-    services: ServicesConfig = Field(
-        default_factory=ServicesConfig, description="Waiting for the servers."
-    )
-
-
-class BenchmarkOnlyConfig(_Section):
-    """Benchmark one existing model (a registered version or a file) without the pipeline."""
-
-    name: str = run_name_field("benchmark")
-    experiment: str = Field(
-        "tfopt-benchmarks", min_length=1, max_length=128, description="MLflow experiment."
-    )
-    model: str = Field(
-        "models:/tfopt-demo@champion", min_length=1,
-        description=(
-            "models:/<name>@<alias>, models:/<name>/<version>, runs:/<run id>/<artifact path>, "
-            "or a path to a .tflite, .onnx or .keras file or a SavedModel folder."
-        ),
-    )
-    format: Literal["auto", "graph", "xla", "savedmodel", "tflite", "onnx"] = Field(
-        "auto", description="The model's format (auto: from the file)."
-    )
-    precision: Literal["auto", "fp32", "float16", "dynamic", "int8", "int16x8"] = Field(
-        "auto", description="Its precision (auto: the registered run's, else fp32)."
-    )
-    data: DataConfig = Field(default_factory=DataConfig, description="Test data (test split).")
-    work_dir: Path = Field(Path(".tfopt/work"), description="Folder for shards and reports.")
-    batch_size: int = Field(32, ge=1, le=8192, description="Batch of the throughput figure.")
-    input_scale: InputScale = Field(
-        "unit", description="Pixels the model expects: unit (0..1), symmetric (-1..1), raw."
-    )
-    benchmark: BenchmarkConfig = Field(
-        default_factory=BenchmarkConfig, description="Benchmark protocol."
-    )
-    pipeline_run: str | None = Field(
-        None, pattern=r"^[0-9a-f]{32}$",
-        description=(
-            "An optimize_model MLflow run: measure `model` (one of its variants, "
-            "runs:/<child run id>/model) on that run's benchmark inputs with its protocol and "
-            "log the result as a child run of it, tagged with this machine (`data`, "
-            "`batch_size`, `input_scale` and `benchmark` are then taken from that run)."
-        ),
-    )
-    services: ServicesConfig = Field(
-        default_factory=ServicesConfig, description="Waiting for the servers."
     )
 
 
@@ -838,8 +483,8 @@ class ConfigError(ValueError):
 
 def load_config(
     path: Path | None,
-    overrides: dict[str, object] | None = None,
-    schema: type[ConfigT] = PipelineConfig,  # type: ignore[assignment]
+    overrides: dict[str, object] | None,
+    schema: type[ConfigT],
 ) -> ConfigT:
     """Read a YAML file (or nothing) and validate it, with overrides, into `schema`.
 
@@ -877,7 +522,7 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     return raw
 
 
-def check_paths(config: PipelineConfig | PreprocessConfig) -> None:
+def check_paths(config: Any) -> None:
     """Refuse a run whose data folder is missing or whose work folder cannot be written.
 
     Raises:
@@ -908,7 +553,7 @@ def check_paths(config: PipelineConfig | PreprocessConfig) -> None:
         ) from error
 
 
-def _check_model_path(path: Path, config: PipelineConfig | PreprocessConfig) -> None:
+def _check_model_path(path: Path, config: Any) -> None:
     """The model file exists, and is a kind that can be trained if training is asked for."""
     if not (path.is_file() or (path / "saved_model.pb").is_file()):
         raise ConfigError(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,6 @@ MACHINE_BENCHMARK_ENV = "TFOPT_MACHINE_BENCHMARK"
 """JSON object of ``benchmark.*`` settings of this machine, set by `tfopt worker --set`."""
 MACHINE_RUN_ROLE = "machine-benchmark"
 BENCHMARK_FLOW = "benchmark_model"
-_ENTRYPOINT = "flows/benchmark_model.py:benchmark_model"
 
 
 class MachineBenchmarkError(ConfigError):
@@ -94,8 +92,8 @@ def variants_to_measure(tracking_uri: str, pipeline_run: str,
     """
     from mlflow.exceptions import MlflowException
 
-    from tasks.prepare_benchmark_inputs import INPUTS_ARTIFACT
     from tfopt import tracking
+    from tfopt.measurement.inputs import INPUTS_ARTIFACT
 
     client = tracking.client(tracking_uri)
     try:
@@ -130,90 +128,6 @@ def _ok_variant_runs(client: Any, parent: Any) -> list[Any]:
         filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' "
                       "and tags.`tfopt.status` = 'ok'",
         order_by=["attributes.start_time ASC"], max_results=5000)
-
-
-def deploy_to_pool(pool: str, source: str | None = None) -> str:
-    """Register `benchmark_model` to a process work pool (created if missing).
-
-    Args:
-        pool: The work pool whose workers sit on the machine to measure on.
-        source: Where the worker gets the flow code: this checkout (None) or a git URL.
-
-    Returns:
-        The deployment's full name, ``benchmark_model/on-<pool>``.
-    """
-    from prefect import Flow
-
-    from deployments.serve import PROJECT_DIR, ensure_work_pools
-
-    ensure_work_pools([pool])
-    flow = Flow.from_source(source or str(PROJECT_DIR), _ENTRYPOINT)
-    deployment = flow.to_deployment(
-        name=f"on-{pool}", tags=["tfopt", "benchmark", "machine"],
-        description=f"Benchmark pipeline variants on the machine of work pool {pool}.")
-    deployment.apply(work_pool_name=pool)
-    return f"{BENCHMARK_FLOW}/on-{pool}"
-
-
-@dataclass(frozen=True)
-class Submitted:
-    """One flow run started on a pool for one variant."""
-
-    pool: str
-    variant: str
-    flow_run_id: str
-
-
-def submit(pipeline_run: str, variants: list[VariantRun], pools: list[str],
-           work_dir: Path | None = None, source: str | None = None) -> list[Submitted]:
-    """Start one `benchmark_model` flow run per variant on every pool (not waiting for them)."""
-    from prefect.deployments import run_deployment
-
-    submitted = []
-    for pool in pools:
-        deployment = deploy_to_pool(pool, source)
-        for variant in variants:
-            config: dict[str, Any] = {"name": variant.name[:64],
-                                      "model": f"runs:/{variant.run_id}/model",
-                                      "pipeline_run": pipeline_run}
-            if work_dir is not None:
-                config["work_dir"] = str(work_dir)
-            flow_run = run_deployment(deployment, parameters={"config": config}, timeout=0,
-                                      tags=["machine-benchmark"])
-            submitted.append(Submitted(pool, variant.name, str(flow_run.id)))
-    return submitted
-
-
-def wait_for(submitted: list[Submitted], timeout_s: float) -> dict[str, str]:
-    """Wait until every submitted flow run is final; its state name per flow run id.
-
-    Raises:
-        MachineBenchmarkError: Some are not final after `timeout_s` (is a worker running on
-            each pool?).
-    """
-    from prefect.client.orchestration import get_client
-
-    deadline = time.monotonic() + timeout_s
-    states: dict[str, str] = {}
-    final: set[str] = set()
-    with get_client(sync_client=True) as client:
-        while True:
-            for item in submitted:
-                if item.flow_run_id not in final:
-                    state = client.read_flow_run(item.flow_run_id).state
-                    states[item.flow_run_id] = state.name if state else "Pending"
-                    if state is not None and state.is_final():
-                        final.add(item.flow_run_id)
-            waiting = [item for item in submitted if item.flow_run_id not in final]
-            if not waiting:
-                return states
-            if time.monotonic() > deadline:
-                pools = sorted({item.pool for item in waiting})
-                raise MachineBenchmarkError(
-                    f"{len(waiting)} flow runs on {', '.join(pools)} did not finish within "
-                    f"{timeout_s:.0f} s; is a worker running on each pool "
-                    "(`tfopt worker --pool <pool>`)?")
-            time.sleep(2.0)
 
 
 def machine_rows(tracking_uri: str, pipeline_run: str) -> tuple[list[str], list[dict]]:
@@ -263,8 +177,8 @@ def write_machine_report(machines: list[str], rows: list[dict], out_dir: Path) -
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from tasks.write_report import save_figure
     from tfopt.fileio import atomic_write_json, atomic_write_text
+    from tfopt.report.files import save_figure
 
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# Per machine: batch-1 p50 (ms) of the same files on the same inputs", "",

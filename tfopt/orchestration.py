@@ -203,14 +203,6 @@ def describe_benchmark_holder() -> str:
     return who
 
 
-def local_dask_cluster_kwargs(workers: int) -> dict[str, object]:
-    """Keyword arguments of a local Dask cluster of `workers` processes.
-
-    One thread each, so two TensorFlow jobs never share one interpreter's global Keras state.
-    """
-    return {"n_workers": workers, "threads_per_worker": 1, "processes": True}
-
-
 def retry_if_transient(_task: Task, _run: TaskRun, state: State) -> bool:
     """Prefect retry condition: retry on `TransientError` and OS-level errors only.
 

@@ -52,7 +52,8 @@ def plan_variant(
     """
     return VariantSpec(
         name=variant_name(source, form or format, precision), source=source, format=format,
-        precision=precision, path=path, derived_from=derived_from, params=params or {},
+        precision=precision, path=path, form=form or format, derived_from=derived_from,
+        params=params or {},
     )
 
 

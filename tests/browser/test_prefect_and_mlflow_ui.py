@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from flows.parameters import load_pipeline_config
 from tests.live import ROOT
-from tfopt.config import load_config
 from tfopt.demo_data import write_demo_images
 from tfopt.tracking import experiment_url, flatten_params
 
@@ -58,7 +58,7 @@ def smoke_parameters(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The smoke config as the form's JSON, on demo images in a temporary folder."""
     tmp = tmp_path_factory.mktemp("ui")
     write_demo_images(tmp / "demo")
-    config = load_config(ROOT / "configs" / "smoke.yaml", {
+    config = load_pipeline_config(ROOT / "configs" / "smoke.yaml", {
         "name": "ui-smoke", "experiment": "tfopt-ui", "data.source_dir": str(tmp / "demo"),
         "work_dir": str(tmp / "work"),
         # The UI path, not every technique again (smoke_run covers those): still 10+ variants.

@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from flows.compress_model import compress_model, task_runner_for
-from tfopt.config import PipelineConfig
+from flows.compress_model import compress_model
+from flows.parameters import PipelineConfig
+from tfopt.scaling import task_runner
 
 
 @pytest.mark.e2e
@@ -30,7 +31,7 @@ def test_dask_runs_every_technique_and_conversion_on_worker_processes(
     try:
         with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
             variants, models = compress_model.with_options(
-                task_runner=task_runner_for(config.scale)
+                task_runner=task_runner(config.scale)
             )(config, tiny_baseline, tiny_data, tmp_path)
         with Client(cluster) as client:
             ran = client.run_on_scheduler(
@@ -57,6 +58,6 @@ def test_dask_runs_every_technique_and_conversion_on_worker_processes(
     assert pqat.params["starts_from"] == "pruned-80"
     kept = {k: v for k, v in pqat.metrics.items() if k.startswith("int8_sparsity.")}
     assert kept and all(v >= 0.75 for v in kept.values()), "zeros survive into int8"
-    for step in ("prune_model", "distill_model", "quantize_aware_train", "convert_tflite",
+    for step in ("prune_model", "distill_model", "quantize_aware_train", "build_variant",
                  "export_savedmodel", "prune_preserving_qat"):
         assert any(prefix.startswith(step) for prefix in ran), (step, ran)

@@ -217,10 +217,10 @@ def test_prefect_shows_the_flow_run_its_subflow_and_their_task_runs(smoke_run):
     assert subflows[0]["state_type"] == "COMPLETED"
     task_runs = _post(f"{api}/task_runs/filter", {"flow_runs": {"id": {"any_": [
         flow_run_id, subflows[0]["id"]]}}})
-    names = {run["name"].rsplit("-", 1)[0] for run in task_runs}
+    names = {run["task_key"].rsplit("-", 1)[0] for run in task_runs}
     assert {"write_tfrecords", "measure_input_pipeline", "train_model", "export_savedmodel",
-            "prepare_benchmark_inputs", "convert_tflite", "prune_model", "distill_model",
-            "quantize_aware_train", "export_onnx", "bundle_tensorrt",
+            "prepare_benchmark_inputs", "build_variant", "prune_model", "distill_model",
+            "quantize_aware_train", "export_bundle",
             "benchmark_variant", "pick_champion", "sweep_batch_size", "measure_data_layout",
             "write_report"} <= names
     assert all(run["state_type"] == "COMPLETED" for run in task_runs)
@@ -355,15 +355,15 @@ def their_network(tmp_path_factory):
     import tensorflow as tf
     import tf_keras as keras
 
-    from tasks.export_onnx import run_tf2onnx
-    from tasks.input_pipeline import load_split
+    from flows.parameters import load_pipeline_config
     from tasks.write_tfrecords import write_tfrecords
-    from tfopt.config import load_config
+    from tfopt.data.pipeline import load_split
+    from tfopt.runtimes.onnxruntime import run_tf2onnx
 
     tmp = tmp_path_factory.mktemp("theirs")
     demo = tmp / "demo"
     write_demo_images(demo)
-    smoke = load_config(ROOT / "configs" / "smoke.yaml", {"data.source_dir": str(demo)})
+    smoke = load_pipeline_config(ROOT / "configs" / "smoke.yaml", {"data.source_dir": str(demo)})
     dataset = write_tfrecords.fn(smoke.data, tmp / "outside")
     train_images, train_labels = load_split(dataset, "train")
     network = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35,

@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.benchmark_worker import latency_stats, time_runs
-from tasks.pick_champion import choose_champion
 from tfopt.artifacts import LatencyStats, VariantResult
 from tfopt.config import BenchmarkConfig
+from tfopt.measurement.champion import choose_champion
+from tfopt.measurement.worker import latency_stats, time_runs
 
 
 def _protocol(**overrides):
@@ -55,7 +55,7 @@ def test_warmup_runs_are_excluded_from_the_timed_samples():
 def test_timing_goes_on_until_the_windows_agree(monkeypatch):
     import itertools
 
-    import tasks.benchmark_worker as worker
+    import tfopt.measurement.worker as worker
 
     # The first 40 runs slow down by 10% each, so the early windows' medians disagree; then
     # the runs settle and timing stops once the last 6 windows agree, well before max_seconds,
@@ -154,7 +154,7 @@ def test_no_variant_within_budget_is_a_clear_result_not_a_crash():
 
 
 def test_the_p50_interval_spans_the_window_medians_and_holds_the_p50():
-    from tasks.benchmark_worker import P50_WINDOWS, p50_interval
+    from tfopt.measurement.worker import P50_WINDOWS, p50_interval
 
     rng = np.random.default_rng(0)
     steady = rng.normal(1.0, 0.01, 600)
@@ -197,8 +197,8 @@ def test_variants_the_measurement_cannot_tell_apart_are_tied_and_the_tie_has_a_s
 
 
 def test_a_runoff_decides_among_its_contenders_instead_of_their_own_turns():
-    from tasks.runoff import runoff_contenders
     from tfopt.artifacts import Runoff
+    from tfopt.measurement.runoff import runoff_contenders
 
     # On their own turns qat looked clearly faster (the machine was faster then); side by side
     # the two int8 files are equal, so the tie goes to the simpler variant.
@@ -234,7 +234,7 @@ def test_a_runoff_decides_among_its_contenders_instead_of_their_own_turns():
 
 
 def test_the_summary_lists_each_tied_variant_with_the_others():
-    from tfopt.summary import variant_entry
+    from tfopt.report.summary import variant_entry
 
     qat = _timed("qat-tflite-int8", 0.98, 0.029, (0.021, 0.033))
     entry = variant_entry(qat, 0.98, 1.0, tied_with=["baseline-tflite-int8"])

@@ -3,8 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.flops import keras_flops, onnx_flops, tflite_flops
 from tfopt.provenance import machine_memory_gb_per_s, machine_peak_gflops
+from tfopt.runtimes.litert import tflite_flops
+from tfopt.runtimes.onnxruntime import onnx_flops
+from tfopt.runtimes.tensorflow import keras_flops
 
 # Conv 3x3x3->4 on 8x8 (same): 2*8*8*4*27; depthwise 3x3 on 8x8x4: 2*8*8*4*9; dense 4->5: 2*4*5.
 EXPECTED_FLOPS = 2 * 8 * 8 * 4 * 27 + 2 * 8 * 8 * 4 * 9 + 2 * 4 * 5
@@ -15,8 +17,8 @@ def counted_model(tmp_path_factory):
     import tensorflow as tf
     import tf_keras as keras
 
-    from tasks.export_onnx import run_tf2onnx
-    from tasks.export_savedmodel import save_serving_savedmodel
+    from tfopt.runtimes.onnxruntime import run_tf2onnx
+    from tfopt.runtimes.tensorflow import save_serving_savedmodel
     from tfopt.serving import SIGNATURE_KEY
 
     folder = tmp_path_factory.mktemp("flops")
@@ -35,7 +37,7 @@ def counted_model(tmp_path_factory):
 
 
 def test_the_same_network_has_the_same_flops_in_every_format(counted_model):
-    from tasks.runners import TFLiteRunner
+    from tfopt.runtimes.litert import TFLiteRunner
 
     model, folder = counted_model
     assert keras_flops(model) == EXPECTED_FLOPS
@@ -59,24 +61,31 @@ def test_machine_limits_are_measured_positive():
 
 
 def test_each_runtime_names_its_top_operators(counted_model):
-    from tasks.op_profile import ONNX_METHOD, TF_METHOD, TFLITE_METHOD, op_profile
-    from tasks.runners import GraphRunner, OnnxRunner, TFLiteRunner
+    from tfopt.runtimes import registry
+    from tfopt.runtimes.litert import PROFILE_METHOD as TFLITE_METHOD
+    from tfopt.runtimes.litert import TFLiteRunner
+    from tfopt.runtimes.onnxruntime import PROFILE_METHOD as ONNX_METHOD
+    from tfopt.runtimes.onnxruntime import OnnxRunner
+    from tfopt.runtimes.tensorflow import PROFILE_METHOD as TF_METHOD
+    from tfopt.runtimes.tensorflow import GraphRunner
 
     _, folder = counted_model
     images = np.random.default_rng(0).random((4, 8, 8, 3), dtype=np.float32)
-    for runner, method, convolution in (
-        (GraphRunner(folder / "model.keras"), TF_METHOD, "Conv2D"),
-        (GraphRunner(folder / "model.keras", jit_compile=True), TF_METHOD, "XLA"),
-        (OnnxRunner(folder / "model.onnx"), ONNX_METHOD, "Conv"),
+    tensorflow, litert, onnxruntime = (registry()[name] for name in
+                                       ("tensorflow", "litert", "onnxruntime"))
+    for runtime, runner, method, convolution in (
+        (tensorflow, GraphRunner(folder / "model.keras"), TF_METHOD, "Conv2D"),
+        (tensorflow, GraphRunner(folder / "model.keras", jit_compile=True), TF_METHOD, "XLA"),
+        (onnxruntime, OnnxRunner(folder / "model.onnx"), ONNX_METHOD, "Conv"),
     ):
-        profile = op_profile(runner, runner.prepare(images), threads=1)
+        profile = runtime.op_profile(runner, runner.prepare(images), threads=1)
         assert profile.method == method and profile.calls > 0
         assert any(convolution in op.kind for op in profile.ops), profile.ops
         assert all(op.ms is not None and op.ms > 0 for op in profile.ops)
         assert 0.99 <= sum(op.share for op in profile.ops) <= 1.01 or len(profile.ops) == 8
     runner = TFLiteRunner(folder / "model.tflite")
     runner.prepare(images)
-    profile = op_profile(runner, [], threads=1)
+    profile = litert.op_profile(runner, [], threads=1)
     assert profile.method == TFLITE_METHOD
     assert [op.kind for op in profile.ops] == ["CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"]
     assert profile.ops[0].share == pytest.approx(2 * 8 * 8 * 4 * 27 / EXPECTED_FLOPS)

@@ -8,12 +8,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from flows.parameters import PipelineConfig
 from tasks.import_model import import_model
-from tasks.input_pipeline import load_split_arrays
-from tasks.keras_models import ModelSourceError, baseline_factory, load_keras_model
-from tasks.runners import OnnxRunner, SavedModelRunner, TFLiteRunner
 from tests.steps import to_onnx, to_tflite
-from tfopt.config import ConfigError, ConvertConfig, ModelConfig, PipelineConfig, check_paths
+from tfopt.config import ConfigError, ModelConfig, check_paths
+from tfopt.data.pipeline import load_split_arrays
+from tfopt.models.keras_io import load_keras_model
+from tfopt.models.sources import ModelSourceError, baseline_factory
+from tfopt.runtimes import ConvertConfig
+from tfopt.runtimes.litert import TFLiteRunner
+from tfopt.runtimes.onnxruntime import OnnxRunner
+from tfopt.runtimes.tensorflow import SavedModelRunner
 from tfopt.serving import write_labels
 
 

@@ -6,19 +6,15 @@ from collections import Counter
 
 import pytest
 
-from tasks.input_pipeline import (
-    ReaderOptions,
-    naive_dataset,
-    plan_cache,
-    tuned_dataset,
-)
 from tasks.measure_data_layout import measure_data_layout
 from tasks.measure_input_pipeline import measure_input_pipeline
-from tasks.sweep_batch_size import choose_batch_size, sweep_batch_size
+from tasks.sweep_batch_size import sweep_batch_size
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tfopt.artifacts import SweepPoint
 from tfopt.config import DataConfig, InputConfig, ModelConfig
+from tfopt.data.pipeline import ReaderOptions, naive_dataset, plan_cache, tuned_dataset
+from tfopt.models.step_timing import choose_batch_size
 
 
 def _multiset(dataset) -> Counter:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tasks.load_scenarios import offline_throughput, server_search, server_trial
 from tfopt.config import BenchmarkConfig
+from tfopt.measurement.load_scenarios import offline_throughput, server_search, server_trial
 
 
 def _service(seconds: float):

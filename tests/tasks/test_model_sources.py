@@ -8,12 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.keras_models import ModelSourceError, baseline_factory, load_keras_model
+from flows.parameters import PipelineConfig
 from tasks.measure_data_layout import measure_data_layout
 from tasks.train_model import train_model
 from tests.conftest import write_digit_folder
 from tests.steps import training_data
-from tfopt.config import ConfigError, ModelConfig, PipelineConfig, TrainConfig, check_paths
+from tfopt.config import ConfigError, ModelConfig, TrainConfig, check_paths
+from tfopt.models.keras_io import load_keras_model
+from tfopt.models.sources import ModelSourceError, baseline_factory
 
 BUILDER = """
 import tf_keras as keras
@@ -138,7 +140,7 @@ def test_a_users_model_is_measured_in_its_own_layout_only(tiny_baseline, tiny_da
 
 
 def test_input_scales_map_the_same_pixels(tiny_dataset):
-    from tasks.input_pipeline import load_split
+    from tfopt.data.pipeline import load_split
 
     unit, labels = load_split(tiny_dataset, "test", 8)
     symmetric, same_labels = load_split(tiny_dataset, "test", 8, scale="symmetric")
@@ -166,10 +168,11 @@ def build(image_size, num_classes):
 def test_a_raw_pixel_model_is_trained_calibrated_and_measured_on_raw_pixels(tiny_dataset,
                                                                             tmp_path):
     from tasks.export_savedmodel import export_savedmodel
-    from tasks.input_pipeline import load_split
-    from tasks.runners import SavedModelRunner, TFLiteRunner
     from tests.steps import to_tflite
-    from tfopt.config import ConvertConfig
+    from tfopt.data.pipeline import load_split
+    from tfopt.runtimes import ConvertConfig
+    from tfopt.runtimes.litert import TFLiteRunner
+    from tfopt.runtimes.tensorflow import SavedModelRunner
 
     (tmp_path / "raw_model.py").write_text(RAW_BUILDER)
     cfg = ModelConfig(source="builder", builder=f"{tmp_path / 'raw_model.py'}:build",
@@ -207,7 +210,7 @@ def test_a_model_file_with_labels_must_list_the_data_classes_in_order(tiny_basel
 
 def test_every_produced_model_carries_the_class_order(tiny_baseline, tiny_savedmodel,
                                                       tiny_dataset):
-    from tasks.keras_models import labels_of
+    from tfopt.models.sources import labels_of
 
     names = list(tiny_dataset.class_names)
     assert tiny_baseline.class_names == names

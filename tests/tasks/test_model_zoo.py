@@ -8,13 +8,9 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
-from tasks.model_zoo import (
-    APPLICATIONS,
-    ARCHITECTURES,
-    FROM_SCRATCH_BN_MOMENTUM,
-    build_model,
-)
-from tfopt.config import APPLICATION_ARCHITECTURES, Architecture, ModelConfig, PipelineConfig
+from flows.parameters import PipelineConfig
+from tfopt.config import APPLICATION_ARCHITECTURES, Architecture, ModelConfig
+from tfopt.models.zoo import APPLICATIONS, ARCHITECTURES, FROM_SCRATCH_BN_MOMENTUM, build_model
 
 
 def test_the_config_offers_every_zoo_network():

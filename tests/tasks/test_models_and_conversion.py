@@ -5,13 +5,15 @@ import tensorflow as tf
 
 from tasks.benchmark_variant import benchmark_variant
 from tasks.export_savedmodel import export_savedmodel
-from tasks.input_pipeline import load_split_arrays
-from tasks.keras_models import load_keras_model
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
-from tasks.runners import GraphRunner, SavedModelRunner, TFLiteRunner
 from tests.steps import to_tflite
-from tfopt.config import BenchmarkConfig, ConvertConfig
+from tfopt.config import BenchmarkConfig
+from tfopt.data.pipeline import load_split_arrays
 from tfopt.fileio import sha256_file
+from tfopt.models.keras_io import load_keras_model
+from tfopt.runtimes import ConvertConfig
+from tfopt.runtimes.litert import TFLiteRunner
+from tfopt.runtimes.tensorflow import GraphRunner, SavedModelRunner
 
 TFLITE_FP32_ATOL = 1e-4
 

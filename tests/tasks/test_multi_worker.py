@@ -8,13 +8,13 @@ import time
 import psutil
 import pytest
 
-from tasks.multi_worker import SPEC_NAME, WorkerFailedError
 from tasks.train_model import train_model
-from tasks.training import HISTORY_NAME, read_history
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tests.steps import training_data
 from tfopt.config import DataConfig, ModelConfig, TrainConfig
+from tfopt.models.multi_worker import SPEC_NAME, WorkerFailedError
+from tfopt.models.training import HISTORY_NAME, read_history
 
 EPOCHS = 12
 

@@ -10,13 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.input_pipeline import load_split_arrays
-from tasks.keras_models import labels_of
-from tasks.package_models import ServingContract, model_file_of, save_variant_model
-from tasks.resolve_model import detect_format
-from tasks.runners import GraphRunner, OnnxRunner, SavedModelRunner, TFLiteRunner
 from tests.steps import to_onnx, to_tflite
-from tfopt.config import ConvertConfig
+from tfopt.data.pipeline import load_split_arrays
+from tfopt.models.references import detect_format
+from tfopt.models.sources import labels_of
+from tfopt.packaging import model_file_of, save_variant_model
+from tfopt.runtimes import ConvertConfig
+from tfopt.runtimes.base import ServingContract
+from tfopt.runtimes.litert import TFLiteRunner
+from tfopt.runtimes.onnxruntime import OnnxRunner
+from tfopt.runtimes.tensorflow import GraphRunner, SavedModelRunner
 from tfopt.serving import LABELS_FILE, read_labels
 
 

@@ -8,19 +8,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks import load_scenarios
+from tfopt.measurement import load_scenarios
 from tasks.benchmark_variant import benchmark_variant
-from tasks.bundle_tensorrt import bundle_tensorrt, tftrt_unavailable_reason
-from tasks.harness_floor import floor_key
-from tasks.import_model import tflite_precision
-from tasks.input_pipeline import load_split_arrays
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
-from tasks.runners import GraphRunner, OnnxRunner, SavedModelRunner, TFLiteRunner, softmax
-from tests.steps import to_onnx, to_tflite
+from tests.steps import build, sources_for, to_onnx, to_tflite
 from tfopt.artifacts import VariantSpec
-from tfopt.config import BenchmarkConfig, ConvertConfig
+from tfopt.config import BenchmarkConfig
 from tfopt.cpu_features import bf16_unavailable_reason
+from tfopt.data.pipeline import load_split_arrays
 from tfopt.fileio import sha256_file
+from tfopt.measurement.floor import floor_key
+from tfopt.runtimes import ConvertConfig, registry
+from tfopt.runtimes.base import softmax
+from tfopt.runtimes.litert import TFLiteRunner, tflite_precision
+from tfopt.runtimes.onnxruntime import OnnxRunner
+from tfopt.runtimes.tensorflow import GraphRunner, SavedModelRunner
+from tfopt.runtimes.tensorrt import tftrt_unavailable_reason
 from tfopt.variants import plan_variant
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,14 +117,14 @@ def test_onnx_runtime_quantization_agrees_with_float_and_is_smaller(
 ):
     import onnx
 
-    from tasks.flops import onnx_flops
-    from tasks.quantize_onnx import quantize_onnx
+    from tfopt.runtimes.onnxruntime import onnx_flops
 
     cfg = ConvertConfig(calibration_examples=20)
     source = to_onnx(tiny_savedmodel, tiny_dataset, cfg, tmp_path)
     before = sha256_file(source.path)
     planned = plan_variant("baseline", "onnx", precision, derived_from=source.name)
-    variant = quantize_onnx.fn(source, planned, tiny_dataset, cfg, tmp_path)
+    variant = build(planned, tiny_savedmodel, tiny_dataset, cfg, tmp_path,
+                    built={source.name: source})
     assert variant.name == f"baseline-onnx-{precision}" and variant.path.exists()
     assert sha256_file(source.path) == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
@@ -139,7 +142,7 @@ def test_onnx_runtime_quantization_agrees_with_float_and_is_smaller(
 
 
 def test_onnx_mismatch_beyond_tolerance_fails(tiny_savedmodel, tiny_dataset, tmp_path):
-    from tasks.export_onnx import OnnxMismatchError
+    from tfopt.runtimes.onnxruntime import OnnxMismatchError
 
     with pytest.raises(OnnxMismatchError):
         to_onnx(tiny_savedmodel, tiny_dataset, ConvertConfig(onnx_atol=1e-12), tmp_path)
@@ -154,7 +157,9 @@ def test_xla_output_equals_graph_output(tiny_baseline, test_images):
 
 def test_tensorrt_bundle_holds_what_it_promises(tiny_savedmodel, tiny_dataset, tmp_path):
     onnx = to_onnx(tiny_savedmodel, tiny_dataset, ConvertConfig(), tmp_path)
-    bundle = bundle_tensorrt.fn(tiny_savedmodel, onnx, 32, tmp_path / "export")
+    sources = sources_for(tiny_savedmodel, tiny_dataset, tmp_path, built={onnx.name: onnx})
+    bundle = registry()["tensorrt"].export(sources, ConvertConfig(tensorrt_max_batch=32),
+                                         tmp_path / "export")
     assert (bundle / "model.onnx").read_bytes() == onnx.path.read_bytes()
     assert (bundle / "saved_model" / "saved_model.pb").exists()
     script = (bundle / "trtexec.sh").read_text()
@@ -283,7 +288,7 @@ def _worker_modules(request: dict, stem: Path) -> tuple[str, str]:
     """Run the benchmark worker on `request`; the top-level modules it loaded, its response."""
     request_path, response = stem.with_suffix(".json"), stem.with_suffix(".out")
     request_path.write_text(json.dumps(request))
-    script = ("import sys, tasks.benchmark_worker as w; w.main(sys.argv[1], sys.argv[2]); "
+    script = ("import sys, tfopt.measurement.worker as w; w.main(sys.argv[1], sys.argv[2]); "
               "print(sorted({m.split('.')[0] for m in sys.modules}))")
     completed = subprocess.run([sys.executable, "-c", script, str(request_path), str(response)],
                                cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -294,8 +299,9 @@ def _worker_modules(request: dict, stem: Path) -> tuple[str, str]:
 def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
     tiny_savedmodel, tiny_dataset, tmp_path
 ):
-    from tasks.pick_champion import choose_champion
-    from tasks.runoff import run_off, runoff_contenders
+    from tasks.runoff import run_off
+    from tfopt.measurement.champion import choose_champion
+    from tfopt.measurement.runoff import runoff_contenders
 
     inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset,
                                          tmp_path / "inputs")
@@ -330,7 +336,7 @@ _LOGITS_OF = """
 import sys
 import numpy as np
 from pathlib import Path
-from tasks.runners import load_runner
+from tfopt.runtimes import load_runner
 from tfopt.variants import plan_variant
 runner = load_runner(plan_variant("baseline", "graph", sys.argv[1], path=Path(sys.argv[2])))
 np.save(sys.argv[4], runner.predict(np.load(sys.argv[3])))

@@ -12,15 +12,15 @@ from contextlib import contextmanager
 import pytest
 
 from tasks.benchmark_variant import benchmark_variant
-from tasks.machine_load import (
+from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
+from tfopt.artifacts import VariantSpec
+from tfopt.config import BenchmarkConfig
+from tfopt.measurement.machine_load import (
     LoadProbe,
     background_cores,
     machine_busy_seconds,
     own_cpu_seconds,
 )
-from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
-from tfopt.artifacts import VariantSpec
-from tfopt.config import BenchmarkConfig
 from tfopt.provenance import environment
 
 

@@ -3,10 +3,11 @@ from __future__ import annotations
 import csv
 import json
 
-from tasks.write_report import pareto_front, write_report
+from tasks.write_report import write_report
 from tfopt.artifacts import DatasetArtifact, InputPipelineResult, LatencyStats, VariantResult
-from tfopt.diagnosis import diagnose
-from tfopt.summary import build_summary
+from tfopt.report.diagnosis import diagnose
+from tfopt.report.files import pareto_front
+from tfopt.report.summary import build_summary
 
 
 def _result(name, source, fmt, precision, p50, accuracy=0.95, size=1000, status="ok",

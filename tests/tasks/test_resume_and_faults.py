@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.baseline import BEST_NAME
 from tasks.train_model import train_model
-from tasks.training import HISTORY_NAME, KeepBestWeights, read_history
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tests.steps import training_data
 from tfopt.config import DataConfig, ModelConfig, TrainConfig
+from tfopt.models.baseline import BEST_NAME
+from tfopt.models.training import HISTORY_NAME, KeepBestWeights, read_history
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 
 from tasks.export_savedmodel import export_savedmodel
-from tasks.keras_models import load_keras_model, save_keras_model
-from tasks.runners import TFLiteRunner
-from tasks.select_int8 import (
+from tests.steps import build
+from tfopt.models.keras_io import load_keras_model, save_keras_model
+from tfopt.runtimes import ConvertConfig
+from tfopt.runtimes._litert_selective import (
     NoQuantizableLayerError,
     channel_error,
     rank_layers,
-    select_int8_layers,
 )
-from tfopt.config import ConvertConfig
+from tfopt.runtimes.litert import TFLiteRunner
 from tfopt.variants import plan_variant
 
 CFG = ConvertConfig(calibration_examples=50, selective_max_float_layers=4)
@@ -70,7 +70,7 @@ def test_the_outlier_layer_is_ranked_first_and_kept_in_float_until_within_budget
     outlier_savedmodel, tmp_path
 ):
     dataset, savedmodel = outlier_savedmodel
-    variant = select_int8_layers.fn(savedmodel, _planned(), dataset, CFG, 3.0, 1, tmp_path)
+    variant = build(_planned(), savedmodel, dataset, CFG, tmp_path, budget_points=3.0)
     params = variant.params
     assert variant.status == "ok", variant.error
     assert variant.name == "baseline-tflite-selective-int8"
@@ -87,8 +87,8 @@ def test_the_outlier_layer_is_ranked_first_and_kept_in_float_until_within_budget
 
 
 def test_a_model_that_quantizes_well_is_not_selected(tiny_savedmodel, tiny_dataset, tmp_path):
-    variant = select_int8_layers.fn(tiny_savedmodel, _planned(), tiny_dataset, CFG, 100.0, 1,
-                                    tmp_path)
+    variant = build(_planned(), tiny_savedmodel, tiny_dataset, CFG, tmp_path,
+                    budget_points=100.0)
     assert variant.status == "skipped" and "not needed: full int8 loses" in variant.error
     assert not list(tmp_path.glob("*.tflite"))
 
@@ -97,7 +97,7 @@ def test_a_budget_no_float_layer_count_reaches_fails_with_the_steps(outlier_save
                                                                      tmp_path):
     dataset, savedmodel = outlier_savedmodel
     cfg = CFG.model_copy(update={"selective_max_float_layers": 1})
-    variant = select_int8_layers.fn(savedmodel, _planned(), dataset, cfg, 0.0, 1, tmp_path)
+    variant = build(_planned(), savedmodel, dataset, cfg, tmp_path, budget_points=0.0)
     assert variant.status == "failed"
     assert "after keeping 1 layers in float" in variant.error and "val " in variant.error
 

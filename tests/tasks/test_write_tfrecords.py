@@ -9,16 +9,11 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from tasks.write_tfrecords import (
-    NoUsableDataError,
-    list_class_folders,
-    list_source_images,
-    plan_shards,
-    split_of,
-    write_tfrecords,
-)
+from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tfopt.config import DataConfig, ScaleConfig
+from tfopt.data.shards import plan_shards
+from tfopt.data.sources import NoUsableDataError, list_class_folders, list_source_images, split_of
 
 
 def _records(files: list[Path]) -> list[dict]:

@@ -4,28 +4,21 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
-from tasks.convert_tflite import int8_kernel_stats
-from tasks.input_pipeline import load_split_arrays
-from tasks.keras_models import load_keras_model
-from tasks.model_zoo import build_model
-from tasks.runners import SavedModelRunner, TFLiteRunner
-from techniques import all_failed, plan, registry
-from techniques.base import NotApplicable, kernels
-from techniques.cluster import cluster_model, clusterable_layers, unique_values
-from techniques.distill import distill_model, inherit_filters
-from techniques.prune import kernel_sparsity, prune_and_finetune, prune_model
-from techniques.qat import quantize_aware_train
+from flows.parameters import PipelineConfig
+from techniques import CompressConfig, all_failed, plan, registry
+from techniques.base import NotApplicable, TechniqueSection, kernels
+from techniques.cluster import ClusterConfig, cluster_model, clusterable_layers, unique_values
+from techniques.distill import DistillConfig, distill_model, inherit_filters
+from techniques.prune import PruneConfig, kernel_sparsity, prune_and_finetune, prune_model
+from techniques.qat import QatConfig, quantize_aware_train
 from tests.steps import to_tflite
-from tfopt.config import (
-    ClusterConfig,
-    CompressConfig,
-    ConvertConfig,
-    DistillConfig,
-    PruneConfig,
-    QatConfig,
-    TechniqueSection,
-)
+from tfopt.data.pipeline import load_split_arrays
 from tfopt.fileio import gzip_size_bytes, sha256_file
+from tfopt.models.keras_io import load_keras_model
+from tfopt.models.zoo import build_model
+from tfopt.runtimes import ConvertConfig
+from tfopt.runtimes.litert import TFLiteRunner, int8_kernel_stats
+from tfopt.runtimes.tensorflow import SavedModelRunner
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +27,19 @@ def test_images(tiny_dataset):
     return images
 
 
-def test_every_config_section_has_a_technique_module_and_back():
+def _pipeline(**compress: object) -> PipelineConfig:
+    """The default pipeline configuration with these ``compress`` settings."""
+    return PipelineConfig.model_validate({"compress": compress})
+
+
+def test_every_technique_module_is_registered_with_its_config_section():
+    import pkgutil
+
+    import techniques
+
+    modules = {info.name for info in pkgutil.iter_modules(techniques.__path__)} - {"base"}
     sections = {name for name, _ in CompressConfig().techniques()}
-    assert sections == set(registry()) == {"prune", "cluster", "distill", "qat", "pqat", "cqat"}
+    assert sections == set(registry()) == modules
     for name, technique in registry().items():
         assert issubclass(technique.section, TechniqueSection)
         assert isinstance(getattr(CompressConfig(), name), technique.section)
@@ -44,8 +47,8 @@ def test_every_config_section_has_a_technique_module_and_back():
 
 
 def test_the_plan_names_each_variant_once_with_what_it_derives_from(tiny_baseline):
-    compress = CompressConfig.model_validate({"tflite": ["int8"], "distill": {"enabled": False}})
-    plans = plan(compress, tiny_baseline)
+    compress = {"tflite": ["int8"], "distill": {"enabled": False}}
+    plans = plan(_pipeline(**compress), tiny_baseline)
     assert [p.source for p in plans] == ["pruned-80", "qat"]
     variants = [spec for p in plans for spec in p.variants]
     assert [(v.name, v.source, v.format, v.precision, v.derived_from) for v in variants] == [
@@ -53,26 +56,24 @@ def test_the_plan_names_each_variant_once_with_what_it_derives_from(tiny_baselin
         ("pruned-80-tflite-int8", "pruned-80", "tflite", "int8", "baseline-tflite-int8"),
         ("qat-tflite-int8", "qat", "tflite", "int8", "baseline-tflite-int8"),
     ]
-    with_fp32 = CompressConfig.model_validate({"tflite": ["fp32"]})
-    sparse = next(v for v in plan(with_fp32, tiny_baseline)[0].variants
-                  if v.params.get("sparsity_encoding"))
+    sparse = next(v for p in plan(_pipeline(tflite=["fp32"]), tiny_baseline)
+                  for v in p.variants if v.params.get("sparsity_encoding"))
     assert (sparse.name, sparse.precision, sparse.derived_from) == (
         "pruned-80-tflite-sparse", "fp32", "pruned-80-tflite-fp32")
-    without_graphs = compress.model_copy(update={"graph": False})
+    without_graphs = _pipeline(**compress, graph=False)
     assert [v.name for p in plan(without_graphs, tiny_baseline) for v in p.variants] == [
         "pruned-80-tflite-int8", "qat-tflite-int8"]
-    two_of_four = CompressConfig.model_validate({"prune": {"structured_2_4": True}})
-    assert plan(two_of_four, tiny_baseline)[0].source == "pruned-2of4"
+    two_of_four = _pipeline(prune={"structured_2_4": True})
+    assert "pruned-2of4" in [p.source for p in plan(two_of_four, tiny_baseline)]
     failed = all_failed(plans, "compress_model failed: KilledWorker")
     assert [v.name for v in failed] == [v.name for v in variants]
     assert all(v.status == "failed" and "KilledWorker" in v.error for v in failed)
 
 
 def test_a_collaborative_technique_derives_from_the_model_it_continues_from(tiny_baseline):
-    compress = CompressConfig.model_validate({
-        "tflite": ["int8"], "distill": {"enabled": False}, "qat": {"enabled": False},
-        "pqat": {"enabled": True}, "cqat": {"enabled": True}})
-    by_source = {p.source: p for p in plan(compress, tiny_baseline)}
+    config = _pipeline(tflite=["int8"], distill={"enabled": False}, qat={"enabled": False},
+                       pqat={"enabled": True}, cqat={"enabled": True})
+    by_source = {p.source: p for p in plan(config, tiny_baseline)}
     (pqat,) = by_source["pqat"].variants
     assert (pqat.name, pqat.derived_from, pqat.status) == (
         "pqat-tflite-int8", "pruned-80-tflite-int8", "ok")
@@ -82,21 +83,20 @@ def test_a_collaborative_technique_derives_from_the_model_it_continues_from(tiny
 
 
 def test_a_technique_whose_starting_model_is_missing_inherits_skipped_or_failed(tiny_baseline):
-    from flows.compress_model import _without_base
+    from flows.compress_model import without_base
     from tfopt.variants import failed, skipped
 
-    compress = CompressConfig.model_validate({"pqat": {"enabled": True}})
-    by_source = {p.source: p for p in plan(compress, tiny_baseline)}
+    by_source = {p.source: p for p in plan(_pipeline(pqat={"enabled": True}), tiny_baseline)}
     pruned, pqat = by_source["pruned-80"].variants[0], by_source["pqat"]
-    (left,) = _without_base(pqat, skipped(pruned, "prune does not apply: Rescaling"))
+    (left,) = without_base(pqat, skipped(pruned, "prune does not apply: Rescaling"))
     assert left.status == "skipped" and "which was skipped: prune does not apply" in left.error
-    (broken,) = _without_base(pqat, failed(pruned, "pruned-80 failed: OOM"))
+    (broken,) = without_base(pqat, failed(pruned, "pruned-80 failed: OOM"))
     assert broken.status == "failed" and "pruned-80 failed: OOM" in broken.error
 
 
 def test_a_technique_refuses_a_model_kind_it_cannot_take(tiny_baseline):
     tflite_model = tiny_baseline.model_copy(update={"format": "tflite"})
-    plans = plan(CompressConfig(), tflite_model)
+    plans = plan(_pipeline(), tflite_model)
     assert all(p.refusal and "not on a tflite model" in p.refusal for p in plans)
     assert all(v.status == "skipped" for p in plans for v in p.variants)
 
@@ -117,7 +117,7 @@ def test_pruning_reaches_the_target_sparsity_and_leaves_its_input(tiny_baseline,
 
 def _xnnpack_sparse_model(path, classes: int):
     """A model laid out as XNNPACK's sparse inference (and tfmot's latency policy) requires."""
-    from tasks.keras_models import save_keras_model
+    from tfopt.models.keras_io import save_keras_model
 
     inputs = keras.Input((16, 16, 3), name="images")
     x = keras.layers.ZeroPadding2D(1)(inputs)
@@ -158,18 +158,17 @@ def test_fine_tuning_reads_with_the_runs_input_settings(tiny_baseline, tiny_data
 
 def test_sparse_encoding_shrinks_the_pruned_fp32_file_and_keeps_its_outputs(
         tiny_baseline, tiny_data, tiny_dataset, test_images, tmp_path):
-    from tasks.convert_tflite import convert_tflite
     from tasks.export_savedmodel import export_savedmodel
+    from tests.steps import build
     from tfopt.variants import plan_variant
 
     pruned = prune_model.fn(tiny_baseline, PruneConfig(epochs=2), tiny_data, tmp_path)
     savedmodel = export_savedmodel.fn(pruned, tmp_path)
     cfg = ConvertConfig(calibration_examples=10)
-    dense = convert_tflite.fn(savedmodel, plan_variant("pruned-80", "tflite"), tiny_dataset, cfg,
-                              tmp_path)
-    sparse = convert_tflite.fn(
-        savedmodel, plan_variant("pruned-80", "tflite", form="tflite-sparse",
-                                 params={"sparsity_encoding": True}), tiny_dataset, cfg, tmp_path)
+    dense = build(plan_variant("pruned-80", "tflite"), savedmodel, tiny_dataset, cfg, tmp_path)
+    sparse = build(plan_variant("pruned-80", "tflite", form="tflite-sparse",
+                                params={"sparsity_encoding": True}),
+                   savedmodel, tiny_dataset, cfg, tmp_path)
     assert sparse.path.stat().st_size < 0.6 * dense.path.stat().st_size
     runner = TFLiteRunner(sparse.path)
     ops = {op["op_name"] for op in runner.interpreter._get_ops_details()}
@@ -216,8 +215,7 @@ def _int8_stats(model, data, out_dir):
 
 def test_cluster_preserving_qat_keeps_the_clusters_in_the_int8_file(tiny_baseline, tiny_data,
                                                                     tmp_path):
-    from techniques.cqat import cluster_preserving_qat
-    from tfopt.config import CqatConfig
+    from techniques.cqat import CqatConfig, cluster_preserving_qat
 
     clustered = cluster_model.fn(tiny_baseline, ClusterConfig(enabled=True, clusters=8, epochs=1),
                                  tiny_data, tmp_path)
@@ -233,13 +231,11 @@ def test_cluster_preserving_qat_keeps_the_clusters_in_the_int8_file(tiny_baselin
 
 def test_pcqat_keeps_the_pruned_zeros_and_the_clusters_in_the_int8_file(tiny_baseline,
                                                                         tiny_data, tmp_path):
-    from techniques.cqat import cluster_preserving_qat
-    from tfopt.config import CqatConfig
+    from techniques.cqat import CqatConfig, cluster_preserving_qat
 
-    compress = CompressConfig.model_validate({
-        "cluster": {"enabled": True, "clusters": 8, "preserve_sparsity": True},
-        "cqat": {"enabled": True}, "tflite": ["int8"]})
-    by_source = {p.source: p for p in plan(compress, tiny_baseline)}
+    compress = _pipeline(cluster={"enabled": True, "clusters": 8, "preserve_sparsity": True},
+                         cqat={"enabled": True}, tflite=["int8"]).compress
+    by_source = {p.source: p for p in plan(_pipeline(**compress.model_dump()), tiny_baseline)}
     assert by_source["pruned-clustered-8"].starts_from == "prune"
     assert by_source["pruned-clustered-8"].variants[0].derived_from == "pruned-80-tflite-int8"
     assert by_source["cqat"].variants[0].derived_from == "pruned-clustered-8-tflite-int8"
@@ -369,9 +365,8 @@ from pathlib import Path
 from prefect import task
 from pydantic import Field
 
-from techniques.base import KERAS_ONLY, Technique
+from techniques.base import KERAS_ONLY, Technique, TechniqueSection
 from tfopt.artifacts import ModelArtifact, TrainingData
-from tfopt.config import TechniqueSection
 
 
 class NoopConfig(TechniqueSection):
@@ -397,8 +392,6 @@ TECHNIQUE = Technique(name="noop", section=NoopConfig, accepts=KERAS_ONLY,
 
 def test_a_new_technique_is_one_module_and_one_config_section(tiny_baseline, tiny_data,
                                                               tmp_path, monkeypatch):
-    from pydantic import Field
-
     import techniques
 
     (tmp_path / "noop.py").write_text(NEW_TECHNIQUE)
@@ -406,13 +399,11 @@ def test_a_new_technique_is_one_module_and_one_config_section(tiny_baseline, tin
     registry.cache_clear()
     try:
         technique = registry()["noop"]
-
-        class WithNoop(CompressConfig):
-            noop: technique.section = Field(  # type: ignore[valid-type]
-                default_factory=technique.section, description="The no-op technique.")
-
-        compress = WithNoop.model_validate({"noop": {"label": "copied"}, "tflite": ["fp32"]})
-        planned = {p.source: p for p in plan(compress, tiny_baseline)}
+        compress = techniques.compress_config_class().model_validate(
+            {"noop": {"label": "copied"}, "tflite": ["fp32"]})
+        assert compress.noop.label == "copied", "compress.noop is a config section now"
+        planned = {p.source: p for p in plan(PipelineConfig.model_construct(compress=compress),
+                                              tiny_baseline)}
         assert [v.name for v in planned["copied"].variants] == ["copied-graph",
                                                                 "copied-tflite-int8"]
         made = technique.apply.fn(tiny_baseline, planned["copied"].cfg, tiny_data, tmp_path)
@@ -423,7 +414,7 @@ def test_a_new_technique_is_one_module_and_one_config_section(tiny_baseline, tin
 
 def _rescaling_model(path):
     """A model whose Rescaling layer tfmot's 8-bit scheme has no rule for."""
-    from tasks.keras_models import save_keras_model
+    from tfopt.models.keras_io import save_keras_model
 
     inputs = keras.Input((16, 16, 3), name="images")
     x = keras.layers.Rescaling(2.0, offset=-1.0)(inputs)
@@ -439,7 +430,7 @@ def test_a_technique_that_cannot_wrap_the_model_skips_with_tfmots_reason(
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.compress_model import compress_model
-    from tfopt.config import PipelineConfig
+    from flows.parameters import PipelineConfig
 
     baseline = tiny_baseline.model_copy(
         update={"path": _rescaling_model(tmp_path / "rescaling.keras")})

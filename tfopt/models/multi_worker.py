@@ -1,12 +1,13 @@
 """Baseline training on several worker processes with MultiWorkerMirroredStrategy.
 
 `train.distribute: multi_worker` makes `train_model` start `train.workers` processes of this
-module on this machine (``python -m tasks.multi_worker SPEC``), each with a ``TF_CONFIG`` naming
-the whole cluster (127.0.0.1 ports) and its own index, as TensorFlow's multi-worker training
-expects. Every worker builds the same model, reads its share of every batch and all-reduces the
-gradients; worker 0, the chief, writes the history, keeps the best epoch and saves the trained
-model into the checkpoint folder, where `train_model` picks it up. All workers share one
-`BackupAndRestore` folder, so a killed training resumes from its last finished epoch.
+module on this machine (``python -m tfopt.models.multi_worker SPEC``), each with a
+``TF_CONFIG`` naming the whole cluster (127.0.0.1 ports) and its own index, as TensorFlow's
+multi-worker training expects. Every worker builds the same model, reads its share of every
+batch and all-reduces the gradients; worker 0, the chief, writes the history, keeps the best
+epoch and saves the trained model into the checkpoint folder, where `train_model` picks it
+up. All workers share one `BackupAndRestore` folder, so a killed training resumes from its
+last finished epoch.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def train_on_local_workers(
         for index, log in enumerate(logs):
             with log.open("ab") as out:
                 workers.append(subprocess.Popen(
-                    [sys.executable, "-m", "tasks.multi_worker", str(spec)],
+                    [sys.executable, "-m", "tfopt.models.multi_worker", str(spec)],
                     env={**os.environ, "TF_CONFIG": cluster_spec(addresses, index)},
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         _wait_for(workers, logs, history, train_cfg.epochs)
@@ -102,7 +103,7 @@ def _wait_for(workers: list[subprocess.Popen], logs: list[Path], history: Path,
 
 
 def _epochs_logged(history: Path) -> int:
-    from tasks.training import read_history
+    from tfopt.models.training import read_history
 
     if not history.is_file():
         return 0
@@ -130,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # The strategy must exist before any other TensorFlow operation runs in this process.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    from tasks.baseline import TRAINED_NAME, keep_trained, train_in_scope
-    from tasks.keras_models import save_keras_model
+    from tfopt.models.baseline import TRAINED_NAME, keep_trained, train_in_scope
+    from tfopt.models.keras_io import save_keras_model
 
     spec = json.loads(Path(spec_path).read_text())
     resolver = strategy.cluster_resolver

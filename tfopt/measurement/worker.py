@@ -1,7 +1,8 @@
-"""The measuring side of the benchmark: one variant, in this process. Not a task.
+"""The measuring side of the benchmark: one variant, in this process.
 
-`benchmark_variant` runs ``python -m tasks.benchmark_worker REQUEST RESULT`` so each variant is
-measured in a fresh process. Nothing heavy is imported at module level: a process measuring a
+`tfopt.measurement.isolation` runs ``python -m tfopt.measurement.worker REQUEST RESULT`` so each
+variant is measured in a fresh process. The variant's runtime (`tfopt.runtimes.runtime_of`)
+opens, profiles and counts it; nothing heavy is imported at module level: a process measuring a
 TFLite or ONNX model never loads TensorFlow, so its peak memory is the model's and its runtime's.
 """
 
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.machine_load import LoadProbe, background_cores
 from tfopt.artifacts import (
     RUNNER_PARAMS,
     BenchmarkInputs,
@@ -30,6 +30,10 @@ from tfopt.artifacts import (
 )
 from tfopt.config import BenchmarkConfig
 from tfopt.fileio import atomic_write_json, gzip_size_bytes, path_size_bytes
+from tfopt.measurement.floor import floor_format, floor_key
+from tfopt.measurement.machine_load import LoadProbe, background_cores
+from tfopt.runtimes import load_runner, runtime_of
+from tfopt.runtimes.base import Runner, predict_batched, softmax
 
 _KEPT_SAMPLES = 2000
 _LOAD_PROBE_S = 0.3
@@ -197,30 +201,21 @@ def batch_throughput(runner: object, images: np.ndarray, batch_size: int,
             return count * batch_size / elapsed
 
 
-def flops_per_inference(runner: object) -> float | None:
-    """FLOPs per example of the model a runner holds (None for a bare SavedModel signature)."""
-    from tasks.flops import keras_flops, onnx_flops, tflite_flops
-    from tasks.runners import GraphRunner, OnnxRunner, TFLiteRunner
-
-    if isinstance(runner, GraphRunner):
-        return keras_flops(runner.model)
-    if isinstance(runner, TFLiteRunner):
-        return tflite_flops(runner.interpreter)
-    if isinstance(runner, OnnxRunner):
-        return onnx_flops(runner.path)
-    return None
+def flops_per_inference(spec: VariantSpec, runner: Runner) -> float | None:
+    """FLOPs per example of the model a runner holds (None where its runtime cannot count)."""
+    return runtime_of(spec.format).flops(runner)
 
 
-def operator_profile(runner: object, prepared: Sequence[object], threads: int) -> OpProfile:
-    """The variant's top operators (`tasks.op_profile`), after its timed runs.
+def operator_profile(spec: VariantSpec, runner: Runner, prepared: Sequence[object],
+                     threads: int) -> OpProfile:
+    """The variant's top operators (`Runtime.op_profile`), after its timed runs.
 
     The profile explains the measurement and is not part of it: a profiler that fails leaves
     its error in the profile's method, and the variant stays ok.
     """
-    from tasks.op_profile import op_profile
-
     try:
-        return op_profile(runner, prepared, threads) or OpProfile(method="no profiler")
+        profile = runtime_of(spec.format).op_profile(runner, prepared, threads)
+        return profile or OpProfile(method="no profiler")
     except Exception as error:  # any profiler failure is kept, never fatal
         return OpProfile(method=f"profiler failed: {type(error).__name__}: {error}")
 
@@ -228,7 +223,7 @@ def operator_profile(runner: object, prepared: Sequence[object], threads: int) -
 def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
                    prepared: Sequence[object], samples_ms: np.ndarray, batch_size: int,
                    cfg: BenchmarkConfig) -> dict[str, float | int | None]:
-    """The Offline and Server scenarios `cfg.scenarios` asks for (see `tasks.load_scenarios`).
+    """The Offline and Server scenarios `cfg.scenarios` asks for (see `load_scenarios`).
 
     Offline tries batch sizes 1, 8 and the run's batch size on the variant's runner. Server
     clients are runtime instances of their own with `threads / clients` threads each (at
@@ -238,8 +233,7 @@ def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
     wait minutes for LoadGen's minimum query count (measured: 334 s for a 3.7 ms model and a
     1 ms budget).
     """
-    from tasks.load_scenarios import offline_throughput, server_search
-    from tasks.runners import load_runner
+    from tfopt.measurement.load_scenarios import offline_throughput, server_search
 
     found: dict[str, float | int | None] = {}
     p50_s = float(np.median(samples_ms)) / 1000.0
@@ -279,17 +273,14 @@ def harness_floor_ms(spec: VariantSpec, inputs: BenchmarkInputs, images: np.ndar
     Timed briefly (the floor models take microseconds), once per run for each floor model and
     thread count (`BenchmarkInputs.floor_ms`); None where no floor model was built.
     """
-    from tasks.harness_floor import FLOOR_OF_FORMAT, floor_key
-    from tasks.runners import load_runner
-
-    floor_kind = FLOOR_OF_FORMAT.get(spec.format, "")  # also the floor model's runner format
-    floor_path = inputs.floor_models.get(floor_kind)
+    floor = floor_format(spec.format)
+    floor_path = inputs.floor_models.get(floor)
     if floor_path is None:
         return None
     known = inputs.floor_ms.get(floor_key(spec.format, cfg.threads))
     if known is not None:
         return known
-    runner = load_runner(VariantSpec(name="harness-floor", source="harness", format=floor_kind,
+    runner = load_runner(VariantSpec(name="harness-floor", source="harness", format=floor,
                                      precision="fp32", path=floor_path), cfg.threads)
     brief = cfg.model_copy(update={"min_seconds": min(cfg.min_seconds, _FLOOR_SECONDS),
                                    "max_seconds": min(cfg.max_seconds, _FLOOR_SECONDS),
@@ -301,15 +292,7 @@ def measure_variant(
     spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
 ) -> VariantResult:
     """Measure a variant in this process (see `benchmark_variant` for the protocol)."""
-    from tasks.runners import (
-        TF_FORMATS,
-        GraphRunner,
-        load_runner,
-        predict_batched,
-        softmax,
-        tf_threads_in_force,
-    )
-
+    runtime = runtime_of(spec.format)
     images, labels = np.load(inputs.images), np.load(inputs.labels)
     started = time.perf_counter()
     runner = load_runner(spec, cfg.threads)
@@ -325,17 +308,13 @@ def measure_variant(
     samples = time_runs(runner.invoke, prepared, cfg)
     cores_during = probe.cores()
     floor_ms = harness_floor_ms(spec, inputs, images, cfg)
-    flops = flops_per_inference(runner)
+    flops = flops_per_inference(spec, runner)
     scenarios = load_scenarios(spec, runner, images, prepared, samples, inputs.batch_size, cfg)
-    profile = operator_profile(runner, prepared, cfg.threads)
+    profile = operator_profile(spec, runner, prepared, cfg.threads)
     throughput_at_batch = batch_throughput(runner, images, inputs.batch_size,
                                            max(0.2, cfg.min_seconds / P50_WINDOWS))
-    intra, inter = tf_threads_in_force() if spec.format in TF_FORMATS else (None, None)
-    extra_files = []
-    hlo_path = spec.params.get("hlo_path")
-    if hlo_path and isinstance(runner, GraphRunner):
-        Path(str(hlo_path)).write_text(runner.hlo_text(images[:1]))
-        extra_files.append(Path(str(hlo_path)))
+    intra, inter = runtime.threads_in_force() or (None, None)
+    extra_files = runtime.extra_files(runner, spec, images)
     return VariantResult(
         name=spec.name,
         source=spec.source,
@@ -376,7 +355,7 @@ def measure_variant(
 
 def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
                    cfg: BenchmarkConfig) -> Runoff:
-    """Time `specs` in alternating rounds in this process (see `tasks.runoff`).
+    """Time `specs` in alternating rounds in this process (see `tfopt.measurement.runoff`).
 
     A first, untimed round warms every contender with the run's warm-up (`warmup_runs`,
     `warmup_seconds`): measured on the demo, the first round read 1.3-1.7x the later ones for
@@ -384,8 +363,6 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     interval until all of them overlapped. Then each turn is a short measurement with the
     run's protocol: `warmup_runs` and windows for about `min_seconds` / 4.
     """
-    from tasks.runners import load_runner
-
     images = np.load(inputs.images)
     runners = {spec.name: load_runner(spec, cfg.threads) for spec in specs}
     prepared = {name: runner.prepare(images) for name, runner in runners.items()}

@@ -7,7 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from tfopt.artifacts import DatasetArtifact, InputPipelineResult, Runoff, VariantResult
-from tfopt.diagnosis import diagnose
+from tfopt.report.diagnosis import diagnose
 from tfopt.services import redact
 
 _LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std", "min", "max", "p95", "trimmed_mean", "cv",

@@ -19,8 +19,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from tasks.input_pipeline import load_split, reader_options, tuned_dataset
 from tfopt.artifacts import TrainingData
+from tfopt.data.pipeline import load_split, reader_options, tuned_dataset
 from tfopt.fileio import atomic_write_bytes
 
 HISTORY_NAME = "history.csv"
@@ -258,7 +258,7 @@ def distribution_strategy(name: str) -> tf.distribute.Strategy:
     """The tf.distribute strategy for training: `mirrored` copies the model to every local GPU.
 
     Without GPUs MirroredStrategy runs one CPU replica; `none` is TensorFlow's default strategy,
-    and so is `multi_worker` in the process that starts the workers (`tasks.multi_worker`).
+    and so is `multi_worker` in the process that starts the workers (`tfopt.models.multi_worker`).
     """
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()

@@ -27,15 +27,13 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
-from prefect import task
 
-from tasks.convert_tflite import representative_images, serving_converter
-from tasks.input_pipeline import load_split
-from tasks.runners import TFLiteRunner
-from tfopt.artifacts import DatasetArtifact, ModelArtifact, VariantSpec
-from tfopt.config import ConvertConfig
+from tfopt.artifacts import ModelArtifact, VariantSpec
+from tfopt.data.pipeline import load_split
 from tfopt.fileio import atomic_write_bytes
 from tfopt.logs import step_logger
+from tfopt.runtimes.base import BuildSources
+from tfopt.runtimes.litert import TFLiteRunner, representative_images, serving_converter
 from tfopt.variants import built, failed, skipped
 
 DEBUG_EXAMPLES = 64
@@ -167,32 +165,26 @@ def _debugger(savedmodel: ModelArtifact, debug_images: Callable[[], Iterator[lis
         converter=converter, debug_dataset=debug_images, debug_options=options)
 
 
-@task(name="select_int8_layers", tags=["conversion"])
-def select_int8_layers(
-    savedmodel: ModelArtifact,
-    variant: VariantSpec,
-    dataset: DatasetArtifact,
-    cfg: ConvertConfig,
-    budget_points: float,
-    threads: int,
-    out_dir: Path,
-) -> VariantSpec:
+def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources: BuildSources,
+                       max_float_layers: int) -> VariantSpec:
     """Int8 with the fewest float layers that keeps validation accuracy within the budget.
 
     Args:
         savedmodel: The exported SavedModel (left unchanged).
         variant: The planned selective int8 variant.
-        dataset: Calibration images (training split), the accuracy check (validation split).
-        cfg: Calibration size and the most layers to keep in float.
-        budget_points: The accuracy budget against the float model, in points.
-        threads: LiteRT threads of each step's quick latency figure.
-        out_dir: Folder to write ``<variant name>.tflite`` into.
+        sources: Calibration images (training split), the accuracy check (validation split),
+            the accuracy budget against the float model, the threads of each step's quick
+            latency figure, and the folder for ``<variant name>.tflite``.
+        max_float_layers: The most layers to keep in float.
 
     Returns:
         The variant built; skipped when full int8 is within budget already or nothing is
         quantizable; failed when the most float layers allowed do not bring it within budget.
     """
     logger = step_logger()
+    dataset, budget_points, threads = (sources.dataset, sources.accuracy_budget_points,
+                                       sources.threads)
+    out_dir = sources.out_dir
     scale = savedmodel.input_scale
     images, labels = load_split(dataset, "val", None, scale)
     debug_images, _ = load_split(dataset, "train", DEBUG_EXAMPLES, scale)
@@ -202,7 +194,7 @@ def select_int8_layers(
     float_accuracy, float_p50 = _accuracy_and_p50(float_model, images, labels, threads, scratch)
     debugger = _debugger(
         savedmodel, lambda: ([image[np.newaxis]] for image in debug_images),
-        lambda: representative_images(dataset, cfg.calibration_examples, scale))
+        lambda: representative_images(dataset, sources.calibration_examples, scale))
     full_accuracy, full_p50 = _accuracy_and_p50(
         debugger.get_nondebug_quantized_model(), images, labels, threads, scratch)
     loss = (float_accuracy - full_accuracy) * 100.0
@@ -225,7 +217,7 @@ def select_int8_layers(
     denied: list[str] = []
     steps: list[Step] = []
     content = b""
-    for layer in ranked[:cfg.selective_max_float_layers]:
+    for layer in ranked[:max_float_layers]:
         denied.append(layer.tensor)
         debugger.options = tf.lite.experimental.QuantizationDebugOptions(
             denylisted_nodes=list(denied))

@@ -1,6 +1,6 @@
 """MLPerf LoadGen's Offline and Server scenarios around tfopt's runners. Not a task.
 
-SingleStream is the benchmark's batch-1 protocol (`tasks.benchmark_worker.time_runs`). Here
+SingleStream is the benchmark's batch-1 protocol (`tfopt.measurement.worker.time_runs`). Here
 `mlcommons-loadgen` (the MLPerf Inference load generator) issues the queries and times them:
 
 - Offline: every sample in one query, answered in batches; the best examples/s over a few batch

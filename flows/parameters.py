@@ -1,0 +1,158 @@
+"""The flows' parameters: one pydantic model per flow, shared by the CLI, the UI and schedules.
+
+Every field has a type, a default and a description; bounds and choices are part of the type so
+that bad values are refused before any work starts, with a message naming the field. The
+sections come from where they are read: the core's (`tfopt.config`), the runtimes' registry
+(``convert`` and ``runtimes``, `tfopt.runtimes`) and the techniques' registry (``compress``,
+`techniques`). YAML in configs/ validates into the same models (`load_pipeline_config`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from techniques import CompressConfig
+from tfopt.config import (
+    APPLICATION_ARCHITECTURES,
+    BenchmarkConfig,
+    DataConfig,
+    InputConfig,
+    InputScale,
+    ModelConfig,
+    ScaleConfig,
+    Section,
+    ServicesConfig,
+    TrainConfig,
+    load_config,
+    run_name_field,
+)
+from tfopt.runtimes import ConvertConfig, RuntimesConfig, known_formats
+
+
+def _auto_or_format(value: str) -> str:
+    if value != "auto" and value not in known_formats():
+        raise ValueError(f"format {value!r} is neither auto nor one a runtime measures "
+                         f"({', '.join(sorted(known_formats()))})")
+    return value
+
+
+class PipelineConfig(Section):
+    """All parameters of one tfopt pipeline run."""
+
+    name: str = run_name_field("demo")
+    experiment: str = Field(
+        "tfopt", min_length=1, max_length=128, description="MLflow experiment to log into."
+    )
+    work_dir: Path = Field(
+        Path(".tfopt/work"), description="Folder for TFRecords, models and reports."
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Baseline network.")
+    input: InputConfig = Field(default_factory=InputConfig, description="Input pipeline.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Baseline training.")
+    compress: CompressConfig = Field(
+        default_factory=CompressConfig, description="Pruning, distillation, QAT."
+    )
+    convert: ConvertConfig = Field(default_factory=ConvertConfig, description="Conversions.")
+    runtimes: RuntimesConfig = Field(
+        default_factory=RuntimesConfig, description="Each runtime's own settings.")
+    benchmark: BenchmarkConfig = Field(
+        default_factory=BenchmarkConfig, description="Benchmark protocol."
+    )
+    scale: ScaleConfig = Field(
+        default_factory=ScaleConfig, description="Task runner for the compression techniques."
+    )
+    services: ServicesConfig = Field(
+        default_factory=ServicesConfig, description="Waiting for the servers."
+    )
+
+    @model_validator(mode="after")
+    def _training_fits_the_model_source(self) -> PipelineConfig:
+        if self.train.epochs == 0 and self.model.source != "file":
+            raise ValueError(
+                f"train.epochs: 0 trains nothing, so model.source={self.model.source} leaves no "
+                "model to optimize (epochs 0 is for model.source=file)"
+            )
+        if self.train.mixed_precision != "off" and self.model.source != "zoo":
+            raise ValueError("train.mixed_precision applies to model.source=zoo networks only")
+        if (self.model.source == "zoo" and self.model.architecture in APPLICATION_ARCHITECTURES
+                and self.data.image_size < 32):
+            raise ValueError(
+                f"model.architecture {self.model.architecture} needs images of at least 32x32 "
+                f"pixels but data.image_size is {self.data.image_size}"
+            )
+        return self
+
+
+class PreprocessConfig(Section):
+    """Shard a data folder into TFRecords with a manifest, and nothing else."""
+
+    name: str = run_name_field("preprocess")
+    experiment: str = Field(
+        "tfopt-preprocess", min_length=1, max_length=128, description="MLflow experiment."
+    )
+    work_dir: Path = Field(Path(".tfopt/work"), description="Folder for the TFRecord shards.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
+    scale: ScaleConfig = Field(
+        default_factory=ScaleConfig, description="Where the shards are written (Dask or here)."
+    )
+    services: ServicesConfig = Field(
+        default_factory=ServicesConfig, description="Waiting for the servers."
+    )
+
+
+class BenchmarkOnlyConfig(Section):
+    """Benchmark one existing model (a registered version or a file) without the pipeline."""
+
+    name: str = run_name_field("benchmark")
+    experiment: str = Field(
+        "tfopt-benchmarks", min_length=1, max_length=128, description="MLflow experiment."
+    )
+    model: str = Field(
+        "models:/tfopt-demo@champion", min_length=1,
+        description=(
+            "models:/<name>@<alias>, models:/<name>/<version>, runs:/<run id>/<artifact path>, "
+            "or a path to a .tflite, .onnx or .keras file or a SavedModel folder."
+        ),
+    )
+    format: Annotated[str, AfterValidator(_auto_or_format)] = Field(
+        "auto", description="The model's format: auto (from the file) or a runtime's format "
+                            "(graph, xla, savedmodel, tflite, onnx ...)."
+    )
+    precision: Literal["auto", "fp32", "float16", "dynamic", "int8", "int16x8"] = Field(
+        "auto", description="Its precision (auto: the registered run's, else fp32)."
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="Test data (test split).")
+    work_dir: Path = Field(Path(".tfopt/work"), description="Folder for shards and reports.")
+    batch_size: int = Field(32, ge=1, le=8192, description="Batch of the throughput figure.")
+    input_scale: InputScale = Field(
+        "unit", description="Pixels the model expects: unit (0..1), symmetric (-1..1), raw."
+    )
+    benchmark: BenchmarkConfig = Field(
+        default_factory=BenchmarkConfig, description="Benchmark protocol."
+    )
+    pipeline_run: str | None = Field(
+        None, pattern=r"^[0-9a-f]{32}$",
+        description=(
+            "An optimize_model MLflow run: measure `model` (one of its variants, "
+            "runs:/<child run id>/model) on that run's benchmark inputs with its protocol and "
+            "log the result as a child run of it, tagged with this machine (`data`, "
+            "`batch_size`, `input_scale` and `benchmark` are then taken from that run)."
+        ),
+    )
+    services: ServicesConfig = Field(
+        default_factory=ServicesConfig, description="Waiting for the servers."
+    )
+
+
+def load_pipeline_config(path: Path | None, overrides: dict[str, object] | None = None,
+                         ) -> PipelineConfig:
+    """A YAML file (or the defaults) with overrides, validated into `PipelineConfig`.
+
+    Raises:
+        ConfigError: The file is missing, is not YAML, or a value is out of range.
+    """
+    return load_config(path, overrides, PipelineConfig)

@@ -1,0 +1,1 @@
+"""Data: the source folder's listing, TFRecord shards and their manifest, tf.data readers."""

@@ -1,0 +1,259 @@
+"""The data source: a class-per-folder image tree or a folder of TFRecord files, listed.
+
+Listing reads names, sizes and (for TFRecord sources) labels, never pixels: every file gets its
+label and a split from a hash of its path, so the shard plan is known before any image is read
+and a file keeps its split across reruns and new files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tfopt.config import DataConfig
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    """One file of the source folder and where it goes."""
+
+    relative_path: str
+    label: int
+    size_bytes: int
+    split: str
+
+
+class NoUsableDataError(ValueError):
+    """The source folder holds no image the pipeline can use."""
+
+
+def list_class_folders(source_dir: Path) -> list[str]:
+    """Return the class names: the non-hidden sub-folders of `source_dir`, sorted.
+
+    Raises:
+        NoUsableDataError: The folder does not exist or has no class sub-folders.
+    """
+    if not source_dir.is_dir():
+        raise NoUsableDataError(f"data.source_dir {source_dir} is not a folder")
+    classes = sorted(
+        entry.name
+        for entry in source_dir.iterdir()
+        if entry.is_dir() and not entry.name.startswith(".")
+    )
+    if not classes:
+        raise NoUsableDataError(
+            f"data.source_dir {source_dir} has no class sub-folders; expected <label>/<image> files"
+        )
+    return classes
+
+
+def split_of(relative_path: str, val_fraction: float, test_fraction: float) -> str:
+    """Assign a file to a split from a hash of its path: stable across reruns and new files."""
+    digest = hashlib.sha256(relative_path.encode("utf-8")).digest()
+    position = int.from_bytes(digest[:8], "big") / 2**64
+    if position < test_fraction:
+        return "test"
+    if position < test_fraction + val_fraction:
+        return "val"
+    return "train"
+
+
+def list_source_images(
+    cfg: DataConfig, class_names: list[str]
+) -> tuple[list[SourceImage], list[dict]]:
+    """List the source files with their labels and splits, in a deterministic order.
+
+    Every class reaches training: a class whose files all hash into val or test gets its first
+    file moved to train. A file whose name is not valid UTF-8 (it could not be stored in the
+    manifest or a TFRecord) is quarantined with its name's bytes.
+
+    Returns:
+        The images, and the quarantined files with their reasons.
+    """
+    images, quarantined = [], []
+    for label, class_name in enumerate(class_names):
+        class_dir = cfg.source_dir / class_name
+        # Symlinks are listed even when broken, so an unreadable file is counted, not ignored.
+        files = sorted(
+            path
+            for path in class_dir.rglob("*")
+            if (path.is_file() or path.is_symlink()) and not path.name.startswith(".")
+        )
+        if cfg.max_examples_per_class is not None:
+            files = files[: cfg.max_examples_per_class]
+        listed = []
+        for path in files:
+            relative = path.relative_to(cfg.source_dir).as_posix()
+            if not _is_utf8(relative):
+                quarantined.append({"path": _printable(relative),
+                                    "reason": "file name is not valid UTF-8; rename the file"})
+                continue
+            listed.append(SourceImage(
+                relative_path=relative, label=label, size_bytes=_size_or_zero(path),
+                split=split_of(relative, cfg.val_fraction, cfg.test_fraction),
+            ))
+        if listed and all(image.split != "train" for image in listed):
+            listed[0] = replace(listed[0], split="train")
+        images += listed
+    return images, quarantined
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(name: str) -> str:
+    """A file name whose undecodable bytes show as backslash escapes, never raising."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _tfrecord_files(source_dir: Path) -> list[Path]:
+    if not source_dir.is_dir():
+        raise NoUsableDataError(f"data.source_dir {source_dir} is not a folder")
+    files = sorted(p for p in source_dir.rglob("*") if p.is_file() and ".tfrecord" in p.name)
+    if not files:
+        raise NoUsableDataError(f"data.source_dir {source_dir} holds no *.tfrecord* files")
+    return files
+
+
+def _compression_of(path: Path) -> str:
+    return "GZIP" if path.suffix in (".gz", ".gzip") else ""
+
+
+def source_feature_spec(cfg: DataConfig) -> dict:
+    import tensorflow as tf
+
+    return {
+        cfg.tfrecord_image_key: tf.io.FixedLenFeature([], tf.string),
+        cfg.tfrecord_label_key: tf.io.FixedLenFeature([], tf.int64),
+    }
+
+
+def iterate_source_records(cfg: DataConfig, path: Path) -> Iterator[tuple[int, bytes | str]]:
+    """Yield ``(index, serialized record)`` of one source file.
+
+    Where the file stops being readable (truncated or corrupt), yields ``(index, error text)``
+    once and ends.
+    """
+    import tensorflow as tf
+
+    index = 0
+    iterator = iter(tf.data.TFRecordDataset(str(path), compression_type=_compression_of(path)))
+    while True:
+        try:
+            record = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as error:
+            yield index, f"unreadable from record {index} on: {error.message[:200]}"
+            return
+        yield index, record.numpy()
+        index += 1
+
+
+def list_tfrecord_source(cfg: DataConfig) -> tuple[list[str], list[SourceImage], list[dict]]:
+    """Index a folder of TFRecord files: one entry per record, labels read from the records.
+
+    Returns:
+        Class names (the labels found, sorted), the entries, and the records that could not
+        be read or parsed.
+    """
+    import tensorflow as tf
+
+    spec = source_feature_spec(cfg)
+    entries: list[tuple[str, int, int]] = []
+    skipped: list[dict] = []
+    for path in _tfrecord_files(cfg.source_dir):
+        relative = path.relative_to(cfg.source_dir).as_posix()
+        for index, record in iterate_source_records(cfg, path):
+            if isinstance(record, str):
+                skipped.append({"path": f"{relative}#{index}", "reason": record})
+                break
+            try:
+                parsed = tf.io.parse_single_example(record, spec)
+            except tf.errors.OpError as error:
+                skipped.append({"path": f"{relative}#{index}",
+                                "reason": f"cannot parse: {error.message[:200]}"})
+                continue
+            entries.append((f"{relative}#{index}", int(parsed[cfg.tfrecord_label_key]),
+                            len(record)))
+    labels = sorted({label for _, label, _ in entries})
+    position = {label: i for i, label in enumerate(labels)}
+    images = [
+        SourceImage(relative_path=name, label=position[label], size_bytes=size,
+                    split=split_of(name, cfg.val_fraction, cfg.test_fraction))
+        for name, label, size in entries
+    ]
+    return [str(label) for label in labels], images, skipped
+
+
+def _size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def source_fingerprint(source_dir: Path) -> str:
+    """A digest of every file under `source_dir`: relative path, size and modification time.
+
+    Editing, adding, removing or replacing a file changes it; reading the folder does not.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(source_dir.rglob("*")):
+        if path.name.startswith(".") or not (path.is_file() or path.is_symlink()):
+            continue
+        try:
+            stat = path.stat()
+            facts = f"{stat.st_size}\t{stat.st_mtime_ns}"
+        except OSError:
+            facts = "unreadable"
+        digest.update(f"{path.relative_to(source_dir).as_posix()}\t{facts}\n".encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class SourceListing:
+    """What a source folder holds: its classes, its usable entries and what was left out."""
+
+    class_names: list[str]
+    images: list[SourceImage]
+    skipped: list[dict]
+    empty_classes: list[str]
+
+
+def list_source(cfg: DataConfig) -> SourceListing:
+    """List `cfg.source_dir` (images or TFRecords) and refuse a source a classifier cannot use.
+
+    Class folders that hold no usable file name are left out (and listed as skipped).
+
+    Raises:
+        NoUsableDataError: No class folders or files, or fewer than two classes with images.
+    """
+    empty: list[str] = []
+    if cfg.source_format == "tfrecord":
+        class_names, images, skipped = list_tfrecord_source(cfg)
+    else:
+        class_names = list_class_folders(cfg.source_dir)
+        images, skipped = list_source_images(cfg, class_names)
+        used = sorted({image.label for image in images})
+        empty = [name for label, name in enumerate(class_names) if label not in used]
+        if empty and images:
+            class_names = [class_names[label] for label in used]
+            images, skipped = list_source_images(cfg, class_names)
+            skipped += [{"path": f"{name}/", "reason": "empty class folder"} for name in empty]
+    if not images and not skipped:
+        raise NoUsableDataError(f"data.source_dir {cfg.source_dir} has class folders but no files")
+    if len(class_names) < 2:
+        raise NoUsableDataError(
+            f"data.source_dir {cfg.source_dir} has {len(class_names)} class with images "
+            f"({', '.join(class_names) or 'none'}); a classifier needs at least two classes, "
+            "one sub-folder of images per class"
+        )
+    return SourceListing(class_names, images, skipped, empty if images else [])

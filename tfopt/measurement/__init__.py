@@ -1,0 +1,1 @@
+"""Measurement: the benchmark worker, timing statistics, load scenarios, machine load."""

@@ -1,0 +1,160 @@
+"""Choose the champion: the fastest ok variant whose accuracy stays within the budget.
+
+Variants the measurement cannot tell apart are tied: on the p50 objective, those whose p50
+intervals (`latency_ms.p50_ci95`) overlap the fastest one's. Where a run-off timed the
+contenders again side by side (`tasks.runoff`), their run-off p50s and intervals decide instead
+of the figures each got on its own turn. A tie is broken by a stated order,
+never by the noise between them: higher accuracy, then smaller size, then the simpler variant
+(the baseline before a technique's model, fp32 before float16, dynamic and int8, no XLA before
+XLA), then the lower p50.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from tfopt.artifacts import Runoff, VariantResult
+
+
+class ChampionChoice(BaseModel):
+    """The chosen variant (or none) and the rule's reasoning in one sentence."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str | None
+    reason: str
+    baseline_accuracy: float | None
+    tied_with: tuple[str, ...] = ()
+
+
+def baseline_accuracy(results: list[VariantResult]) -> float | None:
+    """Accuracy of the unoptimized model: its first ok variant named ``baseline-*``."""
+    for result in results:
+        if result.status == "ok" and result.source == "baseline":
+            return result.accuracy
+    return None
+
+
+def within_budget(result: VariantResult, reference: float, budget_points: float) -> bool:
+    """Whether an ok, timed variant lost at most `budget_points` accuracy points to `reference`."""
+    return (result.status == "ok" and result.latency_ms is not None
+            and (reference - result.accuracy) * 100.0 <= budget_points + 1e-9)
+
+
+def objective_value(result: VariantResult, objective: str, runoff: Runoff | None = None) -> float:
+    """The number the champion minimizes: a latency statistic, size, or negated throughput."""
+    if objective == "throughput":
+        return -result.throughput_per_s
+    if objective == "throughput_under_budget":
+        return -(result.server_qps_within_budget or 0.0)
+    if objective == "size":
+        return float(result.size_bytes)
+    if objective == "p50" and runoff is not None and result.name in runoff.round_p50_ms:
+        return runoff.p50(result.name)
+    return float(getattr(result.latency_ms, objective))
+
+
+def p50_interval(result: VariantResult, runoff: Runoff | None = None) -> tuple[float, float] | None:
+    """The variant's p50 interval: from the run-off if it took part, else its own."""
+    if runoff is not None and result.name in runoff.round_p50_ms:
+        return runoff.interval(result.name)
+    if result.latency_ms is None or result.latency_ms.p50_ci95 is None:
+        return None
+    return result.latency_ms.p50_ci95
+
+
+_PRECISION_ORDER = {"fp32": 0, "float16": 1, "bfloat16": 2, "dynamic": 3, "int8": 4,
+                    "int16x8": 5}
+
+
+def simplicity(result: VariantResult) -> tuple[int, int, int]:
+    """Sort key of how much was done to a variant: fewer steps sort first."""
+    return (result.source != "baseline", _PRECISION_ORDER.get(result.precision, 6),
+            result.format == "xla")
+
+
+def tied_with_best(best: VariantResult, candidates: list[VariantResult],
+                   runoff: Runoff | None = None) -> list[VariantResult]:
+    """The candidates whose p50 interval overlaps `best`'s (best excluded)."""
+    best_interval = p50_interval(best, runoff)
+    if best_interval is None:
+        return []
+    low, high = best_interval
+    tied = []
+    for result in candidates:
+        interval = p50_interval(result, runoff)
+        if result is not best and interval is not None and interval[0] <= high \
+                and low <= interval[1]:
+            tied.append(result)
+    return tied
+
+
+def _tie_break_key(result: VariantResult) -> tuple[float, int, tuple[int, int, int]]:
+    return (-result.accuracy, result.size_bytes, simplicity(result))
+
+
+_OBJECTIVE_WORDS = {"p50": "batch-1 p50 latency", "p90": "batch-1 p90 latency",
+                    "p99": "batch-1 p99 latency", "mean": "batch-1 mean latency",
+                    "throughput": "-throughput", "size": "size",
+                    "throughput_under_budget": "-Server rate (queries/s) within the latency budget"}
+
+
+def choose_champion(
+    results: list[VariantResult], budget_points: float, objective: str = "p50",
+    runoff: Runoff | None = None,
+) -> ChampionChoice:
+    """Pick the best ok variant on `objective` among those within `budget_points` of baseline.
+
+    Args:
+        results: Every benchmarked variant, failed ones included.
+        budget_points: Accuracy points (0-100 scale) a champion may lose to the baseline.
+        objective: ``p50`` (default), ``p90``, ``p99``, ``mean`` (batch-1 latency, lower is
+            better), ``throughput`` (higher is better), ``size`` (smaller is better) or
+            ``throughput_under_budget`` (the highest Server-scenario rate whose p99 met the
+            latency budget; a variant that met it at no rate does not qualify).
+        runoff: The contenders' side-by-side p50s, which replace their own on ``p50``.
+
+    Returns:
+        The champion's name, or None with the reason when no variant qualifies.
+    """
+    reference = baseline_accuracy(results)
+    ok = [r for r in results if r.status == "ok" and r.latency_ms is not None]
+    if not ok:
+        return ChampionChoice(name=None, reason="no variant finished", baseline_accuracy=reference)
+    if reference is None:
+        return ChampionChoice(
+            name=None, reason="no ok baseline variant to compare accuracy with",
+            baseline_accuracy=None,
+        )
+    eligible = [r for r in ok if within_budget(r, reference, budget_points)]
+    if objective == "throughput_under_budget":
+        eligible = [r for r in eligible if r.server_qps_within_budget]
+    if not eligible:
+        return ChampionChoice(
+            name=None,
+            reason=f"no ok variant is within {budget_points} accuracy points of the baseline"
+            + (" and meets the latency budget at any Server rate"
+               if objective == "throughput_under_budget" else ""),
+            baseline_accuracy=reference,
+        )
+    runoff = runoff if objective == "p50" else None
+    fastest = min(eligible, key=lambda r: objective_value(r, objective, runoff))
+    reason = (f"best {_OBJECTIVE_WORDS[objective].lstrip('-')} "
+              f"({abs(objective_value(fastest, objective, runoff)):,.3f}) among {len(eligible)} "
+              f"ok variants within {budget_points} accuracy points of the baseline")
+    if runoff is not None:
+        reason += (f" (run-off: {', '.join(runoff.round_p50_ms)} timed again side by side in "
+                   f"{runoff.rounds} alternating rounds)")
+    tied = tied_with_best(fastest, eligible, runoff) if objective == "p50" else []
+    if not tied:
+        return ChampionChoice(name=fastest.name, reason=reason, baseline_accuracy=reference)
+    group = sorted([fastest, *tied],
+                   key=lambda r: (*_tie_break_key(r), objective_value(r, "p50", runoff)))
+    champion, others = group[0], [r.name for r in group[1:]]
+    return ChampionChoice(
+        name=champion.name,
+        reason=(f"{reason}: {fastest.name}, tied on p50 (95% intervals overlap) with "
+                f"{', '.join(r.name for r in tied)}; the tie goes to higher accuracy, then "
+                f"smaller size, then the simpler variant: {champion.name}"),
+        baseline_accuracy=reference, tied_with=tuple(others),
+    )

@@ -1,0 +1,127 @@
+"""Measuring a variant in a fresh process, retried when the machine was busy, thread sweeps.
+
+Each variant is measured in a fresh process by default (``python -m tfopt.measurement.worker``),
+so variants do not disturb each other's memory or thread pools, XLA auto-clustering can be
+switched on by environment flags for that variant alone, and a crashing backend fails only its
+own variant.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tfopt.artifacts import BenchmarkInputs, VariantResult, VariantSpec
+from tfopt.config import BenchmarkConfig
+from tfopt.fileio import atomic_write_json, process_temp_dir
+from tfopt.logs import step_logger
+from tfopt.measurement.worker import measure_variant
+from tfopt.orchestration import TransientError
+from tfopt.runtimes import runtime_of
+
+_WORKER_TIMEOUT_S = 3600
+
+
+def worker_env(spec: VariantSpec) -> dict[str, str]:
+    """Environment of the measuring process, with what the variant's runtime sets at its start.
+
+    E.g. XLA auto-clustering's flags, for that variant only (`Runtime.worker_env`).
+    """
+    return runtime_of(spec.format).worker_env(spec, dict(os.environ))
+
+
+def run_worker(module: str, request: dict, env: dict[str, str]) -> str:
+    """Run ``python -m MODULE REQUEST RESPONSE`` in a fresh process; return the response text.
+
+    Raises:
+        TransientError: The process was killed by a signal (the OOM killer, a shutdown).
+        RuntimeError: The process failed; the message holds its last error line.
+    """
+    with process_temp_dir("bench") as tmp:
+        request_path, response = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        atomic_write_json(request_path, request)
+        completed = subprocess.run(
+            [sys.executable, "-m", module, str(request_path), str(response)],
+            env=env, capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S,
+        )
+        if completed.returncode < 0:
+            raise TransientError(f"benchmark process killed by signal {-completed.returncode}")
+        if completed.returncode != 0 or not response.exists():
+            tail = completed.stderr.strip().splitlines()[-1:] or [f"exit {completed.returncode}"]
+            raise RuntimeError(f"benchmark process failed: {tail[0][:500]}")
+        return response.read_text()
+
+
+def measure_in_subprocess(
+    spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
+) -> VariantResult:
+    """Measure one variant with `tfopt.measurement.worker` in a fresh process (see `run_worker`)."""
+    request = {"spec": spec.model_dump(mode="json"), "inputs": inputs.model_dump(mode="json"),
+               "cfg": cfg.model_dump(mode="json")}
+    return VariantResult.model_validate_json(
+        run_worker("tfopt.measurement.worker", request, worker_env(spec)))
+
+
+def _measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig) -> VariantResult:
+    if cfg.isolate:
+        return measure_in_subprocess(variant, inputs, cfg)
+    needs_own_process = runtime_of(variant.format).own_process_reason(variant)
+    if needs_own_process:
+        raise ValueError(needs_own_process)
+    if cfg.cpus:
+        raise ValueError("benchmark.cpus needs benchmark.isolate=true (it pins that process)")
+    return measure_variant(variant, inputs, cfg)
+
+
+def with_thread_sweep(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig,
+                      result: VariantResult) -> VariantResult:
+    """`result` with the variant's batch-1 p50 at 1..`cfg.threads` threads.
+
+    Each other thread count is a measurement of its own (a fresh process when isolated:
+    TensorFlow sizes its pools once per process), with the same protocol (single stream only).
+    """
+    p50s = {cfg.threads: result.latency_ms.p50}
+    for threads in range(1, cfg.threads):
+        other = _measure(variant, inputs, cfg.model_copy(
+            update={"threads": threads, "scenarios": ["single_stream"]}))
+        p50s[threads] = other.latency_ms.p50
+    step_logger().info("%s: p50 by threads %s", variant.name,
+                       ", ".join(f"{t}: {p50s[t]:.3f} ms" for t in sorted(p50s)))
+    return result.model_copy(update={"p50_ms_by_threads": dict(sorted(p50s.items()))})
+
+
+def _load_words(result: VariantResult) -> str:
+    return " / ".join("?" if cores is None else f"{cores:.2f}"
+                      for cores in (result.background_cores_before, result.background_cores))
+
+
+def measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig,
+            logger: logging.Logger) -> VariantResult:
+    """Measure one variant (see `tasks.benchmark_variant.benchmark_variant` for the protocol).
+
+    Raises:
+        TransientError: The measuring process was killed.
+        RuntimeError: The measuring process failed.
+        ValueError: A variant or setting that needs its own process while `cfg.isolate` is off.
+    """
+    result = _measure(variant, inputs, cfg)
+    if result.under_load:
+        logger.warning(
+            "%s was timed while other processes kept %s cores busy (limit %.2f, "
+            "benchmark.max_background_cores): measuring it once more", variant.name,
+            _load_words(result), cfg.max_background_cores)
+        result = _measure(variant, inputs, cfg).model_copy(update={"load_retried": True})
+        if result.under_load:
+            logger.warning("%s: still under load (%s cores); kept and marked under_load",
+                           variant.name, _load_words(result))
+    if cfg.thread_sweep:
+        result = with_thread_sweep(variant, inputs, cfg, result)
+    logger.info(
+        "%s: accuracy %.4f, p50 %.3f ms, first inference %.1f ms, peak RSS %.0f MB, %d bytes",
+        variant.name, result.accuracy, result.latency_ms.p50, result.first_inference_ms,
+        result.peak_rss_mb, result.size_bytes,
+    )
+    return result

@@ -1,0 +1,86 @@
+"""The run-off: the contenders for champion timed again side by side, in one process.
+
+Each variant is timed on its own turn, minutes apart from the others. On a shared machine the speed
+moves between turns (a neighbour's load, the host's frequency, another VM on the sibling
+hyperthread): measured here, the same LiteRT file read 0.17 ms on one turn and 0.23 ms on the next,
+and two int8 files of the same network 0.057 and 0.078 ms on their turns but 0.076 and 0.073 ms side
+by side. Each turn's interval is narrow, so such a drift picks the champion. The run-off takes the
+variants whose runtime can share a process (`Runtime.shares_process`: LiteRT and ONNX Runtime)
+within `benchmark.runoff_margin` of the fastest eligible one (at most `MAX_CONTENDERS`), loads them
+all in one fresh process, warms them all in an untimed round and times them in 6 rounds that
+alternate between them (the order rotates each round), so a drift reaches all of them alike. A
+contender's run-off p50 is the median of its round p50s and its interval their range, the same
+distribution-free 96.9% interval as a turn's windows.
+
+TensorFlow's variants stay out: a process cannot hold both XLA auto-clustering's flags and the
+others, and on CPU they are rarely near the fastest.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
+from tfopt.config import BenchmarkConfig
+from tfopt.measurement.champion import baseline_accuracy, within_budget
+from tfopt.measurement.isolation import run_worker, worker_env
+from tfopt.measurement.worker import measure_runoff
+from tfopt.runtimes import runtime_of
+
+MAX_CONTENDERS = 4
+
+
+def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> list[VariantResult]:
+    """The variants of runtimes that share a process near the fastest eligible one, fastest first.
+
+    Near: a p50 within the margin of the upper end of the fastest's p50 interval, so an
+    unsettled fastest (a wide interval) draws its likely rivals into the run-off. None (an
+    empty list) unless the objective is p50, a margin is set and at least two variants qualify.
+    """
+    reference = baseline_accuracy(results)
+    if cfg.objective != "p50" or cfg.runoff_margin is None or reference is None:
+        return []
+    eligible = sorted(
+        (r for r in results if runtime_of(r.format).shares_process and r.path is not None
+         and within_budget(r, reference, cfg.accuracy_budget_points)),
+        key=lambda r: r.latency_ms.p50)
+    if not eligible:
+        return []
+    fastest = eligible[0].latency_ms
+    upper = fastest.p50_ci95[1] if fastest.p50_ci95 else fastest.p50
+    limit = max(fastest.p50, upper) * (1.0 + cfg.runoff_margin)
+    near = [r for r in eligible if r.latency_ms.p50 <= limit][:MAX_CONTENDERS]
+    return near if len(near) >= 2 else []
+
+
+def _spec_of(result: VariantResult) -> VariantSpec:
+    return VariantSpec(name=result.name, source=result.source, format=result.format,
+                       precision=result.precision, path=result.path,
+                       derived_from=result.derived_from)
+
+
+def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: BenchmarkConfig,
+               logger: logging.Logger) -> Runoff | None:
+    """Time the contenders again side by side; None when there are none or it cannot run."""
+    contenders = runoff_contenders(results, cfg)
+    if not contenders:
+        return None
+    specs = [_spec_of(result) for result in contenders]
+    try:
+        if cfg.isolate:
+            request = {"specs": [spec.model_dump(mode="json") for spec in specs],
+                       "inputs": inputs.model_dump(mode="json"),
+                       "cfg": cfg.model_dump(mode="json")}
+            runoff = Runoff.model_validate_json(
+                run_worker("tfopt.measurement.worker", request, worker_env(specs[0])))
+        else:
+            runoff = measure_runoff(specs, inputs, cfg)
+    except (RuntimeError, OSError) as error:
+        logger.warning("run-off of %s skipped: %s", ", ".join(s.name for s in specs), error)
+        return None
+    logger.info("run-off, %d alternating rounds: %s", runoff.rounds, "; ".join(
+        f"{name} p50 {runoff.p50(name):.4f} ms ({low:.4f}-{high:.4f}), on its turn "
+        f"{result.latency_ms.p50:.4f}"
+        for result in contenders
+        for name, (low, high) in [(result.name, runoff.interval(result.name))]))
+    return runoff

@@ -1,0 +1,1 @@
+"""Models: the zoo, the user's files and builders, saving and loading, training."""

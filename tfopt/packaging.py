@@ -1,0 +1,123 @@
+"""Every variant as an MLflow Model folder, loadable by URI and servable over HTTP.
+
+Each runtime writes its own flavor (`Runtime.package`); this module adds what every folder
+carries: a tensor signature (``float32 [-1, H, W, C]`` in, the model's outputs out), an input
+example, the class order (``labels.txt`` and the ``class_names`` metadata) and
+``metadata.tfopt`` (format, precision, the model file inside the folder), which
+`tfopt.models.references` reads to benchmark a registered model again. Pip requirements are
+pinned from the installed packages: MLflow would otherwise infer them by loading every model in
+a subprocess, about 5 s each.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfopt.artifacts import VariantResult, VariantSpec
+from tfopt.serving import write_labels
+
+METADATA_KEY = "tfopt"
+
+
+def mlflow_signature(example: np.ndarray, outputs: dict[str, int] | int) -> Any:
+    """An MLflow tensor signature: float32 inputs shaped like `example`, float32 outputs."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    def spec(width: int, name: str | None = None) -> TensorSpec:
+        return TensorSpec(np.dtype(np.float32), (-1, width), name)
+
+    out = (Schema([spec(width, name) for name, width in outputs.items()])
+           if isinstance(outputs, dict) else Schema([spec(outputs)]))
+    return ModelSignature(Schema([TensorSpec(np.dtype(np.float32), (-1, *example.shape[1:]))]),
+                          out)
+
+
+def pinned(*distributions: str) -> list[str]:
+    """Pip requirements pinned to the installed versions (MLflow's own first)."""
+    return [f"{name}=={importlib.metadata.version(name)}" for name in ("mlflow", *distributions)]
+
+
+def save_variant_model(path: Path, model_format: str, precision: str, contract: Any,
+                       dst: Path) -> Path:
+    """Write the variant at `path` as an MLflow Model folder `dst` (which must not exist).
+
+    Args:
+        path: The variant's model file or folder.
+        model_format: Its format (the runtime that packages it).
+        precision: Its precision, recorded in the metadata.
+        contract: Input example, class order and input scale of the run (`ServingContract`).
+        dst: The folder to create.
+
+    Returns:
+        `dst`.
+
+    Raises:
+        ValueError: A format with no MLflow flavor.
+    """
+    from mlflow.models import Model
+
+    from tfopt.runtimes import runtime_of
+
+    metadata = {
+        METADATA_KEY: {"format": model_format, "precision": precision,
+                       "input_scale": contract.input_scale},
+        "class_names": list(contract.class_names),
+    }
+    spec = VariantSpec(name=dst.name, source=dst.name, format=model_format,
+                       precision=precision, path=path)
+    inner = runtime_of(model_format).package(spec, contract, metadata, dst)
+    model = Model.load(str(dst))
+    model.metadata[METADATA_KEY]["file"] = inner
+    model.save(str(dst / "MLmodel"))
+    write_labels(dst, contract.class_names)
+    return dst
+
+
+def model_file_of(folder: Path) -> tuple[str, Path] | None:
+    """The format and model file inside an MLflow Model folder tfopt wrote (None otherwise)."""
+    from mlflow.models import Model
+
+    if not (folder / "MLmodel").is_file():
+        return None
+    info = (Model.load(str(folder)).metadata or {}).get(METADATA_KEY) or {}
+    if "format" not in info or "file" not in info:
+        return None
+    return str(info["format"]), folder / str(info["file"])
+
+
+def package_variants(variants: Sequence[VariantResult], contract: Any, out_dir: Path,
+                     logger: logging.Logger) -> dict[str, Path]:
+    """Every ok variant as an MLflow Model folder ``out_dir/<name>``; a failure is logged.
+
+    A variant that cannot be packaged is left out (its raw file is uploaded instead); a folder
+    left by an earlier attempt of the same run is reused.
+    """
+    folders = {}
+    for variant in variants:
+        if variant.status != "ok" or variant.path is None:
+            continue
+        dst = out_dir / variant.name
+        try:
+            if not (dst / "MLmodel").is_file():
+                _save_atomically(variant, contract, dst)
+            folders[variant.name] = dst
+        except Exception as error:  # one variant's packaging must not stop the rest
+            logger.warning("%s: not packaged as an MLflow model: %s: %s", variant.name,
+                           type(error).__name__, error)
+    return folders
+
+
+def _save_atomically(variant: VariantResult, contract: Any, dst: Path) -> None:
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    save_variant_model(Path(variant.path), variant.format, variant.precision, contract, tmp)
+    tmp.replace(dst)

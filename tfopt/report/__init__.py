@@ -1,0 +1,1 @@
+"""Report: the run summary, its diagnosis of slow variants, tables and figures."""

@@ -1,0 +1,312 @@
+"""The benchmark report files: JSON, CSV, Markdown and plots, with a diagnosis of surprises."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from tfopt.artifacts import VariantResult
+from tfopt.fileio import atomic_write_text
+
+
+def pareto_front(points: list[tuple[str, float, float]]) -> set[str]:
+    """Names on the accuracy/latency Pareto front: no other point is faster and as accurate."""
+    front = set()
+    for name, latency, accuracy in points:
+        dominated = any(
+            other_latency <= latency and other_accuracy >= accuracy
+            and (other_latency < latency or other_accuracy > accuracy)
+            for _, other_latency, other_accuracy in points
+        )
+        if not dominated:
+            front.add(name)
+    return front
+
+
+_CSV_COLUMNS = ("name", "source", "format", "precision", "status", "accuracy",
+                "accuracy_delta_points", "top1_agreement", "max_abs_diff", "p50_ms",
+                "p50_ci95_low_ms", "p50_ci95_high_ms", "harness_floor_ms", "tied_with", "p90_ms",
+                "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "trimmed_mean_ms",
+                "cv", "stable", "throughput_per_s", "batch_throughput_per_s", "batch_size",
+                "size_bytes", "gzip_bytes", "peak_rss_mb", "load_seconds", "first_inference_ms",
+                "timed_runs", "gflops_per_inference", "achieved_gflops_per_s",
+                "offline_examples_per_s", "offline_batch_size", "server_qps_within_budget",
+                "server_p99_ms",
+                "p50_ms_by_threads", "error", "notes")
+
+
+def report_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per variant (the CSV and Markdown tables)."""
+    rows = []
+    for entry in summary["variants"]:
+        latency = entry["latency_ms"]
+        row = {key: entry.get(key) for key in _CSV_COLUMNS}
+        for stat in ("p50", "p90", "p95", "p99", "mean", "std", "min", "max", "trimmed_mean"):
+            row[f"{stat}_ms"] = latency.get(stat)
+        row["cv"], row["stable"] = latency.get("cv"), latency.get("stable")
+        row["p50_ci95_low_ms"], row["p50_ci95_high_ms"] = latency.get("p50_ci95") or (None, None)
+        row["tied_with"] = " ".join(entry.get("tied_with", []))
+        row["p50_ms_by_threads"] = " ".join(
+            f"{threads}:{p50:.4f}" for threads, p50 in entry.get("p50_ms_by_threads", {}).items())
+        row["notes"] = " | ".join(entry.get("flags", []) + entry.get("notes", []))
+        rows.append(row)
+    return rows
+
+
+def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    env = summary.get("environment", {})
+    lines = [
+        f"# tfopt benchmark: {summary.get('config_name', '')}",
+        "",
+        f"Champion: **{summary['champion'] or 'none'}** ({summary['champion_reason']}).",
+        f"MLflow run: {summary.get('mlflow_run_url', summary['mlflow_run_id'])}",
+        "",
+        "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()),
+        "",
+        "p50 95% interval: the lowest and highest median of 6 consecutive windows of the timed "
+        "runs; intervals that overlap are ties. Floor: the p50 of a model that does next to "
+        "nothing, through the same runner and threads (the harness's and runtime's own cost "
+        "per call).",
+        "",
+        "| variant | status | accuracy | Δ pts | p50 ms | p50 95% interval | floor ms | p99 ms "
+        "| ex/s (b=1) | ex/s (batch) | size KB | gzip KB | peak MB | tied with | notes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+
+    def fmt(value: Any, pattern: str) -> str:
+        return "-" if value is None else format(value, pattern)
+
+    def interval(row: dict[str, Any]) -> str:
+        if row["p50_ci95_low_ms"] is None:
+            return "-"
+        return f"{row['p50_ci95_low_ms']:.3f}–{row['p50_ci95_high_ms']:.3f}"
+
+    for row in rows:
+        star = "★ " if row["name"] == summary["champion"] else ""
+        status = row["status"] if row["status"] == "ok" else f"{row['status']}: {row['error']}"
+        lines.append(
+            f"| {star}{row['name']} | {status} | {fmt(row['accuracy'], '.4f')} "
+            f"| {fmt(row['accuracy_delta_points'], '+.2f')} | {fmt(row['p50_ms'], '.3f')} "
+            f"| {interval(row)} | {fmt(row['harness_floor_ms'], '.4f')} "
+            f"| {fmt(row['p99_ms'], '.3f')} | {fmt(row['throughput_per_s'], ',.0f')} "
+            f"| {fmt(row['batch_throughput_per_s'], ',.0f')} "
+            f"| {fmt(row['size_bytes'] / 1024, ',.1f')} "
+            f"| {fmt(row['gzip_bytes'] / 1024, ',.1f')} | {fmt(row['peak_rss_mb'], ',.0f')} "
+            f"| {row['tied_with']} | {row['notes']} |"
+        )
+    loaded = [entry for entry in summary["variants"]
+              if entry.get("offline_examples_per_s") is not None
+              or entry.get("server_qps_within_budget") is not None]
+    if loaded:
+        lines += ["", "Load scenarios (MLPerf LoadGen): Offline = best examples/s over batch "
+                  "sizes; Server = highest Poisson arrival rate whose p99 met the budget.", "",
+                  "| variant | offline ex/s | at batch | server q/s within budget | its p99 ms |",
+                  "|---|---:|---:|---:|---:|"]
+        for entry in loaded:
+            lines.append(
+                f"| {entry['name']} | {fmt(entry.get('offline_examples_per_s'), ',.0f')} "
+                f"| {fmt(entry.get('offline_batch_size'), 'd')} "
+                f"| {fmt(entry.get('server_qps_within_budget'), ',.0f')} "
+                f"| {fmt(entry.get('server_p99_ms'), '.3f')} |")
+    lines += _runoff_lines(summary)
+    lines += _op_profile_lines(summary)
+    swept = [entry for entry in summary["variants"] if len(entry.get("p50_ms_by_threads", {})) > 1]
+    if swept:
+        counts = sorted({int(t) for entry in swept for t in entry["p50_ms_by_threads"]})
+        lines += ["", "Batch-1 p50 (ms) by threads (benchmark.thread_sweep):", "",
+                  "| variant | " + " | ".join(f"{t} thr" for t in counts) + " |",
+                  "|---|" + "---:|" * len(counts)]
+        for entry in swept:
+            by_threads = entry["p50_ms_by_threads"]
+            lines.append(f"| {entry['name']} | " + " | ".join(
+                fmt(by_threads.get(str(t)), ".3f") for t in counts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _runoff_lines(summary: dict[str, Any]) -> list[str]:
+    """The run-off: the contenders' p50 on their own turns and side by side."""
+    runoff = summary.get("runoff")
+    if not runoff:
+        return []
+    lines = ["", f"Run-off: the contenders for champion timed again side by side, in "
+             f"{runoff['rounds']} rounds alternating between them in one process (the machine's "
+             "drift between turns reaches all of them alike); the champion is chosen on these.",
+             "", "| variant | p50 on its turn ms | run-off p50 ms | run-off interval |",
+             "|---|---:|---:|---:|"]
+    for entry in summary["variants"]:
+        if entry.get("runoff_p50_ms") is not None:
+            low, high = entry["runoff_p50_ci95"]
+            lines.append(f"| {entry['name']} | {entry['latency_ms']['p50']:.4f} "
+                         f"| {entry['runoff_p50_ms']:.4f} | {low:.4f}–{high:.4f} |")
+    return lines
+
+
+_TOP_OPS_SHOWN = 4
+
+
+def _op_profile_lines(summary: dict[str, Any]) -> list[str]:
+    """"Where the time goes": each profiled variant's top operators and their shares."""
+    profiled = [entry for entry in summary["variants"]
+                if (entry.get("op_profile") or {}).get("ops")]
+    if not profiled:
+        return []
+    lines = ["", "Where the time goes: each variant's top operators (node, op type, share; ms per "
+             "call where a profiler timed them, profilers slow calls down, so compare shares).",
+             "", "| variant | measured by | top operators |", "|---|---|---|"]
+    for entry in profiled:
+        profile = entry["op_profile"]
+        cells = []
+        for op in profile["ops"][:_TOP_OPS_SHOWN]:
+            timed = "" if op["ms"] is None else f", {op['ms']:.3f} ms"
+            cells.append(f"{_layer_of(op['node'])} {op['kind']} {op['share']:.0%}{timed}")
+        lines.append(f"| {entry['name']} | {profile['method']} | {' · '.join(cells)} |")
+    return lines
+
+
+def _layer_of(node: str) -> str:
+    """The layer a graph node belongs to: ``model/block0_conv/Conv2D`` -> ``block0_conv``."""
+    parts = node.split("/")
+    return parts[-2] if len(parts) > 1 else node
+
+
+def save_figure(fig: object, path: Path) -> Path:
+    """Lay out, write as PNG and close a figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if r.status == "ok" and r.latency_ms]
+    paths = []
+    if not ok:
+        return paths
+    front = pareto_front([(r.name, r.latency_ms.p50, r.accuracy) for r in ok])
+    fig, axis = plt.subplots(figsize=(8, 5))
+    for result in ok:
+        on_front = result.name in front
+        axis.scatter(result.latency_ms.p50, result.accuracy, s=60 if on_front else 30,
+                     color="tab:red" if on_front else "tab:gray", zorder=3)
+        axis.annotate(result.name, (result.latency_ms.p50, result.accuracy), fontsize=7,
+                      xytext=(4, 2), textcoords="offset points")
+    front_points = sorted((r.latency_ms.p50, r.accuracy) for r in ok if r.name in front)
+    axis.plot(*zip(*front_points, strict=True), color="tab:red", linestyle="--",
+              label="Pareto front")
+    axis.set_xscale("log")
+    axis.set_xlabel("batch-1 p50 latency (ms, log)")
+    axis.set_ylabel("test accuracy")
+    axis.set_title(f"Accuracy vs latency (champion: {summary['champion'] or 'none'})")
+    axis.legend()
+    paths.append(save_figure(fig, out_dir / "accuracy_vs_latency.png"))
+
+    fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
+    names = [r.name for r in ok]
+    axis.barh(names, [r.size_bytes / 1024 for r in ok], color="tab:blue", label="size")
+    axis.barh(names, [r.gzip_bytes / 1024 for r in ok], color="tab:orange", alpha=0.7,
+              label="gzip size")
+    axis.set_xlabel("KB")
+    axis.set_title("Model size per variant")
+    axis.legend()
+    paths.append(save_figure(fig, out_dir / "size.png"))
+
+    fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
+    axis.boxplot([r.samples_ms or [r.latency_ms.p50] for r in ok], vert=False,
+                 tick_labels=names, showfliers=False)
+    axis.set_xscale("log")
+    axis.set_xlabel("batch-1 latency (ms, log), warm-up excluded")
+    axis.set_title("Latency distributions")
+    paths.append(save_figure(fig, out_dir / "latency_distributions.png"))
+    swept = [r for r in ok if len(r.p50_ms_by_threads) > 1]
+    if swept:
+        paths.append(_thread_scaling_plot(swept, out_dir / "thread_scaling.png"))
+    counted = [entry for entry in summary["variants"]
+               if entry.get("achieved_gflops_per_s") and entry.get("size_bytes")]
+    if counted:
+        paths.append(_roofline_plot(counted, summary.get("environment", {}),
+                                    out_dir / "roofline.png"))
+    return paths
+
+
+def _roofline_plot(entries: list[dict[str, Any]], env: dict[str, Any], path: Path) -> Path:
+    """Achieved GFLOP/s against FLOPs per byte of model, under the machine's measured roofs.
+
+    The model's bytes stand in for the bytes an inference must read (its weights), so a point's
+    distance below the roof shows how far the variant is from what this CPU could do.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axis = plt.subplots(figsize=(8, 5))
+    intensity = [e["gflops_per_inference"] * 1e9 / e["size_bytes"] for e in entries]
+    for entry, x in zip(entries, intensity, strict=True):
+        axis.scatter(x, entry["achieved_gflops_per_s"], zorder=3)
+        axis.annotate(entry["name"], (x, entry["achieved_gflops_per_s"]), fontsize=7,
+                      xytext=(4, 2), textcoords="offset points")
+    peak, bandwidth = env.get("machine_peak_gflops"), env.get("machine_memory_gb_per_s")
+    xs = np.geomspace(min(intensity) / 4, max(intensity) * 4, 100)
+    if peak:
+        roof = np.full_like(xs, float(peak))
+        if bandwidth:
+            roof = np.minimum(roof, float(bandwidth) * xs)
+        axis.plot(xs, roof, color="tab:red", linestyle="--",
+                  label=f"roof: {float(peak):.0f} GFLOP/s matmul peak"
+                  + (f", {float(bandwidth):.0f} GB/s copy" if bandwidth else ""))
+        axis.legend(fontsize=8)
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("FLOPs per byte of model (log)")
+    axis.set_ylabel("achieved GFLOP/s at batch 1 (log)")
+    axis.set_title("Where each variant stands against this machine's limits")
+    return save_figure(fig, path)
+
+
+def _thread_scaling_plot(swept: list[VariantResult], path: Path) -> Path:
+    """Speed-up over one thread against the thread count, one line per variant."""
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(8, 5))
+    most = max(max(r.p50_ms_by_threads) for r in swept)
+    axis.plot([1, most], [1, most], color="tab:gray", linestyle=":", label="linear")
+    for result in swept:
+        threads = sorted(result.p50_ms_by_threads)
+        single = result.p50_ms_by_threads[threads[0]]
+        axis.plot(threads, [single / result.p50_ms_by_threads[t] for t in threads], marker="o",
+                  label=result.name)
+    axis.set_xlabel("threads")
+    axis.set_ylabel("batch-1 p50 speed-up over 1 thread")
+    axis.set_xticks(range(1, most + 1))
+    axis.set_title("Thread scaling (benchmark.thread_sweep)")
+    axis.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def write_report_files(summary: dict[str, Any], results: list[VariantResult],
+                       out_dir: Path) -> list[Path]:
+    """Write ``report.json``, ``report.csv``, ``report.md`` and the PNG plots into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = report_rows(summary)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(_CSV_COLUMNS))
+    writer.writeheader()
+    writer.writerows(rows)
+    files = {
+        "report.json": json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n",
+        "report.csv": buffer.getvalue(),
+        "report.md": _markdown(summary, rows),
+    }
+    paths = []
+    for name, text in files.items():
+        atomic_write_text(out_dir / name, text)
+        paths.append(out_dir / name)
+    return paths + _plots(summary, results, out_dir)

@@ -1,0 +1,131 @@
+"""Inference runtimes, one module each; the registry finds them (no list to edit).
+
+Adding a runtime: a module here that defines ``RUNTIME = <a Runtime subclass>()`` (see
+`tfopt.runtimes.base`) with its settings' class as ``section``; its section appears in the
+config as ``runtimes.<name>`` (`runtimes_config_class`), its variants in every run's plan
+(`plan_forms`), and every step that opens, profiles, counts, packages or explains a variant
+asks the registry for the runtime of the variant's format (`runtime_of`). Modules whose name
+starts with ``_`` are a runtime's helpers, not runtimes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import cache
+from typing import Any
+
+from pydantic import Field, create_model
+
+import tfopt  # noqa: F401  (environment before TensorFlow)
+from tfopt.artifacts import VariantSpec
+from tfopt.config import Section
+from tfopt.runtimes.base import ConversionSettings, PlanRequest, Runner, Runtime
+
+
+@cache
+def registry() -> dict[str, Runtime]:
+    """Every runtime module's ``RUNTIME`` in this package, by name.
+
+    Raises:
+        LookupError: A module without ``RUNTIME``, two runtimes with one name, or two
+            runtimes claiming one variant format.
+    """
+    found: dict[str, Runtime] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name == "base" or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        runtime = getattr(module, "RUNTIME", None)
+        if not isinstance(runtime, Runtime):
+            raise LookupError(f"tfopt/runtimes/{info.name}.py defines no RUNTIME = Runtime()")
+        if runtime.name in found:
+            raise LookupError(f"two runtimes are named {runtime.name!r}")
+        for other in found.values():
+            if runtime.formats & other.formats:
+                raise LookupError(f"{runtime.name} and {other.name} both claim the formats "
+                                  f"{sorted(runtime.formats & other.formats)}")
+        found[runtime.name] = runtime
+    return dict(sorted(found.items(), key=lambda item: (item[1].order, item[0])))
+
+
+def runtime_of(variant_format: str) -> Runtime:
+    """The runtime that measures variants of `variant_format`.
+
+    Raises:
+        ValueError: No runtime measures that format.
+    """
+    for runtime in registry().values():
+        if variant_format in runtime.formats:
+            return runtime
+    raise ValueError(f"no runtime measures format {variant_format!r} (known: "
+                     f"{', '.join(sorted(known_formats()))})")
+
+
+def load_runner(spec: VariantSpec, threads: int = 1) -> Runner:
+    """Open a variant's file with its runtime, `threads` intra-op threads (see `Runtime`)."""
+    return runtime_of(spec.format).load_runner(spec, threads)
+
+
+def known_formats() -> frozenset[str]:
+    """Every variant format some runtime measures."""
+    return frozenset(fmt for runtime in registry().values() for fmt in runtime.formats)
+
+
+def file_suffixes() -> dict[str, str]:
+    """Model file suffixes a runtime measures as they are (``.tflite``), with their format."""
+    return {suffix: fmt for runtime in registry().values()
+            for suffix, fmt in runtime.file_suffixes.items()}
+
+
+def settings_of(runtime: Runtime, config: Any) -> Any:
+    """A runtime's section of a pipeline configuration (`config.convert` or `config.runtimes`)."""
+    if runtime.section is None:
+        return None
+    if runtime.home == "convert":
+        return config.convert
+    return getattr(config.runtimes, runtime.name)
+
+
+def plan_forms(request: PlanRequest, config: Any) -> list[VariantSpec]:
+    """Every runtime's variants of one model, in the runtimes' order (see `Runtime.plan`).
+
+    The baseline's forms and every compressed model's are planned here, the same way.
+    """
+    return [spec for runtime in registry().values()
+            for spec in runtime.plan(request, settings_of(runtime, config))]
+
+
+def _first_line(doc: str | None) -> str:
+    return (doc or "").strip().splitlines()[0] if doc else ""
+
+
+def convert_config_class() -> type[Section]:
+    """The ``convert`` section: what every conversion shares, and the runtimes living there.
+
+    The runtimes whose keys predate ``runtimes.*`` (``Runtime.home == "convert"``) have their
+    fields flat in it, beside `ConversionSettings`.
+    """
+    bases = [runtime.section for runtime in registry().values()
+             if runtime.home == "convert" and runtime.section is not None]
+    # pydantic lists the fields of the last base first: keep the runtimes' order.
+    return create_model("ConvertConfig", __base__=tuple(reversed([ConversionSettings, *bases])),
+                        __module__=__name__,
+                        __doc__="Which converted and compiled forms of each model to build "
+                                "and benchmark.")
+
+
+def runtimes_config_class() -> type[Section]:
+    """The ``runtimes`` section: one field per runtime whose section lives there."""
+    fields: dict[str, Any] = {
+        runtime.name: (runtime.section, Field(default_factory=runtime.section,
+                                              description=_first_line(runtime.section.__doc__)))
+        for runtime in registry().values()
+        if runtime.home == "runtimes" and runtime.section is not None
+    }
+    return create_model("RuntimesConfig", __base__=Section, __module__=__name__,
+                        __doc__="Each runtime's own settings (runtimes.<name>).", **fields)
+
+
+ConvertConfig = convert_config_class()
+RuntimesConfig = runtimes_config_class()

@@ -1,0 +1,479 @@
+"""LiteRT (TFLite): post-training fp32, dynamic-range, float16, int8 and 16x8 files.
+
+Every ``.tflite`` file is converted from a serving SavedModel with ``TFLiteConverter`` and
+measured with LiteRT's interpreter (``ai_edge_litert``, XNNPACK on the CPU) without loading
+TensorFlow in the measuring process. When full int8 misses the accuracy budget, the worst
+layers are kept in float (``tflite-selective-int8``, see `tfopt.runtimes._litert_selective`).
+LiteRT's Python package has no operator profiler, so operators are ranked by their FLOPs; MLflow
+packages a file as a pyfunc model (`tfopt.runtimes._litert_pyfunc`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from tfopt.artifacts import (
+    DatasetArtifact,
+    OpProfile,
+    Precision,
+    VariantResult,
+    VariantSpec,
+)
+from tfopt.config import InputScale
+from tfopt.fileio import atomic_write_bytes
+from tfopt.measurement.profiles import top_ops
+from tfopt.packaging import mlflow_signature, pinned
+from tfopt.runtimes.base import (
+    BuildSources,
+    PlanRequest,
+    Runner,
+    Runtime,
+    RuntimeSection,
+    ServingContract,
+    TensorInfo,
+)
+from tfopt.serving import SIGNATURE_KEY, write_labels
+from tfopt.variants import built, plan_variant, skipped, variant_name
+
+TflitePrecision = Literal["fp32", "dynamic", "float16", "int8", "int16x8"]
+PROFILE_METHOD = "share of FLOPs (LiteRT's Python package has no operator profiler)"
+_PYFUNC = Path(__file__).with_name("_litert_pyfunc.py")
+
+
+class LiteRTSettings(RuntimeSection):
+    """Which TFLite files to convert and how to calibrate the integer ones."""
+
+    tflite: list[TflitePrecision] = Field(
+        default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
+        description=(
+            "TFLite post-training precisions: fp32 (none), dynamic (int8 weights, float "
+            "activations), float16 (float16 weights), int8 (full integer, calibrated), "
+            "int16x8 (int16 activations, int8 weights, calibrated: closer to float than int8, "
+            "on reference kernels)."
+        ),
+    )
+    int8_io: bool = Field(
+        False, description="Full-integer models take int8 input and give int8 output (else float)."
+    )
+    selective_int8: bool = Field(
+        True,
+        description=(
+            "When full int8 loses more than benchmark.accuracy_budget_points on the validation "
+            "split, keep the layers that quantize worst (QuantizationDebugger) in float, one at "
+            "a time, until it is within budget: the variant <source>-tflite-selective-int8."
+        ),
+    )
+    selective_max_float_layers: int = Field(
+        8, ge=1, le=1000, description="The most layers selective int8 may keep in float.")
+
+
+def quantize(values: np.ndarray, detail: Mapping[str, Any]) -> np.ndarray:
+    """Map float values to a tensor's integer type with its scale and zero point."""
+    dtype = detail["dtype"]
+    if np.dtype(dtype).kind == "f" or not detail.get("quantization", (0.0, 0))[0]:
+        return values.astype(dtype)
+    scale, zero_point = detail["quantization"]
+    info = np.iinfo(dtype)
+    return np.clip(np.round(values / scale + zero_point), info.min, info.max).astype(dtype)
+
+
+def dequantize(values: np.ndarray, detail: Mapping[str, Any]) -> np.ndarray:
+    """Map an integer tensor back to floats with its scale and zero point."""
+    if values.dtype == np.float32 or not detail.get("quantization", (0.0, 0))[0]:
+        return values
+    scale, zero_point = detail["quantization"]
+    return (values.astype(np.float32) - zero_point) * scale
+
+
+class TFLiteRunner(Runner):
+    """The LiteRT interpreter (``ai_edge_litert``) on the model's serving signature.
+
+    tfopt's files have ``serving_default`` with ``images`` in and ``logits`` out; a user's file
+    may name them otherwise: its only (or ``serving_default``) signature is used, all its
+    inputs and outputs. The signature's tensors are driven with the interpreter's own
+    set_tensor/invoke/get_tensor, the calls a bare serving loop makes: LiteRT's signature runner
+    costs a few microseconds more per call (it returns every output in a new dictionary), which
+    on a small model is a tenth of the inference. A signature outside the main subgraph keeps
+    the signature runner.
+    """
+
+    def __init__(self, path: Path, threads: int = 1) -> None:
+        from ai_edge_litert.interpreter import Interpreter
+
+        self.interpreter = Interpreter(model_path=str(path), num_threads=threads)
+        signatures = self.interpreter.get_signature_list()
+        if not signatures:
+            raise ValueError(f"{path} has no signature (convert it with TensorFlow >= 2.7)")
+        self.signature_key = (SIGNATURE_KEY if SIGNATURE_KEY in signatures
+                              else sorted(signatures)[0])
+        signature = self.interpreter.get_signature_runner(self.signature_key)
+        self._in = signature.get_input_details()
+        self._out = signature.get_output_details()
+        self.inputs = tuple(_info(name, detail) for name, detail in self._in.items())
+        self.outputs = tuple(_info(name, detail) for name, detail in self._out.items())
+        in_main_subgraph = getattr(signature, "_subgraph_index", 0) == 0
+        self._signature = None if in_main_subgraph else signature
+        self._batch: int | None = None
+        self._fetch = [self._out[name] for name in self.fetched]
+        self._single = self._in[self.inputs[0].name] if len(self.inputs) == 1 else None
+
+    @property
+    def input_name(self) -> str:
+        """The first input's name in the signature."""
+        return self.inputs[0].name
+
+    @property
+    def output_name(self) -> str:
+        """The classifier output's name in the signature."""
+        return self.scores_output
+
+    @property
+    def input_dtype(self) -> type:
+        """The dtype the first input tensor holds (float32, or int8 for integer I/O)."""
+        return self._in[self.input_name]["dtype"]
+
+    @property
+    def input_detail(self) -> dict:
+        """The first input tensor's details (name, shape, dtype, quantization)."""
+        return self._in[self.input_name]
+
+    @property
+    def output_detail(self) -> dict:
+        """The classifier output tensor's details."""
+        return self._out[self.output_name]
+
+    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Quantize the inputs the model wants as integers, invoke, dequantize every output."""
+        self._size_for(len(next(iter(feeds.values()))))
+        quantized = {name: quantize(feeds[name], detail) for name, detail in self._in.items()}
+        if self._signature is not None:
+            outputs = self._signature(**quantized)
+            return {name: dequantize(outputs[name], self._out[name]) for name in self._out}
+        for name, detail in self._in.items():
+            self.interpreter.set_tensor(detail["index"], quantized[name])
+        self.interpreter.invoke()
+        return {name: dequantize(self.interpreter.get_tensor(detail["index"]), detail)
+                for name, detail in self._out.items()}
+
+    def _prepare(self, feeds: Mapping[str, np.ndarray]) -> list[object]:
+        """Batch-1 inputs in the model's input types (quantized for integer inputs)."""
+        self._size_for(1)
+        quantized = {name: quantize(feeds[name], detail) for name, detail in self._in.items()}
+        count = len(next(iter(quantized.values())))
+        if self._single is not None:
+            (values,) = quantized.values()
+            return [np.ascontiguousarray(values[i : i + 1]) for i in range(count)]
+        return [tuple(np.ascontiguousarray(values[i : i + 1]) for values in quantized.values())
+                for i in range(count)]
+
+    def invoke(self, prepared: object) -> object:
+        """Hand over one input, invoke, copy the fetched outputs out (still quantized)."""
+        if self._signature is not None:
+            arguments = (prepared,) if self._single is not None else prepared
+            outputs = self._signature(**dict(zip(self._in, arguments, strict=True)))
+            return [outputs[name] for name in self.fetched]
+        if self._single is not None:
+            self.interpreter.set_tensor(self._single["index"], prepared)
+        else:
+            for detail, values in zip(self._in.values(), prepared, strict=True):
+                self.interpreter.set_tensor(detail["index"], values)
+        self.interpreter.invoke()
+        if len(self._fetch) == 1:
+            return self.interpreter.get_tensor(self._fetch[0]["index"])
+        return [self.interpreter.get_tensor(detail["index"]) for detail in self._fetch]
+
+    def _size_for(self, batch: int) -> None:
+        if self._signature is not None or batch == self._batch:
+            return
+        for detail in self._in.values():
+            shape = [batch, *detail["shape"][1:]]
+            self.interpreter.resize_tensor_input(detail["index"], shape, strict=False)
+        self.interpreter.allocate_tensors()
+        self._batch = batch
+
+
+def _info(name: str, detail: Mapping[str, Any]) -> TensorInfo:
+    signature = detail.get("shape_signature", detail["shape"])
+    shape = tuple(None if int(d) < 0 else int(d) for d in signature)
+    return TensorInfo(name, shape, np.dtype(detail["dtype"]).name)
+
+
+def representative_images(
+    dataset: DatasetArtifact, examples: int, scale: InputScale = "unit"
+) -> Iterator[list[np.ndarray]]:
+    """Yield calibration inputs one at a time from the training shards, scaled for the model."""
+    from tfopt.data.pipeline import load_split
+
+    images, _ = load_split(dataset, "train", examples, scale)
+    for image in images:
+        yield [image[np.newaxis]]
+
+
+def serving_converter(savedmodel: Path) -> Any:
+    """A TFLite converter for the SavedModel's serving signature (no optimizations set yet)."""
+    import tensorflow as tf
+
+    return tf.lite.TFLiteConverter.from_saved_model(str(savedmodel),
+                                                    signature_keys=[SIGNATURE_KEY])
+
+
+def configure_converter(converter: Any, precision: Precision, dataset: DatasetArtifact,
+                        calibration_examples: int, int8_io: bool = False,
+                        scale: InputScale = "unit") -> None:
+    """Set the converter's optimizations for one post-training precision.
+
+    Integer precisions are calibrated on `calibration_examples` training images; `int8_io`
+    makes a full-integer file take and give int8 tensors.
+    """
+    import tensorflow as tf
+
+    if precision == "fp32":
+        return
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if precision == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    elif precision in ("int8", "int16x8"):
+        converter.representative_dataset = lambda: representative_images(
+            dataset, calibration_examples, scale)
+        converter.target_spec.supported_ops = [{
+            "int8": tf.lite.OpsSet.TFLITE_BUILTINS_INT8,
+            "int16x8": tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
+        }[precision]]
+        if precision == "int8" and int8_io:
+            converter.inference_input_type = tf.int8
+            converter.inference_output_type = tf.int8
+
+
+def convert_tflite(savedmodel: Path, variant: VariantSpec, dataset: DatasetArtifact,
+                   calibration_examples: int, int8_io: bool, out_dir: Path,
+                   scale: InputScale) -> VariantSpec:
+    """Convert a SavedModel's serving signature to ``<variant name>.tflite`` in `out_dir`.
+
+    The variant's precision is ``fp32`` (no quantization), ``dynamic`` (int8 weights, float
+    activations), ``float16`` (float16 weights), ``int8`` (integer weights and activations,
+    calibrated on training examples) or ``int16x8`` (int16 activations, int8 weights). With
+    ``sparsity_encoding`` in its params, weights are stored in TFLite's sparse format
+    (``Optimize.EXPERIMENTAL_SPARSITY``).
+    """
+    import tensorflow as tf
+
+    converter = serving_converter(savedmodel)
+    configure_converter(converter, variant.precision, dataset, calibration_examples, int8_io,
+                        scale)
+    if variant.params.get("sparsity_encoding"):
+        converter.optimizations = [*converter.optimizations,
+                                   tf.lite.Optimize.EXPERIMENTAL_SPARSITY]
+    flatbuffer = converter.convert()
+    path = out_dir / f"{variant.name}.tflite"
+    atomic_write_bytes(path, flatbuffer)
+    write_labels(out_dir, dataset.class_names)
+    params: dict[str, str | int | float | bool] = {"converter": "TFLiteConverter.from_saved_model"}
+    if variant.precision == "int8":
+        params.update(calibration_examples=calibration_examples, int8_io=int8_io)
+    elif variant.precision == "int16x8":
+        params.update(calibration_examples=calibration_examples)
+    return built(variant, path, **params)
+
+
+def int8_kernel_stats(tflite: Path) -> dict[str, float]:
+    """Sparsity and most distinct values per output channel of each int8 kernel of a file.
+
+    Each weight tensor is read back from the converted file, as tfmot's own
+    collaborative-optimization tests do: what survived quantization (the zeros a pruning kept,
+    the values a clustering left), not what the Keras model held. Kernels with one output row
+    (depthwise ``[1, h, w, channels]``) are not listed.
+    """
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(tflite))
+    stats: dict[str, float] = {}
+    for detail in interpreter.get_tensor_details():
+        shape = detail["shape"]
+        if np.dtype(detail["dtype"]) != np.int8 or len(shape) not in (2, 4) or shape[0] < 2:
+            continue
+        try:
+            weights = interpreter.get_tensor(detail["index"])
+        except ValueError:  # an activation, not a constant
+            continue
+        parts = detail["name"].split(";")[0].split("/")
+        layer = (parts[-2] if len(parts) > 1 else parts[0]).removeprefix("quant_")
+        stats[f"int8_sparsity.{layer}"] = float(np.mean(weights == 0))
+        stats[f"int8_values_per_channel.{layer}"] = float(max(
+            len(np.unique(channel)) for channel in weights))
+    return stats
+
+
+def tflite_precision(runner: TFLiteRunner) -> Precision:
+    """What a ``.tflite`` file holds: int16x8, int8, float16, dynamic or fp32.
+
+    int16x8 means int16 activations; int8 integer activations (an integer input, or a QUANTIZE
+    op after a float input); float16 and dynamic are float16 or int8 weights with float
+    activations.
+    """
+    interpreter = runner.interpreter
+    ops = {op["op_name"] for op in interpreter._get_ops_details()}  # no public API lists the ops
+    dtypes = {np.dtype(t["dtype"]) for t in interpreter.get_tensor_details()}
+    if np.dtype(np.int16) in dtypes:
+        return "int16x8"
+    if np.dtype(runner.input_dtype).kind in "iu" or "QUANTIZE" in ops:
+        return "int8"
+    if np.dtype(np.float16) in dtypes:
+        return "float16"
+    return "dynamic" if np.dtype(np.int8) in dtypes else "fp32"
+
+
+def tflite_op_flops(interpreter: Any) -> list[tuple[str, str, float]]:
+    """(output tensor name, op type, FLOPs per example) of each counted op of a LiteRT graph."""
+    tensors = {t["index"]: t for t in interpreter.get_tensor_details()}
+    counted = []
+    for op in interpreter._get_ops_details():  # no public API lists the ops
+        name, inputs, outputs = op["op_name"], op["inputs"], op["outputs"]
+        if name not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED") or len(inputs) < 2:
+            continue
+        weights, output = tensors[int(inputs[1])]["shape"], tensors[int(outputs[0])]
+        shape = output["shape"]
+        out_elements = float(np.prod(shape)) / max(int(shape[0]), 1)
+        if name == "CONV_2D":  # weights [out, kh, kw, in]
+            flops = 2.0 * float(np.prod(weights[1:])) * out_elements
+        elif name == "DEPTHWISE_CONV_2D":  # weights [1, kh, kw, out]
+            flops = 2.0 * float(weights[1] * weights[2]) * out_elements
+        else:  # weights [out, in]
+            flops = 2.0 * float(weights[1]) * out_elements
+        counted.append((output["name"].split(";")[0], name, flops))
+    return counted
+
+
+def tflite_flops(interpreter: Any) -> float:
+    """FLOPs per example of an allocated LiteRT interpreter's graph."""
+    return sum(flops for _, _, flops in tflite_op_flops(interpreter))
+
+
+_SLOWER = {
+    "dynamic": "dynamic-range kernels quantize activations on the fly at every call; on x86 "
+               "the float XNNPACK path is often faster",
+    "float16": "float16 weights are expanded to float32 on CPUs without native fp16 arithmetic: "
+               "the gain is size, not speed",
+    "int8": "this CPU's int8 kernels do not beat its float kernels for this op mix "
+            "(quantize/dequantize at the edges costs too)",
+    "int16x8": "16x8 kernels are TFLite's reference kernels (XNNPACK has none): the gain is "
+               "accuracy closer to float than int8 at int8-size weights, not speed",
+}
+
+
+class LiteRT(Runtime):
+    """LiteRT's interpreter on ``.tflite`` files converted from the serving SavedModel."""
+
+    name = "litert"
+    formats = frozenset({"tflite"})
+    section = LiteRTSettings
+    home = "convert"
+    order = 20
+    file_suffixes: ClassVar[Mapping[str, str]] = {".tflite": "tflite"}
+    shares_process = True
+
+    def plan(self, request: PlanRequest, settings: LiteRTSettings) -> list[VariantSpec]:
+        """TFLite files per precision (int8 calibrated), selective int8, or the file as given."""
+        source = request.source
+        if request.compressed:
+            precisions = (request.asked or {}).get("tflite", ())
+            planned = [plan_variant(source, "tflite", p,
+                                    derived_from=variant_name(request.start, "tflite", p))
+                       for p in precisions]
+            if request.sparse and "fp32" in precisions:
+                planned.append(plan_variant(
+                    source, "tflite", form="tflite-sparse",
+                    derived_from=variant_name(source, "tflite", "fp32"),
+                    params={"sparsity_encoding": True}))
+            return planned
+        if request.kind == "tflite":
+            return [plan_variant(source, "tflite", request.precision)]
+        if request.kind not in ("keras", "savedmodel"):
+            return [skipped(plan_variant(source, "tflite", "fp32"),
+                            f"model.path is a .{request.kind} file: it is benchmarked as it is")]
+        fp32 = variant_name(source, "tflite", "fp32")
+        planned = [plan_variant(source, "tflite", p, derived_from=None if p == "fp32" else fp32)
+                   for p in settings.tflite]
+        if settings.selective_int8 and "int8" in settings.tflite:
+            planned.append(plan_variant(source, "tflite", "int8", form="tflite-selective",
+                                        derived_from=variant_name(source, "tflite", "int8")))
+        return planned
+
+    def build(self, spec: VariantSpec, sources: BuildSources,
+              settings: LiteRTSettings) -> VariantSpec:
+        """Convert the serving SavedModel; selective int8 searches the layers to keep float."""
+        if sources.model.format == "tflite":
+            return built(spec, sources.model.path)
+        if sources.savedmodel is None:
+            raise ValueError(f"{sources.model.name} has no SavedModel to convert")
+        scale = sources.savedmodel.input_scale
+        if spec.form == "tflite-selective":
+            from tfopt.runtimes._litert_selective import select_int8_layers
+
+            return select_int8_layers(sources.savedmodel, spec, sources,
+                                      settings.selective_max_float_layers)
+        return convert_tflite(sources.savedmodel.path, spec, sources.dataset,
+                              sources.calibration_examples, settings.int8_io, sources.out_dir,
+                              scale)
+
+    def load_runner(self, spec: VariantSpec, threads: int = 1) -> Runner:
+        """LiteRT's interpreter with `threads` threads."""
+        return TFLiteRunner(spec.path, threads)
+
+    def import_file(self, path: Path, out_dir: Path, class_names: Sequence[str] = (),
+                    ) -> tuple[Path, Precision]:
+        """The file copied in as it is, with the precision it holds."""
+        final = out_dir / "baseline.tflite"
+        atomic_write_bytes(final, path.read_bytes())
+        return final, tflite_precision(TFLiteRunner(final))
+
+    def flops(self, runner: Runner) -> float | None:
+        """FLOPs of the graph's convolutions and fully connected ops."""
+        return tflite_flops(runner.interpreter)
+
+    def op_profile(self, runner: Runner, prepared: Sequence[object],
+                   threads: int) -> OpProfile | None:
+        """Operators ranked by their share of the FLOPs (no profiler in LiteRT's package)."""
+        totals: Counter[tuple[str, str]] = Counter()
+        for node, kind, flops in tflite_op_flops(runner.interpreter):
+            totals[(node, kind)] += flops
+        return OpProfile(method=PROFILE_METHOD, calls=0, ops=top_ops(totals, 1, timed=False))
+
+    def floor_models(self, input_shape: tuple[int, ...], out_dir: Path) -> dict[str, Path]:
+        """The floor model converted to ``floor.tflite``."""
+        from tfopt.runtimes.tensorflow import floor_savedmodel
+
+        path = out_dir / "floor.tflite"
+        if not path.exists():
+            savedmodel = floor_savedmodel(input_shape, out_dir / "floor-savedmodel")
+            atomic_write_bytes(path, serving_converter(savedmodel).convert())
+        return {"tflite": path}
+
+    def package(self, spec: VariantSpec, contract: ServingContract, metadata: dict,
+                dst: Path) -> str:
+        """A pyfunc model serving the file with LiteRT (no TensorFlow needed to load it)."""
+        import mlflow.pyfunc
+
+        runner = TFLiteRunner(Path(spec.path))
+        example = contract.example.astype(np.float32)
+        mlflow.pyfunc.save_model(
+            str(dst), python_model=str(_PYFUNC), artifacts={"tflite": str(spec.path)},
+            model_config={"signature": runner.signature_key, "input": runner.input_name,
+                          "output": runner.output_name},
+            signature=mlflow_signature(example, int(runner.output_detail["shape"][-1])),
+            input_example=example, metadata=metadata,
+            pip_requirements=pinned("ai-edge-litert", "numpy"),
+        )
+        return f"artifacts/{Path(spec.path).name}"
+
+    def slowdown_reason(self, result: VariantResult) -> str | None:
+        """Why a post-training precision can be slower than fp32 on a CPU."""
+        return _SLOWER.get(result.precision)
+
+
+RUNTIME = LiteRT()
