@@ -1,8 +1,9 @@
 """Measure a pipeline run's variants on other machines: one deployment per work pool.
 
-`tfopt benchmark --run <MLflow run id> --work-pool <pool>` registers the `benchmark_model` flow
-once per work pool (deployment ``benchmark_model/on-<pool>``) and starts one flow run per ok
-variant of that run; a worker of the pool measures it there (see `tfopt.machines`).
+`tfopt worker --pool <pool>` registers the `benchmark_model` flow to its pool (deployment
+``benchmark_model/on-<pool>``) with its machine's settings as the deployment's parameters;
+`tfopt benchmark --run <MLflow run id> --work-pool <pool>` starts one flow run per ok variant of
+that run there, each carrying those settings as ``config.machine`` (see `tfopt.machines`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,18 @@ from tfopt.machines import BENCHMARK_FLOW, MachineBenchmarkError, VariantRun
 _ENTRYPOINT = "flows/benchmark_model.py:benchmark_model"
 
 
-def deploy_to_pool(pool: str, source: str | None = None) -> str:
+def deploy_to_pool(pool: str, source: str | None = None,
+                   machine: dict[str, Any] | None = None) -> str:
     """Register `benchmark_model` to a process work pool (created if missing).
+
+    The deployment's default parameters hold the machine's settings (``config.machine``): a
+    worker registers them when it starts (`machine`); registering again without them keeps
+    the ones it has.
 
     Args:
         pool: The work pool whose workers sit on the machine to measure on.
         source: Where the worker gets the flow code: this checkout (None) or a git URL.
+        machine: The machine's ``benchmark.*`` settings (None: keep the registered ones).
 
     Returns:
         The deployment's full name, ``benchmark_model/on-<pool>``.
@@ -31,12 +38,29 @@ def deploy_to_pool(pool: str, source: str | None = None) -> str:
     from prefect import Flow
 
     ensure_work_pools([pool])
+    name = f"{BENCHMARK_FLOW}/on-{pool}"
+    if machine is None:
+        machine = machine_of(name)
     flow = Flow.from_source(source or str(PROJECT_DIR), _ENTRYPOINT)
     deployment = flow.to_deployment(
         name=f"on-{pool}", tags=["tfopt", "benchmark", "machine"],
+        parameters={"config": {"machine": machine}},
         description=f"Benchmark pipeline variants on the machine of work pool {pool}.")
     deployment.apply(work_pool_name=pool)
-    return f"{BENCHMARK_FLOW}/on-{pool}"
+    return name
+
+
+def machine_of(deployment: str) -> dict[str, Any]:
+    """The machine settings a pool's deployment holds (empty if none, or no deployment)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            parameters = client.read_deployment_by_name(deployment).parameters
+        except ObjectNotFound:
+            return {}
+    return dict((parameters.get("config") or {}).get("machine") or {})
 
 
 @dataclass(frozen=True)
@@ -56,10 +80,11 @@ def submit(pipeline_run: str, variants: list[VariantRun], pools: list[str],
     submitted = []
     for pool in pools:
         deployment = deploy_to_pool(pool, source)
+        machine = machine_of(deployment)
         for variant in variants:
             config: dict[str, Any] = {"name": variant.name[:64],
                                       "model": f"runs:/{variant.run_id}/model",
-                                      "pipeline_run": pipeline_run}
+                                      "pipeline_run": pipeline_run, "machine": machine}
             if work_dir is not None:
                 config["work_dir"] = str(work_dir)
             flow_run = run_deployment(deployment, parameters={"config": config}, timeout=0,

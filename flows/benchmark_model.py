@@ -14,14 +14,13 @@ from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.resolve_model import resolve_model
 from tasks.write_report import write_report
 from tfopt import tracking
-from tfopt.machines import MACHINE_RUN_ROLE, machine_label, machine_protocol
+from tfopt.machines import MACHINE_RUN_ROLE, local_protocol, machine_label, machine_protocol
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, read_inputs_index
 from tfopt.models.references import UnusableModelError
 from tfopt.orchestration import claim_flow_run
 from tfopt.prefect_artifacts import publish_prefect_artifacts
 from tfopt.provenance import environment, mlflow_tracking_uri
-from tfopt.report.summary import variant_entry
-from tfopt.services import redact
+from tfopt.report.summary import benchmark_summary
 
 
 @flow(name="benchmark_model", flow_run_name="benchmark-{config.name}", log_prints=True)
@@ -46,6 +45,7 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
     run_dir = work_dir / "benchmarks" / f"{config.name}-{flow_run.id}"
     if config.pipeline_run:
         return _benchmark_for_pipeline_run(config, config.pipeline_run, tracking_uri, run_dir)
+    protocol = local_protocol(config.benchmark, config.machine)
     spec = resolve_model(config.model, config.format, config.precision, tracking_uri,
                          run_dir / "model")
     tags = {"prefect.flow_run_id": str(flow_run.id), "tfopt.role": "benchmark"}
@@ -56,26 +56,20 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         dataset = sharded_data(config.data, work_dir)
         inputs = prepare_benchmark_inputs(None, dataset, run_dir / "inputs", config.batch_size,
                                           config.input_scale)
-        measured = benchmark_serialized(spec, inputs, config.benchmark)
+        measured = benchmark_serialized(spec, inputs, protocol)
         if not measured.is_completed():
             raise UnusableModelError(
                 f"model {config.model} cannot be measured: {error_of(measured)}")
         result = measured.result()
         tracking.log_variants(run, [result], {}, tags)
-        summary = {
-            "config_name": config.name,
-            "model": config.model,
-            "mlflow_tracking_uri": redact(tracking_uri),
-            "mlflow_experiment_id": run.experiment_id,
-            "mlflow_run_id": run.run_id,
-            "mlflow_run_url": run.url,
-            "prefect_flow_run_id": str(flow_run.id),
-            "environment": environment(config.benchmark.threads, result.tf_intra_op_threads,
-                                       config.benchmark.cpus),
-            "variants": [variant_entry(result, None, config.benchmark.accuracy_budget_points)],
-            "champion": result.name,
-            "champion_reason": "the only model benchmarked",
-        }
+        summary = benchmark_summary(
+            config_name=config.name, model=config.model, tracking_uri=tracking_uri,
+            experiment_id=run.experiment_id, run_id=run.run_id, flow_run_id=str(flow_run.id),
+            environment=environment(protocol.threads, result.tf_intra_op_threads,
+                                    protocol.cpus),
+            result=result, budget_points=protocol.accuracy_budget_points,
+            extras={"mlflow_run_url": run.url, "champion": result.name,
+                    "champion_reason": "the only model benchmarked"})
         for path in write_report(summary, [result], run_dir / "report"):
             tracking.log_file(run, path, "report")
         publish_prefect_artifacts(summary)
@@ -94,7 +88,7 @@ def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,
     local_inputs = tracking.download_run_artifacts(tracking_uri, pipeline_run, INPUTS_ARTIFACT,
                                                    run_dir)
     inputs, pipeline_protocol = read_inputs_index(local_inputs)
-    protocol = machine_protocol(pipeline_protocol)
+    protocol = machine_protocol(pipeline_protocol, config.machine)
     spec = resolve_model(config.model, config.format, config.precision, tracking_uri,
                          run_dir / "model")
     measured = benchmark_serialized(spec, inputs, protocol)
@@ -112,13 +106,11 @@ def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,
         log_model_files=False, run_name=f"{spec.name} @ {machine}")
     get_run_logger().info("%s on %s: p50 %.3f ms (%s threads)", spec.name, machine,
                           result.latency_ms.p50, protocol.threads)
-    return {
-        "config_name": config.name, "model": config.model, "machine": machine,
-        "pipeline_run": pipeline_run, "mlflow_tracking_uri": redact(tracking_uri),
-        "mlflow_experiment_id": parent.info.experiment_id, "mlflow_run_id": run_id,
-        "prefect_flow_run_id": str(flow_run.id), "environment": env,
-        "variants": [variant_entry(result, None, protocol.accuracy_budget_points)],
-    }
+    return benchmark_summary(
+        config_name=config.name, model=config.model, tracking_uri=tracking_uri,
+        experiment_id=parent.info.experiment_id, run_id=run_id, flow_run_id=str(flow_run.id),
+        environment=env, result=result, budget_points=protocol.accuracy_budget_points,
+        extras={"machine": machine, "pipeline_run": pipeline_run})
 
 
 def _work_pool_of_this_flow_run() -> str | None:

@@ -50,7 +50,7 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.config import BenchmarkConfig, check_paths
+from tfopt.config import BenchmarkConfig, check_paths, resolve_cpus
 from tfopt.fileio import atomic_write_json
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
@@ -96,6 +96,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
     claim_flow_run()
     tracking.use_retry_seconds(config.services.retry_seconds)
     check_paths(config)
+    resolve_cpus(config.benchmark.cpus)
     work_dir = config.work_dir.resolve()
     tags = {"prefect.flow_run_id": str(flow_run.id), "tfopt.config": config.name}
     with tracking.tracked_run(
@@ -292,7 +293,7 @@ def _summarize(
         extras={
             "config_name": config.name,
             "mlflow_run_url": run.url,
-            "environment": environment(bench.threads, tf_threads, bench.cpus),
+            "environment": environment(bench.threads, tf_threads, resolve_cpus(bench.cpus)),
             "champion_model": champion_model,
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),
             "training_batch_size": measured.data.batch_size,

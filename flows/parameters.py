@@ -10,9 +10,9 @@ sections come from where they are read: the core's (`tfopt.config`), the runtime
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from techniques import CompressConfig
 from tfopt.config import (
@@ -29,6 +29,7 @@ from tfopt.config import (
     load_config,
     run_name_field,
 )
+from tfopt.machines import check_machine_settings
 from tfopt.runtimes import ConvertConfig, RuntimesConfig, known_formats
 
 
@@ -143,9 +144,23 @@ class BenchmarkOnlyConfig(Section):
             "`batch_size`, `input_scale` and `benchmark` are then taken from that run)."
         ),
     )
+    machine: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "This machine's benchmark.* settings (threads, cpus ...), set by its worker "
+            "(`tfopt worker --set benchmark.threads=4`): with pipeline_run, they apply on top "
+            "of the pipeline's protocol, and the CPUs are checked where the flow runs."
+        ),
+    )
     services: ServicesConfig = Field(
         default_factory=ServicesConfig, description="Waiting for the servers."
     )
+
+    @field_validator("machine")
+    @classmethod
+    def _machine_is_benchmark_settings(cls, machine: dict[str, Any]) -> dict[str, Any]:
+        check_machine_settings(machine)
+        return machine
 
 
 def load_pipeline_config(path: Path | None, overrides: dict[str, object] | None = None,

@@ -6,33 +6,15 @@ on the source folder's content and the settings, and retries on transient errors
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 from prefect import task
 
 from tfopt.artifacts import DatasetArtifact
 from tfopt.config import DataConfig, ScaleConfig
-from tfopt.data.sharding import shard_dataset
-from tfopt.data.sources import source_fingerprint
+from tfopt.data.sharding import preprocessing_cache_key, shard_dataset
 from tfopt.logs import step_logger
 from tfopt.orchestration import retry_if_transient
-
-
-def preprocessing_cache_key(_context: object, parameters: dict) -> str | None:
-    """Prefect cache key of `write_tfrecords`: the source folder's content and the settings.
-
-    Not time: an unchanged folder with unchanged settings hits the cache however old it is.
-    """
-    cfg: DataConfig = parameters["cfg"]
-    if not cfg.source_dir.is_dir():
-        return None
-    settings = json.dumps([cfg.model_dump(mode="json"), str(Path(parameters["work_dir"]).resolve()),
-                           str(cfg.source_dir.resolve())])
-    return "write_tfrecords-" + hashlib.sha256(
-        f"{settings}|{source_fingerprint(cfg.source_dir)}".encode()
-    ).hexdigest()[:32]
 
 
 @task(

@@ -48,6 +48,15 @@ def tiny_dataset(tiny_data_cfg: DataConfig, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="session")
+def test_images(tiny_dataset) -> np.ndarray:
+    """The tiny data set's test split, decoded (what the benchmark feeds every variant)."""
+    from tfopt.data.pipeline import load_split_arrays
+
+    images, _ = load_split_arrays(tiny_dataset.splits["test"].files, tiny_dataset.image_size)
+    return images
+
+
+@pytest.fixture(scope="session")
 def tiny_data(tiny_dataset):
     """The tiny data set as training steps take it (batch 16, seed 0, default input settings)."""
     from tests.steps import training_data

@@ -1,4 +1,4 @@
-"""The shape the code keeps: flows only wire, tasks do not lean on the training task."""
+"""The shape the code keeps: layers that are layers, tasks that are tasks, flows that only wire."""
 
 from __future__ import annotations
 
@@ -10,6 +10,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOW_FUNCTION_LINES = 60
+LAYERS = ("tfopt", "techniques", "tasks", "flows", "deployments")
+"""Bottom to top: a package imports only from its own layer and the ones below it."""
+ENTRY_POINT = ROOT / "tfopt" / "cli.py"
+"""The command line: the one module of the core that starts flows and registers deployments."""
+PACKAGES = (*LAYERS, "tests", "benchmarks")
+
+
+def _python_files(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
 
 
 def _functions(path: Path) -> list[ast.FunctionDef]:
@@ -17,32 +26,85 @@ def _functions(path: Path) -> list[ast.FunctionDef]:
     return [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)]
 
 
-def _imported_modules(path: Path) -> set[str]:
-    modules = set()
+def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """Every absolute import of a file, at any depth: (line, module, names imported from it)."""
+    found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            modules.add(node.module)
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module, [alias.name for alias in node.names]))
         elif isinstance(node, ast.Import):
-            modules.update(alias.name for alias in node.names)
-    return modules
+            found += [(node.lineno, alias.name, []) for alias in node.names]
+    return found
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "flows").glob("*.py")), ids=lambda p: p.name)
-def test_flow_functions_are_short(path):
+def _imported_modules(path: Path) -> set[str]:
+    return {module for _, module, _ in _imports(path)}
+
+
+def _module_file(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_package_imports_a_layer_above_it(layer):
+    above = set(LAYERS[LAYERS.index(layer) + 1:])
+    crossing = [f"{path.relative_to(ROOT)}:{line}: {module}"
+                for path in _python_files(layer) if path != ENTRY_POINT
+                for line, module, _ in _imports(path) if module.split(".")[0] in above]
+    assert crossing == [], f"{layer}/ imports from a layer above it"
+
+
+def test_the_command_line_is_the_only_core_module_that_starts_flows():
+    importers = [path.relative_to(ROOT) for path in _python_files("tfopt")
+                 if {m.split(".")[0] for m in _imported_modules(path)} & {"flows", "deployments"}]
+    assert importers == [ENTRY_POINT.relative_to(ROOT)]
+    assert not {m for m in _imported_modules(ENTRY_POINT)
+                if m.split(".")[0] in ("tasks", "techniques")}, "the CLI starts flows, not steps"
+
+
+def _defines_a_prefect_task(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if isinstance(target, ast.Name) and target.id == "task":
+                    return True
+    return False
+
+
+@pytest.mark.parametrize("path", [p for p in _python_files("tasks") if p.name != "__init__.py"],
+                         ids=lambda p: p.name)
+def test_every_task_module_defines_a_prefect_task_and_stays_thin(path):
+    assert _defines_a_prefect_task(path), f"tasks/{path.name} defines no Prefect task"
+    helpers = [f.name for f in _functions(path) if not any(
+        isinstance(d, ast.Call | ast.Name) and getattr(getattr(d, "func", d), "id", "") == "task"
+        for d in f.decorator_list)]
+    assert helpers == [], f"tasks/{path.name} holds logic beside its task: {helpers}"
+
+
+@pytest.mark.parametrize("path", _python_files("flows"), ids=lambda p: p.name)
+def test_flow_functions_are_short_and_hold_no_tensorflow(path):
     long = {f.name: f.end_lineno - f.lineno + 1 for f in _functions(path)
             if f.end_lineno - f.lineno + 1 > FLOW_FUNCTION_LINES}
     assert not long, f"{path.name}: functions over {FLOW_FUNCTION_LINES} lines: {long}"
+    heavy = {m for m in _imported_modules(path)
+             if m.split(".")[0] in ("tensorflow", "tf_keras", "numpy", "onnxruntime")}
+    assert not heavy, f"flows/{path.name} imports {heavy}: flows only wire"
 
 
 def test_no_step_imports_the_training_task():
     importers = [path.relative_to(ROOT) for folder in ("tasks", "techniques")
-                 for path in (ROOT / folder).glob("*.py")
+                 for path in _python_files(folder)
                  if "tasks.train_model" in _imported_modules(path)]
     assert importers == []
 
 
 def test_flows_log_to_mlflow_only_through_the_typed_functions():
-    for path in (ROOT / "flows").glob("*.py"):
+    for path in _python_files("flows"):
         imported = _imported_modules(path)
         assert not {m for m in imported if m.split(".")[0] == "mlflow"}, path.name
         source = path.read_text()
@@ -50,13 +112,23 @@ def test_flows_log_to_mlflow_only_through_the_typed_functions():
             assert f"tracking.{raw}" not in source, f"{path.name} calls tracking.{raw}"
 
 
+def test_every_import_of_the_projects_own_code_names_a_module_that_exists():
+    # An editable install falls back to another checkout's files for a module missing here,
+    # so a moved module's old name can go on importing there: check the names themselves.
+    missing = [f"{path.relative_to(ROOT)}:{line}: {module}"
+               for folder in PACKAGES for path in _python_files(folder)
+               for line, module, names in _imports(path)
+               if module.split(".")[0] in PACKAGES and _module_file(module) is None]
+    assert missing == []
+
+
 _FILE_REFERENCE = re.compile(r"\b(?:[A-Z][A-Z_]+\.md|(?:[a-z_]+/)+[a-z_]+\.(?:py|yaml|md))\b")
 
 
 def test_docstrings_and_messages_name_files_that_exist():
     missing = {}
-    for folder in ("tfopt", "tasks", "techniques", "flows", "deployments"):
-        for path in (ROOT / folder).glob("*.py"):
+    for folder in LAYERS:
+        for path in _python_files(folder):
             named = set(_FILE_REFERENCE.findall(path.read_text()))
             gone = sorted(name for name in named if not (ROOT / name).exists()
                           and not (ROOT / folder / name).exists())

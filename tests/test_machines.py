@@ -3,28 +3,39 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 
 from flows.parameters import BenchmarkOnlyConfig
 from tfopt.artifacts import BenchmarkInputs
-from tfopt.config import BenchmarkConfig, ConfigError
-from tfopt.machines import MACHINE_BENCHMARK_ENV, machine_protocol, machine_settings
+from tfopt.config import BenchmarkConfig, ConfigError, resolve_cpus
+from tfopt.machines import machine_protocol, machine_settings
 from tfopt.measurement.inputs import read_inputs_index, write_inputs_index
 
 
-def test_a_workers_settings_apply_on_top_of_the_pipelines_protocol(monkeypatch):
+def test_a_workers_settings_apply_on_top_of_the_pipelines_protocol():
     settings = machine_settings({"benchmark.threads": 1, "benchmark.cpus": [0]})
-    monkeypatch.setenv(MACHINE_BENCHMARK_ENV, settings)
+    config = BenchmarkOnlyConfig.model_validate({"machine": settings})
+    assert config.machine == {"threads": 1, "cpus": [0]}, "a flow run parameter"
     pipeline = BenchmarkConfig(threads=2, min_runs=30, p50_ci_width=0.25)
-    here = machine_protocol(pipeline)
+    here = machine_protocol(pipeline, config.machine)
     assert (here.threads, here.cpus) == (1, [0])
     assert (here.min_runs, here.p50_ci_width) == (30, 0.25), "the rest is the pipeline's"
-    monkeypatch.delenv(MACHINE_BENCHMARK_ENV)
-    assert machine_protocol(pipeline) == pipeline
+    assert machine_protocol(pipeline, {}) == pipeline
     pinned_there = BenchmarkConfig(cpus=[0])
-    assert machine_protocol(pinned_there).cpus is None, "another machine's CPUs do not apply"
+    assert machine_protocol(pinned_there, {}).cpus is None, "another machine's CPUs do not apply"
+
+
+def test_cpu_numbers_are_checked_where_they_are_used_not_where_they_are_written():
+    elsewhere = BenchmarkConfig.model_validate({"cpus": [4096, -1]})
+    assert elsewhere.cpus == [4096, -1], "a protocol from a larger machine still loads here"
+    with pytest.raises(ConfigError, match=r"CPUs \[4096\] are not available on this machine"):
+        resolve_cpus(elsewhere.cpus)
+    assert resolve_cpus([-1]) == [max(os.sched_getaffinity(0))]
+    with pytest.raises(ValueError, match="machine: no_such are not benchmark settings"):
+        BenchmarkOnlyConfig.model_validate({"machine": {"no_such": 1}})
 
 
 @pytest.mark.parametrize(("pairs", "message"), [

@@ -6,9 +6,9 @@ import os
 
 from prefect.states import Completed, Failed
 
-from tasks.write_tfrecords import preprocessing_cache_key
 from tests.conftest import write_digit_folder
 from tfopt.config import DataConfig
+from tfopt.data.sharding import preprocessing_cache_key
 from tfopt.data.sources import source_fingerprint
 from tfopt.orchestration import StepProgress, TransientError, retry_if_transient
 
@@ -44,6 +44,17 @@ def test_a_missing_source_folder_is_not_cached(tmp_path):
     assert preprocessing_cache_key(None, {"cfg": cfg, "work_dir": tmp_path}) is None
 
 
-def test_progress_outside_a_prefect_run_is_silent():
-    progress = StepProgress("train-baseline", "epochs trained")
-    progress.update(1, 3)
+def test_progress_outside_a_prefect_run_is_silent(caplog, monkeypatch):
+    import prefect.artifacts
+
+    calls = []
+    monkeypatch.setattr(prefect.artifacts, "create_progress_artifact",
+                        lambda *args, **kwargs: calls.append(args))
+    monkeypatch.setattr(prefect.artifacts, "update_progress_artifact",
+                        lambda *args, **kwargs: calls.append(args))
+    with caplog.at_level("DEBUG"):
+        progress = StepProgress("train-baseline", "epochs trained")
+        progress.update(1, 3)
+        progress.update(3, 3)
+    assert calls == [], "no artifact is created or updated outside a run"
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 import tfopt  # noqa: F401  (environment first)
-from tfopt.config import ConfigError, check_paths, load_config
+from tfopt.config import ConfigError, check_paths, load_config, resolve_cpus
 from tfopt.services import (
     DATABASES,
     ServiceError,
@@ -176,6 +176,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         write_demo_images(config.data.source_dir)
     check_paths(config)
+    resolve_cpus(config.benchmark.cpus)
     api_url, tracking_uri = _connect_services()
     _reconcile_leftovers(tracking_uri)
 
@@ -218,6 +219,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     }
     overrides.update(_parse_overrides(args.set))
     config = load_config(args.config, overrides, BenchmarkOnlyConfig)
+    resolve_cpus(config.benchmark.cpus)
     if not config.data.source_dir.is_dir():
         raise ConfigError(f"data.source_dir: {config.data.source_dir} is not a folder")
     api_url, tracking_uri = _connect_services()
@@ -299,11 +301,13 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from tfopt.machines import MACHINE_BENCHMARK_ENV, machine_settings
+    from deployments.machines import deploy_to_pool
+    from tfopt.machines import machine_settings
 
     settings = machine_settings(_parse_overrides(args.set))
     _connect_services()
-    os.environ[MACHINE_BENCHMARK_ENV] = settings
+    deployment = deploy_to_pool(args.pool, machine=settings)
+    console.print(f"{deployment}: this machine's settings {settings or '(none)'}", highlight=False)
     prefect = Path(sys.executable).with_name("prefect")
     os.execv(prefect, [str(prefect), "worker", "start", "--pool", args.pool, "--type", "process"])
 

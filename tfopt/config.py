@@ -431,15 +431,30 @@ class BenchmarkConfig(Section):
 
     @field_validator("cpus")
     @classmethod
-    def _cpus_exist(cls, cpus: list[int] | None) -> list[int] | None:
-        if cpus is None:
-            return None
-        available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        resolved = {available[cpu] if -len(available) <= cpu < 0 else cpu for cpu in cpus}
-        missing = sorted(resolved - set(available))
-        if missing:
-            raise ValueError(f"CPUs {missing} are not available here (available: {available})")
-        return sorted(resolved)
+    def _cpus_once_each(cls, cpus: list[int] | None) -> list[int] | None:
+        if cpus is not None and len(set(cpus)) != len(cpus):
+            raise ValueError(f"CPUs {cpus} name a CPU twice")
+        return cpus
+
+
+def resolve_cpus(cpus: list[int] | None) -> list[int] | None:
+    """`benchmark.cpus` as CPU numbers of this machine (negative ones count from the last).
+
+    CPU numbers belong to the machine that measures: a protocol is validated anywhere, its
+    CPUs are checked here, where the measuring process will be pinned.
+
+    Raises:
+        ConfigError: A CPU this process may not run on, naming the ones it may.
+    """
+    if cpus is None:
+        return None
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    resolved = {available[cpu] if -len(available) <= cpu < 0 else cpu for cpu in cpus}
+    missing = sorted(resolved - set(available))
+    if missing:
+        raise ConfigError(f"benchmark.cpus: CPUs {missing} are not available on this machine "
+                          f"(available: {available})")
+    return sorted(resolved)
 
 
 class ScaleConfig(Section):

@@ -6,24 +6,22 @@ ok variant of that run. A worker of the pool (`tfopt worker --pool <pool>`, on t
 will serve) downloads the variant and the run's benchmark inputs from MLflow, measures it with
 the run's protocol, and logs a child run of the pipeline's run tagged with its machine. The
 machine's own benchmark settings (threads, CPUs) are the worker's: `tfopt worker --set
-benchmark.threads=4` puts them in `MACHINE_BENCHMARK_ENV`, which every flow run it starts
-inherits. `machine_rows` and `write_machine_report` then make the "per machine" table and plot.
+benchmark.threads=4` checks them on its machine and registers them on its pool's deployment,
+and every flow run started there carries them as its ``config.machine`` parameter (shown in the
+Prefect UI). `machine_rows` and `write_machine_report` then make the "per machine" table and
+plot.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tfopt.config import BenchmarkConfig, ConfigError
+from tfopt.config import BenchmarkConfig, ConfigError, resolve_cpus
 
-MACHINE_BENCHMARK_ENV = "TFOPT_MACHINE_BENCHMARK"
-"""JSON object of ``benchmark.*`` settings of this machine, set by `tfopt worker --set`."""
 MACHINE_RUN_ROLE = "machine-benchmark"
 BENCHMARK_FLOW = "benchmark_model"
 
@@ -32,17 +30,20 @@ class MachineBenchmarkError(ConfigError):
     """A pipeline run that cannot be benchmarked elsewhere, or a flow run that did not finish."""
 
 
-def machine_settings(pairs: Mapping[str, object]) -> str:
-    """Validate a worker's ``benchmark.*`` overrides; return them as `MACHINE_BENCHMARK_ENV`.
+def machine_settings(pairs: Mapping[str, object]) -> dict[str, Any]:
+    """A worker's ``benchmark.*`` overrides, validated on the machine they are for.
 
     Args:
         pairs: Dotted keys under ``benchmark.`` and their values (from ``--set``).
 
-    Raises:
-        ConfigError: A key outside ``benchmark.`` or a value `BenchmarkConfig` refuses.
-    """
-    from pydantic import ValidationError
+    Returns:
+        The settings by field name: the ``config.machine`` parameter of the flow runs the
+        worker's machine measures.
 
+    Raises:
+        ConfigError: A key outside ``benchmark.``, a value `BenchmarkConfig` refuses, or CPUs
+            this machine does not have.
+    """
     settings = {}
     for key, value in pairs.items():
         field = key.removeprefix("benchmark.")
@@ -50,22 +51,53 @@ def machine_settings(pairs: Mapping[str, object]) -> str:
             raise ConfigError(f"--set {key}: a worker sets benchmark.<field> only "
                               f"(fields: {', '.join(sorted(BenchmarkConfig.model_fields))})")
         settings[field] = value
+    check_machine_settings(settings)
+    resolve_cpus(BenchmarkConfig.model_validate(settings).cpus)
+    return settings
+
+
+def check_machine_settings(settings: Mapping[str, object]) -> None:
+    """Refuse machine settings that are not valid ``benchmark.*`` values.
+
+    Raises:
+        ConfigError: Naming the field and what is wrong.
+    """
+    from pydantic import ValidationError
+
+    unknown = sorted(set(settings) - set(BenchmarkConfig.model_fields))
+    if unknown:
+        raise ConfigError(f"machine: {', '.join(unknown)} are not benchmark settings")
     try:
         BenchmarkConfig.model_validate(settings)
     except ValidationError as error:
-        raise ConfigError(f"--set: {error}") from error
-    return json.dumps(settings)
+        raise ConfigError(f"machine: {error}") from error
 
 
-def machine_protocol(protocol: BenchmarkConfig) -> BenchmarkConfig:
-    """`protocol` with this machine's settings (`MACHINE_BENCHMARK_ENV`) on top.
+def machine_protocol(protocol: BenchmarkConfig,
+                     machine: Mapping[str, object] | None) -> BenchmarkConfig:
+    """`protocol` with this machine's settings on top, its CPUs checked here.
 
     CPU numbers belong to a machine, not to the protocol: the pipeline machine's pinning is
-    dropped, and only the worker's own ``benchmark.cpus`` pins here.
+    dropped, and only this machine's own ``benchmark.cpus`` pins here.
+
+    Raises:
+        ConfigError: CPUs this machine does not have.
     """
-    overrides = json.loads(os.environ.get(MACHINE_BENCHMARK_ENV) or "{}")
-    return BenchmarkConfig.model_validate(
-        {**protocol.model_dump(mode="json"), "cpus": None, **overrides})
+    merged = BenchmarkConfig.model_validate(
+        {**protocol.model_dump(mode="json"), "cpus": None, **(machine or {})})
+    return merged.model_copy(update={"cpus": resolve_cpus(merged.cpus)})
+
+
+def local_protocol(protocol: BenchmarkConfig,
+                   machine: Mapping[str, object] | None) -> BenchmarkConfig:
+    """A benchmark's own protocol with this machine's settings on top, its CPUs checked here.
+
+    Raises:
+        ConfigError: CPUs this machine does not have.
+    """
+    merged = BenchmarkConfig.model_validate({**protocol.model_dump(mode="json"),
+                                             **(machine or {})})
+    return merged.model_copy(update={"cpus": resolve_cpus(merged.cpus)})
 
 
 def machine_label(work_pool: str | None) -> str:

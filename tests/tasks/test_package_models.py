@@ -10,16 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.steps import to_onnx, to_tflite
+from flows.parameters import PipelineConfig
+from tasks.build_variant import build_variant
+from tfopt.artifacts import VariantSpec
 from tfopt.data.pipeline import load_split_arrays
 from tfopt.models.references import detect_format
 from tfopt.models.sources import labels_of
 from tfopt.packaging import model_file_of, save_variant_model
-from tfopt.runtimes import ConvertConfig
-from tfopt.runtimes.base import ServingContract
-from tfopt.runtimes.litert import TFLiteRunner
-from tfopt.runtimes.onnxruntime import OnnxRunner
-from tfopt.runtimes.tensorflow import GraphRunner, SavedModelRunner
+from tfopt.runtimes import known_formats, load_runner, plan_forms, runtime_of, settings_of
+from tfopt.runtimes.base import BuildSources, PlanRequest, ServingContract
 from tfopt.serving import LABELS_FILE, read_labels
 
 
@@ -34,43 +33,51 @@ def contract(tiny_dataset, images) -> ServingContract:
 
 
 @pytest.fixture(scope="module")
-def variant_files(tiny_baseline, tiny_savedmodel, tiny_dataset, tmp_path_factory):
-    out = tmp_path_factory.mktemp("variants")
-    cfg = ConvertConfig(calibration_examples=16)
-    return {
-        "graph": (tiny_baseline.path, "fp32", GraphRunner),
-        "savedmodel": (tiny_savedmodel.path, "fp32", SavedModelRunner),
-        "tflite": (to_tflite(tiny_savedmodel, "int8", tiny_dataset, cfg, out).path, "int8",
-                   TFLiteRunner),
-        "onnx": (to_onnx(tiny_savedmodel, tiny_dataset, cfg, out).path, "fp32", OnnxRunner),
-    }
+def variant_files(tiny_baseline, tiny_savedmodel, tiny_dataset, tmp_path_factory
+                  ) -> dict[str, VariantSpec]:
+    """One variant of every format a runtime measures, planned and built as a run does."""
+    config = PipelineConfig.model_validate({"convert": {
+        "calibration_examples": 16, "tflite": ["int8"], "xla": ["jit_compile"],
+        "onnx_quantize": [], "bfloat16": False, "selective_int8": False}})
+    sources = BuildSources(model=tiny_baseline, savedmodel=tiny_savedmodel,
+                           dataset=tiny_dataset, out_dir=tmp_path_factory.mktemp("variants"),
+                           calibration_examples=16)
+    built: dict[str, VariantSpec] = {}
+    for spec in plan_forms(PlanRequest(source="baseline", kind="keras"), config):
+        if spec.status == "ok":
+            built[spec.name] = build_variant.fn(
+                spec, sources.model_copy(update={"built": built}),
+                settings_of(runtime_of(spec.format), config))
+    return {spec.format: spec for spec in reversed(built.values()) if spec.status == "ok"}
 
 
-@pytest.mark.parametrize("model_format", ["graph", "savedmodel", "tflite", "onnx"])
+@pytest.mark.parametrize("model_format", sorted(known_formats()))
 def test_a_packaged_variant_predicts_what_its_runner_predicts(
     model_format, variant_files, contract, images, tmp_path
 ):
     import mlflow.pyfunc
 
-    path, precision, runner = variant_files[model_format]
-    assert labels_of(path) == list(contract.class_names), "the step wrote labels.txt"
-    folder = save_variant_model(path, model_format, precision, contract, tmp_path / "model")
+    spec = variant_files[model_format]
+    assert labels_of(spec.path) == list(contract.class_names), "the step wrote labels.txt"
+    folder = save_variant_model(spec.path, model_format, spec.precision, contract,
+                                tmp_path / "model")
     predicted = mlflow.pyfunc.load_model(str(folder)).predict(images)
     if isinstance(predicted, dict):  # the ONNX flavor answers every output by name
         predicted = predicted["logits"]
-    expected = runner(path).predict(images)
+    expected = load_runner(spec).predict(images)
     assert np.asarray(predicted).shape == expected.shape
     np.testing.assert_allclose(predicted, expected, atol=1e-4)
 
     assert read_labels(folder / LABELS_FILE) == list(contract.class_names)
     found_format, found_file = detect_format(folder)
-    assert found_format == model_format and found_file.exists()
-    np.testing.assert_allclose(runner(found_file).predict(images), expected, atol=1e-4)
+    assert found_format in (model_format, "graph") and found_file.exists()
+    again = spec.model_copy(update={"path": found_file})
+    np.testing.assert_allclose(load_runner(again).predict(images), expected, atol=1e-4)
 
 
 def test_a_keras_variant_loads_without_the_legacy_keras_switch(variant_files, contract,
                                                                images, tmp_path):
-    folder = save_variant_model(variant_files["graph"][0], "graph", "fp32", contract,
+    folder = save_variant_model(variant_files["graph"].path, "graph", "fp32", contract,
                                 tmp_path / "model")
     np.save(tmp_path / "images.npy", images)
     script = (

@@ -8,15 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfopt.measurement import load_scenarios
 from tasks.benchmark_variant import benchmark_variant
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tests.steps import build, sources_for, to_onnx, to_tflite
 from tfopt.artifacts import VariantSpec
 from tfopt.config import BenchmarkConfig
 from tfopt.cpu_features import bf16_unavailable_reason
-from tfopt.data.pipeline import load_split_arrays
 from tfopt.fileio import sha256_file
+from tfopt.measurement import load_scenarios
 from tfopt.measurement.floor import floor_key
 from tfopt.runtimes import ConvertConfig, registry
 from tfopt.runtimes.base import softmax
@@ -33,12 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # tiny baseline is unsure (two classes within a few points), a flip is allowed even at 16x8.
 TOLERANCE = {"fp32": (1e-4, 1.0), "float16": (2e-2, 0.9), "dynamic": (0.1, 0.9),
              "int8": (0.15, 0.85), "int16x8": (0.05, 0.9)}
-
-
-@pytest.fixture(scope="module")
-def test_images(tiny_dataset):
-    images, _ = load_split_arrays(tiny_dataset.splits["test"].files, tiny_dataset.image_size)
-    return images
 
 
 @pytest.fixture(scope="module")

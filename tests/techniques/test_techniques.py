@@ -12,19 +12,12 @@ from techniques.distill import DistillConfig, distill_model, inherit_filters
 from techniques.prune import PruneConfig, kernel_sparsity, prune_and_finetune, prune_model
 from techniques.qat import QatConfig, quantize_aware_train
 from tests.steps import to_tflite
-from tfopt.data.pipeline import load_split_arrays
 from tfopt.fileio import gzip_size_bytes, sha256_file
 from tfopt.models.keras_io import load_keras_model
 from tfopt.models.zoo import build_model
 from tfopt.runtimes import ConvertConfig
 from tfopt.runtimes.litert import TFLiteRunner, int8_kernel_stats
 from tfopt.runtimes.tensorflow import SavedModelRunner
-
-
-@pytest.fixture(scope="module")
-def test_images(tiny_dataset):
-    images, _ = load_split_arrays(tiny_dataset.splits["test"].files, tiny_dataset.image_size)
-    return images
 
 
 def _pipeline(**compress: object) -> PipelineConfig:

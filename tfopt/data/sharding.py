@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from tfopt.data.shards import (
     shard_path,
     write_manifest,
 )
-from tfopt.data.sources import list_source
+from tfopt.data.sources import list_source, source_fingerprint
 from tfopt.data.writers import write_pending_shards
 
 
@@ -54,3 +56,18 @@ def shard_dataset(
                 len(plans), out_dir, len(plans) - len(pending), len(pending), writers)
     return write_manifest(cfg, out_dir, listing.class_names,
                           [metas[plan.file_name] for plan in plans], listing.skipped)
+
+
+def preprocessing_cache_key(_context: object, parameters: dict) -> str | None:
+    """Prefect cache key of `write_tfrecords`: the source folder's content and the settings.
+
+    Not time: an unchanged folder with unchanged settings hits the cache however old it is.
+    """
+    cfg: DataConfig = parameters["cfg"]
+    if not cfg.source_dir.is_dir():
+        return None
+    settings = json.dumps([cfg.model_dump(mode="json"), str(Path(parameters["work_dir"]).resolve()),
+                           str(cfg.source_dir.resolve())])
+    return "write_tfrecords-" + hashlib.sha256(
+        f"{settings}|{source_fingerprint(cfg.source_dir)}".encode()
+    ).hexdigest()[:32]

@@ -28,7 +28,7 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.config import BenchmarkConfig
+from tfopt.config import BenchmarkConfig, resolve_cpus
 from tfopt.fileio import atomic_write_json, gzip_size_bytes, path_size_bytes
 from tfopt.measurement.floor import floor_format, floor_key
 from tfopt.measurement.machine_load import LoadProbe, background_cores
@@ -386,6 +386,7 @@ def read_request(request_path: str) -> tuple[dict, BenchmarkConfig]:
     """A worker's request and its protocol; pins this process to `cfg.cpus` if set."""
     request = json.loads(Path(request_path).read_text())
     cfg = BenchmarkConfig.model_validate(request["cfg"])
+    cfg = cfg.model_copy(update={"cpus": resolve_cpus(cfg.cpus)})
     if cfg.cpus:
         os.sched_setaffinity(0, cfg.cpus)
     return request, cfg

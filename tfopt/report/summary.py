@@ -165,6 +165,37 @@ def build_summary(
     }
 
 
+def benchmark_summary(
+    *,
+    config_name: str,
+    model: str,
+    tracking_uri: str,
+    experiment_id: str,
+    run_id: str,
+    flow_run_id: str,
+    environment: dict[str, Any],
+    result: VariantResult,
+    budget_points: float,
+    extras: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The summary of one model benchmarked alone (``tfopt benchmark``), the pipeline's keys.
+
+    `extras` adds what the kind of benchmark knows: the run's address, or the machine and the
+    pipeline run it measured for.
+    """
+    return {
+        "config_name": config_name,
+        "model": model,
+        "mlflow_tracking_uri": redact(tracking_uri),
+        "mlflow_experiment_id": experiment_id,
+        "mlflow_run_id": run_id,
+        "prefect_flow_run_id": flow_run_id,
+        "environment": environment,
+        "variants": [variant_entry(result, None, budget_points)],
+        **(extras or {}),
+    }
+
+
 def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else format(value, pattern)
 
