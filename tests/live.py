@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -12,6 +13,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from tfopt.services import ServiceSettings, free_port, start_services, stop_services
 
@@ -96,3 +100,27 @@ def tfopt_process(
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+
+
+def run_smoke_with(settings, summary_path, overrides: dict) -> dict:
+    """`tfopt run` on the smoke config with `--set` overrides; the summary it wrote."""
+    command = ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path)]
+    for key, value in overrides.items():
+        command += ["--set", f"{key}={value}"]
+    completed = run_tfopt(settings, command)
+    summary_path.with_suffix(".log").write_text(completed.stdout + completed.stderr)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return json.loads(summary_path.read_text())
+
+
+def scores_of(predicted: Any) -> np.ndarray:
+    """A pyfunc model's class scores (the ONNX flavor answers a dict of named outputs)."""
+    if isinstance(predicted, dict):
+        predicted = predicted.get("logits", next(iter(predicted.values())))
+    return np.asarray(predicted)
+
+
+def benchmark_split_of(work: Path, summary: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A run's benchmark inputs (scaled test images, labels) in work folder `work`."""
+    inputs = work / "runs" / f"{name}-{summary['mlflow_run_id'][:12]}" / "benchmark-inputs"
+    return np.load(inputs / "test-images.npy"), np.load(inputs / "test-labels.npy")

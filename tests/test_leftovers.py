@@ -128,5 +128,5 @@ def test_a_benchmark_killed_holding_the_slot_frees_it_and_the_next_logs_the_wait
                            if run.name == crashed[0]]
             assert flow_run.state.is_crashed()
         assert crash_orphan_flow_runs("again") == []
-    assert set(leftovers) <= set(remove_orphan_temp_dirs())
+    remove_orphan_temp_dirs()  # another tfopt process of this machine may have swept it first
     assert not any(path.exists() for path in leftovers)

@@ -28,6 +28,7 @@ def _outage_command(tmp_path: Path, *settings: str) -> list[str]:
         "--set", "compress.distill.enabled=false", "--set", "compress.qat.enabled=false",
         "--set", "convert.bfloat16=false", "--set", "convert.onnx_quantize=[]",
         "--set", "input.measure_layouts=false", "--set", "input.sweep_batch_sizes=[32]",
+        "--set", "input.measure_passes=1", "--set", "train.epochs=3",
         *[arg for setting in settings for arg in ("--set", setting)]])
 
 
@@ -35,8 +36,11 @@ def _stop_once_trained(
     settings: ServiceSettings, server: str, command: list[str], work: Path, log: Path
 ) -> tuple[int, str, float]:
     """Run `command` until its baseline is trained, kill `server`; the exit code, output, wait."""
+    # Prefect's client retries a lost server 5 times with backoff (about a minute) by default;
+    # one retry shows the same error sooner.
+    env = {**service_env(settings), "PREFECT_CLIENT_MAX_RETRIES": "1"}
     with log.open("w") as out:
-        first = subprocess.Popen(command, cwd=ROOT, env=service_env(settings), stdout=out,
+        first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
                                  stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while not list(work.glob("checkpoints/*/trained.json")):

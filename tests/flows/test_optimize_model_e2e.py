@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.live import free_port, run_tfopt, tfopt_process
+from tests.live import (
+    benchmark_split_of,
+    free_port,
+    run_tfopt,
+    scores_of,
+    tfopt_process,
+)
 from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.demo_data import write_demo_images
 from tfopt.services import is_healthy
@@ -187,16 +193,6 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
         assert {"model/MLmodel", "model/labels.txt"} <= packaged, child.info.run_name
 
 
-def _run_smoke_with(settings, summary_path, overrides: dict) -> dict:
-    """`tfopt run` on the smoke config with `--set` overrides; the summary it wrote."""
-    command = ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path)]
-    for key, value in overrides.items():
-        command += ["--set", f"{key}={value}"]
-    completed = run_tfopt(settings, command)
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    return json.loads(summary_path.read_text())
-
-
 def _post(url: str, body: dict) -> Any:
     request = urllib.request.Request(url, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
@@ -224,39 +220,6 @@ def test_prefect_shows_the_flow_run_its_subflow_and_their_task_runs(smoke_run):
             "benchmark_variant", "pick_champion", "sweep_batch_size", "measure_data_layout",
             "write_report"} <= names
     assert all(run["state_type"] == "COMPLETED" for run in task_runs)
-
-
-def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services, tmp_path):
-    demo = tmp_path / "demo"
-    write_demo_images(demo)
-    summary_path = tmp_path / "out.json"
-    overrides = {
-        "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "failing-variant",
-        "convert.onnx_atol": 1e-12, "convert.tflite": "[fp32]", "convert.xla": "[]",
-        "compress.prune.enabled": "false", "compress.distill.enabled": "false",
-        "compress.qat.enabled": "false",
-        "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
-    }
-    summary = _run_smoke_with(live_services, summary_path, overrides)
-    by_name = {v["name"]: v for v in summary["variants"]}
-    onnx = by_name["baseline-onnx"]
-    assert onnx["status"] == "failed" and "OnnxMismatchError" in onnx["error"]
-    assert onnx["latency_ms"]["p50"] is None
-    ok = [v for v in summary["variants"] if v["status"] == "ok"]
-    assert {"baseline-graph", "baseline-savedmodel", "baseline-tflite-fp32"} <= {
-        v["name"] for v in ok
-    }
-    assert summary["champion"] in {v["name"] for v in ok}
-    with urllib.request.urlopen(
-        f"{live_services.prefect_api_url}/flow_runs/{summary['prefect_flow_run_id']}", timeout=10
-    ) as response:
-        assert json.load(response)["state_type"] == "COMPLETED"
-    child = MlflowClient(live_services.mlflow_url).search_runs(
-        [summary["mlflow_experiment_id"]],
-        filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}' "
-                      "and tags.`tfopt.variant` = 'baseline-onnx'",
-    )[0]
-    assert child.data.tags["tfopt.status"] == "failed" and child.info.status == "FAILED"
 
 
 def test_benchmark_only_flow_measures_the_registered_champion(smoke_run, tmp_path):
@@ -292,20 +255,7 @@ def test_benchmark_only_flow_measures_the_registered_champion(smoke_run, tmp_pat
 def _smoke_test_split(smoke_run) -> tuple[np.ndarray, np.ndarray]:
     """The smoke run's benchmark inputs: scaled test images and their labels."""
     _, summary, _, demo = smoke_run
-    return _smoke_test_split_of(demo.parent / "work", summary, "smoke")
-
-
-def _scores(predicted: Any) -> np.ndarray:
-    """A pyfunc model's class scores (the ONNX flavor answers a dict of named outputs)."""
-    if isinstance(predicted, dict):
-        predicted = predicted.get("logits", next(iter(predicted.values())))
-    return np.asarray(predicted)
-
-
-def _smoke_test_split_of(work: Path, summary: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """A run's benchmark inputs (scaled test images, labels) in work folder `work`."""
-    inputs = work / "runs" / f"{name}-{summary['mlflow_run_id'][:12]}" / "benchmark-inputs"
-    return np.load(inputs / "test-images.npy"), np.load(inputs / "test-labels.npy")
+    return benchmark_split_of(demo.parent / "work", summary, "smoke")
 
 
 def test_the_registered_champion_loads_by_uri_and_answers_over_http(smoke_run, tmp_path):
@@ -318,7 +268,7 @@ def test_the_registered_champion_loads_by_uri_and_answers_over_http(smoke_run, t
     champion = mlflow.pyfunc.load_model(uri)
     assert champion.metadata.metadata["class_names"] == sorted(
         p.name for p in demo.iterdir() if p.is_dir())
-    scores = _scores(champion.predict(images))
+    scores = scores_of(champion.predict(images))
     assert scores.shape == (len(images), summary["dataset"]["classes"])
     reported = next(v for v in summary["variants"] if v["name"] == summary["champion"])
     assert np.mean(scores.argmax(1) == labels) == pytest.approx(reported["accuracy"], abs=0.01)
@@ -345,119 +295,6 @@ def test_the_registered_champion_loads_by_uri_and_answers_over_http(smoke_run, t
     np.testing.assert_allclose(answer["predictions"], scores[:4], atol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def their_network(tmp_path_factory):
-    """MobileNetV2 trained outside tfopt, saved as .keras, plain SavedModel, .tflite and .onnx.
-
-    The SavedModel has no Keras metadata and its own tensor names (``pixels`` in, ``scores``
-    out); the .tflite and .onnx files are converted from it, so they carry those names too.
-    """
-    import tensorflow as tf
-    import tf_keras as keras
-
-    from flows.parameters import load_pipeline_config
-    from tasks.write_tfrecords import write_tfrecords
-    from tfopt.data.pipeline import load_split
-    from tfopt.runtimes.onnxruntime import run_tf2onnx
-
-    tmp = tmp_path_factory.mktemp("theirs")
-    demo = tmp / "demo"
-    write_demo_images(demo)
-    smoke = load_pipeline_config(ROOT / "configs" / "smoke.yaml", {"data.source_dir": str(demo)})
-    dataset = write_tfrecords.fn(smoke.data, tmp / "outside")
-    train_images, train_labels = load_split(dataset, "train")
-    network = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35,
-                                             weights=None, classes=10,
-                                             classifier_activation=None)
-    network.compile(optimizer=keras.optimizers.Adam(3e-3),
-                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    network.fit(train_images, train_labels, epochs=4, batch_size=32, verbose=0)
-    network.save(tmp / "theirs.keras")
-    test_images, test_labels = load_split(dataset, "test")
-    own_accuracy = float(np.mean(np.argmax(network.predict(test_images, verbose=0), 1)
-                                 == test_labels))
-
-    module = tf.Module()
-    module.network = network
-    module.serve = tf.function(lambda pixels: {"scores": network(pixels, training=False)},
-                               input_signature=[tf.TensorSpec([None, 32, 32, 3], tf.float32,
-                                                              "pixels")])
-    tf.saved_model.save(module, str(tmp / "theirs-savedmodel"),
-                        signatures={"serving_default": module.serve})
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(tmp / "theirs-savedmodel"))
-    (tmp / "theirs.tflite").write_bytes(converter.convert())
-    run_tf2onnx(tmp / "theirs-savedmodel", tmp / "theirs.onnx", opset=17)
-    files = {"keras": tmp / "theirs.keras", "savedmodel": tmp / "theirs-savedmodel",
-             "tflite": tmp / "theirs.tflite", "onnx": tmp / "theirs.onnx"}
-    return demo, files, own_accuracy
-
-
-def test_a_trained_model_file_goes_through_the_pipeline_as_it_is(live_services, tmp_path,
-                                                                 their_network):
-    """A network nobody here wrote, trained outside tfopt, optimized with train.epochs 0."""
-    demo, files, own_accuracy = their_network
-    summary_path = tmp_path / "out.json"
-    overrides = {
-        "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "own-model",
-        "model.source": "file", "model.path": files["keras"], "train.epochs": 0,
-        "convert.tflite": "[fp32, int8]", "convert.xla": "[]", "compress.tflite": "[int8]",
-        "compress.distill.enabled": "false", "compress.qat.enabled": "false",
-        "compress.prune.epochs": 1, "input.sweep_batch_sizes": "[32]",
-        "convert.onnx_quantize": "[]", "convert.bfloat16": "false",
-    }
-    summary = _run_smoke_with(live_services, summary_path, overrides)
-    by_name = {v["name"]: v for v in summary["variants"]}
-    assert abs(summary["baseline_accuracy"] - own_accuracy) < 1e-6, "the model as it was"
-    # Overall kernel sparsity: tfmot leaves some of MobileNetV2's kernels dense (0.75 seen).
-    assert summary["techniques"]["pruned-80"]["metrics"]["sparsity"] >= 0.7
-    assert by_name["pruned-80-tflite-int8"]["status"] == "ok", by_name["pruned-80-tflite-int8"]
-    for name in ("baseline-graph", "baseline-tflite-fp32", "baseline-onnx"):
-        assert by_name[name]["status"] == "ok", by_name[name]
-        assert by_name[name]["top1_agreement"] >= 0.99, by_name[name]
-    assert by_name["baseline-tflite-int8"]["status"] == "ok"
-    assert "NCHW not measured" in summary["data_layout"]["note"]
-
-
-# What each kind of file cannot give, and the reason the summary must give for it.
-CANNOT = {
-    "savedmodel": {"baseline-graph": "needs a tf_keras model",
-                   "pruned-80-tflite-int8": "prune works on keras models"},
-    "tflite": {"baseline-onnx": "benchmarked as it is", "qat-tflite-int8": "qat works on keras"},
-    "onnx": {"baseline-savedmodel": "benchmarked as it is",
-             "distilled-small-graph": "distill works on keras"},
-}
-# The variant that is the user's model itself (or its re-export with the serving contract).
-THEIRS = {"savedmodel": "baseline-savedmodel", "tflite": "baseline-tflite-fp32",
-          "onnx": "baseline-onnx"}
-
-
-@pytest.mark.parametrize("kind", ["savedmodel", "tflite", "onnx"])
-def test_a_model_file_that_is_not_keras_gets_what_its_kind_allows(
-    live_services, tmp_path, their_network, kind
-):
-    import mlflow.pyfunc
-
-    demo, files, own_accuracy = their_network
-    summary = _run_smoke_with(live_services, tmp_path / "out.json", {
-        "data.source_dir": demo, "work_dir": tmp_path / "work", "name": f"own-{kind}",
-        "model.source": "file", "model.path": files[kind], "train.epochs": 0,
-        "convert.tflite": "[fp32]", "convert.xla": "[]", "convert.onnx_quantize": "[]",
-        "convert.bfloat16": "false",
-    })
-    by_name = {v["name"]: v for v in summary["variants"]}
-    assert by_name[THEIRS[kind]]["status"] == "ok", by_name[THEIRS[kind]]
-    assert abs(by_name[THEIRS[kind]]["accuracy"] - own_accuracy) <= 0.01, "the model as it was"
-    for name, reason in CANNOT[kind].items():
-        assert by_name[name]["status"] == "skipped" and reason in by_name[name]["error"], (
-            by_name[name])
-    assert not [v for v in summary["variants"] if v["status"] == "failed"], summary["variants"]
-    assert summary["batch_size_sweep"]["rule"].startswith("not measured")
-    mlflow.set_tracking_uri(live_services.mlflow_url)
-    champion = mlflow.pyfunc.load_model(summary["champion_model"]["uri"])
-    images, _ = _smoke_test_split_of(tmp_path / "work", summary, f"own-{kind}")
-    assert _scores(champion.predict(images[:3])).shape == (3, 10)
-
-
 def test_variants_are_measured_on_the_machines_of_two_work_pools(smoke_run, tmp_path):
     """`tfopt benchmark --run --work-pool` x2: workers with their own threads and CPUs."""
     settings, summary, _, _ = smoke_run
@@ -467,7 +304,7 @@ def test_variants_are_measured_on_the_machines_of_two_work_pools(smoke_run, tmp_
     assert unknown.returncode == 2 and "not an ok variant" in unknown.stdout, unknown.stdout
     pools = {"one-core": ["--set", "benchmark.threads=1", "--set", "benchmark.cpus=[0]"],
              "two-threads": ["--set", "benchmark.threads=2"]}
-    variants = ["baseline-tflite-int8", "baseline-onnx", "baseline-xla"]
+    variants = ["baseline-tflite-int8", "baseline-xla"]
     command = ["benchmark", "--run", pipeline_run, "--work-dir", str(tmp_path / "work"),
                "--timeout", "900"]
     for pool in pools:

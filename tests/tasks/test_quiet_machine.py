@@ -14,7 +14,7 @@ import pytest
 from tasks.benchmark_variant import benchmark_variant
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tfopt.artifacts import VariantSpec
-from tfopt.config import BenchmarkConfig
+from tfopt.config import BenchmarkConfig, resolve_cpus
 from tfopt.measurement.machine_load import (
     LoadProbe,
     background_cores,
@@ -65,14 +65,20 @@ def test_a_variant_timed_under_load_is_measured_again_and_marked(tiny_baseline, 
 
 def test_benchmark_cpus_are_checked_and_pin_the_measuring_process(tiny_baseline, tiny_dataset,
                                                                   tmp_path):
-    with pytest.raises(ValueError, match=r"CPUs \[4096\] are not available here"):
-        BenchmarkConfig(cpus=[0, 4096])
+    with pytest.raises(ValueError, match=r"CPUs \[4096\] are not available on this machine"):
+        resolve_cpus(BenchmarkConfig(cpus=[0, 4096]).cpus)
     available = sorted(os.sched_getaffinity(0))
-    assert BenchmarkConfig(cpus=[-1]).cpus == [available[-1]], "-1 is the last CPU"
-    assert BenchmarkConfig(cpus=[-1, available[-1]]).cpus == [available[-1]]
-    with pytest.raises(ValueError, match=r"CPUs \[-4096\] are not available here"):
-        BenchmarkConfig(cpus=[-4096])
+    assert resolve_cpus([-1]) == [available[-1]], "-1 is the last CPU"
+    assert resolve_cpus([-1, available[-1]]) == [available[-1]]
+    with pytest.raises(ValueError, match=r"CPUs \[-4096\] are not available on this machine"):
+        resolve_cpus([-4096])
+    with pytest.raises(ValueError, match="name a CPU twice"):
+        BenchmarkConfig(cpus=[0, 0])
     inputs = prepare_benchmark_inputs.fn(None, tiny_dataset, tmp_path / "inputs")
+    elsewhere = BenchmarkConfig(warmup_runs=2, min_runs=10, min_seconds=0, max_seconds=2,
+                                cpus=[4096])
+    with pytest.raises(RuntimeError, match=r"CPUs \[4096\] are not available on this machine"):
+        benchmark_variant.fn(_graph_spec(tiny_baseline), inputs, elsewhere)
     cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, min_seconds=0, max_seconds=2, cpus=[0])
     result = benchmark_variant.fn(_graph_spec(tiny_baseline), inputs, cfg)
     assert result.status == "ok" and result.timed_runs >= 10

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from tfopt.artifacts import DatasetArtifact, InputPipelineResult, Runoff, VariantResult
 from tfopt.report.diagnosis import diagnose
+from tfopt.runtimes import runtime_of
 from tfopt.services import redact
 
 _LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std", "min", "max", "p95", "trimmed_mean", "cv",
@@ -59,6 +60,7 @@ def variant_entry(
         "source": result.source,
         "derived_from": result.derived_from,
         "format": result.format,
+        "runtime": runtime_of(result.format).name,
         "precision": result.precision,
         "status": result.status,
         "error": result.error,
