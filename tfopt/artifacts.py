@@ -285,7 +285,12 @@ class VariantResult(_Frozen):
     p50_ms_by_threads: dict[int, float] = Field(default_factory=dict)
     runner_params: dict[str, str] = Field(default_factory=dict)
     """The variant's settings that change how its file is run (``xla_mode``), so another
-    machine measures the same thing (logged as ``runner.<key>`` params)."""
+    machine measures the same thing, and what the runtime decided on opening it
+    (``inference_precision``, ``compiled_model.fully_accelerated``: `Runner.facts`); logged
+    as ``runner.<key>`` params."""
     op_profile: OpProfile | None = None
+    latency_ms_by_api: dict[str, LatencyStats] = Field(default_factory=dict)
+    """Where the runtime has other APIs (`Runtime.other_apis`), the same file timed through
+    each in the same process, the main API's figure (`latency_ms`) included."""
     path: Path | None = None
     extra_files: list[Path] = Field(default_factory=list)

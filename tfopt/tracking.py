@@ -280,6 +280,8 @@ def variant_metrics(result: object) -> dict[str, float]:
     }
     for threads, p50 in (data.get("p50_ms_by_threads") or {}).items():
         metrics[f"latency_p50_ms_{threads}_threads"] = float(p50)
+    for api, stats in (data.get("latency_ms_by_api") or {}).items():
+        metrics[f"latency_p50_ms_{api}"] = float(stats["p50"])
     for key, value in (data.get("latency_ms") or {}).items():
         if key == "p50_ci95":
             if value is not None:

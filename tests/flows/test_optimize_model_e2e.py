@@ -27,6 +27,7 @@ from tests.live import (
 )
 from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.demo_data import write_demo_images
+from tfopt.runtimes import known_formats
 from tfopt.services import is_healthy
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_OK = {
     "baseline-graph", "baseline-savedmodel", "baseline-xla", "baseline-xla-autocluster",
     "baseline-tflite-fp32", "baseline-tflite-dynamic", "baseline-tflite-float16",
-    "baseline-tflite-int8", "baseline-onnx", "baseline-onnx-int8",
+    "baseline-tflite-int8", "baseline-onnx", "baseline-onnx-int8", "baseline-openvino",
+    "baseline-openvino-int8",
 }
 EXPECTED_COMPRESSED = {
     "pruned-80-graph", "pruned-80-tflite-int8", "distilled-small-graph",
@@ -133,6 +135,14 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert by_name[summary["champion"]]["status"] == "ok"
     assert summary["environment"]["tf_intra_op_threads"] == 2, "smoke's benchmark.threads"
     assert by_name["pruned-80-tflite-int8"]["derived_from"] == "baseline-tflite-int8"
+    assert by_name["baseline-openvino"]["runner"] == {"inference_precision": "f32"}
+    assert by_name["baseline-openvino-int8"]["runtime"] == "openvino"
+    for name in ("baseline-tflite-fp32", "baseline-tflite-int8"):
+        by_api = by_name[name]["latency_ms_by_api"]
+        assert set(by_api) == {"interpreter", "compiled_model"}, name
+        assert by_api["interpreter"]["p50"] == by_name[name]["latency_ms"]["p50"]
+    # XNNPACK takes every op of the float file; the int8 file's may leave some to LiteRT.
+    assert by_name["baseline-tflite-fp32"]["runner"]["compiled_model.fully_accelerated"] == "true"
     assert by_name["baseline-xla"]["derived_from"] == "baseline-graph"
     assert techniques["distilled-small"]["params"]["learning_rate"] == 0.003
     assert techniques["pruned-80"]["params"]["input.random_crop_min_area"] == 1.0, "smoke's"
@@ -154,6 +164,7 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert parent.info.run_name == "smoke-small_cnn", "the config's name once"
     assert "baseline-graph" in parent.data.tags["mlflow.note.content"], "report as description"
+    assert "Runtimes side by side" in parent.data.tags["mlflow.note.content"]
     (data_input,) = parent.inputs.dataset_inputs
     profile = json.loads(data_input.dataset.profile)
     assert profile["train_examples"] == summary["dataset"]["train_examples"]
@@ -184,7 +195,7 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
         v["name"] for v in summary["variants"]
     )
     for child in children:
-        assert child.data.params["format"] in ("graph", "savedmodel", "tflite", "xla", "onnx")
+        assert child.data.params["format"] in known_formats()
         if child.data.tags["tfopt.status"] != "ok":
             continue
         assert {"accuracy", "latency_p50_ms", "size_bytes", "gzip_bytes",

@@ -18,6 +18,7 @@ def counted_model(tmp_path_factory):
     import tf_keras as keras
 
     from tfopt.runtimes.onnxruntime import run_tf2onnx
+    from tfopt.runtimes.openvino import convert_savedmodel
     from tfopt.runtimes.tensorflow import save_serving_savedmodel
     from tfopt.serving import SIGNATURE_KEY
 
@@ -32,12 +33,14 @@ def counted_model(tmp_path_factory):
                                                          signature_keys=[SIGNATURE_KEY])
     (folder / "model.tflite").write_bytes(converter.convert())
     run_tf2onnx(folder / "savedmodel", folder / "model.onnx", 17)
+    convert_savedmodel(folder / "savedmodel", folder, "model")
     model.save(folder / "model.keras")
     return model, folder
 
 
 def test_the_same_network_has_the_same_flops_in_every_format(counted_model):
     from tfopt.runtimes.litert import TFLiteRunner
+    from tfopt.runtimes.openvino import OpenVINORunner, openvino_flops
 
     model, folder = counted_model
     assert keras_flops(model) == EXPECTED_FLOPS
@@ -45,6 +48,8 @@ def test_the_same_network_has_the_same_flops_in_every_format(counted_model):
     runner.predict(np.zeros((3, 8, 8, 3), np.float32))  # a batch of 3: counted per example
     assert tflite_flops(runner.interpreter) == EXPECTED_FLOPS
     assert onnx_flops(folder / "model.onnx") == EXPECTED_FLOPS
+    assert openvino_flops(OpenVINORunner(folder / "model.openvino" / "model.xml").model) \
+        == EXPECTED_FLOPS
 
 
 def test_wrapped_layers_are_counted_like_the_layers_they_wrap(counted_model):
@@ -66,17 +71,21 @@ def test_each_runtime_names_its_top_operators(counted_model):
     from tfopt.runtimes.litert import TFLiteRunner
     from tfopt.runtimes.onnxruntime import PROFILE_METHOD as ONNX_METHOD
     from tfopt.runtimes.onnxruntime import OnnxRunner
+    from tfopt.runtimes.openvino import PROFILE_METHOD as OPENVINO_METHOD
+    from tfopt.runtimes.openvino import OpenVINORunner
     from tfopt.runtimes.tensorflow import PROFILE_METHOD as TF_METHOD
     from tfopt.runtimes.tensorflow import GraphRunner
 
     _, folder = counted_model
     images = np.random.default_rng(0).random((4, 8, 8, 3), dtype=np.float32)
-    tensorflow, litert, onnxruntime = (registry()[name] for name in
-                                       ("tensorflow", "litert", "onnxruntime"))
+    tensorflow, litert, onnxruntime, openvino = (
+        registry()[name] for name in ("tensorflow", "litert", "onnxruntime", "openvino"))
     for runtime, runner, method, convolution in (
         (tensorflow, GraphRunner(folder / "model.keras"), TF_METHOD, "Conv2D"),
         (tensorflow, GraphRunner(folder / "model.keras", jit_compile=True), TF_METHOD, "XLA"),
         (onnxruntime, OnnxRunner(folder / "model.onnx"), ONNX_METHOD, "Conv"),
+        (openvino, OpenVINORunner(folder / "model.openvino" / "model.xml"), OPENVINO_METHOD,
+         "Convolution"),
     ):
         profile = runtime.op_profile(runner, runner.prepare(images), threads=1)
         assert profile.method == method and profile.calls > 0

@@ -288,6 +288,34 @@ def harness_floor_ms(spec: VariantSpec, inputs: BenchmarkInputs, images: np.ndar
     return float(np.median(time_runs(runner.invoke, runner.prepare(images[:32]), brief)))
 
 
+def time_other_apis(spec: VariantSpec, images: np.ndarray, samples_ms: np.ndarray,
+                    cfg: BenchmarkConfig) -> tuple[dict[str, LatencyStats], dict[str, str]]:
+    """The variant timed through its runtime's other APIs (`Runtime.other_apis`).
+
+    Each is timed with the run's protocol on the same inputs, after the main runner, in this
+    process. A runtime without other APIs gives nothing; an API that fails on this file is
+    left out with its error among the facts (the variant stays ok).
+
+    Returns:
+        Latency by API, the main API's `samples_ms` included, and each API's facts
+        (``<api>.<fact>``).
+    """
+    runtime = runtime_of(spec.format)
+    try:
+        others = runtime.other_apis(spec, cfg.threads)
+    except Exception as error:  # another API's failure never fails the variant
+        return {}, {"other_apis.error": f"{type(error).__name__}: {error}"[:300]}
+    if not others:
+        return {}, {}
+    by_api = {runtime.main_api or "main": latency_stats(samples_ms, cfg.p50_ci_width)}
+    facts: dict[str, str] = {}
+    for api, other in others.items():
+        by_api[api] = latency_stats(time_runs(other.invoke, other.prepare(images), cfg),
+                                    cfg.p50_ci_width)
+        facts.update({f"{api}.{key}": value for key, value in other.facts().items()})
+    return by_api, facts
+
+
 def measure_variant(
     spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
 ) -> VariantResult:
@@ -315,6 +343,8 @@ def measure_variant(
                                            max(0.2, cfg.min_seconds / P50_WINDOWS))
     intra, inter = runtime.threads_in_force() or (None, None)
     extra_files = runtime.extra_files(runner, spec, images)
+    peak_mb = peak_rss_mb()  # before another API's copy of the model is opened
+    by_api, api_facts = time_other_apis(spec, images, samples, cfg)
     return VariantResult(
         name=spec.name,
         source=spec.source,
@@ -330,12 +360,13 @@ def measure_variant(
         timed_runs=len(samples),
         load_seconds=load_seconds,
         first_inference_ms=first_inference_ms,
-        peak_rss_mb=peak_rss_mb(),
+        peak_rss_mb=peak_mb,
         top1_agreement=float(np.mean(np.argmax(reference, 1) == np.argmax(logits, 1))),
         max_abs_diff=float(np.max(np.abs(softmax(reference) - softmax(logits)))),
         batch_throughput_per_s=throughput_at_batch,
-        runner_params={key: str(value) for key, value in spec.params.items()
-                       if key in RUNNER_PARAMS},
+        runner_params={**{key: str(value) for key, value in spec.params.items()
+                          if key in RUNNER_PARAMS}, **runner.facts(), **api_facts},
+        latency_ms_by_api=by_api,
         batch_size=inputs.batch_size,
         samples_ms=[float(v) for v in samples[:_KEPT_SAMPLES]],
         path=spec.path,

@@ -111,6 +111,8 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                 f"| {fmt(entry.get('offline_batch_size'), 'd')} "
                 f"| {fmt(entry.get('server_qps_within_budget'), ',.0f')} "
                 f"| {fmt(entry.get('server_p99_ms'), '.3f')} |")
+    lines += _runtime_lines(summary)
+    lines += _api_lines(summary)
     lines += _runoff_lines(summary)
     lines += _op_profile_lines(summary)
     swept = [entry for entry in summary["variants"] if len(entry.get("p50_ms_by_threads", {})) > 1]
@@ -124,6 +126,90 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {entry['name']} | " + " | ".join(
                 fmt(by_threads.get(str(t)), ".3f") for t in counts) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    return "-" if value is None else format(value, pattern)
+
+
+def _interval(latency: dict[str, Any]) -> str:
+    low_high = latency.get("p50_ci95")
+    return "-" if not low_high else f"{low_high[0]:.3f}–{low_high[1]:.3f}"
+
+
+def runtimes_side_by_side(summary: dict[str, Any]) -> dict[tuple[str, str], list[dict]]:
+    """Per model and precision, each runtime's fastest ok variant, fastest first.
+
+    Only groups where more than one runtime measured that model at that precision.
+    """
+    groups: dict[tuple[str, str], dict[str, dict]] = {}
+    for entry in summary["variants"]:
+        if entry["status"] != "ok" or entry["latency_ms"].get("p50") is None:
+            continue
+        best = groups.setdefault((entry["source"], entry["precision"]), {})
+        known = best.get(entry["runtime"])
+        if known is None or entry["latency_ms"]["p50"] < known["latency_ms"]["p50"]:
+            best[entry["runtime"]] = entry
+    return {key: sorted(found.values(), key=lambda e: e["latency_ms"]["p50"])
+            for key, found in groups.items() if len(found) > 1}
+
+
+def _runtime_lines(summary: dict[str, Any]) -> list[str]:
+    """"Runtimes side by side": per model and precision, every runtime, the fastest marked."""
+    groups = runtimes_side_by_side(summary)
+    if not groups:
+        return []
+    lines = ["", "Runtimes side by side: per model and precision, each runtime's fastest form "
+             "(★ the fastest; an interval overlapping the fastest's is a tie). The runtime "
+             "often matters more than the compression.", "",
+             "| model | precision | runtime | variant | p50 ms | p50 95% interval "
+             "| offline ex/s | accuracy | size KB | runs as |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for (source, precision), entries in groups.items():
+        fastest = entries[0]["latency_ms"].get("p50_ci95") or [0.0, 0.0]
+        for rank, entry in enumerate(entries):
+            latency = entry["latency_ms"]
+            low = (latency.get("p50_ci95") or [latency["p50"]])[0]
+            mark = "★ " if rank == 0 else ("= " if low <= fastest[1] else "")
+            runs_as = ", ".join(f"{k} {v}" for k, v in (entry.get("runner") or {}).items())
+            lines.append(
+                f"| {source} | {precision} | {mark}{entry['runtime']} | {entry['name']} "
+                f"| {latency['p50']:.3f} | {_interval(latency)} "
+                f"| {_fmt(entry.get('offline_examples_per_s'), ',.0f')} "
+                f"| {entry['accuracy']:.4f} | {entry['size_bytes'] / 1024:,.1f} | {runs_as} |")
+    return lines
+
+
+def api_verdict(by_api: dict[str, dict[str, Any]]) -> str:
+    """Which API was faster on one file: the one whose interval lies wholly below, or a tie."""
+    ranked = sorted(by_api.items(), key=lambda item: item[1]["p50"])
+    (first, best), (_, second) = ranked[0], ranked[1]
+    best_high = (best.get("p50_ci95") or [best["p50"], best["p50"]])[1]
+    second_low = (second.get("p50_ci95") or [second["p50"], second["p50"]])[0]
+    if best_high < second_low:
+        return f"{first}, {second['p50'] / best['p50']:.2f}x"
+    return "tie (intervals overlap)"
+
+
+def _api_lines(summary: dict[str, Any]) -> list[str]:
+    """Each file timed through its runtime's APIs (LiteRT's Interpreter and CompiledModel)."""
+    timed = [entry for entry in summary["variants"]
+             if len(entry.get("latency_ms_by_api") or {}) > 1]
+    if not timed:
+        return []
+    apis = sorted({api for entry in timed for api in entry["latency_ms_by_api"]})
+    lines = ["", "The same file through each API of its runtime, in the same process and "
+             "protocol (the table above shows the first API's figure):", "",
+             "| variant | " + " | ".join(f"{api} p50 ms" for api in apis)
+             + " | faster | fully accelerated |",
+             "|---|" + "---:|" * len(apis) + "---|---|"]
+    for entry in timed:
+        by_api = entry["latency_ms_by_api"]
+        cells = " | ".join(_fmt((by_api.get(api) or {}).get("p50"), ".3f") for api in apis)
+        accelerated = next((value for key, value in (entry.get("runner") or {}).items()
+                            if key.endswith("fully_accelerated")), "-")
+        lines.append(f"| {entry['name']} | {cells} | {api_verdict(by_api)} | {accelerated} |")
+    return lines
 
 
 def _runoff_lines(summary: dict[str, Any]) -> list[str]:

@@ -97,6 +97,9 @@ def variant_entry(
         "runoff_p50_ci95": list(runoff.interval(result.name)) if in_runoff else None,
         "p50_ms_by_threads": {str(threads): p50
                               for threads, p50 in sorted(result.p50_ms_by_threads.items())},
+        "latency_ms_by_api": {api: stats.model_dump()
+                              for api, stats in result.latency_ms_by_api.items()},
+        "runner": dict(result.runner_params),
     }
 
 

@@ -120,6 +120,13 @@ class Runner(ABC):
         """A classifier's scores for a batch of images (its one input, its logits output)."""
         return self.run({self.image_input.name: images})[self.scores_output]
 
+    def facts(self) -> dict[str, str]:
+        """What the runtime decided on opening the model, recorded with the measurement.
+
+        The inference precision in force, whether every op was accelerated, and the like.
+        """
+        return {}
+
 
 
 def predict_batched(runner: Runner, images: np.ndarray, batch_size: int = 64) -> np.ndarray:
@@ -263,6 +270,7 @@ class Runtime(ABC):
             ``model.path`` and ``tfopt benchmark --model``.
         shares_process: Its variants can be timed side by side in one process (the run-off).
         exports: It ships a bundle beside a baseline's variants (`export`).
+        main_api: The name of the API `load_runner` opens, where `other_apis` offers others.
     """
 
     name: ClassVar[str]
@@ -273,6 +281,7 @@ class Runtime(ABC):
     file_suffixes: ClassVar[Mapping[str, str]] = {}
     shares_process: ClassVar[bool] = False
     exports: ClassVar[bool] = False
+    main_api: ClassVar[str] = ""
 
     @abstractmethod
     def plan(self, request: PlanRequest, settings: Any) -> list[VariantSpec]:
@@ -304,6 +313,14 @@ class Runtime(ABC):
     @abstractmethod
     def load_runner(self, spec: VariantSpec, threads: int = 1) -> Runner:
         """Open a variant's file for measuring with `threads` intra-op threads."""
+
+    def other_apis(self, spec: VariantSpec, threads: int = 1) -> dict[str, Runner]:
+        """The same file opened through the runtime's other APIs, by API name.
+
+        Each is timed in the same process, with the same protocol and inputs, right after the
+        main runner (whose figure stays the variant's ``latency_ms``).
+        """
+        return {}
 
     def import_file(self, path: Path, out_dir: Path, class_names: Sequence[str] = (),
                     ) -> tuple[Path, Precision]:

@@ -37,6 +37,7 @@ from tfopt.runtimes.base import (
     RuntimeSection,
     ServingContract,
     TensorInfo,
+    batch_one,
 )
 from tfopt.serving import SIGNATURE_KEY, write_labels
 from tfopt.variants import built, plan_variant, skipped, variant_name
@@ -196,6 +197,84 @@ class TFLiteRunner(Runner):
             self.interpreter.resize_tensor_input(detail["index"], shape, strict=False)
         self.interpreter.allocate_tensors()
         self._batch = batch
+
+
+class CompiledModelRunner(Runner):
+    """LiteRT's CompiledModel API (LiteRT 2.x) on the CPU: what ``benchmark_litert_model`` times.
+
+    The model's serving signature runs on tensor buffers made once; a call writes the input into
+    its buffer, runs, and reads the fetched outputs back, as a serving loop does.
+    """
+
+    def __init__(self, path: Path, threads: int = 1) -> None:
+        from ai_edge_litert.compiled_model import CompiledModel
+        from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+        from ai_edge_litert.options import CpuOptions, Options
+
+        options = Options(hardware_accelerators=HardwareAccelerator.CPU,
+                          cpu_options=CpuOptions(num_threads=threads))
+        self.model = CompiledModel.from_file(str(path), options=options)
+        signatures = self.model.get_signature_list()
+        self.signature_key = (SIGNATURE_KEY if SIGNATURE_KEY in signatures
+                              else sorted(signatures)[0])
+        in_details = self.model.get_input_tensor_details(self.signature_key)
+        out_details = self.model.get_output_tensor_details(self.signature_key)
+        self.inputs = tuple(_buffer_info(name, d) for name, d in in_details.items())
+        self.outputs = tuple(_buffer_info(name, d) for name, d in out_details.items())
+        self._in = {name: self.model.create_input_buffer_by_name(self.signature_key, name)
+                    for name in in_details}
+        self._out = {name: self.model.create_output_buffer_by_name(self.signature_key, name)
+                     for name in out_details}
+        self._reads = [(self._out[info.name], int(np.prod(info.shape)), np.dtype(info.dtype))
+                       for info in self.outputs if info.name in self.fetched]
+        self._quantization = _quantization(path, self.inputs + self.outputs)
+
+    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One example at a time (the buffers hold batch 1); outputs dequantized."""
+        outputs: dict[str, list[np.ndarray]] = {info.name: [] for info in self.outputs}
+        for feed in self._prepare(feeds):
+            for name, values in feed.items():
+                self._in[name].write(values)
+            self.model.run_by_name(self.signature_key, self._in, self._out)
+            for info in self.outputs:
+                values = self._out[info.name].read(int(np.prod(info.shape)),
+                                                   np.dtype(info.dtype)).reshape(info.shape)
+                outputs[info.name].append(dequantize(values, self._quantization[info.name]))
+        return {name: np.concatenate(values) for name, values in outputs.items()}
+
+    def _prepare(self, feeds: Mapping[str, np.ndarray]) -> list[object]:
+        """Batch-1 inputs by name in the model's input types (quantized for integer inputs)."""
+        return [{name: np.ascontiguousarray(quantize(values, self._quantization[name]))
+                 for name, values in feed.items()} for feed in batch_one(feeds)]
+
+    def invoke(self, prepared: object) -> object:
+        """Write the inputs into their buffers, run, read the fetched outputs."""
+        for name, values in prepared.items():
+            self._in[name].write(values)
+        self.model.run_by_name(self.signature_key, self._in, self._out)
+        return [buffer.read(count, dtype) for buffer, count, dtype in self._reads]
+
+    def facts(self) -> dict[str, str]:
+        """Whether every op of the model ran on the accelerator asked for (XNNPACK on CPU)."""
+        return {"fully_accelerated": str(self.model.is_fully_accelerated()).lower()}
+
+
+def _quantization(path: Path, tensors: Sequence[TensorInfo]) -> dict[str, dict[str, Any]]:
+    """Each signature tensor's dtype and (for integer ones) scale and zero point.
+
+    The CompiledModel API does not expose quantization parameters: an integer-I/O file's are
+    read once with the interpreter.
+    """
+    plain = {info.name: {"dtype": np.dtype(info.dtype)} for info in tensors}
+    if all(np.dtype(info.dtype).kind == "f" for info in tensors):
+        return plain
+    runner = TFLiteRunner(path)
+    return {**plain, **runner._in, **runner._out}
+
+
+def _buffer_info(name: str, detail: Mapping[str, Any]) -> TensorInfo:
+    shape = tuple(int(d) for d in detail["shape"])
+    return TensorInfo(name, shape, np.dtype(detail["dtype"]).name)
 
 
 def _info(name: str, detail: Mapping[str, Any]) -> TensorInfo:
@@ -376,6 +455,7 @@ class LiteRT(Runtime):
     order = 20
     file_suffixes: ClassVar[Mapping[str, str]] = {".tflite": "tflite"}
     shares_process = True
+    main_api = "interpreter"
 
     def plan(self, request: PlanRequest, settings: LiteRTSettings) -> list[VariantSpec]:
         """TFLite files per precision (int8 calibrated), selective int8, or the file as given."""
@@ -424,6 +504,10 @@ class LiteRT(Runtime):
     def load_runner(self, spec: VariantSpec, threads: int = 1) -> Runner:
         """LiteRT's interpreter with `threads` threads."""
         return TFLiteRunner(spec.path, threads)
+
+    def other_apis(self, spec: VariantSpec, threads: int = 1) -> dict[str, Runner]:
+        """LiteRT's CompiledModel API on the same file (``compiled_model``)."""
+        return {"compiled_model": CompiledModelRunner(Path(spec.path), threads)}
 
     def import_file(self, path: Path, out_dir: Path, class_names: Sequence[str] = (),
                     ) -> tuple[Path, Precision]:
