@@ -76,14 +76,24 @@ def test_an_openvino_variant_is_benchmarked_with_its_profile_flops_and_floor(
     inputs = prepare_benchmark_inputs.fn(reference, tiny_dataset, tmp_path / "inputs")
     assert "openvino" in inputs.floor_models
     cfg = BenchmarkConfig(warmup_runs=2, min_runs=10, min_seconds=0, max_seconds=3,
-                          isolate=True)
+                          isolate=True, scenarios=["single_stream", "offline"],
+                          scenario_seconds=0.3)
     result = benchmark_variant.fn(openvino_fp32, inputs, cfg)
+    assert result.offline_examples_per_s > 0
     assert result.status == "ok", result.error
     assert result.top1_agreement >= 0.99
     assert 0 < result.harness_floor_ms < result.latency_ms.p50
     assert result.gflops_per_inference > 0
     assert result.op_profile.ops and result.op_profile.method.startswith("OpenVINO")
     assert result.runner_params["inference_precision"] == "f32"
+
+
+def test_offline_batches_go_to_the_throughput_hints_streams(openvino_fp32, test_split):
+    images, _ = test_split
+    throughput = OPENVINO.offline_runner(openvino_fp32, threads=2)
+    assert int(throughput.facts()["offline_streams"]) >= 1
+    expected = load_runner(openvino_fp32).predict(images)
+    np.testing.assert_allclose(throughput.predict(images), expected, atol=1e-5)
 
 
 def test_a_cpu_openvino_refuses_gives_skipped_variants(monkeypatch):

@@ -225,7 +225,8 @@ def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
                    cfg: BenchmarkConfig) -> dict[str, float | int | None]:
     """The Offline and Server scenarios `cfg.scenarios` asks for (see `load_scenarios`).
 
-    Offline tries batch sizes 1, 8 and the run's batch size on the variant's runner. Server
+    Offline tries batch sizes 1, 8 and the run's batch size on the variant's runner (or the
+    one its runtime sets up for throughput: `Runtime.offline_runner`). Server
     clients are runtime instances of their own with `threads / clients` threads each (at
     least one); the rate search starts at half of what the clients could serve at the
     single-stream p50. A budget the single-stream p99 misses is met at no rate (a query alone
@@ -239,7 +240,8 @@ def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
     p50_s = float(np.median(samples_ms)) / 1000.0
     if "offline" in cfg.scenarios:
         sizes = sorted({1, min(8, len(images)), min(batch_size, len(images))})
-        rate, best_size = offline_throughput(runner.predict, images, sizes, 1.0 / p50_s,
+        offline = runtime_of(spec.format).offline_runner(spec, cfg.threads) or runner
+        rate, best_size = offline_throughput(offline.predict, images, sizes, 1.0 / p50_s,
                                              cfg.scenario_seconds)
         found.update(offline_examples_per_s=rate, offline_batch_size=best_size)
     if "server" not in cfg.scenarios or cfg.latency_budget_ms is None:

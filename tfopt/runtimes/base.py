@@ -322,6 +322,13 @@ class Runtime(ABC):
         """
         return {}
 
+    def offline_runner(self, spec: VariantSpec, threads: int = 1) -> Runner | None:
+        """The file set up for throughput (the Offline scenario's batches), or None.
+
+        None: the latency runner answers the Offline scenario's batches too.
+        """
+        return None
+
     def import_file(self, path: Path, out_dir: Path, class_names: Sequence[str] = (),
                     ) -> tuple[Path, Precision]:
         """Take a user's model file of its format in as the baseline; return it and its precision.

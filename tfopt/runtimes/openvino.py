@@ -189,19 +189,86 @@ class OpenVINORunner(Runner):
                 for index, info in enumerate(self.outputs)}
 
     def _prepare(self, feeds: Mapping[str, np.ndarray]) -> list[object]:
-        """Batch-1 inputs by input position, contiguous and in the model's types."""
-        return [self._by_position(feed) for feed in batch_one(feeds)]
+        """Batch-1 inputs as OpenVINO tensors sharing the arrays' memory, by input position."""
+        import openvino as ov
+
+        return [[(index, ov.Tensor(values, shared_memory=True))
+                 for index, values in self._by_position(feed).items()]
+                for feed in batch_one(feeds)]
 
     def invoke(self, prepared: object) -> object:
-        """Run the request on one prepared input (shared, not copied); read the fetched outputs."""
-        results = self.request.infer(prepared, share_inputs=True, share_outputs=True)
+        """Hand the input tensors to the request, infer, read the fetched outputs in place.
+
+        ``set_input_tensor`` + ``infer()`` + ``get_output_tensor`` costs ~40 us less per call
+        than ``infer(inputs)``, whose Python wrapper dispatches the inputs and builds a
+        dictionary of every output at each call (measured on a 0.2 ms model).
+        """
+        request = self.request
+        for index, tensor in prepared:
+            request.set_input_tensor(index, tensor)
+        request.infer()
         if len(self._fetch) == 1:
-            return results[self._fetch[0]]
-        return [results[index] for index in self._fetch]
+            return request.get_output_tensor(self._fetch[0]).data
+        return [request.get_output_tensor(index).data for index in self._fetch]
 
     def facts(self) -> dict[str, str]:
         """The inference precision in force (f32, or bf16 on a CPU that has it)."""
         return {"inference_precision": self.inference_precision}
+
+
+class OpenVINOThroughputRunner(Runner):
+    """The model compiled for the throughput hint: several streams, asynchronous requests.
+
+    A batch is split into batch-1 requests handed to an ``AsyncInferQueue`` as large as the
+    plugin's optimal number of requests, so its streams work on them at once (what OpenVINO
+    recommends for Offline-style work instead of one large synchronous batch).
+    """
+
+    def __init__(self, model_xml: Path, threads: int = 1, precision_hint: str | None = "f32",
+                 ) -> None:
+        import openvino as ov
+
+        core = ov.Core()
+        model = core.read_model(str(model_xml))
+        self.inputs = tuple(_info(port) for port in model.inputs)
+        self.outputs = tuple(_info(port) for port in model.outputs)
+        config: dict[str, Any] = {"PERFORMANCE_HINT": "THROUGHPUT",
+                                  "INFERENCE_NUM_THREADS": threads}
+        if precision_hint is not None:
+            config["INFERENCE_PRECISION_HINT"] = precision_hint
+        self.compiled = core.compile_model(batch_one_model(model), "CPU", config)
+        self.streams = int(self.compiled.get_property("NUM_STREAMS"))
+        self._queue = ov.AsyncInferQueue(
+            self.compiled, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        self._positions = {info.name: index for index, info in enumerate(self.inputs)}
+
+    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every example as its own asynchronous request; outputs gathered in order."""
+        answers: dict[int, list[np.ndarray]] = {}
+
+        def gather(request: Any, index: int) -> None:
+            answers[index] = [np.array(request.get_output_tensor(i).data)
+                              for i in range(len(self.outputs))]
+
+        self._queue.set_callback(gather)
+        examples = batch_one(feeds)
+        for index, feed in enumerate(examples):
+            self._queue.start_async({self._positions[name]: values
+                                     for name, values in feed.items()}, index)
+        self._queue.wait_all()
+        return {info.name: np.concatenate([answers[i][position] for i in range(len(examples))])
+                for position, info in enumerate(self.outputs)}
+
+    def _prepare(self, feeds: Mapping[str, np.ndarray]) -> list[object]:
+        return batch_one(feeds)
+
+    def invoke(self, prepared: object) -> object:
+        """One example through the queue, waited for."""
+        return self._run(prepared)[self.fetched[0]]
+
+    def facts(self) -> dict[str, str]:
+        """The streams the throughput hint chose."""
+        return {"offline_streams": str(self.streams)}
 
 
 def convert_savedmodel(savedmodel: Path, out_dir: Path, name: str) -> Path:
@@ -344,7 +411,9 @@ def openvino_op_profile(runner: OpenVINORunner, prepared: Sequence[object]) -> O
     request = compiled.create_infer_request()
     totals: Counter[tuple[str, str]] = Counter()
     for index in range(WARMUP_CALLS + PROFILED_CALLS):
-        request.infer(prepared[index % len(prepared)])
+        for position, tensor in prepared[index % len(prepared)]:
+            request.set_input_tensor(position, tensor)
+        request.infer()
         if index < WARMUP_CALLS:
             continue
         for counter in request.get_profiling_info():
@@ -470,6 +539,11 @@ class OpenVINO(Runtime):
         """The model compiled for latency with `threads` threads and its precision's hint."""
         return OpenVINORunner(model_xml(Path(spec.path)), threads,
                               _INFERENCE_PRECISION.get(spec.precision, "f32"))
+
+    def offline_runner(self, spec: VariantSpec, threads: int = 1) -> Runner | None:
+        """The throughput hint's streams fed by asynchronous requests."""
+        return OpenVINOThroughputRunner(model_xml(Path(spec.path)), threads,
+                                        _INFERENCE_PRECISION.get(spec.precision, "f32"))
 
     def flops(self, runner: Runner) -> float | None:
         """FLOPs of the graph's convolutions and matrix products."""
