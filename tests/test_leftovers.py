@@ -27,7 +27,8 @@ def test_a_killed_runs_leftovers_are_reconciled(live_services, tmp_path):
     demo, work = tmp_path / "demo", tmp_path / "work"
     write_demo_images(demo)
     args = ["run", "--config", "configs/smoke.yaml", "--set", f"data.source_dir={demo}",
-            "--set", f"work_dir={work}", "--set", "name=killed"]
+            "--set", f"work_dir={work}", "--set", "name=killed",
+            "--set", "runtimes.openvino.precisions=[]"]
     with tfopt_process(live_services, args, tmp_path / "run.log",
                        ready=lambda: any((work / "runs").glob("killed-*/report")),
                        timeout_s=300) as process:

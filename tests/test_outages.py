@@ -29,6 +29,7 @@ def _outage_command(tmp_path: Path, *settings: str) -> list[str]:
         "--set", "convert.bfloat16=false", "--set", "convert.onnx_quantize=[]",
         "--set", "input.measure_layouts=false", "--set", "input.sweep_batch_sizes=[32]",
         "--set", "input.measure_passes=1", "--set", "train.epochs=3",
+        "--set", "runtimes.openvino.precisions=[]",
         *[arg for setting in settings for arg in ("--set", setting)]])
 
 

@@ -40,6 +40,7 @@ LIGHT_PIPELINE = {
     "compress.prune.enabled": "false", "compress.distill.enabled": "false",
     "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
     "compress.qat.epochs": 1, "input.measure_passes": 1, "convert.bfloat16": "false",
+    "runtimes.openvino.precisions": "[]",
 }
 
 

@@ -282,6 +282,8 @@ class VariantResult(_Frozen):
     offline_batch_size: int | None = None
     server_qps_within_budget: float | None = None
     server_p99_ms: float | None = None
+    server_reason: str | None = None
+    """Why the Server scenario found no rate within the budget without searching, if so."""
     p50_ms_by_threads: dict[int, float] = Field(default_factory=dict)
     runner_params: dict[str, str] = Field(default_factory=dict)
     """The variant's settings that change how its file is run (``xla_mode``), so another

@@ -68,6 +68,7 @@ def smoke_parameters(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "compress.prune.enabled": False, "compress.distill.enabled": False,
         "compress.qat.epochs": 1, "train.epochs": 3, "input.measure_passes": 1,
         "input.sweep_batch_sizes": [32], "input.measure_layouts": False,
+        "runtimes.openvino.precisions": [],
     })
     return {"config": config.model_dump(mode="json")}
 

@@ -22,7 +22,7 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
         "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "failing-variant",
         "convert.onnx_atol": 1e-12, "convert.tflite": "[fp32]", "convert.xla": "[]",
         "compress.prune.enabled": "false", "compress.distill.enabled": "false",
-        "compress.qat.enabled": "false",
+        "compress.qat.enabled": "false", "runtimes.openvino.precisions": "[]",
         "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
     }
     summary = run_smoke_with(live_services, summary_path, overrides)

@@ -74,6 +74,7 @@ def test_a_trained_model_file_goes_through_the_pipeline_as_it_is(live_services, 
         "compress.prune.epochs": 1, "input.sweep_batch_sizes": "[32]", "input.sweep_steps": 2,
         "convert.onnx_quantize": "[]", "convert.bfloat16": "false", "compress.graph": "false",
         "convert.selective_int8": "false", "input.measure_passes": 1,
+        "runtimes.openvino.precisions": "[]",
     }
     summary = run_smoke_with(live_services, summary_path, overrides)
     by_name = {v["name"]: v for v in summary["variants"]}
@@ -113,9 +114,15 @@ def test_a_model_file_that_is_not_keras_gets_what_its_kind_allows(
         "model.source": "file", "model.path": files[kind], "train.epochs": 0,
         "convert.tflite": "[fp32]", "convert.xla": "[]", "convert.onnx_quantize": "[]",
         "convert.bfloat16": "false", "input.measure_passes": 1,
+        "runtimes.openvino.precisions": "[fp32]",
     })
     by_name = {v["name"]: v for v in summary["variants"]}
     assert by_name[THEIRS[kind]]["status"] == "ok", by_name[THEIRS[kind]]
+    openvino = by_name["baseline-openvino"]
+    if kind == "savedmodel":  # a user's SavedModel converts to OpenVINO like tfopt's own
+        assert openvino["status"] == "ok" and openvino["top1_agreement"] >= 0.99, openvino
+    else:
+        assert openvino["status"] == "skipped" and "benchmarked as it is" in openvino["error"]
     assert abs(by_name[THEIRS[kind]]["accuracy"] - own_accuracy) <= 0.01, "the model as it was"
     for name, reason in CANNOT[kind].items():
         assert by_name[name]["status"] == "skipped" and reason in by_name[name]["error"], (

@@ -228,6 +228,19 @@ def test_load_scenarios_measure_offline_and_server_rates(tiny_savedmodel, tiny_d
     hopeless = benchmark_variant.fn(variant, inputs, cfg.model_copy(update={
         "isolate": False, "scenarios": ["single_stream", "server"], "latency_budget_ms": 1e-6}))
     assert hopeless.server_qps_within_budget == 0.0 and hopeless.server_p99_ms is None
+    assert hopeless.server_reason.startswith("single-stream p99 over budget")
+
+
+def test_a_server_trial_is_sized_by_its_rate_and_a_slow_client_stops_the_search():
+    import time
+
+    assert load_scenarios._settings("Server", 2.0, 0.1).min_query_count == 32
+    assert load_scenarios._settings("Server", 2.0, 1000.0).min_query_count == 64
+    assert load_scenarios._settings("Server", 2.0, 20.0).min_query_count == 40
+    started = time.perf_counter()
+    alone = load_scenarios.alone_p99_ms(lambda _: time.sleep(0.02), [None], seconds=0.1)
+    assert alone >= 20.0
+    assert time.perf_counter() - started < 0.5, "stops after 8 calls once the seconds are up"
 
 
 def test_autocluster_needs_an_isolated_process(tiny_baseline, tiny_savedmodel, tiny_dataset,

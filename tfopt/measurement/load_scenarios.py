@@ -26,6 +26,9 @@ import numpy as np
 
 _SEARCH_TRIALS = 8
 _MIN_QUERIES = 64
+_FLOOR_QUERIES = 32
+"""The fewest queries of a Server trial at a low rate: its p99 is then the second-slowest."""
+_ALONE_CALLS = 32
 
 
 @dataclass(frozen=True)
@@ -76,15 +79,46 @@ def _run_loadgen(issue: Callable[[list], None], samples: int, settings: object) 
         return _summary_values(Path(folder))
 
 
-def _settings(scenario: str, seconds: float) -> object:
+def _settings(scenario: str, seconds: float, rate: float | None = None) -> object:
+    """LoadGen's settings; a Server trial at `rate` asks for as many queries as `seconds` allow.
+
+    LoadGen runs until both the duration and the query count are reached, so a fixed count
+    would stretch a low-rate trial (64 queries at 0.1/s: 11 minutes): the count follows the
+    rate, between `_FLOOR_QUERIES` and `_MIN_QUERIES`.
+    """
     import mlperf_loadgen as lg
 
     settings = lg.TestSettings()
     settings.scenario = getattr(lg.TestScenario, scenario)
     settings.mode = lg.TestMode.PerformanceOnly
     settings.min_duration_ms = int(seconds * 1000)
-    settings.min_query_count = 1 if scenario == "Offline" else _MIN_QUERIES
+    if scenario == "Offline":
+        settings.min_query_count = 1
+    else:
+        wanted = _MIN_QUERIES if rate is None else int(rate * seconds)
+        settings.min_query_count = max(_FLOOR_QUERIES, min(_MIN_QUERIES, wanted))
     return settings
+
+
+def alone_p99_ms(invoke: Callable[[object], object], prepared: Sequence[object],
+                 seconds: float) -> float:
+    """The p99 (ms) of one Server client answering queries one at a time, with no queue.
+
+    This is the lowest latency any arrival rate can give: when it is over the budget, no rate
+    meets it, and searching lower rates only waits (LoadGen's minimum query count at ever lower
+    rates). At most `_ALONE_CALLS` calls or `seconds`, whichever ends first (at least 8).
+    """
+    import time
+
+    durations: list[float] = []
+    started = time.perf_counter()
+    for index in range(_ALONE_CALLS):
+        before = time.perf_counter()
+        invoke(prepared[index % len(prepared)])
+        durations.append(time.perf_counter() - before)
+        if index >= 7 and time.perf_counter() - started >= seconds:
+            break
+    return float(np.percentile(durations, 99)) * 1000.0
 
 
 def offline_throughput(predict: Callable[[np.ndarray], object], images: np.ndarray,
@@ -134,7 +168,7 @@ def server_trial(clients: Sequence[Callable[[object], object]], prepared: Sequen
     threads = [threading.Thread(target=serve, args=(invoke,), daemon=True) for invoke in clients]
     for thread in threads:
         thread.start()
-    settings = _settings("Server", seconds)
+    settings = _settings("Server", seconds, target_qps)
     settings.server_target_qps = target_qps
     settings.server_target_latency_ns = int(budget_ms * 1e6)
     try:

@@ -222,21 +222,23 @@ def operator_profile(spec: VariantSpec, runner: Runner, prepared: Sequence[objec
 
 def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
                    prepared: Sequence[object], samples_ms: np.ndarray, batch_size: int,
-                   cfg: BenchmarkConfig) -> dict[str, float | int | None]:
+                   cfg: BenchmarkConfig) -> dict[str, float | int | str | None]:
     """The Offline and Server scenarios `cfg.scenarios` asks for (see `load_scenarios`).
 
     Offline tries batch sizes 1, 8 and the run's batch size on the variant's runner (or the
     one its runtime sets up for throughput: `Runtime.offline_runner`). Server
     clients are runtime instances of their own with `threads / clients` threads each (at
     least one); the rate search starts at half of what the clients could serve at the
-    single-stream p50. A budget the single-stream p99 misses is met at no rate (a query alone
-    takes longer), so the rate is 0 without a search: its way down to ever lower rates would
-    wait minutes for LoadGen's minimum query count (measured: 334 s for a 3.7 ms model and a
-    1 ms budget).
+    single-stream p50. A budget the single-stream p99 misses, or one client's p99 answering
+    alone with its share of the threads, is met at no rate (a query alone takes longer), so the
+    rate is 0 without a search, with the reason (`server_reason`): its way down to ever lower
+    rates would wait minutes for LoadGen's minimum query count (measured: 334 s for a 3.7 ms
+    model and a 1 ms budget; over 15 minutes for MobileNetV2's TensorFlow graph with two
+    one-thread clients and a 20 ms budget).
     """
-    from tfopt.measurement.load_scenarios import offline_throughput, server_search
+    from tfopt.measurement.load_scenarios import alone_p99_ms, offline_throughput, server_search
 
-    found: dict[str, float | int | None] = {}
+    found: dict[str, float | int | str | None] = {}
     p50_s = float(np.median(samples_ms)) / 1000.0
     if "offline" in cfg.scenarios:
         sizes = sorted({1, min(8, len(images)), min(batch_size, len(images))})
@@ -246,13 +248,22 @@ def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
         found.update(offline_examples_per_s=rate, offline_batch_size=best_size)
     if "server" not in cfg.scenarios or cfg.latency_budget_ms is None:
         return found
-    if float(np.percentile(samples_ms, 99)) > cfg.latency_budget_ms:
-        found.update(server_qps_within_budget=0.0, server_p99_ms=None)
+    single_p99 = float(np.percentile(samples_ms, 99))
+    if single_p99 > cfg.latency_budget_ms:
+        found.update(server_qps_within_budget=0.0, server_p99_ms=None, server_reason=(
+            f"single-stream p99 over budget: {single_p99:.3f} ms > "
+            f"{cfg.latency_budget_ms:g} ms, so no arrival rate meets it"))
         return found
     threads = max(1, cfg.threads // cfg.server_clients)
     runners = [runner if threads == cfg.threads else load_runner(spec, threads)]
     runners += [load_runner(spec, threads) for _ in range(cfg.server_clients - 1)]
     clients = [_client(each, images) for each in runners]
+    alone_ms = alone_p99_ms(clients[0], prepared, cfg.scenario_seconds)
+    if alone_ms > cfg.latency_budget_ms:
+        found.update(server_qps_within_budget=0.0, server_p99_ms=None, server_reason=(
+            f"p99 at 1 client over budget: {alone_ms:.3f} ms > {cfg.latency_budget_ms:g} ms "
+            f"with {threads} thread(s) per client, so no arrival rate meets it"))
+        return found
     trial = server_search(clients, prepared, cfg.latency_budget_ms,
                           0.5 * cfg.server_clients / p50_s, cfg.scenario_seconds)
     found.update(server_qps_within_budget=trial.target_qps if trial else 0.0,

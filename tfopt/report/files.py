@@ -103,14 +103,16 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if loaded:
         lines += ["", "Load scenarios (MLPerf LoadGen): Offline = best examples/s over batch "
                   "sizes; Server = highest Poisson arrival rate whose p99 met the budget.", "",
-                  "| variant | offline ex/s | at batch | server q/s within budget | its p99 ms |",
-                  "|---|---:|---:|---:|---:|"]
+                  "| variant | offline ex/s | at batch | server q/s within budget | its p99 ms "
+                  "| why no rate |",
+                  "|---|---:|---:|---:|---:|---|"]
         for entry in loaded:
             lines.append(
                 f"| {entry['name']} | {fmt(entry.get('offline_examples_per_s'), ',.0f')} "
                 f"| {fmt(entry.get('offline_batch_size'), 'd')} "
                 f"| {fmt(entry.get('server_qps_within_budget'), ',.0f')} "
-                f"| {fmt(entry.get('server_p99_ms'), '.3f')} |")
+                f"| {fmt(entry.get('server_p99_ms'), '.3f')} "
+                f"| {entry.get('server_reason') or ''} |")
     lines += _runtime_lines(summary)
     lines += _api_lines(summary)
     lines += _runoff_lines(summary)

@@ -92,6 +92,7 @@ def variant_entry(
         "offline_batch_size": result.offline_batch_size,
         "server_qps_within_budget": result.server_qps_within_budget,
         "server_p99_ms": result.server_p99_ms,
+        "server_reason": result.server_reason,
         "op_profile": result.op_profile.model_dump() if result.op_profile else None,
         "runoff_p50_ms": runoff.p50(result.name) if in_runoff else None,
         "runoff_p50_ci95": list(runoff.interval(result.name)) if in_runoff else None,

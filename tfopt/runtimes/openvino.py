@@ -70,8 +70,9 @@ class OpenVINOSettings(RuntimeSection):
         ),
     )
     compressed: list[OpenVINOPrecision] = Field(
-        default_factory=lambda: ["int8"],
-        description="OpenVINO forms of every compressed model (pruned, distilled, QAT ...).",
+        default_factory=list,
+        description=("OpenVINO forms of every compressed model (pruned, distilled, QAT ...), "
+                     "each derived from the baseline's same form; the demo asks for int8."),
     )
     accuracy_control: bool = Field(
         True,
