@@ -161,3 +161,16 @@ def test_the_report_sets_runtimes_side_by_side_per_precision():
     ]}
     rows = [line for line in _runtime_lines(summary) if line.startswith("| baseline |")]
     assert [row.split(" | ")[2] for row in rows] == ["★ openvino", "= onnxruntime", "litert"]
+
+
+def test_openvino_and_nncf_send_no_telemetry():
+    """Their telemetry sender forks from a thread: it hung a `tfopt run` at exit (CI, 900 s)."""
+    import subprocess
+    import sys
+
+    probe = ("import tfopt.runtimes.openvino, openvino.tools.ovc.telemetry_utils as ovc, "
+             "nncf.telemetry.wrapper as nncf; "
+             "print(ovc.tm.__name__, type(nncf.telemetry).__name__)")
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           check=True, timeout=300).stdout.split()
+    assert shown == ["openvino.tools.ovc.telemetry_stub", "MagicMock"], "NNCF's stub"

@@ -18,6 +18,7 @@ come from the plugin's profiling counters (``PERF_COUNT``), FLOPs from the model
 from __future__ import annotations
 
 import shutil
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import cache
@@ -46,6 +47,11 @@ from tfopt.runtimes.base import (
 )
 from tfopt.serving import INPUT_NAME, OUTPUT_LOGITS, write_labels
 from tfopt.variants import built, plan_variant, skipped, variant_name
+
+# OpenVINO's converter and NNCF send usage telemetry unless the user opted out; the sender forks
+# the process from a thread, which deadlocked a multi-threaded `tfopt run` at exit (and there is
+# no network here). Without the telemetry package both fall back to their own no-op stubs.
+sys.modules.setdefault("openvino_telemetry", None)
 
 OpenVINOPrecision = Literal["fp32", "bfloat16", "int8"]
 MODEL_XML = "model.xml"
