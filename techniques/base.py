@@ -17,13 +17,15 @@ import numpy as np
 from prefect import Task
 from pydantic import Field
 
-from tfopt.artifacts import ModelArtifact, ModelFormat, Precision, VariantSpec
+from tfopt.artifacts import ModelArtifact, ModelFormat, Precision, TrainingData, VariantSpec
 from tfopt.config import Section
+from tfopt.logs import step_logger
 from tfopt.runtimes import plan_forms
 from tfopt.runtimes.base import PlanRequest
 
 if TYPE_CHECKING:
     from tfopt.models.training import Fitted
+    from tfopt.models.translate import Translation
 
 KERAS_ONLY: frozenset[str] = frozenset({"keras"})
 
@@ -37,13 +39,6 @@ class TechniqueSection(Section):
     enabled: bool = Field(True, description="Apply this technique to the baseline.")
 
 
-def is_layer_graph(model: object) -> bool:
-    """Whether a Keras model is functional or sequential (tfmot can rebuild it), not subclassed."""
-    import tf_keras as keras
-
-    return isinstance(model, keras.Sequential) or bool(getattr(model, "_is_graph_network", False))
-
-
 def kernels(model: object) -> Iterator[tuple[str, np.ndarray]]:
     """Each layer's kernel (the weights pruning and clustering act on), with the layer's name."""
     for layer in model.layers:
@@ -55,21 +50,63 @@ def kernels(model: object) -> Iterator[tuple[str, np.ndarray]]:
 def derived_model(
     model: ModelArtifact, name: str, path: Path, fitted: Fitted, *,
     params: dict[str, Any], metrics: dict[str, float], fmt: ModelFormat = "keras",
+    translation: Translation | None = None,
 ) -> ModelArtifact:
     """The model a technique made from `model`: the same input, classes and scaling.
 
     Its training's curves become its history; the epoch it kept and the reader settings it
-    trained with join `params`.
+    trained with join `params`; a Keras 3 model's translation (`tfmot_model`) and its check
+    join the params and metrics.
     """
     from tfopt.models.training import kept_epoch
 
-    return ModelArtifact(
-        name=name, path=path, format=fmt, image_size=model.image_size,
-        num_classes=model.num_classes, class_names=model.class_names,
-        input_scale=model.input_scale,
+    if translation is not None:
+        params, metrics = ({**params, **translation.params()},
+                           {**metrics, **translation.metrics()})
+    return model.model_copy(update=dict(
+        name=name, path=path, format=fmt,
         params={**params, "kept_epoch": kept_epoch(fitted), **fitted.reader},
         metrics=metrics, history=fitted.curves,
-    )
+    ))
+
+
+TRANSLATION_CHECK_EXAMPLES = 256
+"""Test images a Keras 3 model's tf_keras translation is checked on."""
+
+
+def tfmot_model(model: ModelArtifact, data: TrainingData) -> tuple[Any, Translation | None]:
+    """The model as tensorflow-model-optimization takes it: a tf_keras model.
+
+    A tf_keras file is loaded as it is. A Keras 3 model is translated into tf_keras
+    (`tfopt.models.translate`) and the translation's logits are compared with the Keras 3
+    model's on the test split before anything uses it.
+
+    Returns:
+        The tf_keras model, and the translation (None for a tf_keras file).
+
+    Raises:
+        NotApplicable: A Keras 3 model with no tf_keras twin (a subclassed model, a layer
+            tf_keras lacks: named), or whose twin disagrees with it.
+    """
+    from tfopt.data.pipeline import load_split
+    from tfopt.models.keras_io import flavor_of, load_keras_model
+    from tfopt.models.translate import UntranslatableError, tf_keras_twin
+
+    loaded = load_keras_model(model.path)
+    if flavor_of(loaded) == "tf_keras":
+        return loaded, None
+    images, _ = load_split(data.dataset, "test", TRANSLATION_CHECK_EXAMPLES,
+                           scale=data.input_scale)
+    try:
+        translation = tf_keras_twin(loaded, images)
+    except UntranslatableError as error:
+        raise NotApplicable(f"tfmot needs tf_keras and the Keras 3 model {model.name} cannot be "
+                            f"translated: {error}") from error
+    step_logger().info(
+        "%s: Keras %s model translated into tf_keras for tfmot; on %d test images the logits "
+        "agree within %.3g (top-1 agreement %.3f)", model.name, translation.keras_version,
+        translation.examples, translation.max_abs_diff, translation.top1_agreement)
+    return translation.model, translation
 
 
 class NotApplicable(Exception):  # noqa: N818 - a verdict about the model, not a failure

@@ -21,14 +21,14 @@ from techniques.base import (
     Technique,
     TechniqueSection,
     derived_model,
-    is_layer_graph,
     kernels,
+    tfmot_model,
 )
 from techniques.prune import overall_sparsity
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.fileio import gzip_size_bytes
 from tfopt.logs import step_logger
-from tfopt.models.keras_io import copy_model, keras_model_path, load_keras_model, save_keras_model
+from tfopt.models.keras_io import copy_model, is_layer_graph, keras_model_path, save_keras_model
 from tfopt.models.training import Fitted, evaluate_test_accuracy, fit
 
 
@@ -135,7 +135,8 @@ def cluster_model(
 
     logger = step_logger()
     keras.utils.set_random_seed(data.seed)
-    clustered, fitted, too_small = cluster_and_finetune(load_keras_model(model.path), cfg, data)
+    base, translation = tfmot_model(model, data)
+    clustered, fitted, too_small = cluster_and_finetune(base, cfg, data)
     stripped = tfmot.clustering.keras.strip_clustering(clustered)
     name = clustered_name(cfg)
     distinct = unique_values(stripped)
@@ -157,6 +158,7 @@ def cluster_model(
                 "centroids": "kmeans++", "epochs": cfg.epochs,
                 "learning_rate": cfg.learning_rate, "preserve_sparsity": cfg.preserve_sparsity,
                 "unclustered_layers": ",".join(too_small) or "none"},
+        translation=translation,
         metrics={
             **({"sparsity": overall_sparsity(stripped)} if cfg.preserve_sparsity else {}),
             **{f"unique_weights.{layer}": float(count) for layer, count in distinct.items()},

@@ -17,13 +17,13 @@ from techniques.base import (
     Technique,
     TechniqueSection,
     derived_model,
-    is_layer_graph,
     kernels,
+    tfmot_model,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.fileio import gzip_size_bytes
 from tfopt.logs import step_logger
-from tfopt.models.keras_io import copy_model, keras_model_path, load_keras_model, save_keras_model
+from tfopt.models.keras_io import copy_model, is_layer_graph, keras_model_path, save_keras_model
 from tfopt.models.training import (
     Fitted,
     KeepBestWeights,
@@ -221,7 +221,8 @@ def prune_model(
 
     logger = step_logger()
     keras.utils.set_random_seed(data.seed)
-    pruned, fitted = prune_and_finetune(load_keras_model(model.path), cfg, data)
+    base, translation = tfmot_model(model, data)
+    pruned, fitted = prune_and_finetune(base, cfg, data)
     stripped = tfmot.sparsity.keras.strip_pruning(pruned)
     name = pruned_name(cfg)
     path = keras_model_path(out_dir, name)
@@ -236,6 +237,7 @@ def prune_model(
                 "pattern": "2:4" if cfg.structured_2_4 else "unstructured",
                 "policy": cfg.policy,
                 "epochs": cfg.epochs, "learning_rate": cfg.learning_rate},
+        translation=translation,
         metrics={
             "sparsity": overall,
             **{f"sparsity.{layer}": value for layer, value in per_layer.items()},

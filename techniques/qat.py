@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import tf_keras as keras
 from prefect import task
@@ -20,11 +21,11 @@ from techniques.base import (
     Technique,
     TechniqueSection,
     derived_model,
-    is_layer_graph,
+    tfmot_model,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
-from tfopt.models.keras_io import copy_model, load_keras_model
+from tfopt.models.keras_io import copy_model, is_layer_graph
 from tfopt.models.training import evaluate_test_accuracy, fit
 from tfopt.runtimes.tensorflow import save_serving_savedmodel
 
@@ -36,22 +37,36 @@ class QatConfig(TechniqueSection):
     learning_rate: float = Field(
         5e-4, gt=0.0, le=1.0, description="Adam learning rate of the QAT fine-tuning."
     )
+    unsupported_layers: Literal["float", "skip"] = Field(
+        "float",
+        description=(
+            "Layers tfmot's 8-bit scheme has no rule for (Rescaling, TensorFlow ops such as "
+            "MobileNetV3's hard-swish): float trains them without fake quantization (named in "
+            "the run's float_layers; the int8 converter calibrates them like post-training "
+            "int8), skip skips the technique."
+        ),
+    )
 
 SOURCE_NAME = "qat"
 DEFAULT_SCHEME = "Default8BitQuantizeScheme"
 
 
-def make_quantization_aware(base: keras.Model, scheme: object | None = None) -> keras.Model:
-    """A copy of `base` with fake-quantization; `base` unchanged.
+def make_quantization_aware(base: keras.Model, scheme: object | None = None,
+                            unsupported_layers: str = "skip") -> tuple[keras.Model, list[str]]:
+    """A copy of `base` with fake-quantization, and the layers left in float; `base` unchanged.
 
     Args:
         base: The float model.
         scheme: A tfmot quantization scheme (e.g. ``Default8BitPrunePreserveQuantizeScheme()``);
-            None: tfmot's default 8-bit scheme (``quantize_model``).
+            None: tfmot's default 8-bit scheme.
+        unsupported_layers: ``float``: when the scheme refuses the whole model, annotate only
+            the layers tfmot's 8-bit registry supports (tfmot's "quantize some layers") and
+            leave the others in float; ``skip``: refuse.
 
     Raises:
-        NotApplicable: tfmot cannot wrap the model (a subclassed model, layers its scheme has
-            no rule for such as Rescaling, or TensorFlow ops called as layers), with the reason.
+        NotApplicable: tfmot cannot wrap the model (a subclassed model, or with ``skip`` layers
+            its scheme has no rule for such as Rescaling or TensorFlow ops called as layers),
+            with the reason.
     """
     import tensorflow_model_optimization as tfmot
 
@@ -59,16 +74,42 @@ def make_quantization_aware(base: keras.Model, scheme: object | None = None) -> 
         raise NotApplicable(f"{base.name} is a subclassed model; tfmot's quantize_model takes "
                             "functional and sequential models only")
     quantization = tfmot.quantization.keras
+    apply = (quantization.quantize_apply if scheme is None
+             else lambda annotated: quantization.quantize_apply(annotated, scheme))
     try:
-        if scheme is None:
-            return quantization.quantize_model(copy_model(base))
-        return quantization.quantize_apply(quantization.quantize_annotate_model(copy_model(base)),
-                                           scheme)
+        return apply(quantization.quantize_annotate_model(copy_model(base))), []
     except (RuntimeError, ValueError, TypeError, AttributeError) as error:
-        raise NotApplicable(
-            f"tfmot's 8-bit scheme cannot wrap {base.name}: {type(error).__name__}: "
-            f"{str(error).splitlines()[0][:300]}"
-        ) from error
+        refusal = (f"tfmot's 8-bit scheme cannot wrap {base.name}: {type(error).__name__}: "
+                   f"{str(error).splitlines()[0][:300]}")
+        if unsupported_layers != "float":
+            raise NotApplicable(refusal) from error
+    try:
+        annotated, floats = _annotate_supported(base)
+        return apply(annotated), floats
+    except (RuntimeError, ValueError, TypeError, AttributeError) as error:
+        raise NotApplicable(f"{refusal}; with only its supported layers quantized: "
+                            f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                            ) from error
+
+
+def _annotate_supported(base: keras.Model) -> tuple[keras.Model, list[str]]:
+    """A copy of `base` whose layers tfmot's 8-bit registry supports are annotated; the rest."""
+    import tensorflow_model_optimization as tfmot
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+        default_8bit_quantize_registry,
+    )
+
+    registry = default_8bit_quantize_registry.Default8BitQuantizeRegistry()
+    floats: list[str] = []
+
+    def annotate(layer: keras.layers.Layer) -> keras.layers.Layer:
+        if registry.supports(layer):
+            return tfmot.quantization.keras.quantize_annotate_layer(layer)
+        if not isinstance(layer, keras.layers.InputLayer):
+            floats.append(layer.name)
+        return layer
+
+    return keras.models.clone_model(copy_model(base), clone_function=annotate), floats
 
 
 def train_quantization_aware(
@@ -79,8 +120,13 @@ def train_quantization_aware(
     """Fine-tune a fake-quantized copy of `model` and export it as the SavedModel ``source``."""
     logger = step_logger()
     keras.utils.set_random_seed(data.seed)
-    qat = make_quantization_aware(load_keras_model(model.path),
-                                  None if scheme is None else scheme())
+    base, translation = tfmot_model(model, data)
+    qat, floats = make_quantization_aware(base, None if scheme is None else scheme(),
+                                          cfg.unsupported_layers)
+    if floats:
+        logger.info("%s: %d layers tfmot's 8-bit scheme has no rule for train in float "
+                    "(unsupported_layers: float), calibrated by the int8 converter: %s", source,
+                    len(floats), ", ".join(floats[:12]) + (" ..." if len(floats) > 12 else ""))
     fitted = fit(qat, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate)
     accuracy = evaluate_test_accuracy(qat, data)
     logger.info("%s test accuracy (fake-quantized): %.4f", source, accuracy)
@@ -89,8 +135,10 @@ def train_quantization_aware(
     return derived_model(
         model, source, path, fitted, fmt="savedmodel",
         params={"technique": technique, "scheme": scheme_name, "starts_from": model.name,
-                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate},
-        metrics={"test_accuracy": accuracy},
+                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
+                "float_layers": ",".join(floats)[:500] or "none"},
+        metrics={"test_accuracy": accuracy, "float_layer_count": float(len(floats))},
+        translation=translation,
     )
 
 

@@ -110,8 +110,8 @@ class DataConfig(Section):
 
 _BUILDER_PATTERN = r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$"
 InputScale = Literal["unit", "symmetric", "raw"]
-KERAS_SUFFIXES = (".keras", ".h5")
-"""Files tfopt reads as tf_keras models."""
+KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
+"""Files tfopt reads as Keras models (tf_keras or Keras 3, whichever saved the file)."""
 
 
 def model_kind(path: Path) -> str:
@@ -127,7 +127,7 @@ def model_kind(path: Path) -> str:
     from tfopt.runtimes import file_suffixes
 
     suffixes = file_suffixes()
-    if path.suffix in KERAS_SUFFIXES:
+    if path.suffix.lower() in KERAS_SUFFIXES:
         return "keras"
     if path.suffix in suffixes:
         return suffixes[path.suffix]
@@ -158,9 +158,9 @@ class ModelConfig(Section):
     path: Path | None = Field(
         None,
         description=(
-            "source=file: a trained model: a tf_keras .keras or .h5 file (goes through "
-            "everything), a SavedModel folder, a .tflite or an .onnx file (see the README's "
-            "table of what each kind gets)."
+            "source=file: a trained model: a Keras .keras, .h5 or .hdf5 file (tf_keras or "
+            "Keras 3: goes through everything), a SavedModel folder, a .tflite or an .onnx "
+            "file (see the README's table of what each kind gets)."
         ),
     )
     builder: str | None = Field(
@@ -208,7 +208,7 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _source_has_what_it_needs(self) -> ModelConfig:
         if self.source == "file" and self.path is None:
-            raise ValueError("model.source=file needs model.path (a .keras, .h5, .tflite or "
+            raise ValueError("model.source=file needs model.path (a .keras, .h5, .hdf5, .tflite or "
                              ".onnx file or a SavedModel folder)")
         if self.source == "file":
             model_kind(self.path)

@@ -84,7 +84,7 @@ def test_a_builder_function_is_trained_like_a_zoo_network(builder_file, tiny_dat
 @pytest.mark.parametrize(
     ("function", "message"),
     [("missing", "has no function 'missing'"), ("raises", "raised RuntimeError: no GPU here"),
-     ("not_a_model", "returned a builtins.str, not a tf_keras.Model")],
+     ("not_a_model", "returned a builtins.str, not a Keras model")],
 )
 def test_bad_input_builder_is_refused_naming_it(builder_file, tiny_dataset, function, message):
     cfg = ModelConfig(source="builder", builder=f"{builder_file}:{function}")
@@ -101,11 +101,11 @@ def test_bad_input_model_files_are_refused_naming_the_field(tiny_baseline, tiny_
     cases = {}
     corrupt = tmp_path / "corrupt.keras"
     corrupt.write_bytes(b"not a model")
-    cases[corrupt] = "cannot be loaded as a tf_keras model"
+    cases[corrupt] = "cannot be loaded by tf_keras (Keras 2)"
     keras3_file = tmp_path / "keras3.keras"
-    keras3.Sequential([keras3.Input((size, size, 3)), keras3.layers.Flatten(),
+    keras3.Sequential([keras3.Input((size, size, 5)), keras3.layers.Flatten(),
                        keras3.layers.Dense(classes)]).save(keras3_file)
-    cases[keras3_file] = "saved by Keras 3"
+    cases[keras3_file] = "expected one image tensor [batch, height, width, channels] with 1"
     for path, message in cases.items():
         with pytest.raises(ModelSourceError, match=r"model\.path") as caught:
             baseline_factory(ModelConfig(source="file", path=path), size, classes)
@@ -123,7 +123,7 @@ def test_bad_input_model_source_settings_are_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match=r"train\.epochs: 0 trains nothing"):
         PipelineConfig.model_validate({"model": {"source": "builder", "builder": "m.py:build"},
                                        "train": {"epochs": 0}})
-    with pytest.raises(ValueError, match=r"not a \.keras, \.h5, \.tflite or \.onnx file"):
+    with pytest.raises(ValueError, match=r"not a \.keras, \.h5, \.hdf5, \.tflite or \.onnx file"):
         ModelConfig(source="file", path=tmp_path / "model.pt")
     missing = PipelineConfig.model_validate({
         "data": {"source_dir": str(tmp_path)}, "work_dir": str(tmp_path / "work"),

@@ -430,7 +430,8 @@ def test_a_technique_that_cannot_wrap_the_model_skips_with_tfmots_reason(
     config = PipelineConfig.model_validate({
         "name": "not-applicable",
         "compress": {"prune": {"epochs": 1}, "distill": {"enabled": False},
-                     "qat": {"epochs": 1}, "pqat": {"enabled": True, "epochs": 1},
+                     "qat": {"epochs": 1, "unsupported_layers": "skip"},
+                     "pqat": {"enabled": True, "epochs": 1, "unsupported_layers": "skip"},
                      "tflite": ["fp32"]},
     })
     with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
@@ -464,4 +465,4 @@ def test_a_subclassed_model_is_not_applicable_to_pruning_or_qat():
     with pytest.raises(NotApplicable, match="subclassed model"):
         wrap_prunable_layers(model, {})
     with pytest.raises(NotApplicable, match="subclassed model"):
-        make_quantization_aware(model)
+        make_quantization_aware(model, unsupported_layers="float")

@@ -69,7 +69,7 @@ def train_in_scope(
             best_file = checkpoint_dir / BEST_NAME if checkpoint_dir and chief else None
             fitted = fit(
                 model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
-                callbacks=[*resumable_callbacks(checkpoint_dir, history=chief),
+                callbacks=[*resumable_callbacks(checkpoint_dir, history=chief, model=model),
                            EpochProgress(StepProgress("train-baseline", "epochs trained"),
                                          train_cfg.epochs)],
                 best=KeepBestWeights(path=best_file),
@@ -95,12 +95,15 @@ def trained_earlier(checkpoint_dir: Path | None) -> Trained | None:
                          reader=info["reader"], best_epoch=info.get("best_epoch")), info["curves"]
 
 
-def keep_trained(trained: Trained, checkpoint_dir: Path | None) -> None:
-    """Leave the trained baseline in `checkpoint_dir` for reruns (the info file last)."""
+def keep_trained(trained: Trained, checkpoint_dir: Path | None, code: str | None = None) -> None:
+    """Leave the trained baseline in `checkpoint_dir` for reruns (the info file last).
+
+    `code` names the user's builder whose classes the model may use (see `save_keras_model`).
+    """
     if checkpoint_dir is None:
         return
     model, fitted, curves = trained
-    save_keras_model(model, checkpoint_dir / TRAINED_NAME)
+    save_keras_model(model, checkpoint_dir / TRAINED_NAME, code=code)
     atomic_write_json(checkpoint_dir / TRAINED_INFO, {
         "curves": curves, "seconds": fitted.seconds, "reader": fitted.reader,
         "best_epoch": fitted.best_epoch})
@@ -138,7 +141,7 @@ def train_baseline(
         elif trained is None:
             trained = train_in_scope(data, model_cfg, train_cfg, strategy, checkpoint_dir)
             if train_cfg.epochs:
-                keep_trained(trained, checkpoint_dir)
+                keep_trained(trained, checkpoint_dir, _builder_code(model_cfg))
         else:
             logger.info("reusing the baseline an earlier run trained with the same data and "
                         "settings (%s)", checkpoint_dir)
@@ -149,7 +152,7 @@ def train_baseline(
         {name: round(values[-1], 4) for name, values in curves.items()},
     )
     path = keras_model_path(out_dir, "baseline")
-    save_keras_model(model, path)
+    save_keras_model(model, path, code=_builder_code(model_cfg))
     write_labels(out_dir, dataset.class_names)
     metrics = {f"final_{name}": values[-1] for name, values in curves.items()}
     metrics["train_seconds"] = fitted.seconds
@@ -194,6 +197,14 @@ def _train_on_workers(data: TrainingData, model_cfg: ModelConfig, train_cfg: Tra
     if checkpoint_dir is None:
         shutil.rmtree(folder)
     return trained
+
+
+def _builder_code(model_cfg: ModelConfig) -> str | None:
+    """The user's builder, whose classes a model it built may use (None: not a builder's)."""
+    if model_cfg.source != "builder" or not model_cfg.builder:
+        return None
+    target, _, name = str(model_cfg.builder).rpartition(":")
+    return f"{Path(target).resolve()}:{name}" if target.endswith(".py") else model_cfg.builder
 
 
 def _source_params(model_cfg: ModelConfig) -> dict[str, str | int | float]:

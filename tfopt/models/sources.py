@@ -6,15 +6,19 @@ training, with errors naming both values.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import tf_keras as keras
 
 from tfopt.config import ConfigError, ModelConfig
-from tfopt.models.keras_io import keras_version_of, load_keras_model
+from tfopt.models.keras_io import (
+    import_code,
+    is_keras_model,
+    keras_flavor_of_file,
+    keras_version_of,
+    load_keras_model,
+)
 from tfopt.models.zoo import build_model
 from tfopt.serving import LABELS_FILE, read_labels
 
@@ -38,18 +42,10 @@ def load_builder(spec: str) -> Callable[[int, int], keras.Model]:
         ModelSourceError: No such file, module or function, or the module fails to import.
     """
     target, _, name = spec.rpartition(":")
+    if target.endswith(".py") and not Path(target).is_file():
+        raise ModelSourceError(f"model.builder: {target} does not exist")
     try:
-        if target.endswith(".py"):
-            path = Path(target)
-            if not path.is_file():
-                raise ModelSourceError(f"model.builder: {path} does not exist")
-            module_spec = importlib.util.spec_from_file_location(f"tfopt_builder_{path.stem}", path)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except ModelSourceError:
-        raise
+        module = import_code(spec)
     except Exception as error:
         raise ModelSourceError(
             f"model.builder: importing {target} failed: {type(error).__name__}: {error}"
@@ -73,36 +69,39 @@ def build_with(spec: str, image_size: int, num_classes: int) -> keras.Model:
         raise ModelSourceError(
             f"model.builder: {spec} raised {type(error).__name__}: {error}"
         ) from error
-    if not isinstance(model, keras.Model):
+    if not is_keras_model(model):
         raise ModelSourceError(
             f"model.builder: {spec} returned a {type(model).__module__}.{type(model).__name__}, "
-            "not a tf_keras.Model (build it with `import tf_keras`, not Keras 3)"
+            "not a Keras model (keras.Model of Keras 3, or tf_keras.Model)"
         )
     return model
 
 
 def load_model_file(path: Path) -> keras.Model:
-    """Load the user's trained model file, with a clear error when it cannot be.
+    """Load the user's trained model file with the Keras that saved it, or say why not.
 
     Raises:
-        ModelSourceError: Missing, corrupt, or saved by Keras 3 (tfmot needs tf_keras).
+        ModelSourceError: Missing or not loadable, naming the Keras that tried.
     """
     if not (path.is_file() or (path / "keras_metadata.pb").is_file()):
         raise ModelSourceError(f"model.path: {path} does not exist")
     saved_by = keras_version_of(path)
-    if saved_by and not saved_by.startswith("2."):
-        raise ModelSourceError(
-            f"model.path: {path} was saved by Keras {saved_by}; tfopt needs a tf_keras (Keras 2) "
-            "model, since tensorflow-model-optimization works with Keras 2 only: rebuild or "
-            "re-save it with `import tf_keras as keras`"
-        )
+    flavor = keras_flavor_of_file(path)
     try:
         return load_keras_model(path)
     except Exception as error:
+        keras_name = "Keras 3" if flavor == "keras3" else "tf_keras (Keras 2)"
+        said = f" (saved by Keras {saved_by})" if saved_by else ""
         raise ModelSourceError(
-            f"model.path: {path} cannot be loaded as a tf_keras model: "
-            f"{type(error).__name__}: {str(error)[:300]}"
+            f"model.path: {path}{said} cannot be loaded by {keras_name}: "
+            f"{type(error).__name__}: {_first_line(error)}"
         ) from error
+
+
+def _first_line(error: BaseException) -> str:
+    """An exception's message, first line, at most 300 characters."""
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else ""
 
 
 def source_stamp(model_cfg: ModelConfig) -> list[str | int]:
@@ -178,25 +177,64 @@ def check_class_order(path: Path, class_names: Sequence[str]) -> None:
     )
 
 
-def check_fits(model: keras.Model, image_size: int, num_classes: int, source: str) -> None:
-    """Refuse a model whose input is not ``[batch, S, S, 3]`` or whose outputs miss classes.
+IMAGE_CHANNELS = (1, 3)
+"""Channels an image model may take: grayscale or RGB (the data is decoded to the model's)."""
+
+
+def io_shapes(model: keras.Model, image_size: int) -> tuple[object, object]:
+    """A Keras model's input and output shapes.
+
+    A subclassed model has none until called: it is called once on a batch of zeros, RGB
+    first, then grayscale.
 
     Raises:
-        ModelSourceError: Naming the model's value and the data's.
+        ModelSourceError: A subclassed model that takes neither.
     """
-    shape = tuple(model.input_shape) if not isinstance(model.input_shape, list) else None
-    if shape is None or len(shape) != 4 or shape[3] != 3:
+    try:
+        return model.input_shape, model.output_shape
+    except AttributeError:
+        pass
+    import numpy as np
+
+    for channels in reversed(IMAGE_CHANNELS):
+        try:
+            output = model(np.zeros((1, image_size, image_size, channels), np.float32))
+        except Exception:
+            continue
+        return (None, image_size, image_size, channels), (None, *tuple(output.shape)[1:])
+    raise ModelSourceError(
+        f"model: {model.name} is a subclassed model that takes neither [1, {image_size}, "
+        f"{image_size}, 3] nor [1, {image_size}, {image_size}, 1] images")
+
+
+def input_channels(model: keras.Model, image_size: int) -> int:
+    """The channels of a Keras model's image input (1 or 3; `check_fits` refuses others)."""
+    shape, _ = io_shapes(model, image_size)
+    return int(shape[-1]) if not isinstance(shape, list) and shape and shape[-1] else 3
+
+
+def check_fits(model: keras.Model, image_size: int, num_classes: int, source: str) -> None:
+    """Refuse a model whose input is not ``[batch, S, S, C]`` (C 1 or 3) or misses classes.
+
+    Raises:
+        ModelSourceError: Naming the model's value, the data's, and what was expected.
+    """
+    field = {"file": "model.path", "builder": "model.builder"}.get(source, "model")
+    input_shape, output_shape = io_shapes(model, image_size)
+    shape = tuple(input_shape) if not isinstance(input_shape, list) else None
+    if shape is None or len(shape) != 4 or shape[3] not in IMAGE_CHANNELS:
         raise ModelSourceError(
-            f"model ({source}): input {model.input_shape} is not one [batch, height, width, 3] "
-            "image tensor"
+            f"{field}: the model's input is {input_shape}; expected one image tensor [batch, height, "
+            "width, channels] with 1 (grayscale) or 3 (RGB) channels, channels last"
         )
     if shape[1:3] != (image_size, image_size):
         raise ModelSourceError(
-            f"model ({source}): input is {shape[1]}x{shape[2]} but data.image_size is "
+            f"{field}: the model's input is {shape[1]}x{shape[2]} but data.image_size is "
             f"{image_size}: set data.image_size to the model's input size"
         )
-    outputs = model.output_shape[-1] if not isinstance(model.output_shape, list) else None
+    outputs = output_shape[-1] if not isinstance(output_shape, list) else None
     if outputs != num_classes:
         raise ModelSourceError(
-            f"model ({source}): {outputs} outputs but the data folder has {num_classes} classes"
+            f"{field}: the model has {outputs} outputs but the data folder has {num_classes} "
+            "classes (model.head: replace puts a new classification layer on it)"
         )

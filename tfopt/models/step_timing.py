@@ -16,6 +16,7 @@ import tf_keras as keras
 from tfopt.artifacts import BatchSweepResult, DatasetArtifact, LayoutResult, SweepPoint
 from tfopt.config import InputConfig, ModelConfig
 from tfopt.data.pipeline import load_split
+from tfopt.models.keras_io import keras_of
 from tfopt.models.sources import baseline_factory
 from tfopt.provenance import cpu_model
 
@@ -96,8 +97,9 @@ def time_train_steps(
     before = resident_mb()
     with _PeakSampler() as sampler:
         model = build()
-        model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        module = keras_of(model)
+        model.compile(optimizer=module.optimizers.Adam(1e-3),
+                      loss=module.losses.SparseCategoricalCrossentropy(from_logits=True))
         x, y = tf.constant(images), tf.constant(labels)
         for _ in range(warmup):
             model.train_on_batch(x, y)
@@ -105,7 +107,7 @@ def time_train_steps(
         for _ in range(steps):
             model.train_on_batch(x, y)
         elapsed = time.perf_counter() - started
-    keras.backend.clear_session()
+    module.backend.clear_session()
     return StepTiming(
         examples_per_s=steps * len(images) / elapsed,
         step_ms=elapsed / steps * 1000.0,

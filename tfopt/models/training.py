@@ -22,6 +22,7 @@ import tf_keras as keras
 from tfopt.artifacts import TrainingData
 from tfopt.data.pipeline import load_split, reader_options, tuned_dataset
 from tfopt.fileio import atomic_write_bytes
+from tfopt.models.keras_io import keras_of
 
 HISTORY_NAME = "history.csv"
 
@@ -162,10 +163,19 @@ def fit(
 
 
 def compile_for_labels(model: keras.Model, learning_rate: LearningRate) -> None:
-    """Compile `model` as `fit` trains it: Adam, cross-entropy of logits and integer labels."""
+    """Compile `model` as `fit` trains it: Adam, cross-entropy of logits and integer labels.
+
+    A Keras 3 model is compiled with Keras 3's optimizer and loss (a tf_keras learning-rate
+    schedule is carried over by its config).
+    """
+    module = keras_of(model)
+    if module is not keras and isinstance(learning_rate, keras.optimizers.schedules.
+                                          LearningRateSchedule):
+        learning_rate = module.optimizers.schedules.deserialize(
+            keras.optimizers.schedules.serialize(learning_rate))
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer=module.optimizers.Adam(learning_rate),
+        loss=module.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
 
@@ -209,22 +219,25 @@ def evaluate_test_accuracy(model: keras.Model, data: TrainingData) -> float:
 
 
 def resumable_callbacks(
-    checkpoint_dir: Path | None, history: bool = True
+    checkpoint_dir: Path | None, history: bool = True, model: object | None = None,
 ) -> list[keras.callbacks.Callback]:
     """Per-epoch backup and an appended history log under `checkpoint_dir` (none if None).
 
     Args:
         checkpoint_dir: The folder; every worker of a multi-worker training passes the same.
         history: Whether this process writes the history (only a multi-worker chief does).
+        model: The model they will train: a Keras 3 model is backed up by Keras 3's own
+            callbacks (None: a tf_keras model).
     """
     if checkpoint_dir is None:
         return []
+    module = keras if model is None else keras_of(model)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     callbacks: list[keras.callbacks.Callback] = [
-        keras.callbacks.BackupAndRestore(str(checkpoint_dir / "backup"))]
+        module.callbacks.BackupAndRestore(str(checkpoint_dir / "backup"))]
     if history:
-        callbacks.append(keras.callbacks.CSVLogger(str(checkpoint_dir / HISTORY_NAME),
-                                                   append=True))
+        callbacks.append(module.callbacks.CSVLogger(str(checkpoint_dir / HISTORY_NAME),
+                                                    append=True))
     return callbacks
 
 
@@ -267,7 +280,10 @@ def distribution_strategy(name: str) -> tf.distribute.Strategy:
 
 @contextmanager
 def precision_policy(policy: str) -> Iterator[None]:
-    """Apply a Keras mixed-precision policy while building and training, then restore float32."""
+    """Apply a Keras mixed-precision policy while building and training, then restore float32.
+
+    Only zoo networks (tf_keras) train under a policy (`PipelineConfig` says so).
+    """
     if policy == "off":
         yield
         return

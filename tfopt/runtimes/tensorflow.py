@@ -103,6 +103,12 @@ def _info(name: str, shape: object, dtype: object) -> TensorInfo:
     return TensorInfo(name, dims, np.dtype(getattr(dtype, "as_numpy_dtype", dtype)).name)
 
 
+def _tensor_names(model: Any, side: Literal["input", "output"]) -> list[str]:
+    """A Keras model's input or output names (tf_keras names them; Keras 3 names its tensors)."""
+    names = getattr(model, f"{side}_names", None)
+    return list(names) if names else [t.name for t in getattr(model, f"{side}s")]
+
+
 class GraphRunner(Runner):
     """A Keras model traced into a TensorFlow graph with `tf.function` (optionally XLA-compiled)."""
 
@@ -113,10 +119,10 @@ class GraphRunner(Runner):
 
         self._tf = tf
         self.model = model = load_keras_model(path)
-        self.inputs = tuple(_info(name, tensor.shape, tensor.dtype)
-                            for name, tensor in zip(model.input_names, model.inputs, strict=True))
+        self.inputs = tuple(_info(name, tensor.shape, tensor.dtype) for name, tensor
+                            in zip(_tensor_names(model, "input"), model.inputs, strict=True))
         self.outputs = tuple(_info(name, tensor.shape, tensor.dtype) for name, tensor
-                             in zip(model.output_names, model.outputs, strict=True))
+                             in zip(_tensor_names(model, "output"), model.outputs, strict=True))
         self._call = tf.function(lambda args: model(args, training=False),
                                  jit_compile=jit_compile, reduce_retracing=True)
         self._fetch = [i for i, output in enumerate(self.outputs)
@@ -230,14 +236,32 @@ def save_serving_function(
         logits = tf.cast(logits_of(images), tf.float32)
         return {OUTPUT_LOGITS: logits, OUTPUT_PROBABILITIES: tf.nn.softmax(logits)}
 
-    module = tf.Module()
-    module.model = holder
-    module.serve = serve
     staging = staging_dir_for(final)
-    tf.saved_model.save(module, str(staging), signatures={SIGNATURE_KEY: serve})
+    if _is_keras3(holder):
+        from keras.export import ExportArchive
+
+        archive = ExportArchive()
+        archive.track(holder)
+        archive.add_endpoint(SIGNATURE_KEY, serve)
+        archive.write_out(str(staging), verbose=False)
+    else:
+        module = tf.Module()
+        module.model = holder
+        module.serve = serve
+        tf.saved_model.save(module, str(staging), signatures={SIGNATURE_KEY: serve})
     if class_names:
         write_labels(staging / "assets", class_names)
     replace_dir(staging, final)
+
+
+def _is_keras3(holder: object) -> bool:
+    """Whether `holder` is a Keras 3 model (exported with Keras 3's own ExportArchive)."""
+    from tfopt.models.keras_io import flavor_of
+
+    try:
+        return flavor_of(holder) == "keras3"
+    except TypeError:
+        return False
 
 
 def keras_flops(model: object) -> float:
@@ -252,12 +276,12 @@ def keras_flops(model: object) -> float:
         kernel = getattr(layer, "depthwise_kernel", None)
         if kind == "DepthwiseConv2D" and kernel is not None:
             kh, kw, _, _ = kernel.shape
-            total += 2.0 * kh * kw * _per_example(layer.output_shape)
+            total += 2.0 * kh * kw * _per_example(_output_shape(layer))
         elif kind in ("Conv2D", "Conv1D", "Conv3D") and getattr(layer, "kernel", None) is not None:
             *window, channels_in, _ = layer.kernel.shape
-            total += 2.0 * float(np.prod(window)) * channels_in * _per_example(layer.output_shape)
+            total += 2.0 * float(np.prod(window)) * channels_in * _per_example(_output_shape(layer))
         elif kind == "Dense" and getattr(layer, "kernel", None) is not None:
-            total += 2.0 * layer.kernel.shape[0] * _per_example(layer.output_shape)
+            total += 2.0 * layer.kernel.shape[0] * _per_example(_output_shape(layer))
     return total
 
 
@@ -279,6 +303,14 @@ def _per_example(shape: object) -> float:
     if isinstance(shape, list):
         shape = shape[0]
     return float(np.prod([d for d in shape[1:] if d is not None]))
+
+
+def _output_shape(layer: Any) -> object:
+    """A layer's output shape (tf_keras has ``output_shape``; Keras 3 its output's shape)."""
+    try:
+        return layer.output_shape
+    except AttributeError:
+        return tuple(layer.output.shape)
 
 
 _TF_KERNEL_EVENT = re.compile(r"^(?P<node>[^\s:]+):(?P<kind>[A-Za-z_][\w]*)$")
@@ -499,11 +531,19 @@ class TensorFlow(Runtime):
 def _package_keras(path: Path, example: np.ndarray, metadata: dict, dst: Path) -> str:
     import mlflow.tensorflow
 
-    from tfopt.models.keras_io import load_keras_model
+    from tfopt.models.keras_io import flavor_of, load_keras_model
 
     model = load_keras_model(path)
+    signature = mlflow_signature(example, int(model.output_shape[-1]))
+    if flavor_of(model) == "keras3":
+        import mlflow.keras
+
+        mlflow.keras.save_model(model, str(dst), signature=signature, input_example=example,
+                                metadata=metadata,
+                                pip_requirements=pinned("tensorflow-cpu", "keras"))
+        return "data/model.keras"
     mlflow.tensorflow.save_model(
-        model, str(dst), signature=mlflow_signature(example, int(model.output_shape[-1])),
+        model, str(dst), signature=signature,
         input_example=example, metadata=metadata,
         pip_requirements=pinned("tensorflow-cpu", "tf-keras"),
     )
