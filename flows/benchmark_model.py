@@ -10,6 +10,7 @@ from prefect.runtime import flow_run
 
 from flows.common import benchmark_serialized, error_of, sharded_data
 from flows.parameters import BenchmarkOnlyConfig
+from tasks.choose_benchmark_inputs import choose_benchmark_inputs
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.resolve_model import resolve_model
 from tasks.write_report import write_report
@@ -25,12 +26,14 @@ from tfopt.report.summary import benchmark_summary
 
 @flow(name="benchmark_model", flow_run_name="benchmark-{config.name}", log_prints=True)
 def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict[str, Any]:  # noqa: B008
-    """Measure one model with the pipeline's protocol on the test split of a data folder.
+    """Measure one model with the pipeline's protocol, on a data folder's test split or any inputs.
 
-    The model's own outputs are the reference, so agreement is 1 by construction; accuracy,
-    latency statistics, throughput, memory and sizes are what this flow is for. The model is
-    opened only in the measuring process (`benchmark.isolate`, on by default), never in the
-    flow's own.
+    An image classifier is measured on the data's test split (accuracy too); a model of any
+    other inputs on inputs generated from its signature or on the user's ``.npz``, without data
+    (`choose_benchmark_inputs`). The model's own outputs are the reference, so agreement is 1 by
+    construction; latency statistics, throughput, load scenarios, memory, the operator profile
+    and sizes are what this flow is for. The model is opened only in the measuring process
+    (`benchmark.isolate`, on by default) and a probe process, never in the flow's own.
 
     Args:
         config: The model reference, the data, and the benchmark protocol.
@@ -53,9 +56,13 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         tracking_uri, config.experiment, f"benchmark-{config.name}-{spec.name}",
         params=config.model_dump(mode="json"), tags=tags,
     ) as run:
-        dataset = sharded_data(config.data, work_dir)
-        inputs = prepare_benchmark_inputs(None, dataset, run_dir / "inputs", config.batch_size,
-                                          config.input_scale)
+        inputs = choose_benchmark_inputs(spec, config.inputs, config.shapes, config.examples,
+                                         config.batch_size, config.data.source_dir,
+                                         run_dir / "inputs")
+        if inputs is None:
+            inputs = prepare_benchmark_inputs(None, sharded_data(config.data, work_dir),
+                                              run_dir / "inputs", config.batch_size,
+                                              config.input_scale)
         measured = benchmark_serialized(spec, inputs, protocol)
         if not measured.is_completed():
             raise UnusableModelError(
@@ -73,8 +80,9 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         for path in write_report(summary, [result], run_dir / "report"):
             tracking.log_file(run, path, "report")
         publish_prefect_artifacts(summary)
-    get_run_logger().info("%s: accuracy %.4f, p50 %.3f ms", result.name, result.accuracy,
-                          result.latency_ms.p50)
+    get_run_logger().info("%s: accuracy %s, p50 %.3f ms", result.name,
+                          "n/a (no labelled data)" if result.accuracy is None
+                          else f"{result.accuracy:.4f}", result.latency_ms.p50)
     return summary
 
 

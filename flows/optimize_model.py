@@ -28,6 +28,7 @@ from flows.parameters import PipelineConfig
 from tasks.export_bundle import export_bundle
 from tasks.export_savedmodel import export_savedmodel
 from tasks.import_model import import_model
+from tasks.inspect_model import inspect_model
 from tasks.measure_data_layout import measure_data_layout
 from tasks.measure_input_pipeline import measure_input_pipeline
 from tasks.package_models import package_models
@@ -135,6 +136,9 @@ def _prepare_data(
     """Shard the data, sweep the batch size, measure the readers and the data layouts."""
     dataset = sharded_data(config.data, work_dir, config.scale)
     tracking.log_dataset(run, dataset)
+    facts = inspect_model(config.model, dataset)
+    tracking.log_model_facts(run, facts)
+    dataset = dataset.model_copy(update={"channels": facts.channels})
     sweep = sweep_batch_size(dataset, config.model, config.input, run_dir / "report")
     batch_size = config.train.batch_size or sweep.chosen_batch_size
     tracking.log_sweep(run, sweep, batch_size)

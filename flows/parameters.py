@@ -72,6 +72,9 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _training_fits_the_model_source(self) -> PipelineConfig:
+        if self.model.head == "replace" and self.train.epochs + self.train.head_epochs == 0:
+            raise ValueError("model.head: replace with train.epochs 0 and train.head_epochs 0 "
+                             "leaves the new classification layer untrained")
         if self.train.epochs == 0 and self.model.source != "file":
             raise ValueError(
                 f"train.epochs: 0 trains nothing, so model.source={self.model.source} leaves no "
@@ -127,6 +130,26 @@ class BenchmarkOnlyConfig(Section):
         "auto", description="Its precision (auto: the registered run's, else fp32)."
     )
     data: DataConfig = Field(default_factory=DataConfig, description="Test data (test split).")
+    inputs: str = Field(
+        "auto", pattern=r"^(auto|data|random|.+\.npz)$",
+        description=(
+            "What the model is measured on: data (data.source_dir's test split: accuracy too); "
+            "random (inputs generated from the model's signature: any inputs, no data); a path "
+            "to an .npz of named inputs (one array per input name, batch first); auto: data "
+            "when the model takes one image tensor and data.source_dir is a folder, else "
+            "random."
+        ),
+    )
+    shapes: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description=(
+            "The shape of one batch-1 request per input name, for inputs whose dimensions the "
+            "model leaves open: {images: [1, 3, 320, 320]} (tfopt benchmark --shape "
+            "images=1x3x320x320)."
+        ),
+    )
+    examples: int = Field(32, ge=1, le=10_000,
+                          description="Requests generated from the signature (inputs: random).")
     work_dir: Path = Field(Path(".tfopt/work"), description="Folder for shards and reports.")
     batch_size: int = Field(32, ge=1, le=8192, description="Batch of the throughput figure.")
     input_scale: InputScale = Field(

@@ -28,5 +28,5 @@ def export_savedmodel(model: ModelArtifact, out_dir: Path) -> ModelArtifact:
     """
     final = out_dir / f"{model.name}-savedmodel"
     save_serving_savedmodel(load_keras_model(model.path), model.image_size, final,
-                            model.class_names)
+                            model.class_names, model.channels)
     return model.model_copy(update={"path": final, "format": "savedmodel"})

@@ -258,6 +258,7 @@ def distill_model(
     def new_student() -> keras.Model:
         keras.utils.set_random_seed(data.seed)
         return build_model(STUDENT_ARCHITECTURE, dataset.image_size, dataset.num_classes,
+                           channels=model.channels,
                            width=cfg.student_width)
 
     student = new_student()

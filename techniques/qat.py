@@ -131,7 +131,7 @@ def train_quantization_aware(
     accuracy = evaluate_test_accuracy(qat, data)
     logger.info("%s test accuracy (fake-quantized): %.4f", source, accuracy)
     path = out_dir / f"{source}-savedmodel"
-    save_serving_savedmodel(qat, model.image_size, path, model.class_names)
+    save_serving_savedmodel(qat, model.image_size, path, model.class_names, model.channels)
     return derived_model(
         model, source, path, fitted, fmt="savedmodel",
         params={"technique": technique, "scheme": scheme_name, "starts_from": model.name,

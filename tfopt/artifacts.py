@@ -61,6 +61,9 @@ class DatasetArtifact(_Frozen):
     shards: int
     skipped_records: int
     compression: str = ""
+    channels: int = 3
+    """The channels readers hand the model (the shards hold RGB; 1 is converted to grayscale):
+    the model's input decides (`tfopt.models.inspection`)."""
 
     @property
     def num_classes(self) -> int:
@@ -136,9 +139,41 @@ class ModelArtifact(_Frozen):
     num_classes: int
     class_names: list[str] = Field(default_factory=list)
     input_scale: InputScale = "unit"
+    channels: int = 3
+    """Its image input's channels (1: grayscale, 3: RGB)."""
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     history: dict[str, list[float]] = Field(default_factory=dict)
+
+
+class ModelFacts(_Frozen):
+    """What the baseline's model is, found before any work on the data (`inspect_model`).
+
+    Attributes:
+        kind: ``keras``, ``savedmodel`` or a runtime's file format (``tflite``, ``onnx``).
+        keras: For a Keras model, the Keras that builds it: ``tf_keras`` or ``keras3``.
+        channels: Its image input's channels (1 grayscale, 3 RGB): what the readers decode to.
+        output: ``logits``; ``softmax`` (a softmax end: tfopt takes the tensor before it, or
+            log-probabilities where that tensor cannot be reached); ``scores`` (a subclassed
+            model's output, taken as it is).
+        head_replaced: The classification layer ``model.head: replace`` swaps out, if any.
+    """
+
+    kind: str
+    keras: str = ""
+    channels: int = 3
+    output: str = "logits"
+    head_replaced: str | None = None
+
+    def params(self) -> dict[str, str | int]:
+        """The facts as run parameters (``model.*`` prefixed by the caller)."""
+        found: dict[str, str | int] = {"kind": self.kind, "channels": self.channels,
+                                       "output": self.output}
+        if self.keras:
+            found["keras"] = self.keras
+        if self.head_replaced:
+            found["head_replaced"] = self.head_replaced
+        return found
 
 
 class VariantSpec(_Frozen):
@@ -170,11 +205,19 @@ class BenchmarkInputs(_Frozen):
     own reference (one model benchmarked alone, never opened outside its measuring process).
     """
 
-    images: Path
-    labels: Path
+    images: Path | None
+    """The decoded test images (None: a model benchmarked on `feeds`, without data)."""
+    labels: Path | None
     reference_logits: Path | None
     examples: int
     batch_size: int = 32
+    feeds: Path | None = None
+    """Named inputs of any shape and dtype (an ``.npz``, batch first): the user's file, or
+    where the measuring process writes the inputs it generated from the model's signature
+    (`generate`). Used when there are no images."""
+    generate: dict[str, list[int]] | None = None
+    """Generate `examples` inputs from the model's signature, the dimensions it leaves open
+    taken from here (by input name, the batch dimension included); None: `feeds` holds them."""
     floor_models: dict[str, Path] = Field(default_factory=dict)
     """Per runner format, a model that does next to nothing on inputs of the same shape: timed
     through the same runner, it is the harness's own floor (see `tasks.harness_floor`)."""
@@ -258,7 +301,8 @@ class VariantResult(_Frozen):
     derived_from: str | None = None
     size_bytes: int = 0
     gzip_bytes: int = 0
-    accuracy: float = 0.0
+    accuracy: float | None = 0.0
+    """Top-1 accuracy on the test split; None for a model benchmarked without labelled data."""
     latency_ms: LatencyStats | None = None
     throughput_per_s: float = 0.0
     timed_runs: int = 0

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -203,7 +204,54 @@ def _cmd_run(args: argparse.Namespace) -> int:
 # `tfopt benchmark` flags that are shorthands for config keys (an explicit --set wins).
 _BENCHMARK_FLAGS = {"model": "model", "format": "format", "name": "name",
                     "data": "data.source_dir", "image_size": "data.image_size",
-                    "work_dir": "work_dir"}
+                    "work_dir": "work_dir", "inputs": "inputs"}
+
+
+def _parse_shapes(pairs: list[str]) -> dict[str, list[int]]:
+    """``--shape images=1x3x320x320`` flags as ``shapes`` (input name to dimensions)."""
+    shapes: dict[str, list[int]] = {}
+    for pair in pairs:
+        name, sep, dims = pair.partition("=")
+        try:
+            shapes[name.strip()] = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise ConfigError(f"--shape expects NAME=1x3x320x320 (integers), got {pair!r}")
+    return shapes
+
+
+def _check_benchmark_inputs(config: Any, signature: tuple[list, list] | None) -> None:
+    """Refuse inputs that cannot be made for the model, or a missing data folder, in one line.
+
+    Args:
+        config: The benchmark flow's parameters.
+        signature: The model's inputs and outputs (None: a registered model, checked by the
+            flow once downloaded).
+
+    Raises:
+        ConfigError: Naming the input or the folder and what to give.
+    """
+    from tfopt.measurement.feeds import FeedsError, read_feeds, request_shapes
+    from tfopt.measurement.inputs import takes_images
+
+    setting = config.inputs
+    classifier = signature is None or takes_images(*signature)
+    if setting == "data" or (setting == "auto" and classifier and signature is not None):
+        if not config.data.source_dir.is_dir():
+            raise ConfigError(
+                f"data.source_dir: {config.data.source_dir} is not a folder (a model measured "
+                "on inputs generated from its signature: --inputs random)")
+        return
+    if signature is None:
+        return
+    try:
+        if setting in ("auto", "random"):
+            request_shapes(signature[0], config.shapes)
+        elif setting.endswith(".npz"):
+            read_feeds(Path(setting), signature[0])
+    except (FeedsError, OSError) as error:
+        raise ConfigError(f"inputs: {error}") from error
 
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
@@ -217,16 +265,16 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         for flag, key in _BENCHMARK_FLAGS.items()
         if (value := getattr(args, flag)) is not None
     }
+    if args.shape:
+        overrides["shapes"] = _parse_shapes(args.shape)
     overrides.update(_parse_overrides(args.set))
     config = load_config(args.config, overrides, BenchmarkOnlyConfig)
     resolve_cpus(config.benchmark.cpus)
-    if not config.data.source_dir.is_dir():
-        raise ConfigError(f"data.source_dir: {config.data.source_dir} is not a folder")
     api_url, tracking_uri = _connect_services()
     _reconcile_leftovers(tracking_uri)
     from tfopt.models.references import check_model_reference
 
-    check_model_reference(config.model, tracking_uri)
+    _check_benchmark_inputs(config, check_model_reference(config.model, tracking_uri))
 
     from flows.benchmark_model import benchmark_model
 
@@ -349,6 +397,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--data", type=Path, default=None,
                        help="class-per-folder images; the test split is used (data.source_dir)")
     bench.add_argument("--image-size", type=int, default=None, help="data.image_size")
+    bench.add_argument("--inputs", default=None,
+                       help="auto (default), data, random (generated from the model's "
+                            "signature, no data needed) or a file.npz of named inputs")
+    bench.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x320x320",
+                       help="one batch-1 request's shape for an input whose dimensions the "
+                            "model leaves open (repeatable)")
     bench.add_argument("--format", default=None)
     bench.add_argument("--name", default=None)
     bench.add_argument("--work-dir", type=Path, default=None)

@@ -199,6 +199,15 @@ class ModelConfig(Section):
             "benchmark inputs alike."
         ),
     )
+    head: Literal["keep", "replace"] = Field(
+        "keep",
+        description=(
+            "source=file or builder, Keras models: keep the model's classification layer, or "
+            "replace it with a new one for the data's classes (a pretrained network on your "
+            "classes): the new head trains alone for train.head_epochs, then everything for "
+            "train.epochs."
+        ),
+    )
 
     @property
     def kind(self) -> str:
@@ -220,6 +229,12 @@ class ModelConfig(Section):
             raise ValueError(f"model.builder is used with model.source=builder, not {self.source}")
         if self.source != "zoo" and self.weights is not None:
             raise ValueError(f"model.weights is used with model.source=zoo, not {self.source}")
+        if self.head == "replace" and self.source == "zoo":
+            raise ValueError("model.head: replace is for a model you bring (model.source=file "
+                             "or builder); zoo networks are built for the data's classes")
+        if self.head == "replace" and self.kind != "keras":
+            raise ValueError(f"model.head: replace needs a Keras model to train; model.path is "
+                             f"a {self.kind} model")
         return self
 
 
@@ -229,6 +244,11 @@ class TrainConfig(Section):
     epochs: int = Field(
         8, ge=0, le=1000,
         description="Training epochs (0: optimize a model.source=file model as it is).",
+    )
+    head_epochs: int = Field(
+        3, ge=0, le=1000,
+        description=("model.head=replace: epochs that train the new classification layer alone "
+                     "(the rest frozen), before train.epochs fine-tune everything."),
     )
     mixed_precision: Literal["off", "mixed_float16", "mixed_bfloat16"] = Field(
         "off",

@@ -29,6 +29,7 @@ from tfopt.artifacts import (
     InputPipelineResult,
     LayoutResult,
     ModelArtifact,
+    ModelFacts,
     VariantResult,
 )
 from tfopt.provenance import git_commit, mlflow_tracking_uri
@@ -546,6 +547,11 @@ def log_training(run: TrackedRun, model: ModelArtifact) -> None:
     })
     log_metrics(run.client, run.run_id, model.metrics)
     log_params(run.client, run.run_id, {model.name: model.params})
+
+
+def log_model_facts(run: TrackedRun, facts: ModelFacts) -> None:
+    """What the baseline's model was found to be (``model_facts.kind``, ``.channels`` ...)."""
+    log_params(run.client, run.run_id, {"model_facts": facts.params()})
 
 
 def log_technique(run: TrackedRun, model: ModelArtifact) -> None:

@@ -50,6 +50,8 @@ class ReaderOptions:
     private_threads: int = 0
     compression: str = ""
     scale: InputScale = "unit"
+    channels: int = 3
+    """The model's image channels: 1 converts the RGB shards to grayscale after decoding."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ def reader_options(
         private_threads=cfg.private_threads,
         compression=dataset.compression,
         scale=scale,
+        channels=dataset.channels,
     )
     return options, decision
 
@@ -127,6 +130,15 @@ def _fit_size(image: tf.Tensor, image_size: int) -> tf.Tensor:
         ), tf.uint8),
     )
     return tf.ensure_shape(resized, [image_size, image_size, 3])
+
+
+def to_channels(images: tf.Tensor, channels: int) -> tf.Tensor:
+    """A batch of uint8 RGB images as the model's channels: 3 as it is, 1 as grayscale.
+
+    Grayscale is ITU-R 601's luma, what `tf.image.rgb_to_grayscale` and JPEG decoding with
+    ``channels=1`` compute.
+    """
+    return images if channels == 3 else tf.image.rgb_to_grayscale(images)
 
 
 def to_unit_float(images: tf.Tensor) -> tf.Tensor:
@@ -271,7 +283,8 @@ def tuned_dataset(
             sequentially once instead (fewer than `_PARALLEL_FILL_EXAMPLES`).
 
     Returns:
-        A dataset of ``(images float32 [B,S,S,3], labels int32 [B])``.
+        A dataset of ``(images float32 [B,S,S,C], labels int32 [B])``, C the options'
+        channels.
     """
     options = options or ReaderOptions()
     crop = options.random_crop_min_area if training else 1.0
@@ -309,8 +322,9 @@ def tuned_dataset(
                 batches = batches.shuffle(_EXAMPLE_SHUFFLE, seed=seed,
                                           reshuffle_each_iteration=True)
             batches = batches.batch(batch_size)
-        dataset = batches.map(lambda x, y: (to_model_float(x, options.scale), y)).prefetch(
-            AUTOTUNE)
+        dataset = batches.map(
+            lambda x, y: (to_model_float(to_channels(x, options.channels), options.scale), y)
+        ).prefetch(AUTOTUNE)
         return dataset.with_options(_pipeline_options(options))
 
 
@@ -405,12 +419,12 @@ def load_split(
     model sees the same pixels everywhere.
     """
     return load_split_arrays(dataset.splits[split].files, dataset.image_size, limit,
-                             dataset.compression, scale)
+                             dataset.compression, scale, dataset.channels)
 
 
 def load_split_arrays(
     files: Sequence[Path], image_size: int, limit: int | None = None, compression: str = "",
-    scale: InputScale = "unit",
+    scale: InputScale = "unit", channels: int = 3,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decode shards into memory in file order (for evaluation and benchmark inputs).
 
@@ -420,11 +434,13 @@ def load_split_arrays(
         limit: Stop after this many examples.
         compression: ``""`` or ``"GZIP"``.
         scale: The model's input scale (see `to_model_float`).
+        channels: The model's image channels (1: grayscale).
 
     Returns:
-        ``(images float32 [N,S,S,3], labels int32 [N])``.
+        ``(images float32 [N,S,S,C], labels int32 [N])``.
     """
-    options = ReaderOptions(deterministic=True, compression=compression, scale=scale)
+    options = ReaderOptions(deterministic=True, compression=compression, scale=scale,
+                            channels=channels)
     dataset = tuned_dataset(files, image_size, 256, options=options)
     images, labels, total = [], [], 0
     for batch_images, batch_labels in dataset:
@@ -434,6 +450,7 @@ def load_split_arrays(
         if limit is not None and total >= limit:
             break
     if not images:
-        return np.zeros((0, image_size, image_size, 3), np.float32), np.zeros((0,), np.int32)
+        return (np.zeros((0, image_size, image_size, channels), np.float32),
+                np.zeros((0,), np.int32))
     all_images, all_labels = np.concatenate(images), np.concatenate(labels)
     return (all_images[:limit], all_labels[:limit]) if limit else (all_images, all_labels)

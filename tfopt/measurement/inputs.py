@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from tfopt.data.pipeline import load_split
 from tfopt.fileio import atomic_write_json
 from tfopt.measurement.floor import build_floor_models
 from tfopt.runtimes import load_runner
-from tfopt.runtimes.base import predict_batched
+from tfopt.runtimes.base import TensorInfo, predict_batched
 
 INPUTS_INDEX = "inputs.json"
 INPUTS_ARTIFACT = "benchmark-inputs"
@@ -53,6 +54,58 @@ def prepare_inputs(reference: VariantSpec | None, dataset: DatasetArtifact, out_
     _save_array(inputs.images, images)
     _save_array(inputs.labels, labels)
     return inputs
+
+
+def takes_images(inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo]) -> bool:
+    """Whether a signature is an image classifier's (what a data folder can be fed to).
+
+    One float ``[N, S, S, C]`` input (C 1 or 3), and a first output of scores ``[N, classes]``.
+    """
+    if len(inputs) != 1 or not outputs:
+        return False
+    shape, dtype = inputs[0].shape, inputs[0].dtype
+    return (len(shape) == 4 and shape[1] == shape[2] and shape[3] in (1, 3)
+            and dtype.startswith("float") and len(outputs[0].shape) == 2)
+
+
+def feeds_inputs(spec: VariantSpec, setting: str, shapes: Mapping[str, Sequence[int]],
+                 examples: int, batch_size: int, data_dir: Path, out_dir: Path,
+                 ) -> BenchmarkInputs | None:
+    """The inputs a model is measured on without its data, or None to measure it on the data.
+
+    The model's signature is read in a probe process (`probe_signature`), so this process never
+    opens it. ``auto`` picks the data's test split for an image classifier when `data_dir` is
+    a folder, else inputs generated from the signature; ``random`` generates them (each open
+    dimension from `shapes`); a path names the user's ``.npz``. The generated inputs are
+    written by the measuring process to ``<out_dir>/generated-feeds.npz``.
+
+    Raises:
+        UnusableModelError: The model cannot be opened, or the inputs do not fit it (one line
+            naming the input and how to give its shape).
+    """
+    from tfopt.measurement.feeds import FeedsError, count_of, read_feeds, request_shapes
+    from tfopt.models.references import UnusableModelError, probe_signature
+
+    if setting == "data":
+        return None
+    model_inputs, outputs = probe_signature(spec.format, spec.path)
+    if setting == "auto":
+        if takes_images(model_inputs, outputs) and data_dir.is_dir():
+            return None
+        setting = "random"
+    try:
+        if setting == "random":
+            request_shapes(model_inputs, shapes)
+            return BenchmarkInputs(
+                images=None, labels=None, reference_logits=None, examples=examples,
+                batch_size=batch_size, feeds=out_dir / "generated-feeds.npz",
+                generate={name: list(dims) for name, dims in shapes.items()})
+        given = Path(setting)
+        count = count_of(read_feeds(given, model_inputs))
+    except (FeedsError, OSError, ValueError) as error:
+        raise UnusableModelError(f"inputs: {error}") from error
+    return BenchmarkInputs(images=None, labels=None, reference_logits=None, examples=count,
+                           batch_size=batch_size, feeds=given)
 
 
 def write_inputs_index(inputs: BenchmarkInputs, protocol: BenchmarkConfig) -> Path:

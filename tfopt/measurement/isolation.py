@@ -120,8 +120,8 @@ def measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig,
     if cfg.thread_sweep:
         result = with_thread_sweep(variant, inputs, cfg, result)
     logger.info(
-        "%s: accuracy %.4f, p50 %.3f ms, first inference %.1f ms, peak RSS %.0f MB, %d bytes",
-        variant.name, result.accuracy, result.latency_ms.p50, result.first_inference_ms,
-        result.peak_rss_mb, result.size_bytes,
+        "%s: accuracy %s, p50 %.3f ms, first inference %.1f ms, peak RSS %.0f MB, %d bytes",
+        variant.name, "-" if result.accuracy is None else f"{result.accuracy:.4f}",
+        result.latency_ms.p50, result.first_inference_ms, result.peak_rss_mb, result.size_bytes,
     )
     return result

@@ -21,8 +21,11 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from tfopt.measurement.feeds import count_of, take
 
 _SEARCH_TRIALS = 8
 _MIN_QUERIES = 64
@@ -121,14 +124,14 @@ def alone_p99_ms(invoke: Callable[[object], object], prepared: Sequence[object],
     return float(np.percentile(durations, 99)) * 1000.0
 
 
-def offline_throughput(predict: Callable[[np.ndarray], object], images: np.ndarray,
+def offline_throughput(predict: Callable[[Any], object], images: np.ndarray | dict[str, np.ndarray],
                        batch_sizes: Sequence[int], expected_per_s: float,
                        seconds: float) -> tuple[float, int]:
     """The best Offline examples/s over `batch_sizes`, and the batch size that reached it.
 
     Args:
-        predict: The runner's batch inference (`Runner.predict`).
-        images: The benchmark's inputs (samples are drawn from them).
+        predict: The runner's batch inference (`Runner.predict`, or `Runner.run` on feeds).
+        images: The benchmark's inputs, images or named feeds (samples are drawn from them).
         batch_sizes: Batch sizes to try.
         expected_per_s: A guess of the rate (sizes the one query: LoadGen asks for enough
             samples to last `seconds` at that rate).
@@ -141,12 +144,12 @@ def offline_throughput(predict: Callable[[np.ndarray], object], images: np.ndarr
         def issue(samples: list, size: int = batch_size) -> None:
             for start in range(0, len(samples), size):
                 chunk = samples[start : start + size]
-                predict(images[[sample.index for sample in chunk]])
+                predict(take(images, [sample.index for sample in chunk]))
                 lg.QuerySamplesComplete([lg.QuerySampleResponse(s.id, 0, 0) for s in chunk])
 
         settings = _settings("Offline", seconds)
         settings.offline_expected_qps = max(expected_per_s, 1.0)
-        values = _run_loadgen(issue, len(images), settings)
+        values = _run_loadgen(issue, count_of(images), settings)
         rate = float(values.get("Samples per second", 0.0))
         if rate > best[0]:
             best = (rate, batch_size)

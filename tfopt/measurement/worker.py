@@ -183,18 +183,23 @@ def _windows_agree(windows: list[list[float]], width: float) -> bool:
                    width)
 
 
-def batch_throughput(runner: object, images: np.ndarray, batch_size: int,
-                     seconds: float) -> float:
+def batch_throughput(runner: Runner, images: np.ndarray | dict[str, np.ndarray],
+                     batch_size: int, seconds: float) -> float:
     """Examples per second at `batch_size` (one untimed batch first), for about `seconds`.
 
     A batch amortizes the per-call cost that batch-1 timing must resolve, so a window's length
-    (and at least 3 batches) measures it: about 10x shorter than the batch-1 timing.
+    (and at least 3 batches) measures it: about 10x shorter than the batch-1 timing. `images`
+    may be named feeds of any model.
     """
-    batch = np.concatenate([images] * (-(-batch_size // len(images))))[:batch_size]
-    runner.predict(batch)
+    from tfopt.measurement.feeds import count_of, take
+
+    repeat = np.arange(batch_size) % count_of(images)
+    batch = take(images, repeat)
+    run = runner.predict if isinstance(batch, np.ndarray) else runner.run
+    run(batch)
     count, started = 0, time.perf_counter()
     while True:
-        runner.predict(batch)
+        run(batch)
         count += 1
         elapsed = time.perf_counter() - started
         if elapsed >= seconds and count >= 3:
@@ -220,7 +225,7 @@ def operator_profile(spec: VariantSpec, runner: Runner, prepared: Sequence[objec
         return OpProfile(method=f"profiler failed: {type(error).__name__}: {error}")
 
 
-def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
+def load_scenarios(spec: VariantSpec, runner: Runner, images: np.ndarray | dict[str, np.ndarray],
                    prepared: Sequence[object], samples_ms: np.ndarray, batch_size: int,
                    cfg: BenchmarkConfig) -> dict[str, float | int | str | None]:
     """The Offline and Server scenarios `cfg.scenarios` asks for (see `load_scenarios`).
@@ -236,14 +241,18 @@ def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
     model and a 1 ms budget; over 15 minutes for MobileNetV2's TensorFlow graph with two
     one-thread clients and a 20 ms budget).
     """
+    from tfopt.measurement.feeds import count_of
     from tfopt.measurement.load_scenarios import alone_p99_ms, offline_throughput, server_search
 
     found: dict[str, float | int | str | None] = {}
     p50_s = float(np.median(samples_ms)) / 1000.0
     if "offline" in cfg.scenarios:
-        sizes = sorted({1, min(8, len(images)), min(batch_size, len(images))})
+        examples = count_of(images)
+        fixed_batch = any(i.shape and i.shape[0] is not None for i in runner.inputs)
+        sizes = [1] if fixed_batch else sorted({1, min(8, examples), min(batch_size, examples)})
         offline = runtime_of(spec.format).offline_runner(spec, cfg.threads) or runner
-        rate, best_size = offline_throughput(offline.predict, images, sizes, 1.0 / p50_s,
+        predict = offline.predict if isinstance(images, np.ndarray) else offline.run
+        rate, best_size = offline_throughput(predict, images, sizes, 1.0 / p50_s,
                                              cfg.scenario_seconds)
         found.update(offline_examples_per_s=rate, offline_batch_size=best_size)
     if "server" not in cfg.scenarios or cfg.latency_budget_ms is None:
@@ -271,8 +280,11 @@ def load_scenarios(spec: VariantSpec, runner: object, images: np.ndarray,
     return found
 
 
-def _client(runner: object, images: np.ndarray) -> Callable[[object], object]:
-    runner.prepare(images[:1])  # sizes its input for batch 1 again (Offline resized it)
+def _client(runner: Runner, images: np.ndarray | dict[str, np.ndarray],
+            ) -> Callable[[object], object]:
+    from tfopt.measurement.feeds import take
+
+    runner.prepare(take(images, slice(0, 1)))  # sizes its input for batch 1 again (Offline)
     return runner.invoke
 
 
@@ -333,6 +345,8 @@ def measure_variant(
     spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
 ) -> VariantResult:
     """Measure a variant in this process (see `benchmark_variant` for the protocol)."""
+    if inputs.images is None:
+        return measure_on_feeds(spec, inputs, cfg)
     runtime = runtime_of(spec.format)
     images, labels = np.load(inputs.images), np.load(inputs.labels)
     started = time.perf_counter()
@@ -395,6 +409,74 @@ def measure_variant(
         under_load=any(cores is not None and cores > cfg.max_background_cores
                        for cores in (cores_before, cores_during)),
     )
+
+
+def measure_on_feeds(spec: VariantSpec, inputs: BenchmarkInputs,
+                     cfg: BenchmarkConfig) -> VariantResult:
+    """Measure a model of any inputs and outputs on named feeds, without labelled data.
+
+    The feeds are the user's file, or generated from the model's signature now (and written
+    to `inputs.feeds`, so the same inputs can be given again). Everything but accuracy and
+    agreement is measured as for a pipeline's variant: latency statistics, throughput, load
+    scenarios, peak memory, FLOPs and the operator profile. A model whose batch dimension is
+    fixed is measured at batch 1 only.
+
+    Raises:
+        FeedsError: The inputs do not fit the model (naming the input).
+    """
+    from tfopt.measurement.feeds import generated_feeds, read_feeds, save_feeds, take
+
+    runtime = runtime_of(spec.format)
+    started = time.perf_counter()
+    runner = load_runner(spec, cfg.threads)
+    load_seconds = time.perf_counter() - started
+    if inputs.generate is not None:
+        feeds = generated_feeds(runner.inputs, inputs.generate, inputs.examples)
+        if inputs.feeds is not None:
+            save_feeds(inputs.feeds, feeds)
+    else:
+        feeds = read_feeds(inputs.feeds, runner.inputs)
+    started = time.perf_counter()
+    runner.run(take(feeds, slice(0, 1)))
+    first_inference_ms = (time.perf_counter() - started) * 1000.0
+    prepared = runner.prepare(feeds)
+    cores_before = background_cores(_LOAD_PROBE_S)
+    probe = LoadProbe.start()
+    samples = time_runs(runner.invoke, prepared, cfg)
+    cores_during = probe.cores()
+    flops = flops_per_inference(spec, runner)
+    scenarios = load_scenarios(spec, runner, feeds, prepared, samples, inputs.batch_size, cfg)
+    profile = operator_profile(spec, runner, prepared, cfg.threads)
+    throughput_at_batch, batch = _batch_throughput_if_batched(
+        runner, feeds, inputs.batch_size, max(0.2, cfg.min_seconds / P50_WINDOWS))
+    intra, inter = runtime.threads_in_force() or (None, None)
+    return VariantResult(
+        name=spec.name, source=spec.source, format=spec.format, precision=spec.precision,
+        status="ok", derived_from=spec.derived_from, size_bytes=path_size_bytes(spec.path),
+        gzip_bytes=gzip_size_bytes(spec.path), accuracy=None,
+        latency_ms=latency_stats(samples, cfg.p50_ci_width),
+        throughput_per_s=float(len(samples) / (samples.sum() / 1000.0)),
+        timed_runs=len(samples), load_seconds=load_seconds,
+        first_inference_ms=first_inference_ms, peak_rss_mb=peak_rss_mb(),
+        batch_throughput_per_s=throughput_at_batch, batch_size=batch,
+        runner_params={**{key: str(value) for key, value in spec.params.items()
+                          if key in RUNNER_PARAMS}, **runner.facts()},
+        samples_ms=[float(v) for v in samples[:_KEPT_SAMPLES]], path=spec.path,
+        tf_intra_op_threads=intra, tf_inter_op_threads=inter,
+        background_cores_before=cores_before, background_cores=cores_during,
+        gflops_per_inference=None if flops is None else flops / 1e9, op_profile=profile,
+        **scenarios,
+        under_load=any(cores is not None and cores > cfg.max_background_cores
+                       for cores in (cores_before, cores_during)),
+    )
+
+
+def _batch_throughput_if_batched(runner: Runner, feeds: dict[str, np.ndarray],
+                                 batch_size: int, seconds: float) -> tuple[float, int]:
+    """Examples/s at `batch_size`, or at batch 1 where the model's batch dimension is fixed."""
+    fixed = any(info.shape and info.shape[0] is not None for info in runner.inputs)
+    size = 1 if fixed else batch_size
+    return batch_throughput(runner, feeds, size, seconds), size
 
 
 def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,

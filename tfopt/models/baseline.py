@@ -63,6 +63,8 @@ def train_in_scope(
     with precision_policy(train_cfg.mixed_precision), strategy.scope():
         model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes,
                                  dataset.class_names)()
+        head = (train_head(model, data, train_cfg)
+                if model_cfg.head == "replace" and train_cfg.head_epochs else None)
         if train_cfg.epochs == 0:
             fitted = Fitted(curves={}, seconds=0.0)
         else:
@@ -76,6 +78,10 @@ def train_in_scope(
             )
     curves = (read_history(checkpoint_dir / HISTORY_NAME)
               if checkpoint_dir and chief and fitted.curves else fitted.curves)
+    if head is not None:
+        curves = {**{f"head_{name}": values for name, values in head.curves.items()}, **curves}
+        fitted = Fitted(curves=fitted.curves, seconds=fitted.seconds + head.seconds,
+                        reader=fitted.reader or head.reader, best_epoch=fitted.best_epoch)
     if train_cfg.mixed_precision != "off":
         # Variables stay float32 under a mixed policy; a float32 twin carries them into export
         # and conversion without the policy's casts (TFLite has no bfloat16 kernels).
@@ -83,6 +89,25 @@ def train_in_scope(
         float_model.set_weights(model.get_weights())
         model = float_model
     return model, fitted, curves
+
+
+def train_head(model: keras.Model, data: TrainingData, train_cfg: TrainConfig) -> Fitted:
+    """Train the new classification layer alone (every other layer frozen), then unfreeze.
+
+    The new head starts from random weights: trained with the pretrained features frozen first,
+    its large early gradients do not wreck those features (the usual transfer-learning recipe).
+    Frozen batch-normalization layers run in inference mode.
+    """
+    body = model.layers[:-1]
+    was_trainable = [layer.trainable for layer in body]
+    for layer in body:
+        layer.trainable = False
+    try:
+        return fit(model, data, epochs=train_cfg.head_epochs,
+                   learning_rate=train_cfg.learning_rate)
+    finally:
+        for layer, trainable in zip(body, was_trainable, strict=True):
+            layer.trainable = trainable
 
 
 def trained_earlier(checkpoint_dir: Path | None) -> Trained | None:
@@ -164,6 +189,7 @@ def train_baseline(
         num_classes=dataset.num_classes,
         class_names=dataset.class_names,
         input_scale=data.input_scale,
+        channels=dataset.channels,
         params={
             **_source_params(model_cfg),
             "batch_size": data.batch_size,

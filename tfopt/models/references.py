@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tfopt.artifacts import VariantSpec
 from tfopt.config import ConfigError
 from tfopt.packaging import model_file_of
 
-_KERAS_FORMAT = {".keras": "graph"}
-"""A ``.keras`` file is measured as a TensorFlow graph."""
+if TYPE_CHECKING:
+    from tfopt.runtimes.base import TensorInfo
+
+_KERAS_FORMAT = {".keras": "graph", ".h5": "graph", ".hdf5": "graph"}
+"""A Keras file is measured as a TensorFlow graph."""
 
 
 def _suffix_formats() -> dict[str, str]:
@@ -54,18 +59,22 @@ class UnusableModelError(ConfigError):
     """The model to benchmark does not exist, is not registered, or cannot be run."""
 
 
-def check_model_reference(model: str, tracking_uri: str) -> None:
+def check_model_reference(model: str, tracking_uri: str,
+                          ) -> tuple[list[TensorInfo], list[TensorInfo]] | None:
     """Refuse a reference that names nothing, before any flow runs; the model is not opened.
 
     A ``models:/`` URI must name a registered model and an existing version or alias; a path
-    must hold a model file or folder tfopt recognizes.
+    must hold a model file or folder tfopt recognizes, which a probe process opens.
+
+    Returns:
+        A path's model's inputs and outputs (None for a registry or run reference).
 
     Raises:
         UnusableModelError: Naming the reference and what is missing.
     """
     if model.startswith("runs:/"):
         _check_run_reference(model, tracking_uri)
-        return
+        return None
     match = _MODEL_URI.match(model)
     if not match:
         if not model.startswith("models:/"):
@@ -73,8 +82,7 @@ def check_model_reference(model: str, tracking_uri: str) -> None:
                 model_format, path = detect_format(Path(model))
             except ValueError as error:
                 raise UnusableModelError(f"model: {error}") from error
-            _probe_in_a_subprocess(model_format, path)
-            return
+            return probe_signature(model_format, path)
         raise UnusableModelError(
             f"model: {model} is not models:/<name>@<alias> or models:/<name>/<version>")
     from mlflow.exceptions import MlflowException
@@ -91,6 +99,7 @@ def check_model_reference(model: str, tracking_uri: str) -> None:
         raise UnusableModelError(
             f"model: {model}: the registry at {tracking_uri} has no registered model "
             f"{match['name']!r} with {what} ({error.error_code})") from error
+    return None
 
 
 def _check_run_reference(model: str, tracking_uri: str) -> None:
@@ -117,23 +126,39 @@ def _check_run_reference(model: str, tracking_uri: str) -> None:
         raise UnusableModelError(f"model: {model}: run {match['run_id']} has no artifact {path}")
 
 
-def _probe_in_a_subprocess(model_format: str, path: Path) -> None:
-    """Open a local model file with its runner in a separate process (never in this one).
+_PROBE = """
+import json, sys, tfopt
+from pathlib import Path
+from tfopt.artifacts import VariantSpec
+from tfopt.runtimes import load_runner
+runner = load_runner(VariantSpec(name="probe", source="probe", format=sys.argv[1],
+                                 precision="fp32", path=Path(sys.argv[2])))
+print(json.dumps({side: [[i.name, list(i.shape), i.dtype] for i in getattr(runner, side)]
+                  for side in ("inputs", "outputs")}))
+"""
+
+
+def probe_signature(model_format: str, path: Path) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """A model file's inputs and outputs, opened by its runner in a separate process.
+
+    tfopt's own process never opens a user's model (a crash or a hang stays in the probe).
 
     Raises:
         UnusableModelError: The runner cannot open it, with the runtime's last message.
     """
-    script = ("import sys, tfopt; from pathlib import Path; from tfopt.runtimes import load_runner;"
-              " from tfopt.artifacts import VariantSpec;"
-              " load_runner(VariantSpec(name='probe', source='probe', format=sys.argv[1],"
-              " precision='fp32', path=Path(sys.argv[2])))")
-    done = subprocess.run([sys.executable, "-c", script, model_format, str(path)],
+    from tfopt.runtimes.base import TensorInfo
+
+    done = subprocess.run([sys.executable, "-c", _PROBE, model_format, str(path)],
                           capture_output=True, text=True, timeout=600,
                           cwd=Path(__file__).resolve().parents[2])
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         raise UnusableModelError(f"model: {path} cannot be opened as {model_format}: "
                                  f"{lines[-1][:300] if lines else done.returncode}")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    sides = ([TensorInfo(name, tuple(shape), dtype) for name, shape, dtype in found[side]]
+             for side in ("inputs", "outputs"))
+    return next(sides), next(sides)
 
 
 def resolve_reference(model: str, fmt: str, precision: str, tracking_uri: str,

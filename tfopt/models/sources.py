@@ -7,7 +7,9 @@ training, with errors naming both values.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import tf_keras as keras
 
@@ -15,7 +17,9 @@ from tfopt.config import ConfigError, ModelConfig
 from tfopt.models.keras_io import (
     import_code,
     is_keras_model,
+    is_layer_graph,
     keras_flavor_of_file,
+    keras_of,
     keras_version_of,
     load_keras_model,
 )
@@ -119,33 +123,165 @@ def source_stamp(model_cfg: ModelConfig) -> list[str | int]:
                                      for value in (f.stat().st_size, f.stat().st_mtime_ns))]
 
 
+OutputKind = Literal["logits", "softmax", "scores"]
+"""What a model's output is: logits, a softmax's probabilities (tfopt uses the tensor before
+it), or scores of a model whose inside cannot be reached (a subclassed model)."""
+
+
+@dataclass
+class BaselineMaker:
+    """Makes fresh baselines: zoo network, user's builder or user's file, as logits models.
+
+    Attributes:
+        make: Returns a fresh model (the first call hands out the one checked on creation).
+        output_kind: What the model's output was before tfopt took its logits.
+        channels: The model's image channels.
+        head_replaced: The name of the classification layer `model.head: replace` swapped out.
+    """
+
+    make: Callable[[], keras.Model]
+    output_kind: OutputKind
+    channels: int
+    head_replaced: str | None = None
+
+    def __call__(self) -> keras.Model:
+        """A fresh baseline model."""
+        return self.make()
+
+
 def baseline_factory(
     model_cfg: ModelConfig, image_size: int, num_classes: int,
     class_names: Sequence[str] = (),
-) -> Callable[[], keras.Model]:
-    """A function that makes a fresh baseline: zoo network, user's builder or user's file.
+) -> BaselineMaker:
+    """What makes a fresh baseline: zoo network, user's builder or user's file.
 
     A file's model comes with its trained weights, and with its class order when a
-    ``labels.txt`` lies beside it (checked against `class_names`, the data's). The first model
-    is made and checked now, so a model that does not fit the data is refused before any
-    training.
+    ``labels.txt`` lies beside it (checked against `class_names`, the data's, unless its head
+    is replaced). A model ending in a softmax is taken up to the tensor before it (`to_logits`);
+    with ``model.head: replace`` its classification layer is swapped for a new one with the
+    data's classes (`replace_head`). The first model is made and checked now, so a model that
+    does not fit the data is refused before any training.
 
     Raises:
         ModelSourceError: The model cannot be made, or its input, outputs or class order
-            disagree with the data (naming both values).
+            disagree with the data (naming both values and what was expected).
     """
     makers: dict[str, Callable[[], keras.Model]] = {
         "zoo": lambda: build_configured(model_cfg, image_size, num_classes),
         "builder": lambda: build_with(str(model_cfg.builder), image_size, num_classes),
         "file": lambda: load_model_file(Path(str(model_cfg.path))),
     }
-    make = makers[model_cfg.source]
-    if model_cfg.source == "file" and class_names:
+    load = makers[model_cfg.source]
+    replace = model_cfg.head == "replace"
+    if model_cfg.source == "file" and class_names and not replace:
         check_class_order(Path(str(model_cfg.path)), class_names)
-    checked = [make()]
-    check_fits(checked[0], image_size, num_classes, model_cfg.source)
+
+    def make() -> tuple[keras.Model, OutputKind, str | None]:
+        model, kind = to_logits(load())
+        if not replace:
+            return model, kind, None
+        new_model, replaced = replace_head(model, num_classes, model_cfg.source)
+        return new_model, kind, replaced
+
+    first, output_kind, replaced = make()
+    check_fits(first, image_size, num_classes, model_cfg.source)
     # The checked model is the first one handed out, so a file is not loaded twice.
-    return lambda: checked.pop() if checked else make()
+    checked = [first]
+    return BaselineMaker(make=lambda: checked.pop() if checked else make()[0],
+                         output_kind=output_kind, channels=input_channels(first, image_size),
+                         head_replaced=replaced)
+
+
+def _is_softmax(activation: object) -> bool:
+    return getattr(activation, "__name__", None) == "softmax"
+
+
+def to_logits(model: keras.Model) -> tuple[keras.Model, OutputKind]:
+    """A model of logits: one ending in a softmax is taken up to the tensor before it.
+
+    A last layer with a softmax activation (``Dense(..., activation="softmax")``) is switched to
+    a linear one; a final ``Softmax`` or ``Activation("softmax")`` layer is cut off. Training
+    (cross-entropy of logits), distillation, agreement and int8 debugging then see logits, and
+    the served model's ``probabilities`` are the original's softmax. A subclassed model cannot
+    be opened up: its outputs are taken as they are (``scores``).
+    """
+    if not is_layer_graph(model) or len(model.outputs) != 1:
+        return model, "scores" if not is_layer_graph(model) else "logits"
+    last = model.layers[-1]
+    module = keras_of(model)
+    if type(last).__name__ == "Softmax" or (type(last).__name__ == "Activation"
+                                             and _is_softmax(last.activation)):
+        return module.Model(model.inputs, last.input, name=model.name), "softmax"
+    if _is_softmax(getattr(last, "activation", None)):
+        last.activation = module.activations.get("linear")
+        return model, "softmax"
+    return model, "logits"
+
+
+CLASSIFIER_LAYERS = ("Dense", "Conv2D")
+"""Layers `replace_head` can swap: a dense classifier, or a convolution that classifies each
+position before a global pooling (the all-convolutional heads of mini-Xception, SqueezeNet)."""
+
+
+def replace_head(model: keras.Model, num_classes: int, source: str) -> tuple[keras.Model, str]:
+    """The model with a new classification layer of `num_classes` logits in place of its own.
+
+    The classification layer is the last layer with weights on the way back from the output;
+    the weight-free layers after it (a global pooling, a flatten, a reshape) are applied again
+    after the new one, which takes the same settings with `num_classes` units or filters and
+    new weights.
+
+    Returns:
+        The new model, and the name of the layer it replaced.
+
+    Raises:
+        ModelSourceError: A subclassed model, or one whose last weighted layer is not a Dense
+            or Conv2D layer (or is reached through a layer with several inputs), named.
+    """
+    field = {"file": "model.path", "builder": "model.builder"}.get(source, "model")
+    if not is_layer_graph(model) or len(model.outputs) != 1:
+        raise ModelSourceError(
+            f"model.head: replace needs a functional or sequential model with one output "
+            f"({field}); {model.name} is a {type(model).__name__}: put the new head on in your "
+            "builder instead")
+    tail: list[object] = []
+    layer = model.outputs[0]._keras_history[0]
+    while not layer.weights:
+        tail.append(layer)
+        layer = _only_inbound(layer, field)
+    if type(layer).__name__ not in CLASSIFIER_LAYERS:
+        raise ModelSourceError(
+            f"model.head: replace swaps the model's classification layer (Dense or Conv2D), "
+            f"but the last layer with weights in {field} is {layer.name} ({type(layer).__name__})")
+    names = {each.name for each in model.layers}
+    config = {**layer.get_config(),
+              "name": next(n for n in ("logits", "new_logits", f"{layer.name}_replaced")
+                           if n not in names),
+              "units" if type(layer).__name__ == "Dense" else "filters": num_classes,
+              "activation": "linear", "dtype": "float32"}
+    outputs = type(layer).from_config(config)(layer.input)
+    for after in reversed(tail):
+        outputs = type(after).from_config(after.get_config())(outputs)
+    return keras_of(model).Model(model.inputs, outputs, name=model.name), layer.name
+
+
+def _only_inbound(layer: object, field: str) -> object:
+    """The one layer feeding `layer`.
+
+    Raises:
+        ModelSourceError: It has several inputs or none (the head cannot be followed back).
+    """
+    try:
+        feeding = layer.input
+    except (AttributeError, ValueError) as error:
+        raise ModelSourceError(
+            f"model.head: replace follows the output back to the classification layer, but "
+            f"{layer.name} in {field} has no single input") from error
+    if isinstance(feeding, list | tuple | dict):
+        raise ModelSourceError(
+            f"model.head: replace follows the output back to the classification layer, but "
+            f"{layer.name} ({type(layer).__name__}) in {field} takes several inputs")
+    return feeding._keras_history[0]
 
 
 def labels_of(path: Path) -> list[str] | None:
@@ -224,8 +360,8 @@ def check_fits(model: keras.Model, image_size: int, num_classes: int, source: st
     shape = tuple(input_shape) if not isinstance(input_shape, list) else None
     if shape is None or len(shape) != 4 or shape[3] not in IMAGE_CHANNELS:
         raise ModelSourceError(
-            f"{field}: the model's input is {input_shape}; expected one image tensor [batch, height, "
-            "width, channels] with 1 (grayscale) or 3 (RGB) channels, channels last"
+            f"{field}: the model's input is {input_shape}; expected one image tensor [batch, "
+            "height, width, channels] with 1 (grayscale) or 3 (RGB) channels, channels last"
         )
     if shape[1:3] != (image_size, image_size):
         raise ModelSourceError(

@@ -41,6 +41,7 @@ def build_model(
     alpha: float = 0.35,
     data_format: DataFormat = "channels_last",
     weights: Path | None = None,
+    channels: int = 3,
 ) -> keras.Model:
     """Build an untrained (or locally initialized) network that maps images to class logits.
 
@@ -49,7 +50,7 @@ def build_model(
             its hidden dense layer, meant to be distilled from a larger teacher), or a
             tf_keras.applications network (``mobilenet_v2``, ``mobilenet_v3_small``,
             ``mobilenet_v3_large``, ``efficientnet_b0``, ``resnet50``) without its top.
-        image_size: Input side in pixels (square RGB input; at least 32 for applications).
+        image_size: Input side in pixels (square input; at least 32 for applications).
         num_classes: Output logits.
         width: Filters in the first convolution (small_cnn, small_student).
         alpha: Width multiplier (the MobileNets).
@@ -57,6 +58,8 @@ def build_model(
         weights: A local weights file to start from: for an application, its feature
             extractor's weights (Keras' ``weights=`` argument, e.g. an ImageNet "no top" file);
             for a small network, the whole model's (``save_weights`` of the same network).
+        channels: Input channels: 3 (RGB) or 1 (grayscale, e.g. a student of a grayscale
+            teacher).
 
     Returns:
         An uncompiled tf_keras model whose input is named ``images``.
@@ -70,7 +73,7 @@ def build_model(
         known = ", ".join(ARCHITECTURES)
         raise ValueError(f"unknown architecture {architecture!r}; known: {known}")
     ops = _Layers(data_format)
-    inputs = keras.Input((image_size, image_size, 3), name="images")
+    inputs = keras.Input((image_size, image_size, channels), name="images")
     x = keras.layers.Permute((3, 1, 2), name="to_nchw")(inputs) if ops.nchw else inputs
     if architecture in APPLICATIONS:
         x = _application(architecture, x, ops, alpha, weights)

@@ -178,7 +178,8 @@ def _runtime_lines(summary: dict[str, Any]) -> list[str]:
                 f"| {source} | {precision} | {mark}{entry['runtime']} | {entry['name']} "
                 f"| {latency['p50']:.3f} | {_interval(latency)} "
                 f"| {_fmt(entry.get('offline_examples_per_s'), ',.0f')} "
-                f"| {entry['accuracy']:.4f} | {entry['size_bytes'] / 1024:,.1f} | {runs_as} |")
+                f"| {_fmt(entry['accuracy'], '.4f')} | {entry['size_bytes'] / 1024:,.1f} "
+                f"| {runs_as} |")
     return lines
 
 
@@ -270,16 +271,10 @@ def save_figure(fig: object, path: Path) -> Path:
     return path
 
 
-def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def _accuracy_plot(summary: dict[str, Any], ok: list[VariantResult], path: Path) -> Path:
+    """Accuracy against batch-1 p50 with the Pareto front (variants measured on labelled data)."""
     import matplotlib.pyplot as plt
 
-    ok = [r for r in results if r.status == "ok" and r.latency_ms]
-    paths = []
-    if not ok:
-        return paths
     front = pareto_front([(r.name, r.latency_ms.p50, r.accuracy) for r in ok])
     fig, axis = plt.subplots(figsize=(8, 5))
     for result in ok:
@@ -296,7 +291,22 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
     axis.set_ylabel("test accuracy")
     axis.set_title(f"Accuracy vs latency (champion: {summary['champion'] or 'none'})")
     axis.legend()
-    paths.append(save_figure(fig, out_dir / "accuracy_vs_latency.png"))
+    return save_figure(fig, path)
+
+
+def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if r.status == "ok" and r.latency_ms]
+    paths = []
+    if not ok:
+        return paths
+    scored = [r for r in ok if r.accuracy is not None]
+    if scored:
+        paths.append(_accuracy_plot(summary, scored, out_dir / "accuracy_vs_latency.png"))
 
     fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
     names = [r.name for r in ok]

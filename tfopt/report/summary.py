@@ -53,7 +53,7 @@ def variant_entry(
         else dict.fromkeys(_LATENCY_KEYS)
     )
     delta = None
-    if result.status == "ok" and baseline_accuracy is not None:
+    if result.status == "ok" and None not in (baseline_accuracy, result.accuracy):
         delta = (result.accuracy - baseline_accuracy) * 100.0
     return {
         "name": result.name,

@@ -330,8 +330,10 @@ class Runtime(ABC):
         return None
 
     def import_file(self, path: Path, out_dir: Path, class_names: Sequence[str] = (),
-                    ) -> tuple[Path, Precision]:
+                    output: str = "logits") -> tuple[Path, Precision]:
         """Take a user's model file of its format in as the baseline; return it and its precision.
+
+        `output` says what the file's scores are: ``logits``, or ``softmax`` probabilities.
 
         Raises:
             ValueError: The file is not one this runtime can open.

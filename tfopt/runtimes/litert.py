@@ -510,7 +510,7 @@ class LiteRT(Runtime):
         return {"compiled_model": CompiledModelRunner(Path(spec.path), threads)}
 
     def import_file(self, path: Path, out_dir: Path, class_names: Sequence[str] = (),
-                    ) -> tuple[Path, Precision]:
+                    output: str = "logits") -> tuple[Path, Precision]:
         """The file copied in as it is, with the precision it holds."""
         final = out_dir / "baseline.tflite"
         atomic_write_bytes(final, path.read_bytes())

@@ -379,7 +379,7 @@ class OnnxRuntime(Runtime):
         return OnnxRunner(spec.path, threads)
 
     def import_file(self, path: Path, out_dir: Path, class_names: Sequence[str] = (),
-                    ) -> tuple[Path, Precision]:
+                    output: str = "logits") -> tuple[Path, Precision]:
         """The file copied in as it is."""
         final = out_dir / "baseline.onnx"
         out_dir.mkdir(parents=True, exist_ok=True)

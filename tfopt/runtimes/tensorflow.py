@@ -437,20 +437,28 @@ class TensorFlow(Runtime):
         return GraphRunner(spec.path, jit_compile=jit)
 
     def import_file(self, path: Path, out_dir: Path, class_names: Sequence[str] = (),
-                    ) -> tuple[Path, Precision]:
-        """A plain SavedModel re-exported with tfopt's serving signature (``images`` in)."""
+                    output: str = "logits") -> tuple[Path, Precision]:
+        """A plain SavedModel re-exported with tfopt's serving signature (``images`` in).
+
+        A softmax's probabilities are served as ``probabilities`` unchanged: the re-exported
+        ``logits`` are their logarithm (the softmax of log-probabilities is the probabilities).
+        """
         import tensorflow as tf
 
         runner = SavedModelRunner(path)
         (model_input,) = runner.inputs
         serve = runner._signature
-        output = runner.scores_output
+        scores = runner.scores_output
         dtype = runner._dtypes[model_input.name]
         final = out_dir / "baseline-savedmodel"
-        save_serving_function(
-            runner._loaded,
-            lambda images: serve(**{model_input.name: tf.cast(images, dtype)})[output],
-            int(model_input.shape[1]), final, class_names, int(model_input.shape[-1]))
+
+        def logits_of(images: Any) -> Any:
+            found = tf.cast(serve(**{model_input.name: tf.cast(images, dtype)})[scores],
+                            tf.float32)
+            return tf.math.log(tf.maximum(found, 1e-30)) if output == "softmax" else found
+
+        save_serving_function(runner._loaded, logits_of, int(model_input.shape[1]), final,
+                              class_names, int(model_input.shape[-1]))
         return final, "fp32"
 
     def flops(self, runner: Runner) -> float | None:

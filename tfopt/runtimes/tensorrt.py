@@ -67,7 +67,7 @@ def bundle(sources: BuildSources, onnx: VariantSpec, max_batch: int, out_dir: Pa
     staging.mkdir()
     shutil.copy2(onnx.path, staging / "model.onnx")
     shutil.copytree(savedmodel.path, staging / "saved_model")
-    command = trtexec_command(savedmodel.image_size, max_batch)
+    command = trtexec_command(savedmodel.image_size, max_batch, savedmodel.channels)
     atomic_write_text(
         staging / "trtexec.sh",
         "#!/usr/bin/env bash\n# Build a TensorRT engine from model.onnx on a machine with "
@@ -79,7 +79,8 @@ def bundle(sources: BuildSources, onnx: VariantSpec, max_batch: int, out_dir: Pa
         "saved_model": "saved_model",
         "signature": SIGNATURE_KEY,
         "input": {"name": INPUT_NAME, "dtype": "float32",
-                  "shape": [-1, savedmodel.image_size, savedmodel.image_size, 3]},
+                  "shape": [-1, savedmodel.image_size, savedmodel.image_size,
+                            savedmodel.channels]},
         "outputs": ["logits", "probabilities"],
         "opset": onnx.params.get("opset"),
         "onnx_vs_savedmodel_max_abs_diff": onnx.params.get("check_max_abs_diff"),

@@ -1,0 +1,31 @@
+"""Prefect task: open the configured model once and check it against the data."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from tfopt.artifacts import DatasetArtifact, ModelFacts
+from tfopt.config import ModelConfig
+from tfopt.logs import step_logger
+from tfopt.models.inspection import inspect_model as inspect
+
+
+@task(name="inspect_model", tags=["model"])
+def inspect_model(model_cfg: ModelConfig, dataset: DatasetArtifact) -> ModelFacts:
+    """Find what the model is and refuse one that does not fit the data, before any training.
+
+    Its kind, the Keras that builds it (tf_keras or Keras 3), its image channels (the readers
+    decode the shards to them: 1 is grayscale), what its output is (logits, or a softmax whose
+    input tfopt takes as the logits) and, with ``model.head: replace``, the classification layer
+    that is swapped for the data's classes.
+
+    Args:
+        model_cfg: Where the model comes from.
+        dataset: The data's image size and classes.
+
+    Returns:
+        The model's facts.
+    """
+    facts = inspect(model_cfg, dataset.image_size, dataset.class_names)
+    step_logger().info("model: %s", ", ".join(f"{k} {v}" for k, v in facts.params().items()))
+    return facts

@@ -1,0 +1,136 @@
+"""Any model is benchmarked without a data folder: named inputs of any shape, dtype and layout,
+generated from its signature (open dimensions given) or read from the user's .npz."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tfopt.artifacts import BenchmarkInputs, VariantSpec
+from tfopt.config import BenchmarkConfig
+from tfopt.measurement.feeds import FeedsError, generated_feeds, request_shapes, save_feeds
+from tfopt.measurement.inputs import feeds_inputs
+from tfopt.measurement.worker import measure_variant
+from tfopt.models.references import UnusableModelError, probe_signature
+from tfopt.runtimes.base import TensorInfo
+
+QUICK = BenchmarkConfig(warmup_runs=3, warmup_seconds=0.02, min_runs=12, min_seconds=0.1,
+                        max_seconds=0.5, scenarios=["single_stream", "offline"],
+                        scenario_seconds=0.2)
+
+
+@pytest.fixture(scope="module")
+def two_inputs(tmp_path_factory) -> Path:
+    """A SavedModel of two named inputs (float features, integer ids) and two outputs."""
+    import tensorflow as tf
+
+    path = tmp_path_factory.mktemp("any") / "two-inputs"
+    weights = tf.Variable(tf.random.stateless_normal([8, 4], seed=[1, 2]))
+    table = tf.Variable(tf.random.stateless_normal([16, 4], seed=[3, 4]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, "features"),
+                                  tf.TensorSpec([None, 3], tf.int32, "ids")])
+    def serve(features, ids):
+        mixed = features @ weights + tf.reduce_sum(tf.gather(table, ids), axis=1)
+        return {"score": tf.reduce_sum(mixed, axis=1), "embedding": mixed}
+
+    module = tf.Module()
+    module.weights, module.table, module.serve = weights, table, serve
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
+    return path
+
+
+def detector_onnx(path: Path, height: int | str = 32, width: int | str = 32) -> Path:
+    """A YOLO-like ONNX model: NCHW images in, one [1, 84, cells] tensor out (no classes)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    kernel = np.random.default_rng(0).normal(size=(84, 3, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["images", "kernel"], ["features"], pads=[1, 1, 1, 1],
+                          strides=[2, 2]),
+         helper.make_node("Reshape", ["features", "cells"], ["output0"])],
+        "detector",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, height, width])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 84, None])],
+        [numpy_helper.from_array(kernel, "kernel"),
+         numpy_helper.from_array(np.array([1, 84, -1], np.int64), "cells")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def _spec(path: Path, fmt: str) -> VariantSpec:
+    return VariantSpec(name="theirs", source="theirs", format=fmt, precision="fp32", path=path)
+
+
+def test_a_detector_with_an_nchw_input_is_measured_on_generated_inputs(tmp_path):
+    model = detector_onnx(tmp_path / "detector.onnx")
+    spec = _spec(model, "onnx")
+    inputs = feeds_inputs(spec, "auto", {}, 6, 4, tmp_path / "no-data", tmp_path / "inputs")
+    assert inputs is not None and inputs.images is None, "not a classifier: no data needed"
+    result = measure_variant(spec, inputs, QUICK)
+    assert result.status == "ok" and result.accuracy is None and result.top1_agreement is None
+    assert result.latency_ms.p50 > 0 and result.timed_runs >= 12
+    assert result.batch_size == 1, "the model's batch is fixed at 1"
+    assert result.offline_examples_per_s > 0 and result.offline_batch_size == 1
+    assert result.gflops_per_inference > 0 and result.op_profile.ops
+    with np.load(inputs.feeds) as written:
+        assert written["images"].shape == (6, 3, 32, 32), "the inputs measured, kept"
+
+
+def test_open_dimensions_are_asked_for_by_name(tmp_path):
+    model = detector_onnx(tmp_path / "dynamic.onnx", "height", "width")
+    spec = _spec(model, "onnx")
+    with pytest.raises(UnusableModelError,
+                       match=r"input images \[1, 3, -1, -1\] leaves dimension 2 open: give its "
+                             r"shape with --shape images=1x3xNxN"):
+        feeds_inputs(spec, "random", {}, 4, 4, tmp_path, tmp_path / "inputs")
+    inputs = feeds_inputs(spec, "random", {"images": [1, 3, 64, 48]}, 4, 4, tmp_path,
+                          tmp_path / "inputs")
+    result = measure_variant(spec, inputs, QUICK)
+    assert result.status == "ok" and result.latency_ms.p50 > 0
+
+
+def test_a_savedmodel_of_two_inputs_is_measured_on_generated_and_given_inputs(two_inputs,
+                                                                            tmp_path):
+    spec = _spec(two_inputs, "savedmodel")
+    model_inputs, outputs = probe_signature("savedmodel", two_inputs)
+    assert [(i.name, i.dtype) for i in model_inputs] == [("features", "float32"),
+                                                         ("ids", "int32")]
+    assert {o.name for o in outputs} == {"score", "embedding"}
+    generated = feeds_inputs(spec, "auto", {}, 8, 4, tmp_path, tmp_path / "gen")
+    result = measure_variant(spec, generated, QUICK)
+    assert result.status == "ok" and result.batch_size == 4, "a dynamic batch is batched"
+    assert result.batch_throughput_per_s > 0
+    given = save_feeds(tmp_path / "mine.npz", generated_feeds(model_inputs, {}, 5, seed=7))
+    from_file = feeds_inputs(spec, given.as_posix(), {}, 0, 4, tmp_path, tmp_path / "file")
+    assert from_file.examples == 5 and from_file.generate is None
+    assert measure_variant(spec, from_file, QUICK).latency_ms.p50 > 0
+    wrong = save_feeds(tmp_path / "wrong.npz", {"features": np.zeros((2, 8), np.float32)})
+    with pytest.raises(UnusableModelError, match=r"holds \['features'\], the model takes "
+                                                 r"features float32 \[-1, 8\], ids int32"):
+        feeds_inputs(spec, wrong.as_posix(), {}, 0, 4, tmp_path, tmp_path / "wrong")
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"pixels": [1, 3]}, "the model has no input 'pixels'"),
+    ({"images": [1, 3, 32]}, "input images has 4 dimensions"),
+    ({"images": [1, 1, 32, 32]}, "dimension 1 is 3 in the model"),
+    ({"images": [2, 3, 32, 32]}, "requests are batch 1"),
+])
+def test_bad_input_shapes_are_refused_naming_the_input(given, message):
+    inputs = [TensorInfo("images", (None, 3, None, None), "float32")]
+    with pytest.raises(FeedsError, match=message):
+        request_shapes(inputs, given)
+
+
+def test_a_classifier_is_still_measured_on_its_data(tiny_savedmodel, tmp_path):
+    spec = _spec(tiny_savedmodel.path, "savedmodel")
+    assert feeds_inputs(spec, "auto", {}, 4, 4, tmp_path, tmp_path / "inputs") is None
+    assert isinstance(feeds_inputs(spec, "random", {}, 4, 4, tmp_path, tmp_path / "in"),
+                      BenchmarkInputs)
