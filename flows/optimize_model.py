@@ -46,6 +46,7 @@ from tfopt.artifacts import (
     InputPipelineResult,
     LayoutResult,
     ModelArtifact,
+    ModelFacts,
     Runoff,
     TrainingData,
     VariantResult,
@@ -74,6 +75,7 @@ class _Measured:
     sweep: BatchSweepResult
     pipeline: InputPipelineResult
     layout: LayoutResult | None
+    facts: ModelFacts
 
 
 @flow(
@@ -150,7 +152,7 @@ def _prepare_data(
         tracking.log_layout(run, layout)
     data = TrainingData(dataset=dataset, batch_size=batch_size, seed=config.train.seed,
                         input=config.input, input_scale=config.model.input_scale)
-    return _Measured(data, sweep, pipeline, layout)
+    return _Measured(data, sweep, pipeline, layout, facts)
 
 
 def _checkpoint_dir(config: PipelineConfig, data: TrainingData, work_dir: Path) -> Path:
@@ -301,6 +303,7 @@ def _summarize(
             "champion_model": champion_model,
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),
             "training_batch_size": measured.data.batch_size,
+            "model_facts": measured.facts.params(),
             "data_layout": measured.layout.model_dump(mode="json") if measured.layout else None,
             "input_cache": {"mode": measured.pipeline.cache_mode,
                             "reason": measured.pipeline.cache_reason},

@@ -167,3 +167,27 @@ def test_a_subclassed_keras3_model_trains_and_converts_but_tfmot_skips_naming_wh
     assert shown == "Tiny (1, 3)", "another process loads it with the builder's classes"
     with pytest.raises(NotApplicable, match="subclassed Keras 3 model"):
         prune_model.fn(model, PruneConfig(epochs=1), data32, tmp_path)
+
+
+def test_a_keras3_teacher_is_distilled_and_packaged_with_mlflows_keras_flavor(
+        keras3_baseline, data32, tmp_path):
+    import mlflow.pyfunc
+
+    from techniques.distill import DistillConfig, distill_model
+    from tfopt.packaging import save_variant_model
+    from tfopt.runtimes.base import ServingContract
+
+    student = distill_model.fn(keras3_baseline, DistillConfig(epochs=1, student_width=4),
+                               data32, tmp_path)
+    assert student.params["teacher_parameters"] == load_keras_model(
+        keras3_baseline.path).count_params(), "the Keras 3 teacher"
+    assert "distillation_gain_points" in student.metrics
+    images, _ = load_split(data32.dataset, "test")
+    contract = ServingContract(class_names=data32.dataset.class_names, input_scale="unit",
+                               example=images[:2])
+    folder = save_variant_model(keras3_baseline.path, "graph", "fp32", contract,
+                                tmp_path / "packaged")
+    assert "keras" in (folder / "MLmodel").read_text()
+    expected = load_keras_model(keras3_baseline.path).predict(images, verbose=0)
+    np.testing.assert_allclose(mlflow.pyfunc.load_model(str(folder)).predict(images), expected,
+                               atol=1e-5)

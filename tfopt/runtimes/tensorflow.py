@@ -546,6 +546,7 @@ def _package_keras(path: Path, example: np.ndarray, metadata: dict, dst: Path) -
     if flavor_of(model) == "keras3":
         import mlflow.keras
 
+        dst.mkdir(parents=True)  # mlflow.keras writes the input example before its folder
         mlflow.keras.save_model(model, str(dst), signature=signature, input_example=example,
                                 metadata=metadata,
                                 pip_requirements=pinned("tensorflow-cpu", "keras"))
