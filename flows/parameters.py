@@ -26,6 +26,7 @@ from tfopt.config import (
     Section,
     ServicesConfig,
     TrainConfig,
+    experiment_field,
     load_config,
     run_name_field,
 )
@@ -44,9 +45,7 @@ class PipelineConfig(Section):
     """All parameters of one tfopt pipeline run."""
 
     name: str = run_name_field("demo")
-    experiment: str = Field(
-        "tfopt", min_length=1, max_length=128, description="MLflow experiment to log into."
-    )
+    experiment: str = experiment_field("tfopt", "MLflow experiment to log into.")
     work_dir: Path = Field(
         Path(".tfopt/work"), description="Folder for TFRecords, models and reports."
     )
@@ -95,9 +94,7 @@ class PreprocessConfig(Section):
     """Shard a data folder into TFRecords with a manifest, and nothing else."""
 
     name: str = run_name_field("preprocess")
-    experiment: str = Field(
-        "tfopt-preprocess", min_length=1, max_length=128, description="MLflow experiment."
-    )
+    experiment: str = experiment_field("tfopt-preprocess")
     work_dir: Path = Field(Path(".tfopt/work"), description="Folder for the TFRecord shards.")
     data: DataConfig = Field(default_factory=DataConfig, description="Data and sharding.")
     scale: ScaleConfig = Field(
@@ -112,9 +109,7 @@ class BenchmarkOnlyConfig(Section):
     """Benchmark one existing model (a registered version or a file) without the pipeline."""
 
     name: str = run_name_field("benchmark")
-    experiment: str = Field(
-        "tfopt-benchmarks", min_length=1, max_length=128, description="MLflow experiment."
-    )
+    experiment: str = experiment_field("tfopt-benchmarks")
     model: str = Field(
         "models:/tfopt-demo@champion", min_length=1,
         description=(

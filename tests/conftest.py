@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,10 @@ import tfopt  # noqa: F401  (environment before TensorFlow)
 from tfopt.config import DataConfig
 from tfopt.demo_data import digit_to_jpeg
 from tfopt.services import ServiceSettings
+
+# Tests write their builders to temporary folders: this test machine allows code from there
+# (tests/tasks/test_model_sources.py checks a folder it does not allow is refused).
+os.environ.setdefault("TFOPT_CODE_DIRS", tempfile.gettempdir())
 
 
 def write_digit_folder(root: Path, classes: int = 3, per_class: int = 20, size: int = 16) -> Path:

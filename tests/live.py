@@ -23,9 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def running_services(state_dir: Path, db: str = "sqlite") -> Iterator[ServiceSettings]:
+def running_services(state_dir: Path, db: str = "sqlite",
+                     host: str = "127.0.0.1") -> Iterator[ServiceSettings]:
     """Prefect and MLflow servers (and PostgreSQL for `db="postgres"`) on free ports."""
-    settings = ServiceSettings(state_dir=state_dir, prefect_port=free_port(),
+    settings = ServiceSettings(state_dir=state_dir, host=host, prefect_port=free_port(),
                                mlflow_port=free_port(), db=db, postgres_port=free_port())
     try:
         start_services(settings, timeout_s=240)
@@ -75,12 +76,15 @@ def run_tfopt(
 @contextmanager
 def tfopt_process(
     settings: ServiceSettings, args: list[str], log: Path, ready: Callable[[], bool],
-    timeout_s: float = 180.0,
+    timeout_s: float = 180.0, env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen]:
-    """Run ``tfopt <args>`` in the background until the block ends; wait until `ready()`."""
+    """Run ``tfopt <args>`` in the background until the block ends; wait until `ready()`.
+
+    `env` adds to the servers' environment (e.g. another ``TMPDIR``).
+    """
     with log.open("w") as out:
         process = subprocess.Popen(
-            tfopt_command(args), cwd=ROOT, env=service_env(settings),
+            tfopt_command(args), cwd=ROOT, env={**service_env(settings), **(env or {})},
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:

@@ -57,7 +57,7 @@ def test_bad_input_parameters_are_refused_naming_field_and_allowed_values(overri
     with pytest.raises(ConfigError) as caught:
         load_pipeline_config(SMOKE, override)
     message = str(caught.value)
-    assert f"  {field}:" in message and allowed in message, message
+    assert f" {field}:" in message and allowed in message, message
 
 
 def test_bad_input_missing_data_folder_is_refused_before_any_work(tmp_path, capsys):

@@ -21,19 +21,26 @@ def test_a_killed_runs_leftovers_are_reconciled(live_services, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    from tfopt.fileio import remove_orphan_temp_dirs
     from tfopt.orchestration import mark_crashed
     from tfopt.tracking import reconcile_orphans
 
-    demo, work = tmp_path / "demo", tmp_path / "work"
+    demo, work, system_tmp = tmp_path / "demo", tmp_path / "work", tmp_path / "system-tmp"
     write_demo_images(demo)
+    system_tmp.mkdir()
     args = ["run", "--config", "configs/smoke.yaml", "--set", f"data.source_dir={demo}",
             "--set", f"work_dir={work}", "--set", "name=killed",
             "--set", "runtimes.openvino.precisions=[]"]
     with tfopt_process(live_services, args, tmp_path / "run.log",
                        ready=lambda: any((work / "runs").glob("killed-*/report")),
-                       timeout_s=300) as process:
+                       timeout_s=300, env={"TMPDIR": str(system_tmp)}) as process:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+    assert list(system_tmp.iterdir()) == [], "temporary files go to the work folder"
+    (left,) = (work / "tmp").iterdir()
+    assert left.name.startswith(f"tfopt-run-{process.pid}-"), left
+    assert any(left.rglob("__autograph_generated_file*.py")), "TensorFlow's went there too"
+    assert remove_orphan_temp_dirs(work / "tmp") == [left], "the next run sweeps it"
     client = MlflowClient(live_services.mlflow_url)
     (run,) = client.search_runs([client.get_experiment_by_name("tfopt-smoke").experiment_id],
                                 filter_string="attributes.run_name = 'killed-small_cnn'")

@@ -47,3 +47,61 @@ def test_a_cross_origin_post_to_the_prefect_api_is_refused(live_services):
     assert status >= 400 and allowed is None, (status, allowed)
     status, allowed = _preflight(url, live_services.prefect_url)
     assert status == 200 and allowed == live_services.prefect_url, "the UI's own origin works"
+
+
+def _status(url: str, method: str = "GET", auth: tuple[str, str] | None = None,
+            body: bytes | None = None) -> int:
+    import base64
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if auth:
+        headers["Authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+@pytest.mark.e2e
+def test_servers_reachable_from_other_machines_refuse_requests_without_the_password(tmp_path):
+    import os
+    import stat
+    import subprocess
+
+    from tests.live import ROOT, running_services, service_env, tfopt_command
+    from tests.tasks.test_benchmark_any_model import detector_onnx
+    from tfopt.services import AUTH_USER, auth_file, client_credentials
+
+    with running_services(tmp_path / "state", host="0.0.0.0") as settings:
+        secret_file = auth_file(settings.state_dir)
+        assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+        secret = secret_file.read_text().strip()
+        local = settings.mlflow_url.replace("0.0.0.0", "127.0.0.1")
+        search = f"{local}/api/2.0/mlflow/experiments/search?max_results=1"
+        flows = settings.prefect_api_url.replace("0.0.0.0", "127.0.0.1") + "/flows/filter"
+        assert _status(f"{local}/health") == 200, "health probes stay open"
+        assert _status(search) == 401
+        assert _status(search, auth=(AUTH_USER, "wrong")) == 401
+        assert _status(search, auth=(AUTH_USER, secret)) == 200
+        assert _status(flows, "POST", body=b"{}") == 401
+        assert _status(flows, "POST", auth=(AUTH_USER, "wrong"), body=b"{}") == 401
+        assert _status(flows, "POST", auth=(AUTH_USER, secret), body=b"{}") == 200
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                    "PREFECT_API_AUTH_STRING"):
+            os.environ.pop(key, None)
+        assert client_credentials(settings.state_dir) == {
+            "MLFLOW_TRACKING_USERNAME": AUTH_USER, "MLFLOW_TRACKING_PASSWORD": secret,
+            "PREFECT_API_AUTH_STRING": f"{AUTH_USER}:{secret}"}, "what tfopt's clients send"
+        model = detector_onnx(tmp_path / "detector.onnx")
+        env = {**service_env(settings), "TFOPT_HOST": "0.0.0.0"}
+        done = subprocess.run(
+            tfopt_command(["benchmark", "--model", str(model), "--inputs", "random",
+                           "--work-dir", str(tmp_path / "work"), "--set",
+                           "benchmark.min_seconds=0.1", "--set", "benchmark.max_seconds=0.5"]),
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "MLflow UI" in done.stdout, "tfopt benchmark ran its flow and logged to MLflow"

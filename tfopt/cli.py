@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 import tfopt  # noqa: F401  (environment first)
-from tfopt.config import ConfigError, check_paths, load_config, resolve_cpus
+from tfopt.config import ConfigError, load_config, resolve_cpus
 from tfopt.services import (
     DATABASES,
     ServiceError,
@@ -92,12 +92,15 @@ def _point_at_services() -> None:
 
     Prefect reads ``PREFECT_API_URL`` once, when it is first imported (loading a config
     imports the techniques, which define Prefect tasks); set later, a flow would run on a
-    temporary in-process server instead.
+    temporary in-process server instead. Servers that require a password get it from the
+    environment or from the password file `tfopt up` wrote (`client_credentials`).
     """
     from tfopt.provenance import mlflow_tracking_uri, prefect_api_url
+    from tfopt.services import client_credentials
 
     os.environ["PREFECT_API_URL"] = prefect_api_url()
     os.environ["MLFLOW_TRACKING_URI"] = mlflow_tracking_uri()
+    os.environ.update(client_credentials(ServiceSettings.from_env().state_dir))
 
 
 def _connect_services() -> tuple[str, str]:
@@ -107,13 +110,13 @@ def _connect_services() -> tuple[str, str]:
     return api_url, tracking_uri
 
 
-def _reconcile_leftovers(tracking_uri: str) -> None:
+def _reconcile_leftovers(tracking_uri: str, work_dir: Path | None = None) -> None:
     """Close what a killed tfopt process on this machine left behind, and say so.
 
     MLflow runs and Prefect flow runs left RUNNING are marked KILLED and Crashed; temporary
-    folders are removed.
+    folders are removed (the system's, and the work folder's run folders).
     """
-    from tfopt.fileio import remove_orphan_temp_dirs
+    from tfopt.fileio import RUN_TEMP, remove_orphan_temp_dirs
     from tfopt.orchestration import crash_orphan_flow_runs, mark_crashed
     from tfopt.tracking import reconcile_orphans
 
@@ -127,7 +130,9 @@ def _reconcile_leftovers(tracking_uri: str) -> None:
     for name in crash_orphan_flow_runs(reason):
         console.print(f"closed a Prefect flow run left RUNNING by a process that is gone: {name} "
                       "(Crashed)", highlight=False)
-    for folder in remove_orphan_temp_dirs():
+    roots = [None, *([work_dir / RUN_TEMP] if work_dir and (work_dir / RUN_TEMP).is_dir()
+                     else [])]
+    for folder in (found for root in roots for found in remove_orphan_temp_dirs(root)):
         console.print(f"removed a temporary folder of a process that is gone: {folder}",
                       highlight=False)
 
@@ -166,20 +171,35 @@ def _report(summary: dict, summary_json: Path | None) -> None:
     console.print(summary_table(summary))
 
 
+def _allow_code_from(folder: Path) -> None:
+    """Let this process (and the flows it runs) import builders from `folder` too."""
+    from tfopt.models.keras_io import CODE_DIRS_ENV
+
+    known = [p for p in os.environ.get(CODE_DIRS_ENV, "").split(os.pathsep) if p]
+    os.environ[CODE_DIRS_ENV] = os.pathsep.join([*known, str(folder)])
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import json
 
     from flows.parameters import load_pipeline_config
 
     config = load_pipeline_config(args.config, _parse_overrides(args.set))
+    if args.config is not None:
+        _allow_code_from(args.config.resolve().parent)
     if not config.data.source_dir.is_dir() and config.data.source_dir == Path("data/demo"):
         from tfopt.demo_data import write_demo_images
 
         write_demo_images(config.data.source_dir)
-    check_paths(config)
+    from tfopt.preflight import check_run
+
+    check_run(config)
     resolve_cpus(config.benchmark.cpus)
     api_url, tracking_uri = _connect_services()
-    _reconcile_leftovers(tracking_uri)
+    _reconcile_leftovers(tracking_uri, config.work_dir)
+    from tfopt.fileio import use_run_temp_dir
+
+    use_run_temp_dir(config.work_dir)
 
     from flows.optimize_model import optimize_model
 
@@ -363,6 +383,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tfopt` command."""
     parser = argparse.ArgumentParser(prog="tfopt", description=__doc__)
+    parser.add_argument("--verbose", action="store_true",
+                        help="on an error, show its traceback too (TFOPT_VERBOSE=1 does the same)")
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="start the local Prefect and MLflow servers")
     up.add_argument("--db", choices=DATABASES, default=None,
@@ -441,6 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _traceback_if_verbose(args: argparse.Namespace) -> None:
+    """Print the exception being handled with its traceback when the user asked to see it."""
+    if getattr(args, "verbose", False) or os.environ.get("TFOPT_VERBOSE") == "1":
+        console.print_exception()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tfopt` console script."""
     args = build_parser().parse_args(argv)
@@ -448,13 +476,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except PrefectUnavailableError as error:
-        console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False)
+        console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False, soft_wrap=True)
         sys.stdout.flush()
         sys.stderr.flush()
         # Prefect's exit handlers would spend minutes sending logs and events to the lost server.
         os._exit(2)
     except (ConfigError, ServiceError) as error:
-        console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False)
+        _traceback_if_verbose(args)
+        console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False, soft_wrap=True)
         return 2
     except ValidationError as error:
         from tfopt.config import describe_validation_error

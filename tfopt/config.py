@@ -53,6 +53,14 @@ def run_name_field(default: str) -> Any:
     )
 
 
+def experiment_field(default: str, description: str = "MLflow experiment.") -> Any:
+    """The MLflow experiment a flow logs into: a name, never a path (no slashes, no "..")."""
+    return Field(
+        default, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9 _:.-]*$",
+        description=f"{description} Letters, digits, spaces, '_', ':', '.', '-'; no path.",
+    )
+
+
 class DataConfig(Section):
     """Where the labelled data comes from and how it is split and sharded."""
 
@@ -383,6 +391,14 @@ class BenchmarkConfig(Section):
             "auto-clustering flags, a crash cannot take the run down)."
         ),
     )
+    time_limit_seconds: float = Field(
+        900.0, gt=0, le=86_400,
+        description=(
+            "Longest a variant's measuring process may run (load, timing, load scenarios, "
+            "profile): past it the process is stopped and the variant fails with that reason; "
+            "the others go on."
+        ),
+    )
     objective: Literal["p50", "p90", "p99", "mean", "throughput", "size",
                        "throughput_under_budget"] = Field(
         "p50",
@@ -542,7 +558,8 @@ def load_config(
     except ValidationError as error:
         details = describe_validation_error(error)
         where = f"config {path}" if path is not None else "the parameters"
-        raise ConfigError(f"{where} is invalid:\n{details}") from error
+        joined = f" {details.strip()}" if "\n" not in details else f"\n{details}"
+        raise ConfigError(f"{where} is invalid:{joined}") from error
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
@@ -576,10 +593,27 @@ def check_paths(config: Any) -> None:
         target = model.builder.rpartition(":")[0]
         if target.endswith(".py") and not Path(target).is_file():
             raise ConfigError(f"model.builder: {target} does not exist")
-    work = config.work_dir
+    check_writable(config.work_dir)
+
+
+def check_writable(work: Path) -> None:
+    """Refuse a work folder that cannot be written, without creating it.
+
+    An existing folder gets a probe file of this process's own (two runs starting together must
+    not share one), removed at once; a folder still to be made needs its nearest existing
+    parent to be a writable folder.
+
+    Raises:
+        ConfigError: Naming the folder and why.
+    """
+    existing = next((p for p in (work, *work.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        raise ConfigError(f"work_dir: {work} cannot be made: {existing} is not a folder")
+    if existing != work:
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"work_dir: {work} cannot be made: {existing} is not writable")
+        return
     try:
-        work.mkdir(parents=True, exist_ok=True)
-        # A probe of its own per process: two runs starting together must not share one.
         with tempfile.NamedTemporaryFile(dir=work, prefix=".tfopt-write-probe-"):
             pass
     except OSError as error:

@@ -49,6 +49,33 @@ def remove_orphan_temp_dirs(root: Path | None = None) -> list[Path]:
     return removed
 
 
+RUN_TEMP = "tmp"
+"""The work folder's sub-folder that holds each run's temporary folder."""
+
+
+def use_run_temp_dir(work_dir: Path) -> Path:
+    """Make this process and its children keep their temporary files in the work folder.
+
+    The folder ``<work_dir>/tmp/tfopt-run-<pid>-*`` becomes ``TMPDIR`` (Python's `tempfile`
+    and the processes this one starts: TensorFlow autograph's generated files, converters'
+    scratch files, benchmark workers) and is removed at a normal exit; after a kill the next
+    run removes it (`remove_orphan_temp_dirs` on ``<work_dir>/tmp``), so nothing accumulates
+    in the system's temporary folder.
+
+    Returns:
+        The folder.
+    """
+    import atexit
+
+    root = work_dir / RUN_TEMP
+    root.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f"tfopt-run-{os.getpid()}-", dir=root))
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = str(folder)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 @contextmanager
 def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold an exclusive lock on `path` (created if missing) for the block.

@@ -92,11 +92,11 @@ def password(state_dir: Path) -> str:
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
     value = secrets.token_urlsafe(24)
-    _write_private(path, value, owner=None)
+    write_private(path, value, owner=None)
     return value
 
 
-def _write_private(path: Path, text: str, owner: str | None) -> None:
+def write_private(path: Path, text: str, owner: str | None) -> None:
     """Write `text` to `path` atomically, readable only by `owner` (None: this user)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -145,7 +145,7 @@ def ensure_cluster(state_dir: Path) -> str | None:
                 "a folder it can reach."
             )
     secret = home(state_dir) / ".initdb-password"
-    _write_private(secret, password(state_dir), owner=user)
+    write_private(secret, password(state_dir), owner=user)
     try:
         completed = subprocess.run(
             [binary("initdb"), "-D", str(data), "-U", SUPERUSER, "--auth=scram-sha-256",

@@ -134,3 +134,16 @@ def test_a_classifier_is_still_measured_on_its_data(tiny_savedmodel, tmp_path):
     assert feeds_inputs(spec, "auto", {}, 4, 4, tmp_path, tmp_path / "inputs") is None
     assert isinstance(feeds_inputs(spec, "random", {}, 4, 4, tmp_path, tmp_path / "in"),
                       BenchmarkInputs)
+
+
+def test_a_benchmark_past_its_time_limit_is_stopped_with_that_reason(tmp_path):
+    from tfopt.measurement.isolation import TimeLimitError, measure_in_subprocess
+
+    model = detector_onnx(tmp_path / "detector.onnx")
+    spec = _spec(model, "onnx")
+    inputs = feeds_inputs(spec, "random", {}, 4, 4, tmp_path, tmp_path / "inputs")
+    slow = QUICK.model_copy(update={"time_limit_seconds": 0.5, "min_seconds": 30.0,
+                                    "max_seconds": 60.0})
+    with pytest.raises(TimeLimitError, match=r"stopped after 0.5 s, its time limit "
+                                             r"\(benchmark.time_limit_seconds\)"):
+        measure_in_subprocess(spec, inputs, slow)

@@ -216,3 +216,15 @@ def test_every_produced_model_carries_the_class_order(tiny_baseline, tiny_savedm
     assert tiny_baseline.class_names == names
     assert labels_of(tiny_baseline.path) == names, "labels.txt beside baseline.keras"
     assert labels_of(tiny_savedmodel.path) == names, "assets/labels.txt in the SavedModel"
+
+
+def test_a_builder_outside_the_allowed_folders_is_refused_naming_the_setting(
+        builder_file, tiny_dataset, monkeypatch, tmp_path):
+    monkeypatch.setenv("TFOPT_CODE_DIRS", str(tmp_path / "only-here"))
+    cfg = ModelConfig(source="builder", builder=f"{builder_file}:build")
+    with pytest.raises(ModelSourceError, match=r"model\.builder: .*my_model\.py is outside the "
+                                               r"folders this machine runs code from .*"
+                                               r"TFOPT_CODE_DIRS"):
+        baseline_factory(cfg, tiny_dataset.image_size, tiny_dataset.num_classes)
+    monkeypatch.setenv("TFOPT_CODE_DIRS", str(builder_file.parent))
+    assert baseline_factory(cfg, tiny_dataset.image_size, tiny_dataset.num_classes)() is not None

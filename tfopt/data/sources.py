@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tfopt.config import DataConfig
+from tfopt.config import ConfigError, DataConfig
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class SourceImage:
     split: str
 
 
-class NoUsableDataError(ValueError):
-    """The source folder holds no image the pipeline can use."""
+class NoUsableDataError(ConfigError):
+    """The source folder holds no image the pipeline can use (a one-line error naming it)."""
 
 
 def list_class_folders(source_dir: Path) -> list[str]:

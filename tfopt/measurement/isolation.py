@@ -22,8 +22,6 @@ from tfopt.measurement.worker import measure_variant
 from tfopt.orchestration import TransientError
 from tfopt.runtimes import runtime_of
 
-_WORKER_TIMEOUT_S = 3600
-
 
 def worker_env(spec: VariantSpec) -> dict[str, str]:
     """Environment of the measuring process, with what the variant's runtime sets at its start.
@@ -33,20 +31,31 @@ def worker_env(spec: VariantSpec) -> dict[str, str]:
     return runtime_of(spec.format).worker_env(spec, dict(os.environ))
 
 
-def run_worker(module: str, request: dict, env: dict[str, str]) -> str:
+class TimeLimitError(RuntimeError):
+    """A measuring process ran past `benchmark.time_limit_seconds` and was stopped."""
+
+
+def run_worker(module: str, request: dict, env: dict[str, str],
+               time_limit_s: float = 3600.0) -> str:
     """Run ``python -m MODULE REQUEST RESPONSE`` in a fresh process; return the response text.
 
     Raises:
         TransientError: The process was killed by a signal (the OOM killer, a shutdown).
+        TimeLimitError: It ran past `time_limit_s` and was stopped.
         RuntimeError: The process failed; the message holds its last error line.
     """
     with process_temp_dir("bench") as tmp:
         request_path, response = Path(tmp) / "request.json", Path(tmp) / "result.json"
         atomic_write_json(request_path, request)
-        completed = subprocess.run(
-            [sys.executable, "-m", module, str(request_path), str(response)],
-            env=env, capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S,
-        )
+        try:
+            completed = subprocess.run(
+                [sys.executable, "-m", module, str(request_path), str(response)],
+                env=env, capture_output=True, text=True, timeout=time_limit_s,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise TimeLimitError(
+                f"stopped after {time_limit_s:g} s, its time limit "
+                "(benchmark.time_limit_seconds)") from error
         if completed.returncode < 0:
             raise TransientError(f"benchmark process killed by signal {-completed.returncode}")
         if completed.returncode != 0 or not response.exists():
@@ -62,7 +71,8 @@ def measure_in_subprocess(
     request = {"spec": spec.model_dump(mode="json"), "inputs": inputs.model_dump(mode="json"),
                "cfg": cfg.model_dump(mode="json")}
     return VariantResult.model_validate_json(
-        run_worker("tfopt.measurement.worker", request, worker_env(spec)))
+        run_worker("tfopt.measurement.worker", request, worker_env(spec),
+                   cfg.time_limit_seconds))
 
 
 def _measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig) -> VariantResult:

@@ -72,7 +72,8 @@ def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: Bench
                        "inputs": inputs.model_dump(mode="json"),
                        "cfg": cfg.model_dump(mode="json")}
             runoff = Runoff.model_validate_json(
-                run_worker("tfopt.measurement.worker", request, worker_env(specs[0])))
+                run_worker("tfopt.measurement.worker", request, worker_env(specs[0]),
+                           cfg.time_limit_seconds))
         else:
             runoff = measure_runoff(specs, inputs, cfg)
     except (RuntimeError, OSError) as error:

@@ -15,6 +15,7 @@ import tf_keras as keras
 
 from tfopt.config import ConfigError, ModelConfig
 from tfopt.models.keras_io import (
+    CodeNotAllowedError,
     import_code,
     is_keras_model,
     is_layer_graph,
@@ -50,6 +51,8 @@ def load_builder(spec: str) -> Callable[[int, int], keras.Model]:
         raise ModelSourceError(f"model.builder: {target} does not exist")
     try:
         module = import_code(spec)
+    except CodeNotAllowedError as error:
+        raise ModelSourceError(str(error)) from error
     except Exception as error:
         raise ModelSourceError(
             f"model.builder: importing {target} failed: {type(error).__name__}: {error}"

@@ -1,0 +1,144 @@
+"""Everything a run needs, checked before any work: each refusal one line naming the field.
+
+`tfopt run` calls `check_run` after the config validated and before the servers are even asked:
+the data folder (classes, images per split, at least one readable image per class), the names
+that become folders or MLflow names, the free space the run needs in the work folder, and the
+model (opened once and checked against the data's classes and image size). What it finds is
+what the run's first steps would find, minutes earlier, without a traceback.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tfopt.artifacts import ModelFacts
+from tfopt.config import ConfigError, DataConfig
+
+MODEL_SPACE_FACTOR = 40
+"""Work-folder bytes a run writes per byte of its model file: the variants (TFLite, ONNX,
+OpenVINO at several precisions), their MLflow copies, the techniques' models and their exports
+(the demo: 24 variants of a 0.5 MB network wrote 18 MB)."""
+MIN_FREE_MB = 200.0
+"""Headroom every run needs besides its shards and models (reports, logs, temporary files)."""
+SHARD_OVERHEAD = 1.1
+"""TFRecord shards hold the JPEG bytes plus a small header per example."""
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What the data folder holds, as the run will shard it."""
+
+    class_names: list[str]
+    per_split: dict[str, int]
+    source_bytes: int
+
+
+def check_data(cfg: DataConfig) -> DataFacts:
+    """The data folder's classes and split sizes, refused when the run could not use them.
+
+    Raises:
+        ConfigError: No folder, fewer than two classes with images, a split left empty by the
+            fractions, or a class none of whose files is a readable image (naming it).
+    """
+    from tfopt.data.sources import NoUsableDataError, list_source
+
+    try:
+        listing = list_source(cfg)
+    except NoUsableDataError as error:
+        raise ConfigError(str(error)) from error
+    per_split = Counter(image.split for image in listing.images)
+    counts = {split: per_split.get(split, 0) for split in ("train", "val", "test")}
+    empty = [split for split, count in counts.items() if count == 0
+             and (split == "train" or getattr(cfg, f"{split}_fraction") > 0)]
+    if empty:
+        raise ConfigError(
+            f"data.source_dir: {cfg.source_dir} has {len(listing.images)} images, which leave "
+            f"the {' and '.join(empty)} split empty (train {counts['train']}, val "
+            f"{counts['val']}, test {counts['test']} with val_fraction {cfg.val_fraction} and "
+            f"test_fraction {cfg.test_fraction}); add images (a few per class per split at "
+            "least)")
+    if cfg.source_format == "image_folder":
+        _check_readable(cfg.source_dir, listing)
+    return DataFacts(class_names=listing.class_names, per_split=counts,
+                     source_bytes=sum(image.size_bytes for image in listing.images))
+
+
+def _check_readable(source_dir: Path, listing: Any) -> None:
+    """Refuse a class of which no file is a readable image (files are tried until one is)."""
+    from tfopt.data.shards import validate_image
+
+    readable: set[int] = set()
+    tried: Counter[int] = Counter()
+    for image in listing.images:
+        if image.label in readable:
+            continue
+        tried[image.label] += 1
+        try:
+            validate_image((source_dir / image.relative_path).read_bytes())
+        except (OSError, ValueError):
+            continue
+        readable.add(image.label)
+    unreadable = [listing.class_names[label] for label in sorted(tried) if label not in readable]
+    if unreadable:
+        shown = ", ".join(f"{name} ({tried[listing.class_names.index(name)]} files)"
+                          for name in unreadable[:5])
+        raise ConfigError(
+            f"data.source_dir: {source_dir}: no file of class {shown} is a readable image "
+            "(JPEG, PNG, BMP, GIF, WebP ...)")
+
+
+def check_free_space(work_dir: Path, data: DataFacts, model_bytes: int) -> None:
+    """Refuse a run whose work folder's disk cannot hold what the run writes.
+
+    The estimate: the shards (the images' bytes), the variants and their copies
+    (`MODEL_SPACE_FACTOR` times the model file, or 20 MB for a network tfopt builds) and
+    `MIN_FREE_MB` of headroom.
+
+    Raises:
+        ConfigError: Naming the folder, the free space and the estimate.
+    """
+    model_mb = (model_bytes / 1e6 if model_bytes else 0.5) * MODEL_SPACE_FACTOR
+    needed_mb = data.source_bytes * SHARD_OVERHEAD / 1e6 + model_mb + MIN_FREE_MB
+    free_mb = shutil.disk_usage(_existing(work_dir)).free / 1e6
+    if free_mb < needed_mb:
+        raise ConfigError(
+            f"work_dir: {work_dir} has {free_mb:,.0f} MB free; this run needs about "
+            f"{needed_mb:,.0f} MB (shards {data.source_bytes * SHARD_OVERHEAD / 1e6:,.0f} MB, "
+            f"models and variants {model_mb:,.0f} MB, {MIN_FREE_MB:.0f} MB headroom): free "
+            "space or point work_dir at another disk")
+
+
+def _existing(path: Path) -> Path:
+    """The nearest folder of `path` that exists (the disk it will be created on)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path("/")
+
+
+def _model_bytes(path: Path | None) -> int:
+    if path is None or not path.exists():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:
+    """Check a pipeline run's data, names, space and model before any work.
+
+    Raises:
+        ConfigError: The first problem found, in one line naming the field.
+    """
+    from tfopt.config import check_paths
+    from tfopt.models.inspection import inspect_model
+
+    check_paths(config)
+    data = check_data(config.data)
+    check_free_space(config.work_dir, data, _model_bytes(config.model.path))
+    facts = inspect_model(config.model, config.data.image_size, data.class_names)
+    return data, facts
