@@ -164,3 +164,33 @@ def test_a_password_in_the_tracking_uri_is_never_printed(tmp_path):
     assert done.returncode == 2 and "not answering" in output, output[-2000:]
     assert "***@127.0.0.1" in output
     assert "s3cret-pw" not in output and "0ther-pw" not in output
+
+
+def test_a_full_disk_is_recognised_and_its_partial_files_removed(tmp_path):
+    import errno
+    import time
+
+    from tfopt.fileio import is_disk_full, remove_partial_files
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("export failed") from inner
+    except RuntimeError as outer:
+        assert is_disk_full(outer)
+    assert is_disk_full(ValueError("ResourceExhaustedError: ... No space left on device"))
+    assert not is_disk_full(ValueError("something else"))
+    old = tmp_path / "models" / ".old.tmp"
+    old.mkdir(parents=True)
+    os.utime(old, (1, 1))
+    started = time.time() - 1
+    staging = tmp_path / "models" / ".baseline-savedmodel.tmp"
+    (staging / "variables").mkdir(parents=True)
+    (tmp_path / "runs").mkdir()
+    partial = tmp_path / "runs" / ".summary.json.x1.tmp"
+    partial.write_text("{")
+    done = tmp_path / "runs" / "summary.json"
+    done.write_text("{}")
+    assert set(remove_partial_files(tmp_path, started)) == {staging, partial}
+    assert done.exists() and old.exists(), "finished files and another run's stay"

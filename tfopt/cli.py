@@ -179,6 +179,32 @@ def _allow_code_from(folder: Path) -> None:
     os.environ[CODE_DIRS_ENV] = os.pathsep.join([*known, str(folder)])
 
 
+def _cleaned_if_disk_full(call: Callable[[], dict], work_dir: Path) -> dict:
+    """Run `call`; a disk that fills meanwhile is one line, its partial files removed.
+
+    Raises:
+        ConfigError: The disk filled (naming the folder and what is free now); the rerun after
+            space is freed reuses the finished shards and a trained baseline.
+    """
+    import shutil
+    import time
+
+    from tfopt.fileio import is_disk_full, remove_partial_files
+
+    started = time.time()
+    try:
+        return call()
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        removed = remove_partial_files(work_dir, started)
+        free_mb = shutil.disk_usage(work_dir).free / 1e6
+        raise ConfigError(
+            f"work_dir: {work_dir} ran out of space during the run ({free_mb:,.0f} MB free now, "
+            f"{len(removed)} unfinished files removed): free space and rerun; finished shards "
+            "and a trained baseline are reused") from error
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import json
 
@@ -203,7 +229,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from flows.optimize_model import optimize_model
 
-    summary = _run_flow(lambda: optimize_model(config=config), api_url)
+    summary = _cleaned_if_disk_full(
+        lambda: _run_flow(lambda: optimize_model(config=config), api_url), config.work_dir)
     _report(summary, args.summary_json)
     ip = summary["input_pipeline"]
     console.print(

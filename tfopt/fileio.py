@@ -127,6 +127,49 @@ def atomic_write_json(path: Path, payload: Any) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error`, or one it came from, is a full disk (``ENOSPC``, TensorFlow's too)."""
+    import errno
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def remove_partial_files(root: Path, since: float) -> list[Path]:
+    """Remove the unfinished files and folders tfopt's atomic writes left under `root`.
+
+    Every atomic write builds ``.<name>...tmp...`` beside its target and renames it when done,
+    so such an entry is never a finished result; only those changed since `since` (this run's,
+    not another run's that is still writing) are removed.
+
+    Returns:
+        The entries removed.
+    """
+    removed = []
+    for path in sorted(root.rglob(".*"), key=lambda p: len(p.parts)):
+        if ".tmp" not in path.name or not path.exists():
+            continue
+        try:
+            if path.lstat().st_mtime < since:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
 def staging_dir_for(final: Path) -> Path:
     """A clean temporary sibling of folder `final` to build it in (leftovers removed)."""
     staging = final.parent / f".{final.name}.tmp"
