@@ -58,9 +58,14 @@ from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
 from tfopt.models.sources import source_stamp
 from tfopt.orchestration import StepProgress, claim_flow_run
-from tfopt.prefect_artifacts import publish_prefect_artifacts
+from tfopt.prefect_artifacts import (
+    emit_regression_event,
+    publish_comparison,
+    publish_prefect_artifacts,
+)
 from tfopt.provenance import environment, mlflow_tracking_uri
-from tfopt.report.summary import build_summary
+from tfopt.report.compare import compare
+from tfopt.report.summary import build_summary, champion_card
 from tfopt.runtimes import plan_forms, registry, settings_of
 from tfopt.runtimes.base import BuildSources, PlanRequest
 from tfopt.scaling import task_runner
@@ -125,6 +130,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
             run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged)
         summary = _summarize(config, run, measured, results, run_ids, technique_models,
                              runoff)
+        summary = _since_last_run(config, run, summary, run_dir)
         _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
@@ -283,9 +289,12 @@ def _summarize(
     choice = pick_champion(results, bench.accuracy_budget_points, bench.objective, runoff)
     champion_model = None
     if choice.name:
+        winner = next(r for r in results if r.name == choice.name)
+        tags, description = champion_card(winner, choice.reason, bench.accuracy_budget_points,
+                                          run.url, measured.data.dataset)
         champion_model = tracking.log_champion(
             run, choice.name, run_ids[choice.name],
-            f"tfopt-{config.name}" if bench.register_champion else None)
+            f"tfopt-{config.name}" if bench.register_champion else None, tags, description)
     tf_threads = next((r.tf_intra_op_threads for r in results
                        if r.tf_intra_op_threads is not None), None)
     return build_summary(
@@ -309,6 +318,31 @@ def _summarize(
                             "reason": measured.pipeline.cache_reason},
         },
     )
+
+
+def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: dict[str, Any],
+                    run_dir: Path) -> dict[str, Any]:
+    """Compare with the config's last finished run: the report's section, tag and event.
+
+    A regression (a variant slower or less accurate beyond the noise, or newly failing) tags
+    the run ``tfopt.regression`` and emits the Prefect event of that name.
+    """
+    previous = tracking.previous_summary(run, config.name, run_dir / "previous-run")
+    since = compare(previous, summary) if previous else None
+    champion = next((v for v in summary["variants"] if v["name"] == summary["champion"]), None)
+    history = tracking.champion_history(run, config.name)
+    if champion is not None:
+        history.append({"run_id": run.run_id, "champion": champion["name"],
+                        "p50_ms": champion["latency_ms"]["p50"],
+                        "accuracy": champion["accuracy"]})
+    tracking.log_comparison(run, since, champion)
+    if since is not None:
+        emit_regression_event(config.name, run.url, since)
+    publish_comparison(since)
+    if since and since["regressions"]:
+        get_run_logger().warning("regressions since the last run of %s: %s", config.name,
+                                 ", ".join(sorted({r["variant"] for r in since["regressions"]})))
+    return {**summary, "since_last_run": since, "champion_history": history}
 
 
 def _write_outputs(

@@ -26,7 +26,7 @@ def _outage_command(tmp_path: Path, *settings: str) -> list[str]:
         "--set", f"work_dir={work}", "--set", "name=outage", "--set", "convert.xla=[]",
         "--set", "convert.tflite=[fp32]", "--set", "compress.prune.enabled=false",
         "--set", "compress.distill.enabled=false", "--set", "compress.qat.enabled=false",
-        "--set", "convert.bfloat16=false", "--set", "convert.onnx_quantize=[]",
+        "--set", "convert.bfloat16=false", "--set", "convert.onnx=false",
         "--set", "input.measure_layouts=false", "--set", "input.sweep_batch_sizes=[32]",
         "--set", "input.measure_passes=1", "--set", "train.epochs=3",
         "--set", "runtimes.openvino.precisions=[]",

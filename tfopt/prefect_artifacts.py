@@ -47,3 +47,35 @@ def publish_prefect_artifacts(summary: dict[str, Any]) -> None:
     markdown = "\n".join(lines)
     create_markdown_artifact(key="tfopt-summary", markdown=markdown,
                              description="Run summary with a link to the MLflow run")
+
+
+REGRESSION_EVENT = "tfopt.regression"
+
+
+def emit_regression_event(config_name: str, run_url: str, since: dict[str, Any]) -> None:
+    """Emit the Prefect event ``tfopt.regression`` when a run regressed since the last one.
+
+    A Prefect automation can notify on it (README: "Runs that compare themselves"); its
+    payload holds the regressions (variant, what moved, before, after) and the runs compared.
+    """
+    from prefect.events import emit_event
+
+    regressions = since.get("regressions") or []
+    if not regressions:
+        return
+    emit_event(
+        event=REGRESSION_EVENT,
+        resource={"prefect.resource.id": f"tfopt.config.{config_name}",
+                  "prefect.resource.name": config_name},
+        payload={"regressions": regressions, "run_url": run_url,
+                 "previous_run_id": since.get("previous_run_id"),
+                 "champion": since.get("champion")},
+    )
+
+
+def publish_comparison(since: dict[str, Any] | None) -> None:
+    """Attach the "Since the last run" section to the flow run as a Markdown artifact."""
+    from tfopt.report.compare import markdown
+
+    create_markdown_artifact(key="tfopt-since-last-run", markdown="\n".join(markdown(since)),
+                             description="What changed since the last run of this config")

@@ -188,13 +188,14 @@ def set_tags(mlflow: MlflowClient, run_id: str, tags: Mapping[str, str]) -> None
 
 
 def log_metrics(
-    mlflow: MlflowClient, run_id: str, metrics: Mapping[str, float], step: int = 0
+    mlflow: MlflowClient, run_id: str, metrics: Mapping[str, float], step: int = 0,
+    model_id: str | None = None,
 ) -> None:
-    """Log a set of scalar metrics at one step, in batches."""
+    """Log a set of scalar metrics at one step, in batches (linked to a LoggedModel if given)."""
     now = int(time.time() * 1000)
     log_metric_points(
-        mlflow, run_id, (Metric(k, float(v), now, step) for k, v in metrics.items())
-    )
+        mlflow, run_id,
+        (Metric(k, float(v), now, step, model_id=model_id) for k, v in metrics.items()))
 
 
 def log_metric_history(
@@ -342,10 +343,16 @@ def log_variant_run(
         },
         parent_run_id=parent_run_id,
     )
+    model_id = None
+    if data["status"] == "ok" and log_model_files and mlflow_model is not None and (
+            mlflow_model.exists()):
+        model_id = log_variant_model(mlflow, experiment_id, run_id, result, mlflow_model,
+                                     source_params or {})
     if source_metrics:
-        log_metrics(mlflow, run_id, {f"source.{k}": v for k, v in source_metrics.items()})
+        log_metrics(mlflow, run_id, {f"source.{k}": v for k, v in source_metrics.items()},
+                    model_id=model_id)
     if data["status"] == "ok":
-        log_metrics(mlflow, run_id, variant_metrics(result))
+        log_metrics(mlflow, run_id, variant_metrics(result), model_id=model_id)
         path = mlflow_model or (Path(data["path"]) if data.get("path") else None)
         if log_model_files and path is not None and path.exists():
             log_artifact(mlflow, run_id, path, "model")
@@ -355,25 +362,76 @@ def log_variant_run(
     return run_id
 
 
+VARIANT_MODEL_TYPE = "tfopt-variant"
+"""The LoggedModels' ``model_type``: MLflow's Models tab filters and compares by it."""
+
+
+def log_variant_model(mlflow: MlflowClient, experiment_id: str, run_id: str, result: object,
+                      folder: Path, source_params: Mapping[str, object]) -> str:
+    """Log a variant's MLflow Model folder as an MLflow 3 LoggedModel of its child run.
+
+    The experiment's Models tab then lists every variant with its parameters (source, runtime,
+    format, precision, derived_from, the technique's settings) and the metrics logged with its
+    id (accuracy, p50 and interval, p99, throughput, sizes, load scenarios), so the variants
+    compare there side by side; the champion is registered from it.
+
+    Returns:
+        The LoggedModel's id.
+    """
+    from tfopt.runtimes import runtime_of
+
+    data = result.model_dump(exclude={"samples_ms"})  # type: ignore[attr-defined]
+    params = {
+        "source": data["source"], "runtime": runtime_of(data["format"]).name,
+        "format": data["format"], "precision": data["precision"],
+        "derived_from": data.get("derived_from") or "none",
+        **{f"source.{key}": value for key, value in source_params.items()},
+        **{f"runner.{key}": value for key, value in (data.get("runner_params") or {}).items()},
+    }
+    model = with_retries(lambda: mlflow.create_logged_model(
+        experiment_id, name=data["name"], source_run_id=run_id, model_type=VARIANT_MODEL_TYPE,
+        params={key: str(value)[:6000] for key, value in params.items()},
+        tags={"tfopt.variant": data["name"], "tfopt.runtime": params["runtime"]}))
+    with_retries(lambda: mlflow.log_model_artifacts(model.model_id, str(folder)))
+    with_retries(lambda: mlflow.finalize_logged_model(model.model_id, "READY"))
+    set_tags(mlflow, run_id, {"tfopt.model_id": model.model_id})
+    return model.model_id
+
+
+REGISTERED_MODEL_DESCRIPTION = (
+    "Champions of tfopt pipeline runs: each version is the variant (runtime, format, precision) "
+    "that won its run's benchmark within the accuracy budget; its description says why and its "
+    "tags hold its figures. The alias `champion` points at the newest.")
+
+
 def register_champion(
-    mlflow: MlflowClient, model_name: str, run_id: str, alias: str = "champion"
+    mlflow: MlflowClient, model_name: str, run_id: str, alias: str = "champion",
+    tags: Mapping[str, str] | None = None, description: str = "",
 ) -> str:
-    """Register a child run's ``model`` artifact as a new model version and point `alias` at it.
+    """Register a child run's model as a new model version and point `alias` at it.
+
+    The version comes from the variant's LoggedModel where it has one (its ``tfopt.model_id``
+    tag), else from the run's ``model`` artifact; it carries `tags` and `description`, and the
+    registered model is described once, when it is created.
 
     Returns:
         The new version number.
     """
     try:
-        with_retries(lambda: mlflow.create_registered_model(model_name))
+        with_retries(lambda: mlflow.create_registered_model(
+            model_name, description=REGISTERED_MODEL_DESCRIPTION))
     except MlflowException as error:
         if "already exists" not in str(error).lower() and "RESOURCE_ALREADY_EXISTS" not in str(
             error
         ):
             raise
-    source = f"{with_retries(lambda: mlflow.get_run(run_id)).info.artifact_uri}/model"
-    version = with_retries(
-        lambda: mlflow.create_model_version(model_name, source=source, run_id=run_id)
-    )
+    run = with_retries(lambda: mlflow.get_run(run_id))
+    model_id = run.data.tags.get("tfopt.model_id")
+    source = f"models:/{model_id}" if model_id else f"{run.info.artifact_uri}/model"
+    version = with_retries(lambda: mlflow.create_model_version(
+        model_name, source=source, run_id=run_id, model_id=model_id,
+        tags={key: str(value) for key, value in (tags or {}).items()},
+        description=description or None))
     with_retries(lambda: mlflow.set_registered_model_alias(model_name, alias, version.version))
     set_tags(mlflow, run_id, {"tfopt.champion": "true"})
     return str(version.version)
@@ -591,9 +649,18 @@ def log_variants(
 
 
 def log_champion(
-    run: TrackedRun, champion: str, child_run_id: str, model_name: str | None
+    run: TrackedRun, champion: str, child_run_id: str, model_name: str | None,
+    version_tags: Mapping[str, str] | None = None, description: str = "",
 ) -> dict[str, Any] | None:
     """Tag the run with its champion; register the champion's model as `model_name` if given.
+
+    Args:
+        run: The pipeline's run.
+        champion: The champion variant's name.
+        child_run_id: Its child run.
+        model_name: The registered model (None: do not register).
+        version_tags: The new version's tags (variant, runtime, figures, provenance).
+        description: The new version's description (why it won).
 
     Returns:
         The registered model's name, version, alias and URI (None when not registered).
@@ -601,6 +668,67 @@ def log_champion(
     set_tags(run.client, run.run_id, {"tfopt.champion": champion})
     if model_name is None:
         return None
-    version = register_champion(run.client, model_name, child_run_id)
+    version = register_champion(run.client, model_name, child_run_id, tags=version_tags,
+                                description=description)
     return {"name": model_name, "version": version, "alias": "champion",
             "uri": f"models:/{model_name}@champion"}
+
+
+def _finished_runs_of(run: TrackedRun, config_name: str, limit: int = 50) -> list[Any]:
+    """The experiment's finished pipeline runs of `config_name` other than `run`, newest first."""
+    found = with_retries(lambda: run.client.search_runs(
+        [run.experiment_id],
+        filter_string=(f"tags.`tfopt.config` = '{config_name}' and tags.`tfopt.role` = "
+                       "'pipeline' and attributes.status = 'FINISHED'"),
+        order_by=["attributes.start_time DESC"], max_results=limit + 1))
+    return [each for each in found if each.info.run_id != run.run_id][:limit]
+
+
+def previous_summary(run: TrackedRun, config_name: str, scratch: Path) -> dict[str, Any] | None:
+    """The summary JSON of the last finished run of the same config, or None (first run).
+
+    A run whose summary cannot be read (deleted artifacts) is passed over for the one before.
+    """
+    for earlier in _finished_runs_of(run, config_name, limit=5):
+        try:
+            local = download_run_artifacts(run.tracking_uri, earlier.info.run_id,
+                                           "report/summary.json", scratch / earlier.info.run_id)
+            return json.loads(local.read_text())
+        except (MlflowException, OSError, ValueError):
+            continue
+    return None
+
+
+def champion_history(run: TrackedRun, config_name: str) -> list[dict[str, Any]]:
+    """The champion's p50 and accuracy of the config's earlier finished runs, oldest first."""
+    points = []
+    for earlier in reversed(_finished_runs_of(run, config_name)):
+        metrics = earlier.data.metrics
+        if "champion_p50_ms" in metrics:
+            points.append({"run_id": earlier.info.run_id,
+                           "start_time": earlier.info.start_time,
+                           "champion": earlier.data.tags.get("tfopt.champion", ""),
+                           "p50_ms": metrics["champion_p50_ms"],
+                           "accuracy": metrics.get("champion_accuracy")})
+    return points
+
+
+def log_comparison(run: TrackedRun, since: dict[str, Any] | None,
+                   champion: dict[str, Any] | None) -> None:
+    """Tag the run with its regressions since the last run; log its champion's figures.
+
+    ``tfopt.regression`` is ``true`` when a variant got slower or less accurate beyond the
+    noise or started failing (``tfopt.regression.variants`` names them), else ``false``;
+    ``champion_p50_ms`` and ``champion_accuracy`` are what the next run's history plots.
+    """
+    regressions = (since or {}).get("regressions") or []
+    set_tags(run.client, run.run_id, {
+        "tfopt.regression": "true" if regressions else "false",
+        **({"tfopt.regression.variants": ", ".join(sorted({r["variant"] for r in regressions}))
+            [:5000]} if regressions else {}),
+    })
+    if champion and champion.get("latency_ms", {}).get("p50") is not None:
+        log_metrics(run.client, run.run_id, {
+            "champion_p50_ms": champion["latency_ms"]["p50"],
+            **({"champion_accuracy": champion["accuracy"]}
+               if champion.get("accuracy") is not None else {})})

@@ -184,3 +184,26 @@ def test_the_mlflow_ui_compares_the_runs_variants(ui_flow_run, served_deployment
     for name in chosen:
         expect(page.get_by_text(name, exact=True).first).to_be_visible()
     page.screenshot(path=SCREENSHOTS / "mlflow-2-compare.png", full_page=True)
+
+
+def test_the_mlflow_models_tab_lists_every_variant_with_its_metrics(
+        ui_flow_run, served_deployments, browser_page):
+    from playwright.sync_api import expect
+
+    page = browser_page
+    mlflow = MlflowClient(served_deployments.mlflow_url)
+    experiment = mlflow.get_experiment_by_name("tfopt-ui")
+    models = mlflow.search_logged_models([experiment.experiment_id])
+    ok_children = mlflow.search_runs(
+        [experiment.experiment_id], "tags.`tfopt.status` = 'ok' and "
+        "tags.`mlflow.parentRunId` != ''")
+    assert {m.name for m in models} == {c.info.run_name for c in ok_children}, (
+        "every ok variant is a LoggedModel")
+    model = next(m for m in models if m.name == "baseline-tflite-int8")
+    assert model.params["runtime"] == "litert" and model.params["precision"] == "int8"
+    assert {metric.key for metric in model.metrics} >= {"accuracy", "latency_p50_ms",
+                                                        "size_bytes"}
+    page.goto(f"{served_deployments.mlflow_url}/#/experiments/{experiment.experiment_id}/models")
+    expect(page.get_by_text("baseline-tflite-int8", exact=True).first).to_be_visible()
+    expect(page.get_by_text("baseline-onnx", exact=True).first).to_be_visible()
+    page.screenshot(path=SCREENSHOTS / "mlflow-3-models-tab.png", full_page=True)

@@ -15,17 +15,25 @@ pytestmark = pytest.mark.e2e
 
 
 def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services, tmp_path):
+    """The same light config twice: the second run's ONNX check is impossible to pass.
+
+    The second run completes with that variant failed, and reports it as a regression since
+    the first (report section, run tag, Prefect event).
+    """
     demo = tmp_path / "demo"
     write_demo_images(demo)
-    summary_path = tmp_path / "out.json"
     overrides = {
         "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "failing-variant",
-        "convert.onnx_atol": 1e-12, "convert.tflite": "[fp32]", "convert.xla": "[]",
+        "convert.tflite": "[fp32]", "convert.xla": "[]",
         "compress.prune.enabled": "false", "compress.distill.enabled": "false",
         "compress.qat.enabled": "false", "runtimes.openvino.precisions": "[]",
         "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
     }
-    summary = run_smoke_with(live_services, summary_path, overrides)
+    first = run_smoke_with(live_services, tmp_path / "first.json", overrides)
+    assert first["since_last_run"] is None, "the config's first run"
+    summary_path = tmp_path / "out.json"
+    summary = run_smoke_with(live_services, summary_path,
+                             {**overrides, "convert.onnx_atol": 1e-12})
     by_name = {v["name"]: v for v in summary["variants"]}
     onnx = by_name["baseline-onnx"]
     assert onnx["status"] == "failed" and "OnnxMismatchError" in onnx["error"]
@@ -45,3 +53,27 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
                       "and tags.`tfopt.variant` = 'baseline-onnx'",
     )[0]
     assert child.data.tags["tfopt.status"] == "failed" and child.info.status == "FAILED"
+
+    since = summary["since_last_run"]
+    assert since["previous_run_id"] == first["mlflow_run_id"]
+    assert not since["data_changed"], "the same folder, the same shards"
+    newly_failing = {(r["variant"], r.get("before"), r.get("after"))
+                     for r in since["regressions"] if "what" not in r}
+    assert ("baseline-onnx", "ok", "failed") in newly_failing, since["regressions"]
+    parent = MlflowClient(live_services.mlflow_url).get_run(summary["mlflow_run_id"])
+    assert parent.data.tags["tfopt.regression"] == "true"
+    assert "baseline-onnx" in parent.data.tags["tfopt.regression.variants"]
+    report = (tmp_path / "work" / "runs").glob(f"failing-variant-{summary['mlflow_run_id'][:12]}"
+                                               "/report/report.md")
+    text = next(report).read_text()
+    assert "## Since the last run" in text and "- baseline-onnx: ok -> failed" in text
+    assert len(summary["champion_history"]) == 2
+    request = urllib.request.Request(
+        f"{live_services.prefect_api_url}/events/filter", method="POST",
+        data=json.dumps({"filter": {"event": {"name": ["tfopt.regression"]}},
+                         "limit": 10}).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        events = json.load(response)["events"]
+    mine = [e for e in events if e["resource"]["prefect.resource.id"]
+            == "tfopt.config.failing-variant"]
+    assert mine and "baseline-onnx" in {r["variant"] for r in mine[0]["payload"]["regressions"]}

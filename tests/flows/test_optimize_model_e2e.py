@@ -181,6 +181,18 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     champion_run = client.get_run(champion.run_id)
     assert champion_run.info.run_name == summary["champion"]
     assert champion_run.data.tags["tfopt.champion"] == "true"
+    entry = next(v for v in summary["variants"] if v["name"] == summary["champion"])
+    assert champion.tags["variant"] == entry["name"] and champion.tags["runtime"] == (
+        entry["runtime"])
+    assert champion.tags["precision"] == entry["precision"]
+    assert champion.tags["accuracy"] == f"{entry['accuracy']:.4f}"
+    assert champion.tags["dataset_digest"] == summary["dataset_digest"]
+    assert {"p50_ms", "derived_from", "tfopt_version", "git_commit"} <= set(champion.tags)
+    assert "Why it won: " + summary["champion_reason"] in champion.description
+    assert summary["mlflow_run_id"] in champion.description, "a link to the parent run"
+    assert champion.model_id == champion_run.data.tags["tfopt.model_id"], "from its LoggedModel"
+    assert "Champions of tfopt pipeline runs" in client.get_registered_model(
+        "tfopt-smoke").description
     parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"dataset", "report", "models", "export"} <= parent_artifacts
     bundle = {a.path for a in client.list_artifacts(parent.info.run_id,

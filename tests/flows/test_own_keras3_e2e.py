@@ -37,7 +37,6 @@ def test_a_keras3_model_file_goes_through_pruning_and_int8_as_it_is(live_service
     pruned = summary["techniques"]["pruned-80"]
     assert pruned["params"]["translated_from"].startswith("Keras 3.")
     assert pruned["metrics"]["translation_max_abs_diff"] < 1e-3
-    # Overall kernel sparsity: tfmot leaves some of MobileNetV2's kernels dense (0.75 seen).
     assert pruned["metrics"]["sparsity"] >= 0.7
     for name in ("baseline-tflite-int8", "pruned-80-tflite-int8"):
         assert by_name[name]["status"] == "ok", by_name[name]

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def their_network(tmp_path_factory):
-    """A Keras 3 MobileNetV2 trained outside tfopt, exported with Keras 3's `model.export()` (a
+    """A Keras 3 CNN trained outside tfopt, exported with Keras 3's `model.export()` (a
     plain SavedModel: no Keras metadata, its own tensor names), and .tflite and .onnx files
     converted from that export, so they carry those names too."""
     import tensorflow as tf

@@ -10,6 +10,7 @@ from typing import Any
 
 from tfopt.artifacts import VariantResult
 from tfopt.fileio import atomic_write_text
+from tfopt.report.compare import markdown as markdown_since
 
 
 def pareto_front(points: list[tuple[str, float, float]]) -> set[str]:
@@ -75,6 +76,8 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "| ex/s (b=1) | ex/s (batch) | size KB | gzip KB | peak MB | tied with | notes |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
+    if "since_last_run" in summary:  # a scheduled run is read for this first
+        lines[6:6] = [*markdown_since(summary["since_last_run"])[1:], ""]
 
     def fmt(value: Any, pattern: str) -> str:
         return "-" if value is None else format(value, pattern)
@@ -294,6 +297,26 @@ def _accuracy_plot(summary: dict[str, Any], ok: list[VariantResult], path: Path)
     return save_figure(fig, path)
 
 
+def _history_plot(history: list[dict[str, Any]], path: Path) -> Path:
+    """The champion's p50 and accuracy over the config's runs, this one last."""
+    import matplotlib.pyplot as plt
+
+    runs = list(range(1, len(history) + 1))
+    fig, latency_axis = plt.subplots(figsize=(8, 4))
+    latency_axis.plot(runs, [point["p50_ms"] for point in history], "o-", color="tab:blue")
+    latency_axis.set_xlabel("run of this config (oldest first)")
+    latency_axis.set_ylabel("champion p50 (ms)", color="tab:blue")
+    accuracy_axis = latency_axis.twinx()
+    accuracy_axis.plot(runs, [point.get("accuracy") for point in history], "s--",
+                       color="tab:green")
+    accuracy_axis.set_ylabel("champion accuracy", color="tab:green")
+    for run, point in zip(runs, history, strict=True):
+        latency_axis.annotate(point.get("champion", ""), (run, point["p50_ms"]), fontsize=6,
+                              xytext=(3, 3), textcoords="offset points")
+    latency_axis.set_title("The champion over this config's runs")
+    return save_figure(fig, path)
+
+
 def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -307,6 +330,8 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
     scored = [r for r in ok if r.accuracy is not None]
     if scored:
         paths.append(_accuracy_plot(summary, scored, out_dir / "accuracy_vs_latency.png"))
+    if len(summary.get("champion_history") or []) > 1:
+        paths.append(_history_plot(summary["champion_history"], out_dir / "champion_history.png"))
 
     fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
     names = [r.name for r in ok]

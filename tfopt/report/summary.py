@@ -28,6 +28,13 @@ def dataset_entry(dataset: DatasetArtifact) -> dict[str, Any]:
     }
 
 
+def dataset_digest(dataset: DatasetArtifact) -> str:
+    """A short digest of the data set's manifest: equal digests, equal shards and splits."""
+    import hashlib
+
+    return hashlib.sha256(dataset.manifest_path.read_bytes()).hexdigest()[:16]
+
+
 def variant_entry(
     result: VariantResult,
     baseline_accuracy: float | None,
@@ -145,6 +152,7 @@ def build_summary(
         "mlflow_run_id": run_id,
         "prefect_flow_run_id": flow_run_id,
         "dataset": dataset_entry(dataset),
+        "dataset_digest": dataset_digest(dataset),
         "input_pipeline": {
             "naive_examples_per_s": input_pipeline.naive_examples_per_s,
             "tuned_examples_per_s": input_pipeline.tuned_examples_per_s,
@@ -230,3 +238,38 @@ def summary_table(summary: dict[str, Any]) -> Table:
             _fmt(entry["gzip_bytes"] / 1024, ",.1f"),
         )
     return table
+
+
+def champion_card(result: VariantResult, reason: str, budget_points: float,
+                  parent_run_url: str, dataset: DatasetArtifact) -> tuple[dict[str, str], str]:
+    """The registered champion version's tags and description: what it is and why it won.
+
+    Returns:
+        Tags (variant, runtime, precision, accuracy, p50_ms, derived_from, dataset digest,
+        tfopt version, git commit) and a Markdown description (its report row, why it won, the
+        accuracy budget, the parent run).
+    """
+    import importlib.metadata
+
+    from tfopt.provenance import git_commit
+
+    latency = result.latency_ms
+    digest = dataset_digest(dataset)
+    tags = {
+        "variant": result.name, "runtime": runtime_of(result.format).name,
+        "format": result.format, "precision": result.precision,
+        "accuracy": _fmt(result.accuracy, ".4f"),
+        "p50_ms": _fmt(latency.p50 if latency else None, ".4f"),
+        "derived_from": result.derived_from or "none", "dataset_digest": digest,
+        "tfopt_version": importlib.metadata.version("tfopt"), "git_commit": git_commit(),
+    }
+    interval = latency.p50_ci95 if latency else None
+    description = (
+        f"**{result.name}** ({tags['runtime']}, {result.format}, {result.precision}): accuracy "
+        f"{tags['accuracy']}, batch-1 p50 {tags['p50_ms']} ms"
+        + (f" (95% interval {interval[0]:.4f}-{interval[1]:.4f})" if interval else "")
+        + f", {result.size_bytes / 1024:,.1f} KB, derived from {tags['derived_from']}.\n\n"
+        f"Why it won: {reason}\n\nAccuracy budget: {budget_points:g} points below the "
+        f"baseline.\n\nData: manifest digest {digest} ({dataset.num_classes} classes, "
+        f"{dataset.image_size} px). Pipeline run: {redact(parent_run_url)}")
+    return tags, description
