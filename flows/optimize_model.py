@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -358,3 +359,6 @@ def _write_outputs(
     summary_path = run_dir / "summary.json"
     atomic_write_json(summary_path, summary)
     tracking.log_file(run, summary_path, "report")
+    run_log = os.environ.get("TFOPT_RUN_LOG")  # set by `tfopt run` (tfopt.logs)
+    if run_log and Path(run_log).is_file():
+        tracking.log_file(run, Path(run_log), "logs")

@@ -179,6 +179,102 @@ def _allow_code_from(folder: Path) -> None:
     os.environ[CODE_DIRS_ENV] = os.pathsep.join([*known, str(folder)])
 
 
+class RunFailedError(RuntimeError):
+    """A run that failed for a reason of its own (not bad input): one line, exit code 1."""
+
+
+_EARLY_LOG: list[Any] = []
+"""The log the libraries' output goes to from the command's start, until the run has its own."""
+
+
+def _verbose(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "verbose", False)) or os.environ.get("TFOPT_VERBOSE") == "1"
+
+
+def _route_libraries_early(args: argparse.Namespace) -> None:
+    """From the start of `tfopt run` / `tfopt benchmark`, keep the libraries off the terminal.
+
+    TensorFlow prints its C++ banners when it is imported (checking the model imports it), so
+    the output goes to a log of this process's own in the temporary folder, moved into the
+    work folder once the run starts (`_quiet_libraries`); the terminal keeps tfopt's lines.
+    """
+    if args.command not in ("run", "benchmark") or _verbose(args):
+        return
+    if sys.stdout is not sys.__stdout__ or sys.stderr is not sys.__stderr__:
+        return  # a caller captures this process's output (a test, an embedding program)
+    import atexit
+    import tempfile
+
+    from tfopt.logs import route_output_to_log
+
+    folder = Path(tempfile.mkdtemp(prefix=f"tfopt-log-{os.getpid()}-"))
+    early = route_output_to_log(folder / "start.log")
+    console.file = early.terminal_out
+    _EARLY_LOG.append(early)
+
+    def clean_up() -> None:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(clean_up)
+
+
+def _quiet_libraries(args: argparse.Namespace, work_dir: Path, name: str) -> Path | None:
+    """Continue the libraries' log in the run's log file; Prefect's lines on the terminal.
+
+    Returns:
+        The log file (None with ``--verbose`` or ``TFOPT_VERBOSE=1``).
+    """
+    if not _EARLY_LOG:
+        return None
+    import time
+
+    from tfopt.logs import move_log, show_run_lines
+
+    path = work_dir / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    run_log = move_log(_EARLY_LOG[0], path.resolve())
+    _EARLY_LOG[0] = run_log
+    show_run_lines(run_log)
+    os.environ["TFOPT_RUN_LOG"] = str(run_log.path)
+    console.print(f"libraries' output and full tracebacks: {run_log.path} (--verbose shows "
+                  "them here)", highlight=False, soft_wrap=True)
+    return run_log.path
+
+
+def _failure_in_one_line(call: Callable[[], dict], run_log: Path | None) -> dict:
+    """Run `call`; an unexpected failure is one line naming its step, its traceback logged.
+
+    Raises:
+        RunFailedError: The run failed (the step and reason in the message; the traceback in
+            the run's log file).
+    """
+    if run_log is None:
+        return call()
+    try:
+        return call()
+    except (ConfigError, ServiceError):
+        raise
+    except Exception as error:
+        import traceback
+
+        traceback.print_exc()  # to the run's log file (standard error goes there)
+        step = _failed_step(error)
+        raise RunFailedError(
+            f"the run failed{f' in {step}' if step else ''}: {type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0][:300] if str(error).strip() else ''} "
+            f"(traceback: {run_log})") from error
+
+
+def _failed_step(error: BaseException) -> str | None:
+    """The tfopt task, technique or flow module the error was raised in, if any."""
+    import traceback
+
+    steps = [Path(frame.filename).stem for frame in traceback.extract_tb(error.__traceback__)
+             if Path(frame.filename).parent.name in ("tasks", "techniques", "flows")]
+    return steps[-1] if steps else None
+
+
 def _cleaned_if_disk_full(call: Callable[[], dict], work_dir: Path) -> dict:
     """Run `call`; a disk that fills meanwhile is one line, its partial files removed.
 
@@ -226,11 +322,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from tfopt.fileio import use_run_temp_dir
 
     use_run_temp_dir(config.work_dir)
+    run_log = _quiet_libraries(args, config.work_dir, config.name)
 
     from flows.optimize_model import optimize_model
 
-    summary = _cleaned_if_disk_full(
-        lambda: _run_flow(lambda: optimize_model(config=config), api_url), config.work_dir)
+    summary = _failure_in_one_line(lambda: _cleaned_if_disk_full(
+        lambda: _run_flow(lambda: optimize_model(config=config), api_url), config.work_dir),
+        run_log)
     _report(summary, args.summary_json)
     ip = summary["input_pipeline"]
     console.print(
@@ -323,9 +421,11 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
 
     _check_benchmark_inputs(config, check_model_reference(config.model, tracking_uri))
 
+    run_log = _quiet_libraries(args, config.work_dir, config.name)
     from flows.benchmark_model import benchmark_model
 
-    summary = _run_flow(lambda: benchmark_model(config=config), api_url)
+    summary = _failure_in_one_line(
+        lambda: _run_flow(lambda: benchmark_model(config=config), api_url), run_log)
     _report(summary, args.summary_json)
     console.print(f"MLflow UI:  {summary['mlflow_run_url']}")
     return 0
@@ -500,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tfopt` console script."""
     args = build_parser().parse_args(argv)
     _point_at_services()
+    _route_libraries_early(args)
     try:
         return args.handler(args)
     except PrefectUnavailableError as error:
@@ -512,12 +613,29 @@ def main(argv: list[str] | None = None) -> int:
         _traceback_if_verbose(args)
         console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False, soft_wrap=True)
         return 2
+    except RunFailedError as error:
+        console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False, soft_wrap=True)
+        return 1
     except ValidationError as error:
         from tfopt.config import describe_validation_error
 
         console.print(f"[bold red]error:[/] invalid {error.title}:\n"
                       f"{describe_validation_error(error)}", highlight=False)
         return 2
+    except Exception as error:
+        if not _EARLY_LOG:
+            raise
+        import shutil
+        import traceback
+
+        traceback.print_exc()  # into the log, kept beside the work folder's logs
+        kept = ServiceSettings.from_env().state_dir / "logs" / f"tfopt-error-{os.getpid()}.log"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_EARLY_LOG[0].path, kept)
+        console.print(f"[bold red]error:[/] {type(error).__name__}: {redact(str(error))} "
+                      f"(traceback: {kept}; --verbose shows it here)", highlight=False,
+                      soft_wrap=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -68,12 +70,32 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
     text = next(report).read_text()
     assert "## Since the last run" in text and "- baseline-onnx: ok -> failed" in text
     assert len(summary["champion_history"]) == 2
-    request = urllib.request.Request(
-        f"{live_services.prefect_api_url}/events/filter", method="POST",
-        data=json.dumps({"filter": {"event": {"name": ["tfopt.regression"]}},
-                         "limit": 10}).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        events = json.load(response)["events"]
-    mine = [e for e in events if e["resource"]["prefect.resource.id"]
-            == "tfopt.config.failing-variant"]
+    mine = _regression_events(live_services.prefect_api_url, "tfopt.config.failing-variant")
     assert mine and "baseline-onnx" in {r["variant"] for r in mine[0]["payload"]["regressions"]}
+
+    terminal = (tmp_path / "out.log").read_text()
+    noise = ("oneDNN", "cuda", "absl::InitializeLog", "fully_quantize", "retracing",
+             "UserWarning", "DeprecationWarning", "is deprecated", "HDF5", "Traceback")
+    assert not [word for word in noise if word in terminal], [
+        line for line in terminal.splitlines() if any(word in line for word in noise)][:5]
+    (shown,) = [line for line in terminal.splitlines() if "libraries' output" in line]
+    run_log = Path(shown.split(": ", 1)[1].split(" (--verbose")[0])
+    assert "oneDNN" in run_log.read_text(), "the libraries' lines are in the run's log file"
+    logs = MlflowClient(live_services.mlflow_url).list_artifacts(summary["mlflow_run_id"], "logs")
+    assert [a.path for a in logs] == [f"logs/{run_log.name}"], "kept with the run"
+
+
+def _regression_events(api_url: str, resource_id: str, wait_s: float = 60.0) -> list[dict]:
+    """The server's ``tfopt.regression`` events about one resource; events persist in batches."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        request = urllib.request.Request(
+            f"{api_url}/events/filter", method="POST",
+            data=json.dumps({"filter": {"event": {"name": ["tfopt.regression"]}},
+                             "limit": 10}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            events = json.load(response)["events"]
+        mine = [e for e in events if e["resource"]["prefect.resource.id"] == resource_id]
+        if mine or time.monotonic() > deadline:
+            return mine
+        time.sleep(1)

@@ -64,6 +64,7 @@ def test_pareto_front():
 
 
 def _summary(tmp_path, results, champion, tied=None, runoff=None):
+    (tmp_path / "m.json").write_text('{"shards": []}')
     dataset = DatasetArtifact(root=tmp_path, manifest_path=tmp_path / "m.json",
                               class_names=["a", "b"], image_size=8, splits={
                                   s: {"files": [], "examples": 1, "class_counts": {}}
