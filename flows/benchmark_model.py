@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 from flows.common import benchmark_serialized, error_of, sharded_data
 from flows.parameters import BenchmarkOnlyConfig
 from tasks.choose_benchmark_inputs import choose_benchmark_inputs
+from tasks.package_models import package_models
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.resolve_model import resolve_model
 from tasks.write_report import write_report
@@ -32,8 +33,10 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
     other inputs on inputs generated from its signature or on the user's ``.npz``, without data
     (`choose_benchmark_inputs`). The model's own outputs are the reference, so agreement is 1 by
     construction; latency statistics, throughput, load scenarios, memory, the operator profile
-    and sizes are what this flow is for. The model is opened only in the measuring process
-    (`benchmark.isolate`, on by default) and a probe process, never in the flow's own.
+    and sizes are what this flow is for. A classifier measured on data is also logged as an
+    MLflow 3 LoggedModel of the run (its metrics linked to it), as the pipeline's variants are.
+    The model is opened only in the measuring process (`benchmark.isolate`, on by default) and a
+    probe process, never in the flow's own.
 
     Args:
         config: The model reference, the data, and the benchmark protocol.
@@ -59,16 +62,20 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         inputs = choose_benchmark_inputs(spec, config.inputs, config.shapes, config.examples,
                                          config.batch_size, config.data.source_dir,
                                          run_dir / "inputs")
+        class_names = None
         if inputs is None:
-            inputs = prepare_benchmark_inputs(None, sharded_data(config.data, work_dir),
-                                              run_dir / "inputs", config.batch_size,
-                                              config.input_scale)
+            dataset = sharded_data(config.data, work_dir)
+            class_names = dataset.class_names
+            inputs = prepare_benchmark_inputs(None, dataset, run_dir / "inputs",
+                                              config.batch_size, config.input_scale)
         measured = benchmark_serialized(spec, inputs, protocol)
         if not measured.is_completed():
             raise UnusableModelError(
                 f"model {config.model} cannot be measured: {error_of(measured)}")
         result = measured.result()
-        tracking.log_variants(run, [result], {}, tags)
+        packaged = (package_models([result], inputs, class_names, config.input_scale,
+                                   run_dir / "mlflow_model") if class_names else {})
+        tracking.log_variants(run, [result], {}, tags, packaged)
         summary = benchmark_summary(
             config_name=config.name, model=config.model, tracking_uri=tracking_uri,
             experiment_id=run.experiment_id, run_id=run.run_id, flow_run_id=str(flow_run.id),

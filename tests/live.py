@@ -32,7 +32,7 @@ def running_services(state_dir: Path, db: str = "sqlite",
         start_services(settings, timeout_s=240)
         yield settings
     finally:
-        stop_services(settings)
+        stop_services(settings, timeout_s=10)  # disposable servers: a short grace
 
 
 @contextmanager

@@ -188,7 +188,9 @@ _EARLY_LOG: list[Any] = []
 
 
 def _verbose(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "verbose", False)) or os.environ.get("TFOPT_VERBOSE") == "1"
+    """Everything on the terminal: ``--verbose``, ``TFOPT_VERBOSE=1``, ``TFOPT_LOG_LEVEL=DEBUG``."""
+    return (bool(getattr(args, "verbose", False)) or os.environ.get("TFOPT_VERBOSE") == "1"
+            or os.environ.get("TFOPT_LOG_LEVEL", "").upper() == "DEBUG")
 
 
 def _route_libraries_early(args: argparse.Namespace) -> None:
@@ -224,16 +226,19 @@ def _quiet_libraries(args: argparse.Namespace, work_dir: Path, name: str) -> Pat
     """Continue the libraries' log in the run's log file; Prefect's lines on the terminal.
 
     Returns:
-        The log file (None with ``--verbose`` or ``TFOPT_VERBOSE=1``).
+        The log file (None when verbose, see `_verbose`).
     """
     if not _EARLY_LOG:
         return None
+    import shutil
     import time
 
     from tfopt.logs import move_log, show_run_lines
 
     path = work_dir / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    early_folder = _EARLY_LOG[0].path.parent
     run_log = move_log(_EARLY_LOG[0], path.resolve())
+    shutil.rmtree(early_folder, ignore_errors=True)  # nothing left in the system's temp folder
     _EARLY_LOG[0] = run_log
     show_run_lines(run_log)
     os.environ["TFOPT_RUN_LOG"] = str(run_log.path)
@@ -592,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _traceback_if_verbose(args: argparse.Namespace) -> None:
     """Print the exception being handled with its traceback when the user asked to see it."""
-    if getattr(args, "verbose", False) or os.environ.get("TFOPT_VERBOSE") == "1":
+    if _verbose(args):
         console.print_exception()
 
 
