@@ -16,6 +16,7 @@ from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.resolve_model import resolve_model
 from tasks.write_report import write_report
 from tfopt import tracking
+from tfopt.artifacts import BenchmarkInputs, VariantSpec
 from tfopt.machines import MACHINE_RUN_ROLE, local_protocol, machine_label, machine_protocol
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, read_inputs_index
 from tfopt.models.references import UnusableModelError
@@ -59,15 +60,7 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         tracking_uri, config.experiment, f"benchmark-{config.name}-{spec.name}",
         params=config.model_dump(mode="json"), tags=tags,
     ) as run:
-        inputs = choose_benchmark_inputs(spec, config.inputs, config.shapes, config.examples,
-                                         config.batch_size, config.data.source_dir,
-                                         run_dir / "inputs")
-        class_names = None
-        if inputs is None:
-            dataset = sharded_data(config.data, work_dir)
-            class_names = dataset.class_names
-            inputs = prepare_benchmark_inputs(None, dataset, run_dir / "inputs",
-                                              config.batch_size, config.input_scale)
+        inputs, class_names = _inputs_of(config, spec, work_dir, run_dir / "inputs")
         measured = benchmark_serialized(spec, inputs, protocol)
         if not measured.is_completed():
             raise UnusableModelError(
@@ -91,6 +84,18 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
                           "n/a (no labelled data)" if result.accuracy is None
                           else f"{result.accuracy:.4f}", result.latency_ms.p50)
     return summary
+
+
+def _inputs_of(config: BenchmarkOnlyConfig, spec: VariantSpec, work_dir: Path,
+               out_dir: Path) -> tuple[BenchmarkInputs, list[str] | None]:
+    """The benchmark's inputs, and the data's classes when they are a labelled test split."""
+    inputs = choose_benchmark_inputs(spec, config.inputs, config.shapes, config.examples,
+                                     config.batch_size, config.data.source_dir, out_dir)
+    if inputs is not None:
+        return inputs, None
+    dataset = sharded_data(config.data, work_dir)
+    return (prepare_benchmark_inputs(None, dataset, out_dir, config.batch_size,
+                                     config.input_scale), dataset.class_names)
 
 
 def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,

@@ -64,6 +64,16 @@ def smoke_run(live_services, tmp_path_factory):
     return live_services, json.loads(summary_path.read_text()), completed.stdout, demo
 
 
+def test_no_step_opens_the_deprecated_tflite_interpreter(smoke_run):
+    """Selective int8 here is not needed (full int8 within budget): LiteRT's debugger stays shut."""
+    _, _, stdout, demo = smoke_run
+    (run_log,) = (demo.parent / "work" / "logs").glob("smoke-*.log")
+    text = run_log.read_text()
+    assert "oneDNN" in text, "the libraries' output is in the run's log"
+    assert "tf.lite.Interpreter is deprecated" not in text
+    assert "oneDNN" not in stdout and "is deprecated" not in stdout
+
+
 def test_summary_has_the_contract_keys(smoke_run):
     settings, summary, stdout, _ = smoke_run
     assert {"mlflow_tracking_uri", "mlflow_run_id", "prefect_flow_run_id", "dataset",

@@ -466,3 +466,15 @@ def test_a_subclassed_model_is_not_applicable_to_pruning_or_qat():
         wrap_prunable_layers(model, {})
     with pytest.raises(NotApplicable, match="subclassed model"):
         make_quantization_aware(model, unsupported_layers="float")
+
+
+def test_the_technique_thins_the_baseline_and_fine_tunes_it(tiny_baseline, tiny_data, tmp_path):
+    from techniques.channel_prune import ChannelPruneConfig, channel_prune_model
+
+    cfg = ChannelPruneConfig(enabled=True, fraction=0.5, min_channels=2, epochs=2)
+    made = channel_prune_model.fn(tiny_baseline, cfg, tiny_data, tmp_path)
+    assert made.name == "channels-50" and made.path.exists()
+    assert made.metrics["flops_ratio"] < 0.5
+    assert made.metrics["params_after"] < made.metrics["params_before"]
+    assert 0.0 <= made.metrics["test_accuracy"] <= 1.0
+    assert made.params["technique"] == "channel pruning" and "kept_filters" in made.params

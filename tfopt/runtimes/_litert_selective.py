@@ -153,6 +153,15 @@ def _accuracy_and_p50(content: bytes, images: np.ndarray, labels: np.ndarray, th
     return accuracy, float(np.median(times) * 1e3)
 
 
+def _full_int8(savedmodel: ModelArtifact,
+               calibration: Callable[[], Iterator[list[np.ndarray]]]) -> bytes:
+    """The model quantized as the debugger quantizes it, without the debugger (float fallback)."""
+    converter = serving_converter(savedmodel.path)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = calibration
+    return converter.convert()
+
+
 def _debugger(savedmodel: ModelArtifact, debug_images: Callable[[], Iterator[list[np.ndarray]]],
               calibration: Callable[[], Iterator[list[np.ndarray]]]
               ) -> tf.lite.experimental.QuantizationDebugger:
@@ -192,11 +201,11 @@ def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources:
     out_dir.mkdir(parents=True, exist_ok=True)
     float_model = serving_converter(savedmodel.path).convert()
     float_accuracy, float_p50 = _accuracy_and_p50(float_model, images, labels, threads, scratch)
-    debugger = _debugger(
-        savedmodel, lambda: ([image[np.newaxis]] for image in debug_images),
-        lambda: representative_images(dataset, sources.calibration_examples, scale))
+    def calibration() -> Iterator[list[np.ndarray]]:
+        return representative_images(dataset, sources.calibration_examples, scale)
+
     full_accuracy, full_p50 = _accuracy_and_p50(
-        debugger.get_nondebug_quantized_model(), images, labels, threads, scratch)
+        _full_int8(savedmodel, calibration), images, labels, threads, scratch)
     loss = (float_accuracy - full_accuracy) * 100.0
     logger.info("val accuracy: float %.4f (%.3f ms), full int8 %.4f (%.3f ms): %.2f points "
                 "lost, budget %.2f", float_accuracy, float_p50, full_accuracy, full_p50, loss,
@@ -204,6 +213,9 @@ def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources:
     if loss <= budget_points:
         return skipped(variant, f"not needed: full int8 loses {loss:.2f} points on the "
                                 f"validation split, within the {budget_points} budget")
+    # Only now: LiteRT's debugger opens the deprecated tf.lite.Interpreter inside LiteRT.
+    debugger = _debugger(
+        savedmodel, lambda: ([image[np.newaxis]] for image in debug_images), calibration)
     debugger.run()
     dump = io.StringIO()
     debugger.layer_statistics_dump(dump)

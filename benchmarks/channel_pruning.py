@@ -1,0 +1,136 @@
+"""Channel pruning against plain int8, over seeds: is the thinner model faster at the same accuracy?
+
+Usage: .venv/bin/python benchmarks/channel_pruning.py [--config configs/bench.yaml]
+                                                      [--seeds 1,2,3] [--fractions 0.5]
+                                                      [--work DIR]
+
+Runs tfopt's own steps (plain functions, no servers) per seed: train the baseline, channel-prune
+it at each fraction (`compress.channel_prune`'s epochs and learning rate from the config), and
+convert both to TFLite full-integer int8 as the pipeline does. Every file is evaluated on the
+same test split, and timed with a bare LiteRT loop (batch 1, `benchmark.threads`) in rounds that
+alternate with the seed's ``baseline-tflite-int8``, so a drifting machine moves both alike.
+Prints per seed and, over seeds, the mean and range of: accuracy against the float baseline
+(points), FLOPs ratio, and the speed-up over ``baseline-tflite-int8`` (its p50 / the variant's).
+Goal (issue 32): a channel-pruned variant >= 1.5x faster than baseline-tflite-int8, within 1
+accuracy point of the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from harness_overhead import bare_p50, bare_tflite
+
+import tfopt  # noqa: F401
+from flows.parameters import PipelineConfig, load_pipeline_config
+from tasks.build_variant import build_variant
+from tasks.export_savedmodel import export_savedmodel
+from tasks.train_model import train_model
+from tasks.write_tfrecords import write_tfrecords
+from techniques.channel_prune import channel_prune_model
+from tfopt.artifacts import DatasetArtifact, ModelArtifact, TrainingData, VariantSpec
+from tfopt.data.pipeline import load_split
+from tfopt.demo_data import write_demo_images
+from tfopt.runtimes import runtime_of, settings_of
+from tfopt.runtimes.base import BuildSources, predict_batched
+from tfopt.runtimes.litert import TFLiteRunner
+from tfopt.variants import plan_variant
+
+ROUNDS = 5
+RUNS_PER_ROUND = 200
+
+
+def int8_file(model: ModelArtifact, config: PipelineConfig, dataset: DatasetArtifact,
+              out: Path) -> Path:
+    """The model's TFLite full-integer int8 file, built as the pipeline builds it."""
+    savedmodel = export_savedmodel.fn(model, out)
+    spec: VariantSpec = plan_variant(model.name, "tflite", "int8")
+    sources = BuildSources(model=savedmodel, savedmodel=savedmodel, dataset=dataset,
+                           out_dir=out / "v", built={},
+                           calibration_examples=config.convert.calibration_examples,
+                           accuracy_budget_points=config.benchmark.accuracy_budget_points,
+                           threads=config.benchmark.threads)
+    built = build_variant.fn(spec, sources, settings_of(runtime_of("tflite"), config))
+    if built.status != "ok":
+        raise RuntimeError(f"{spec.name}: {built.status}: {built.error}")
+    return Path(built.path)
+
+
+def speedup(path: Path, reference: Path, singles: list[np.ndarray], threads: int) -> list[float]:
+    """Per alternating round: the reference's p50 / the variant's p50 (bare loops)."""
+    call, reference_call = bare_tflite(path, threads), bare_tflite(reference, threads)
+    return [bare_p50(reference_call, singles, RUNS_PER_ROUND, warmup=30)
+            / bare_p50(call, singles, RUNS_PER_ROUND, warmup=30) for _ in range(ROUNDS)]
+
+
+def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
+                 fractions: list[float], work: Path) -> dict[str, dict[str, float]]:
+    """One seed's rows: accuracy delta (points), FLOPs ratio and speed-up per variant."""
+    data = TrainingData(dataset=dataset, batch_size=config.train.batch_size or 64, seed=seed,
+                        input=config.input)
+    out = work / f"seed-{seed}"
+    baseline = train_model.fn(data, config.model, config.train, out)
+    files = {"baseline-tflite-int8": int8_file(baseline, config, dataset, out)}
+    flops = {"baseline-tflite-int8": 1.0}
+    for fraction in fractions:
+        cfg = config.compress.channel_prune.model_copy(update={"enabled": True,
+                                                               "fraction": fraction})
+        thinner = channel_prune_model.fn(baseline, cfg, data, out)
+        files[f"{thinner.name}-tflite-int8"] = int8_file(thinner, config, dataset, out)
+        flops[f"{thinner.name}-tflite-int8"] = thinner.metrics["flops_ratio"]
+    images, labels = load_split(dataset, "test", scale=config.model.input_scale)
+    singles = [image[None] for image in images[:64]]
+    float_accuracy = baseline.metrics["test_accuracy"]
+    rows = {}
+    for name, path in files.items():
+        logits = predict_batched(TFLiteRunner(path, threads=2), images)
+        accuracy = float(np.mean(np.argmax(logits, 1) == labels))
+        rounds = speedup(path, files["baseline-tflite-int8"], singles, config.benchmark.threads)
+        rows[name] = {"accuracy_delta_points": (accuracy - float_accuracy) * 100.0,
+                      "flops_ratio": flops[name], "speedup": float(np.median(rounds))}
+        print(f"seed {seed}: {name:28s} accuracy {accuracy:.4f} "
+              f"({rows[name]['accuracy_delta_points']:+.2f} pts vs float {float_accuracy:.4f}) "
+              f"FLOPs x{flops[name]:.2f} speed-up {rows[name]['speedup']:.2f}x "
+              f"(rounds {min(rounds):.2f}-{max(rounds):.2f})", flush=True)
+    return rows
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    return f"{np.mean(values):{fmt}} [{min(values):{fmt}}, {max(values):{fmt}}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=Path("configs/bench.yaml"))
+    parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
+    parser.add_argument("--fractions", default="0.5", help="comma-separated shares removed")
+    parser.add_argument("--work", type=Path, default=None)
+    args = parser.parse_args(argv)
+    config = load_pipeline_config(args.config)
+    if config.data.source_dir == Path("data/demo"):
+        write_demo_images(config.data.source_dir)
+    work = args.work or Path(tempfile.mkdtemp(prefix="tfopt-channels-"))
+    dataset = write_tfrecords.fn(config.data, work)
+    fractions = [float(f) for f in args.fractions.split(",")]
+    per_seed = [measure_seed(config, dataset, int(seed), fractions, work)
+                for seed in args.seeds.split(",")]
+    print(f"\n{len(per_seed)} seeds, {args.config}: mean [range]")
+    print(f"{'variant':28s} {'accuracy Δ pts':>24s} {'FLOPs ratio':>12s} {'speed-up':>22s}")
+    for name in per_seed[0]:
+        column = {key: [rows[name][key] for rows in per_seed] for key in per_seed[0][name]}
+        print(f"{name:28s} {_spread(column['accuracy_delta_points'], '+.2f'):>24s} "
+              f"{np.mean(column['flops_ratio']):11.2f} {_spread(column['speedup'], '.2f'):>22s}")
+        if name != "baseline-tflite-int8":
+            met = (np.mean(column["speedup"]) >= 1.5
+                   and np.mean(column["accuracy_delta_points"]) >= -1.0)
+            print(f"goal {name}: >= 1.5x faster than baseline-tflite-int8 within 1 point: "
+                  f"{'met' if met else 'missed'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

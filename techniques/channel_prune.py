@@ -1,0 +1,118 @@
+"""Structured (channel) pruning: remove whole filters, rebuild a thinner model, fine-tune it.
+
+Weight pruning (``compress.prune``) buys zipped size; no runtime here turns its zeros into
+time. Removing filters makes every tensor thinner, so every runtime does less work
+(`tfopt.models.channel_pruning`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tf_keras as keras
+from prefect import task
+from pydantic import Field
+
+from techniques.base import (
+    KERAS_ONLY,
+    NotApplicable,
+    Technique,
+    TechniqueSection,
+    derived_model,
+    tfmot_model,
+)
+from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.logs import step_logger
+from tfopt.models.channel_pruning import ChannelPruningError, thin_model
+from tfopt.models.keras_io import keras_model_path, save_keras_model
+from tfopt.models.training import KeepBestWeights, evaluate_test_accuracy, fit
+from tfopt.runtimes.tensorflow import keras_flops
+
+CRITERION = "|batch-norm scale| x filter L1 norm (Network Slimming, Li et al.)"
+
+
+class ChannelPruneConfig(TechniqueSection):
+    """Channel pruning: the least important filters of each channel group removed, fine-tuned."""
+
+    enabled: bool = Field(
+        False,
+        description="Remove whole filters from the baseline and fine-tune the thinner model.")
+    fraction: float = Field(
+        0.5, ge=0.05, le=0.9,
+        description="Share of each channel group's filters to remove (a residual add's inputs "
+                    "and a depthwise convolution's input are one group).")
+    min_channels: int = Field(
+        8, ge=1, le=4096, description="The fewest channels a group keeps.")
+    epochs: int = Field(
+        6, ge=1, le=1000, description="Fine-tuning epochs of the thinner model (best kept).")
+    learning_rate: float = Field(
+        1e-3, gt=0.0, le=1.0, description="Adam learning rate of the fine-tuning.")
+
+
+def channels_name(cfg: ChannelPruneConfig) -> str:
+    """``channels-<percent removed>`` (e.g. ``channels-50``)."""
+    return f"channels-{round(cfg.fraction * 100)}"
+
+
+@task(name="channel_prune_model", tags=["compression"])
+def channel_prune_model(
+    model: ModelArtifact, cfg: ChannelPruneConfig, data: TrainingData, out_dir: Path
+) -> ModelArtifact:
+    """Remove `cfg.fraction` of each channel group's filters and fine-tune the thinner model.
+
+    Args:
+        model: The trained Keras model (left unchanged).
+        cfg: The share of filters removed, the fewest kept, fine-tuning epochs and rate.
+        data: The run's training data and input settings; the test split measures accuracy.
+        out_dir: Folder for ``channels-<percent>.keras``.
+
+    Returns:
+        The thinner model, with FLOPs and parameters before and after, the filters kept per
+        layer and its test accuracy before and after fine-tuning.
+
+    Raises:
+        NotApplicable: Not a functional model, a shared layer, or no channel that can be
+            removed (the layers in the way are named); the step is skipped with the reason.
+    """
+    logger = step_logger()
+    keras.utils.set_random_seed(data.seed)
+    base, translation = tfmot_model(model, data)
+    try:
+        thinned = thin_model(base, cfg.fraction, cfg.min_channels)
+    except ChannelPruningError as error:
+        raise NotApplicable(str(error)) from error
+    before, after = keras_flops(base), keras_flops(thinned.model)
+    params_before, params_after = base.count_params(), thinned.model.count_params()
+    logger.info("%s: %d of %d convolution/dense layers thinned; FLOPs %.3g -> %.3g (%.2fx), "
+                "parameters %d -> %d", channels_name(cfg), len(thinned.kept),
+                len(thinned.kept) + len(thinned.frozen), before, after,
+                before / after if after else float("nan"), params_before, params_after)
+    accuracy_before_tuning = evaluate_test_accuracy(thinned.model, data)
+    fitted = fit(thinned.model, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+                 best=KeepBestWeights())
+    name = channels_name(cfg)
+    path = keras_model_path(out_dir, name)
+    save_keras_model(thinned.model, path)
+    return derived_model(
+        model, name, path, fitted,
+        params={"technique": "channel pruning", "fraction": cfg.fraction,
+                "criterion": CRITERION, "min_channels": cfg.min_channels,
+                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
+                "kept_filters": json.dumps({k: v[0] for k, v in thinned.kept.items()})[:5000],
+                "unpruned_layers": ";".join(sorted(thinned.frozen))[:5000]},
+        translation=translation,
+        metrics={
+            "flops_before": before, "flops_after": after,
+            "flops_ratio": after / before if before else 1.0,
+            "params_before": float(params_before), "params_after": float(params_after),
+            "test_accuracy_before_fine_tuning": accuracy_before_tuning,
+            "test_accuracy": evaluate_test_accuracy(thinned.model, data),
+        },
+    )
+
+
+TECHNIQUE = Technique(
+    name="channel_prune", section=ChannelPruneConfig, accepts=KERAS_ONLY,
+    source_name=channels_name, apply=channel_prune_model,
+)

@@ -1,0 +1,339 @@
+"""Structured (channel) pruning: remove whole filters and rebuild a thinner functional model.
+
+tensorflow-model-optimization prunes weights, which buys zipped size but no time on the
+runtimes here. Removing filters makes every tensor thinner, so each runtime does less work.
+
+Channels that must agree are pruned together. Each tensor's channels are tracked as a list of
+``(group, index)`` pairs: a convolution or a dense layer starts a new group with its filters;
+batch normalization, activations, pooling, padding, dropout and a depthwise convolution pass
+their input's channels on; the inputs of an ``Add`` (or ``Maximum``, ``Average``, ...) are
+merged into one group; a ``Concatenate`` puts its inputs' lists one after the other. A layer
+the pruner does not know keeps its input channels and its own (its groups are frozen), so
+any functional model can be thinned where it is understood; the model's input and output
+channels are never removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SOURCE_CLASSES = ("Conv2D", "Dense")
+"""Layers whose output channels are their own filters (a new channel group)."""
+
+FOLLOWER_CLASSES = (
+    "BatchNormalization", "ReLU", "Activation", "LeakyReLU", "ELU", "Softmax", "Dropout",
+    "SpatialDropout2D", "MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling2D",
+    "GlobalMaxPooling2D", "ZeroPadding2D", "Cropping2D", "UpSampling2D", "DepthwiseConv2D",
+    "GaussianNoise", "GaussianDropout", "ActivityRegularization", "Rescaling", "Identity",
+)
+"""Layers whose output channels are their input's, one for one."""
+
+ELEMENTWISE_OPS = frozenset({
+    "__operators__.add", "__operators__.sub", "math.add", "math.subtract", "math.multiply",
+    "math.truediv", "math.divide", "nn.relu", "nn.relu6", "nn.silu", "nn.swish", "math.sigmoid",
+    "math.tanh", "nn.gelu", "nn.elu", "nn.leaky_relu", "nn.softplus", "math.maximum",
+    "math.minimum", "clip_by_value",
+})
+"""TensorFlow ops (tf_keras ``TFOpLambda`` layers) that act per element: with one tensor input
+(a constant as the other operand, e.g. MobileNetV3's hard-swish ``x + 3``) they pass their
+input's channels on."""
+
+MERGE_CLASSES = ("Add", "Subtract", "Maximum", "Minimum", "Average", "Multiply")
+"""Layers whose inputs' channels must agree, one for one (one group)."""
+
+
+class ChannelPruningError(ValueError):
+    """The model cannot be channel-pruned (the message names the layer and why)."""
+
+
+@dataclass
+class _UnionFind:
+    parent: dict[int, int] = field(default_factory=dict)
+
+    def find(self, group: int) -> int:
+        while self.parent.setdefault(group, group) != group:
+            self.parent[group] = self.parent.setdefault(self.parent[group], self.parent[group])
+            group = self.parent[group]
+        return group
+
+    def union(self, first: int, second: int) -> None:
+        self.parent[self.find(first)] = self.find(second)
+
+
+@dataclass
+class ChannelGraph:
+    """How each layer's channels depend on the others' (see the module docstring).
+
+    Attributes:
+        channels: Each layer's output channels as ``(group, index)`` pairs.
+        inputs: Each layer's input layers, in call order.
+        sources: Each group's source layers (the layers that make its filters).
+        frozen: Groups that keep all their channels, with the layer that freezes them.
+    """
+
+    channels: dict[str, list[tuple[int, int]]]
+    inputs: dict[str, list[str]]
+    sources: dict[int, list[str]]
+    frozen: dict[int, str]
+    sizes: dict[int, int]
+    groups: _UnionFind
+
+    def group_of(self, layer: str) -> int:
+        """The (merged) group of a source layer's filters."""
+        return self.groups.find(self.channels[layer][0][0])
+
+    def prunable_groups(self) -> dict[int, list[str]]:
+        """Each prunable group (merged, not frozen) with its source layers."""
+        merged: dict[int, list[str]] = {}
+        for group, layers in self.sources.items():
+            merged.setdefault(self.groups.find(group), []).extend(layers)
+        frozen = {self.groups.find(group) for group in self.frozen}
+        return {group: layers for group, layers in merged.items() if group not in frozen}
+
+
+def _inbound(layer_config: dict[str, Any]) -> list[str]:
+    """The names of the layers feeding one layer (tf_keras functional config)."""
+    nodes = layer_config.get("inbound_nodes") or []
+    if len(nodes) > 1:
+        raise ChannelPruningError(
+            f"layer {layer_config['name']} is called {len(nodes)} times (a shared layer): "
+            "its filters cannot be removed for one call only")
+    if not nodes:
+        return []
+    node = nodes[0]
+    if isinstance(node, dict):  # Keras 3 configs: translate to tf_keras first
+        raise ChannelPruningError("a Keras 3 model: channel pruning reads tf_keras models "
+                                  "(tfopt translates Keras 3 models first)")
+    entries = [node] if node and isinstance(node[0], str) else node  # a TFOpLambda's: flat
+    names = [entry[0] for entry in entries]
+    for entry in entries:  # tensors passed as keyword arguments (``tf.math.add(x, y=t)``)
+        for value in (entry[3] if len(entry) > 3 else {}).values():
+            if isinstance(value, list) and len(value) == 3 and isinstance(value[0], str):
+                names.append(value[0])
+    return names
+
+
+def channel_graph(model: Any) -> ChannelGraph:
+    """Trace how channels flow through a functional tf_keras model.
+
+    Raises:
+        ChannelPruningError: The model is not functional, or a layer is shared.
+    """
+    config = model.get_config()
+    if "layers" not in config or "output_layers" not in config:
+        raise ChannelPruningError(f"{type(model).__name__} is not a functional model: channel "
+                                  "pruning rebuilds the model from its layer graph")
+    by_name = {layer.name: layer for layer in model.layers}
+    groups, channels, inputs = _UnionFind(), {}, {}
+    sources: dict[int, list[str]] = {}
+    frozen: dict[int, str] = {}
+    sizes: dict[int, int] = {}
+
+    def new_group(size: int) -> list[tuple[int, int]]:
+        group = len(sizes)
+        sizes[group] = size
+        groups.find(group)
+        return [(group, index) for index in range(size)]
+
+    for layer_config in config["layers"]:
+        name = layer_config["name"]
+        layer = by_name[name]
+        kind = type(layer).__name__
+        inputs[name] = _inbound(layer_config)
+        incoming = [channels[source] for source in inputs[name]]
+        width = int(_output_channels(layer))
+        if kind == "InputLayer" or not incoming:
+            channels[name] = new_group(width)
+            frozen[channels[name][0][0]] = name
+        elif kind in SOURCE_CLASSES and len(incoming) == 1 and getattr(layer, "groups", 1) == 1:
+            channels[name] = new_group(width)
+            sources[channels[name][0][0]] = [name]
+        elif len(incoming) == 1 and _passes_channels_on(layer, layer_config, incoming[0],
+                                                         width):
+            channels[name] = list(incoming[0])
+        elif kind in MERGE_CLASSES and _aligned(incoming):
+            for pairs in incoming[1:]:
+                for (first, _), (second, _) in zip(incoming[0], pairs, strict=True):
+                    groups.union(first, second)
+            channels[name] = list(incoming[0])
+        elif kind == "Concatenate" and layer.axis in (-1, 3):
+            channels[name] = [pair for pairs in incoming for pair in pairs]
+        else:  # not understood: keep everything around it
+            for pairs in incoming:
+                for group, _ in pairs:
+                    frozen.setdefault(group, name)
+            channels[name] = new_group(width)
+            frozen[channels[name][0][0]] = name
+    for output in config["output_layers"]:
+        for group, _ in channels[output[0]]:
+            frozen.setdefault(group, f"{output[0]} (the model's output)")
+    return ChannelGraph(channels, inputs, sources, frozen, sizes, groups)
+
+
+def _output_channels(layer: Any) -> int:
+    shape = layer.output.shape if hasattr(layer, "output") else layer.output_shape
+    return int(shape[-1]) if shape and shape[-1] is not None else 0
+
+
+def _passes_channels_on(layer: Any, layer_config: dict[str, Any],
+                        incoming: list[tuple[int, int]], width: int) -> bool:
+    """Does a one-input layer output its input's channels, one for one?"""
+    kind = type(layer).__name__
+    if width != len(incoming):
+        return False
+    if kind == "DepthwiseConv2D":
+        return layer.depth_multiplier == 1
+    if kind == "TFOpLambda":
+        return layer_config["config"].get("function") in ELEMENTWISE_OPS
+    if kind == "Reshape":  # (C,) -> (1, 1, C) in squeeze-and-excitation blocks
+        return int(np.prod(layer.target_shape[:-1])) == 1
+    return kind in FOLLOWER_CLASSES
+
+
+def _aligned(incoming: list[list[tuple[int, int]]]) -> bool:
+    """Inputs of a merge that can be unified: one whole group each, of one width."""
+    widths = {len(pairs) for pairs in incoming}
+    return len(widths) == 1 and all(
+        len({group for group, _ in pairs}) == 1 and [index for _, index in pairs]
+        == list(range(len(pairs))) for pairs in incoming)
+
+
+def filter_importance(model: Any, graph: ChannelGraph, group: int,
+                      layers: list[str]) -> np.ndarray:
+    """Each channel of a group's importance: |batch-norm scale| x the filter's L1 norm, summed.
+
+    The scale is that of the batch normalization right after the source (1 without one);
+    the criterion is Network Slimming's and Li et al.'s, as distillation's start uses.
+    """
+    by_name = {layer.name: layer for layer in model.layers}
+    importance = np.zeros(graph.sizes[group], dtype=np.float64)
+    followers = {name: sources for name, sources in graph.inputs.items()}
+    for source in layers:
+        kernel = by_name[source].get_weights()[0]
+        l1 = np.abs(kernel).reshape(-1, kernel.shape[-1]).sum(axis=0)
+        scale = np.ones_like(l1)
+        for name, feeding in followers.items():
+            if feeding == [source] and type(by_name[name]).__name__ == "BatchNormalization":
+                scale = np.abs(by_name[name].get_weights()[0])
+                break
+        importance[: l1.shape[0]] += scale * l1 / max(l1.max(), 1e-12)
+    return importance
+
+
+def kept_channels(model: Any, graph: ChannelGraph, fraction: float,
+                  min_channels: int = 8) -> dict[int, np.ndarray]:
+    """The channels to keep per prunable group: the most important ``1 - fraction`` of them.
+
+    A group keeps at least `min_channels` (or all it has, if fewer).
+    """
+    kept = {}
+    for group, layers in graph.prunable_groups().items():
+        size = graph.sizes[group]
+        keep = max(min(size, min_channels), round(size * (1.0 - fraction)))
+        ranking = np.argsort(-filter_importance(model, graph, group, layers), kind="stable")
+        kept[group] = np.sort(ranking[:keep])
+    return kept
+
+
+def _positions(pairs: list[tuple[int, int]], graph: ChannelGraph,
+               kept: dict[int, np.ndarray]) -> np.ndarray:
+    """Which of a tensor's channels stay (their positions in it)."""
+    keep_sets = {group: set(indices.tolist()) for group, indices in kept.items()}
+    return np.array([position for position, (group, index) in enumerate(pairs)
+                     if index in keep_sets.get(graph.groups.find(group), {index})],
+                    dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ThinnedModel:
+    """A channel-pruned model and what was removed.
+
+    Attributes:
+        model: The thinner model (weights copied from the original's kept channels).
+        kept: Each pruned source layer's kept and original filter counts.
+        frozen: Layers that kept their channels, with the reason.
+    """
+
+    model: Any
+    kept: dict[str, tuple[int, int]]
+    frozen: dict[str, str]
+
+
+def thin_model(model: Any, fraction: float, min_channels: int = 8) -> ThinnedModel:
+    """Remove `fraction` of each prunable group's filters and rebuild the model thinner.
+
+    Args:
+        model: A functional tf_keras model (left unchanged).
+        fraction: The share of filters to remove per group, in [0, 1).
+        min_channels: The fewest channels a group keeps.
+
+    Returns:
+        The thinner model with the original's kept weights.
+
+    Raises:
+        ChannelPruningError: The model cannot be traced, or nothing in it can be pruned (the
+            message names the layers that froze its channels).
+    """
+    import tf_keras as keras
+
+    if not 0.0 <= fraction < 1.0:
+        raise ChannelPruningError(f"fraction {fraction} is not in [0, 1)")
+    graph = channel_graph(model)
+    if not graph.prunable_groups():
+        reasons = sorted(set(graph.frozen.values()))
+        raise ChannelPruningError(
+            "no channel can be removed: every convolution's channels meet a layer the pruner "
+            f"cannot follow or the model's output ({', '.join(reasons[:5])})")
+    kept = kept_channels(model, graph, fraction, min_channels)
+    config = model.get_config()
+    by_name = {layer.name: layer for layer in model.layers}
+    widths = {}
+    for layer_config in config["layers"]:
+        name = layer_config["name"]
+        if type(by_name[name]).__name__ in SOURCE_CLASSES and name in _source_names(graph):
+            group = graph.group_of(name)
+            if group in kept:
+                key = "filters" if "filters" in layer_config["config"] else "units"
+                layer_config["config"][key] = len(kept[group])
+                widths[name] = (len(kept[group]), graph.sizes[group])
+        elif type(by_name[name]).__name__ == "Reshape":
+            shape = list(layer_config["config"]["target_shape"])
+            shape[-1] = len(_positions(graph.channels[name], graph, kept))
+            layer_config["config"]["target_shape"] = tuple(shape)
+    thinner = keras.Model.from_config(config)
+    for layer in thinner.layers:
+        _copy_kept_weights(by_name[layer.name], layer, graph, kept)
+    frozen = {name: "its channels meet a layer the pruner cannot follow or the output"
+              for name in _source_names(graph) if name not in widths}
+    return ThinnedModel(thinner, widths, frozen)
+
+
+def _source_names(graph: ChannelGraph) -> set[str]:
+    return {name for layers in graph.sources.values() for name in layers}
+
+
+def _copy_kept_weights(original: Any, thinner: Any, graph: ChannelGraph,
+                       kept: dict[int, np.ndarray]) -> None:
+    """Copy `original`'s weights into `thinner`, sliced to the kept channels."""
+    weights = original.get_weights()
+    if not weights:
+        return
+    name, kind = original.name, type(original).__name__
+    incoming = [graph.channels[source] for source in graph.inputs[name]]
+    inputs_kept = _positions(incoming[0], graph, kept) if len(incoming) == 1 else None
+    outputs_kept = _positions(graph.channels[name], graph, kept)
+    if kind in SOURCE_CLASSES and inputs_kept is not None:
+        kernel = np.take(weights[0], inputs_kept, axis=-2)
+        sliced = [np.take(kernel, outputs_kept, axis=-1)]
+        sliced += [np.take(bias, outputs_kept, axis=-1) for bias in weights[1:]]
+    elif kind == "DepthwiseConv2D":
+        sliced = [np.take(weights[0], outputs_kept, axis=-2)]
+        sliced += [np.take(bias, outputs_kept, axis=-1) for bias in weights[1:]]
+    elif kind == "BatchNormalization":
+        sliced = [np.take(weight, outputs_kept, axis=-1) for weight in weights]
+    else:
+        sliced = weights
+    thinner.set_weights(sliced)
