@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python benchmarks/channel_pruning.py [--config configs/bench.yaml]
                                                       [--seeds 1,2,3] [--fractions 0.5]
-                                                      [--work DIR]
+                                                      [--distill] [--work DIR]
 
 Runs tfopt's own steps (plain functions, no servers) per seed: train the baseline, channel-prune
 it at each fraction (`compress.channel_prune`'s epochs and learning rate from the config), and
@@ -11,8 +11,10 @@ same test split, and timed with a bare LiteRT loop (batch 1, `benchmark.threads`
 alternate with the seed's ``baseline-tflite-int8``, so a drifting machine moves both alike.
 Prints per seed and, over seeds, the mean and range of: accuracy against the float baseline
 (points), FLOPs ratio, and the speed-up over ``baseline-tflite-int8`` (its p50 / the variant's).
-Goal (issue 32): a channel-pruned variant >= 1.5x faster than baseline-tflite-int8, within 1
-accuracy point of the baseline.
+Goals (issue 32): a channel-pruned variant >= 1.5x faster than baseline-tflite-int8, within 1
+accuracy point of the baseline; with ``--distill``, the teacher made thinner and distilled
+(`compress.distill`'s budget, ``student: thinner``) within 2 points of its teacher and at least
+as accurate as its scratch control.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tasks.export_savedmodel import export_savedmodel
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from techniques.channel_prune import channel_prune_model
+from techniques.distill import distill_model
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, TrainingData, VariantSpec
 from tfopt.data.pipeline import load_split
 from tfopt.demo_data import write_demo_images
@@ -68,8 +71,15 @@ def speedup(path: Path, reference: Path, singles: list[np.ndarray], threads: int
 
 
 def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
-                 fractions: list[float], work: Path) -> dict[str, dict[str, float]]:
-    """One seed's rows: accuracy delta (points), FLOPs ratio and speed-up per variant."""
+                 fractions: list[float], work: Path, distill: bool = False,
+                 teachers: dict[int, dict[str, float]] | None = None,
+                 ) -> dict[str, dict[str, float]]:
+    """One seed's rows: accuracy delta (points), FLOPs ratio and speed-up per variant.
+
+    With `distill`, the teacher made thinner by the first fraction is also distilled (with its
+    two controls, whose test accuracies go to `teachers[seed]`).
+    """
+    teachers = {} if teachers is None else teachers
     data = TrainingData(dataset=dataset, batch_size=config.train.batch_size or 64, seed=seed,
                         input=config.input)
     out = work / f"seed-{seed}"
@@ -82,6 +92,16 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
         thinner = channel_prune_model.fn(baseline, cfg, data, out)
         files[f"{thinner.name}-tflite-int8"] = int8_file(thinner, config, dataset, out)
         flops[f"{thinner.name}-tflite-int8"] = thinner.metrics["flops_ratio"]
+    if distill:
+        cfg = config.compress.distill.model_copy(update={
+            "enabled": True, "student": "thinner", "thinner": fractions[0]})
+        student = distill_model.fn(baseline, cfg, data, out)
+        files[f"{student.name}-tflite-int8"] = int8_file(student, config, dataset, out)
+        flops[f"{student.name}-tflite-int8"] = float("nan")
+        teachers[seed] = {key: value * 100.0 for key, value in student.metrics.items()
+                          if key.endswith("test_accuracy")}
+        teachers[seed]["teacher"] = baseline.metrics["test_accuracy"] * 100.0
+        print(f"seed {seed}: {student.name}: test accuracy (%) {teachers[seed]}", flush=True)
     images, labels = load_split(dataset, "test", scale=config.model.input_scale)
     singles = [image[None] for image in images[:64]]
     float_accuracy = baseline.metrics["test_accuracy"]
@@ -109,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
     parser.add_argument("--fractions", default="0.5", help="comma-separated shares removed")
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--distill", action="store_true",
+                        help="also distill the thinner teacher (compress.distill's budget)")
     args = parser.parse_args(argv)
     config = load_pipeline_config(args.config)
     if config.data.source_dir == Path("data/demo"):
@@ -116,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="tfopt-channels-"))
     dataset = write_tfrecords.fn(config.data, work)
     fractions = [float(f) for f in args.fractions.split(",")]
-    per_seed = [measure_seed(config, dataset, int(seed), fractions, work)
+    students: dict[int, dict[str, float]] = {}
+    per_seed = [measure_seed(config, dataset, int(seed), fractions, work, args.distill, students)
                 for seed in args.seeds.split(",")]
     print(f"\n{len(per_seed)} seeds, {args.config}: mean [range]")
     print(f"{'variant':28s} {'accuracy Δ pts':>24s} {'FLOPs ratio':>12s} {'speed-up':>22s}")
@@ -129,7 +152,24 @@ def main(argv: list[str] | None = None) -> int:
                    and np.mean(column["accuracy_delta_points"]) >= -1.0)
             print(f"goal {name}: >= 1.5x faster than baseline-tflite-int8 within 1 point: "
                   f"{'met' if met else 'missed'}")
+    if students:
+        print_student_goals(students)
     return 0
+
+
+def print_student_goals(students: dict[int, dict[str, float]]) -> None:
+    """The thinner student against its teacher and its controls, paired by seed (points)."""
+    def gaps(key: str) -> list[float]:
+        return [accuracy["test_accuracy"] - accuracy[key] for accuracy in students.values()]
+
+    to_teacher, to_scratch = gaps("teacher"), gaps("scratch_test_accuracy")
+    print(f"distilled thinner student - teacher: {_spread(to_teacher, '+.2f')} points "
+          f"({'met' if np.mean(to_teacher) >= -2 else 'missed'}: within 2 points)")
+    print(f"distilled thinner student - scratch control: {_spread(to_scratch, '+.2f')} points "
+          f"({'met' if np.mean(to_scratch) >= 0 else 'missed'}: at least as accurate)")
+    if all("same_start_test_accuracy" in accuracy for accuracy in students.values()):
+        print(f"distilled - same start on labels alone: "
+              f"{_spread(gaps('same_start_test_accuracy'), '+.2f')} points")
 
 
 if __name__ == "__main__":

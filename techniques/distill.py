@@ -27,6 +27,8 @@ buys in 20 epochs what scratch needs 100 for.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -36,9 +38,17 @@ import tf_keras as keras
 from prefect import task
 from pydantic import Field
 
-from techniques.base import KERAS_ONLY, Technique, TechniqueSection, derived_model
+from techniques.base import (
+    KERAS_ONLY,
+    NotApplicable,
+    Technique,
+    TechniqueSection,
+    derived_model,
+    tfmot_model,
+)
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
+from tfopt.models.channel_pruning import ChannelPruningError, thin_model
 from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras_model
 from tfopt.models.training import (
     Fitted,
@@ -75,6 +85,20 @@ class DistillConfig(TechniqueSection):
             "end converged and their comparison is not decided by where the last epoch landed) "
             "or constant."
         ),
+    )
+    student: Literal["small", "thinner"] = Field(
+        "small",
+        description=(
+            "The student: small (tfopt's small CNN of student_width filters; it starts from "
+            "the teacher's filters only where they share convolutions, i.e. the small_cnn) or "
+            "thinner (the teacher's own architecture with a share `thinner` of each channel "
+            "group's filters removed, as compress.channel_prune removes them: any functional "
+            "teacher can pass its most important filters on)."
+        ),
+    )
+    thinner: float = Field(
+        0.5, ge=0.05, le=0.9,
+        description="With student thinner: the share of the teacher's filters it lacks.",
     )
     student_init: Literal["teacher", "random"] = Field(
         "teacher",
@@ -226,9 +250,72 @@ def start_student(student: keras.Model, teacher: keras.Model, cfg: DistillConfig
     return inherit_filters(student, teacher) if cfg.student_init == "teacher" else []
 
 
-def student_name(_: DistillConfig) -> str:
-    """The distilled student's name (the source of its variants)."""
+def student_name(cfg: DistillConfig) -> str:
+    """The distilled student's name, the source of its variants.
+
+    ``distilled-small``, or ``distilled-thinner-<percent of filters removed>``.
+    """
+    if cfg.student == "thinner":
+        return f"distilled-thinner-{round(cfg.thinner * 100)}"
     return "distilled-small"
+
+
+@dataclass
+class Students:
+    """The distilled student before training, and how to make its controls."""
+
+    student: keras.Model
+    inherited: list[str]
+    architecture: str
+    scratch: Callable[[], keras.Model]
+    same_start: Callable[[], keras.Model] | None = None
+
+
+def small_students(teacher: keras.Model, model: ModelArtifact, cfg: DistillConfig,
+                   data: TrainingData) -> Students:
+    """The small CNN as the student; the control is the same CNN from random weights."""
+    def new_student() -> keras.Model:
+        keras.utils.set_random_seed(data.seed)
+        return build_model(STUDENT_ARCHITECTURE, data.dataset.image_size,
+                           data.dataset.num_classes, channels=model.channels,
+                           width=cfg.student_width)
+
+    student = new_student()
+    inherited = start_student(student, teacher, cfg)
+    if cfg.student_init == "teacher" and not inherited:
+        step_logger().info("the teacher shares no convolution with the student: random start")
+    return Students(student, inherited, STUDENT_ARCHITECTURE, new_student)
+
+
+def thinner_students(teacher: keras.Model, cfg: DistillConfig, data: TrainingData) -> Students:
+    """The teacher made thinner (its most important filters kept) as the student.
+
+    Controls: the same architecture from random weights (scratch), and the same start trained
+    on labels alone (what the teacher's outputs add to its weights).
+
+    Raises:
+        NotApplicable: The teacher cannot be thinned (the layers in the way are named).
+    """
+    try:
+        thinned = thin_model(teacher, cfg.thinner)
+    except ChannelPruningError as error:
+        raise NotApplicable(f"the teacher cannot be made thinner: {error}") from error
+    config = thinned.model.get_config()
+    weights = thinned.model.get_weights()
+
+    def random_start() -> keras.Model:
+        keras.utils.set_random_seed(data.seed)
+        return keras.Model.from_config(config)
+
+    def same_start() -> keras.Model:
+        twin = keras.Model.from_config(config)
+        twin.set_weights(weights)
+        return twin
+
+    student = same_start() if cfg.student_init == "teacher" else random_start()
+    inherited = sorted(thinned.kept) if cfg.student_init == "teacher" else []
+    return Students(student, inherited, f"thinner teacher ({cfg.thinner:.0%} of filters "
+                    "removed)", random_start, same_start if inherited else None)
 
 
 @task(name="distill_model", tags=["compression"])
@@ -252,44 +339,52 @@ def distill_model(
         The distilled student, with both students' test accuracy and the gain in points.
     """
     logger = step_logger()
-    dataset = data.dataset
-    teacher = load_keras_model(model.path)
-
-    def new_student() -> keras.Model:
-        keras.utils.set_random_seed(data.seed)
-        return build_model(STUDENT_ARCHITECTURE, dataset.image_size, dataset.num_classes,
-                           channels=model.channels,
-                           width=cfg.student_width)
-
-    student = new_student()
-    inherited = start_student(student, teacher, cfg)
-    if cfg.student_init == "teacher" and not inherited:
-        logger.info("the teacher shares no convolution with the student: random start")
+    if cfg.student == "thinner":
+        teacher, translation = tfmot_model(model, data)
+        students = thinner_students(teacher, cfg, data)
+    else:
+        teacher, translation = load_keras_model(model.path), None
+        students = small_students(teacher, model, cfg, data)
+    student = students.student
     fitted = distill(teacher, student, cfg, data)
-    scratch = new_student()
-    fit(scratch, data, epochs=cfg.epochs, learning_rate=students_learning_rate(cfg, data))
+    accuracies = {"scratch": _trained_on_labels(students.scratch(), cfg, data)}
+    if students.same_start is not None:
+        accuracies["same_start"] = _trained_on_labels(students.same_start(), cfg, data)
     distilled_accuracy = evaluate_test_accuracy(student, data)
-    scratch_accuracy = evaluate_test_accuracy(scratch, data)
-    gain = (distilled_accuracy - scratch_accuracy) * 100.0
-    logger.info("student test accuracy: distilled %.4f, from scratch %.4f (%+.2f points)",
-                distilled_accuracy, scratch_accuracy, gain)
+    gain = (distilled_accuracy - accuracies["scratch"]) * 100.0
+    logger.info("student test accuracy: distilled %.4f, from scratch %.4f (%+.2f points)%s",
+                distilled_accuracy, accuracies["scratch"], gain,
+                f", same start on labels alone {accuracies['same_start']:.4f}"
+                if "same_start" in accuracies else "")
     name = student_name(cfg)
     path = keras_model_path(out_dir, name)
     save_keras_model(student, path)
     return derived_model(
         model, name, path, fitted,
-        params={"technique": "distillation", "student": STUDENT_ARCHITECTURE,
+        params={"technique": "distillation", "student": students.architecture,
                 "student_width": cfg.student_width, "alpha": cfg.alpha,
                 "temperature": cfg.temperature, "epochs": cfg.epochs,
                 "learning_rate": cfg.learning_rate,
                 "learning_rate_schedule": cfg.learning_rate_schedule,
                 "student_init": cfg.student_init,
-                "inherited_layers": ",".join(inherited) or "none",
+                "inherited_layers": ",".join(students.inherited)[:5000] or "none",
                 "student_parameters": int(student.count_params()),
                 "teacher_parameters": int(teacher.count_params())},
-        metrics={"test_accuracy": distilled_accuracy, "scratch_test_accuracy": scratch_accuracy,
-                 "distillation_gain_points": gain},
+        translation=translation,
+        metrics={"test_accuracy": distilled_accuracy,
+                 "scratch_test_accuracy": accuracies["scratch"],
+                 "distillation_gain_points": gain,
+                 **({"same_start_test_accuracy": accuracies["same_start"],
+                     "teacher_outputs_gain_points":
+                         (distilled_accuracy - accuracies["same_start"]) * 100.0}
+                    if "same_start" in accuracies else {})},
     )
+
+
+def _trained_on_labels(student: keras.Model, cfg: DistillConfig, data: TrainingData) -> float:
+    """A control: `student` trained on labels alone with the same budget; its test accuracy."""
+    fit(student, data, epochs=cfg.epochs, learning_rate=students_learning_rate(cfg, data))
+    return evaluate_test_accuracy(student, data)
 
 
 TECHNIQUE = Technique(

@@ -478,3 +478,13 @@ def test_the_technique_thins_the_baseline_and_fine_tunes_it(tiny_baseline, tiny_
     assert made.metrics["params_after"] < made.metrics["params_before"]
     assert 0.0 <= made.metrics["test_accuracy"] <= 1.0
     assert made.params["technique"] == "channel pruning" and "kept_filters" in made.params
+
+
+def test_a_thinner_teacher_is_the_student_with_two_controls(tiny_baseline, tiny_data, tmp_path):
+    cfg = DistillConfig(student="thinner", thinner=0.5, epochs=2)
+    student = distill_model.fn(tiny_baseline, cfg, tiny_data, tmp_path)
+    assert student.name == "distilled-thinner-50"
+    assert student.params["student_parameters"] < student.params["teacher_parameters"]
+    assert student.params["inherited_layers"] != "none", "it starts from the teacher's filters"
+    assert {"scratch_test_accuracy", "same_start_test_accuracy",
+            "teacher_outputs_gain_points", "distillation_gain_points"} <= set(student.metrics)
