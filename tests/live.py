@@ -100,7 +100,7 @@ def tfopt_process(
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGINT)
             try:
-                process.wait(timeout=30)
+                process.wait(timeout=10)  # `tfopt serve` may linger on Prefect's shutdown
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()

@@ -94,7 +94,7 @@ def _wait_for_final_state(page) -> str:
         state = badge.inner_text().strip()
         if state in FINAL_STATES or time.monotonic() > deadline:
             return state
-        page.wait_for_timeout(10_000)
+        page.wait_for_timeout(3_000)
         page.reload()
 
 
