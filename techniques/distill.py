@@ -262,7 +262,16 @@ def student_name(cfg: DistillConfig) -> str:
 
 @dataclass
 class Students:
-    """The distilled student before training, and how to make its controls."""
+    """The distilled student before training, and how to make its controls.
+
+    Attributes:
+        student: The student to distill (its start already given).
+        inherited: The teacher's layers whose filters it starts from (empty: a random start).
+        architecture: What the student is, for the run's params.
+        scratch: Makes the control from random weights.
+        same_start: Makes the control from the student's own start (trained on labels alone),
+            when that start is the teacher's.
+    """
 
     student: keras.Model
     inherited: list[str]

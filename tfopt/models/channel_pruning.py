@@ -5,9 +5,11 @@ runtimes here. Removing filters makes every tensor thinner, so each runtime does
 
 Channels that must agree are pruned together. Each tensor's channels are tracked as a list of
 ``(group, index)`` pairs: a convolution or a dense layer starts a new group with its filters;
-batch normalization, activations, pooling, padding, dropout and a depthwise convolution pass
-their input's channels on; the inputs of an ``Add`` (or ``Maximum``, ``Average``, ...) are
-merged into one group; a ``Concatenate`` puts its inputs' lists one after the other. A layer
+batch normalization, activations, pooling, padding, dropout, a depthwise convolution,
+element-wise TensorFlow ops on one tensor (hard-swish's ``x + 3``) and a squeeze-and-excitation
+``Reshape`` to ``(1, 1, C)`` pass their input's channels on; the inputs of an ``Add`` (or
+``Multiply``, ``Maximum``, ``Average``, ...) are merged into one group; a ``Concatenate`` puts
+its inputs' lists one after the other. A layer
 the pruner does not know keeps its input channels and its own (its groups are frozen), so
 any functional model can be thinned where it is understood; the model's input and output
 channels are never removed.
@@ -54,10 +56,10 @@ class _UnionFind:
     parent: dict[int, int] = field(default_factory=dict)
 
     def find(self, group: int) -> int:
-        while self.parent.setdefault(group, group) != group:
-            self.parent[group] = self.parent.setdefault(self.parent[group], self.parent[group])
-            group = self.parent[group]
-        return group
+        root = group
+        while self.parent.setdefault(root, root) != root:
+            root = self.parent[root]
+        return root
 
     def union(self, first: int, second: int) -> None:
         self.parent[self.find(first)] = self.find(second)
@@ -72,6 +74,8 @@ class ChannelGraph:
         inputs: Each layer's input layers, in call order.
         sources: Each group's source layers (the layers that make its filters).
         frozen: Groups that keep all their channels, with the layer that freezes them.
+        sizes: Each group's channel count.
+        groups: Which groups were merged (an ``Add``'s inputs): `_UnionFind.find` names one.
     """
 
     channels: dict[str, list[tuple[int, int]]]
@@ -127,6 +131,9 @@ def channel_graph(model: Any) -> ChannelGraph:
         raise ChannelPruningError(f"{type(model).__name__} is not a functional model: channel "
                                   "pruning rebuilds the model from its layer graph")
     by_name = {layer.name: layer for layer in model.layers}
+    if any(getattr(layer, "data_format", None) == "channels_first" for layer in model.layers):
+        raise ChannelPruningError("a channels-first (NCHW) model: the pruner follows channels on "
+                                  "the last axis")
     groups, channels, inputs = _UnionFind(), {}, {}
     sources: dict[int, list[str]] = {}
     frozen: dict[int, str] = {}
@@ -206,20 +213,22 @@ def filter_importance(model: Any, graph: ChannelGraph, group: int,
     """Each channel of a group's importance: |batch-norm scale| x the filter's L1 norm, summed.
 
     The scale is that of the batch normalization right after the source (1 without one);
-    the criterion is Network Slimming's and Li et al.'s, as distillation's start uses.
+    the criterion is Network Slimming's and Li et al.'s, as distillation's start uses. Each
+    source's figures are divided by its largest, so the convolutions of a merged group weigh
+    alike.
     """
     by_name = {layer.name: layer for layer in model.layers}
     importance = np.zeros(graph.sizes[group], dtype=np.float64)
-    followers = {name: sources for name, sources in graph.inputs.items()}
     for source in layers:
         kernel = by_name[source].get_weights()[0]
         l1 = np.abs(kernel).reshape(-1, kernel.shape[-1]).sum(axis=0)
-        scale = np.ones_like(l1)
-        for name, feeding in followers.items():
-            if feeding == [source] and type(by_name[name]).__name__ == "BatchNormalization":
-                scale = np.abs(by_name[name].get_weights()[0])
-                break
-        importance[: l1.shape[0]] += scale * l1 / max(l1.max(), 1e-12)
+        scale = next((np.abs(by_name[name].get_weights()[0])
+                      for name, feeding in graph.inputs.items()
+                      if feeding == [source]
+                      and type(by_name[name]).__name__ == "BatchNormalization"),
+                     np.ones_like(l1))
+        weighted = scale * l1
+        importance += weighted / max(float(weighted.max()), 1e-12)
     return importance
 
 
@@ -291,9 +300,10 @@ def thin_model(model: Any, fraction: float, min_channels: int = 8) -> ThinnedMod
     config = model.get_config()
     by_name = {layer.name: layer for layer in model.layers}
     widths = {}
+    sources = _source_names(graph)
     for layer_config in config["layers"]:
         name = layer_config["name"]
-        if type(by_name[name]).__name__ in SOURCE_CLASSES and name in _source_names(graph):
+        if name in sources:
             group = graph.group_of(name)
             if group in kept:
                 key = "filters" if "filters" in layer_config["config"] else "units"
@@ -307,7 +317,7 @@ def thin_model(model: Any, fraction: float, min_channels: int = 8) -> ThinnedMod
     for layer in thinner.layers:
         _copy_kept_weights(by_name[layer.name], layer, graph, kept)
     frozen = {name: "its channels meet a layer the pruner cannot follow or the output"
-              for name in _source_names(graph) if name not in widths}
+              for name in sources if name not in widths}
     return ThinnedModel(thinner, widths, frozen)
 
 
