@@ -248,9 +248,8 @@ def kept_channels(model: Any, graph: ChannelGraph, fraction: float,
 
 
 def _positions(pairs: list[tuple[int, int]], graph: ChannelGraph,
-               kept: dict[int, np.ndarray]) -> np.ndarray:
+               keep_sets: dict[int, set[int]]) -> np.ndarray:
     """Which of a tensor's channels stay (their positions in it)."""
-    keep_sets = {group: set(indices.tolist()) for group, indices in kept.items()}
     return np.array([position for position, (group, index) in enumerate(pairs)
                      if index in keep_sets.get(graph.groups.find(group), {index})],
                     dtype=np.int64)
@@ -297,6 +296,7 @@ def thin_model(model: Any, fraction: float, min_channels: int = 8) -> ThinnedMod
             "no channel can be removed: every convolution's channels meet a layer the pruner "
             f"cannot follow or the model's output ({', '.join(reasons[:5])})")
     kept = kept_channels(model, graph, fraction, min_channels)
+    keep_sets = {group: set(indices.tolist()) for group, indices in kept.items()}
     config = model.get_config()
     by_name = {layer.name: layer for layer in model.layers}
     widths = {}
@@ -311,11 +311,11 @@ def thin_model(model: Any, fraction: float, min_channels: int = 8) -> ThinnedMod
                 widths[name] = (len(kept[group]), graph.sizes[group])
         elif type(by_name[name]).__name__ == "Reshape":
             shape = list(layer_config["config"]["target_shape"])
-            shape[-1] = len(_positions(graph.channels[name], graph, kept))
+            shape[-1] = len(_positions(graph.channels[name], graph, keep_sets))
             layer_config["config"]["target_shape"] = tuple(shape)
     thinner = keras.Model.from_config(config)
     for layer in thinner.layers:
-        _copy_kept_weights(by_name[layer.name], layer, graph, kept)
+        _copy_kept_weights(by_name[layer.name], layer, graph, keep_sets)
     frozen = {name: "its channels meet a layer the pruner cannot follow or the output"
               for name in sources if name not in widths}
     return ThinnedModel(thinner, widths, frozen)
@@ -326,15 +326,15 @@ def _source_names(graph: ChannelGraph) -> set[str]:
 
 
 def _copy_kept_weights(original: Any, thinner: Any, graph: ChannelGraph,
-                       kept: dict[int, np.ndarray]) -> None:
+                       keep_sets: dict[int, set[int]]) -> None:
     """Copy `original`'s weights into `thinner`, sliced to the kept channels."""
     weights = original.get_weights()
     if not weights:
         return
     name, kind = original.name, type(original).__name__
     incoming = [graph.channels[source] for source in graph.inputs[name]]
-    inputs_kept = _positions(incoming[0], graph, kept) if len(incoming) == 1 else None
-    outputs_kept = _positions(graph.channels[name], graph, kept)
+    inputs_kept = _positions(incoming[0], graph, keep_sets) if len(incoming) == 1 else None
+    outputs_kept = _positions(graph.channels[name], graph, keep_sets)
     if kind in SOURCE_CLASSES and inputs_kept is not None:
         kernel = np.take(weights[0], inputs_kept, axis=-2)
         sliced = [np.take(kernel, outputs_kept, axis=-1)]
