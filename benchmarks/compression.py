@@ -5,16 +5,20 @@ Usage: .venv/bin/python benchmarks/compression.py [--config configs/demo.yaml] [
 
 Runs tfopt's own steps (as plain functions, no servers) on the demo data for each seed: shard
 (once), train the baseline, prune, cluster, sparsity-preserving clustering of the pruned model,
-distill (with the scratch control), QAT, PQAT, CQAT, PCQAT, TFLite conversions (16x8 and
-selective int8 included), the ONNX export and ONNX Runtime's static int8; then evaluates every
+distill (with the scratch control; the config's student, `thinner` on configs/bench.yaml),
+channel pruning (when the config enables it), QAT, PQAT, CQAT, PCQAT, TFLite conversions (16x8
+and selective int8 included), the ONNX export and ONNX Runtime's static int8; then evaluates every
 variant on the same test split and times it with a bare runtime loop in rounds that alternate
 with the seed's `baseline-tflite-fp32` (so a drifting machine moves both alike). It prints, per
 variant, the accuracy delta against the float baseline (points), the gzip-size ratio and the
 batch-1 latency ratio against `baseline-tflite-fp32`, each as the mean over seeds with its
 range. Goals: pruned-80 within 1 point of the baseline; pruned-80 + int8 and clustered + int8
 each at least 8x smaller zipped than fp32 TFLite; QAT int8 within 1 point; the distilled student
-at least as accurate as the student from scratch (mean gain >= 0); selective int8 within budget
-whenever full int8 is not; ONNX Runtime static int8 within 1 point.
+at least as accurate as the student from scratch (mean gain >= 0) and within 2 points of its
+teacher; selective int8 within budget whenever full int8 is not; ONNX Runtime static int8 within
+1 point; the channel-pruned int8 variant >= 1.5x faster than `baseline-tflite-int8` (paired per
+seed) within 1 point of the baseline. benchmarks/channel_pruning.py measures the last two alone,
+in a fraction of the time.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tasks.build_variant import build_variant
 from tasks.export_savedmodel import export_savedmodel
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
+from techniques.channel_prune import channel_prune_model
 from techniques.cluster import cluster_model
 from techniques.cqat import cluster_preserving_qat
 from techniques.distill import distill_model
@@ -85,12 +90,14 @@ def build_variants(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
     pqat = prune_preserving_qat.fn(pruned, cfg.pqat, data, models)
     cqat = cluster_preserving_qat.fn(clustered, cfg.cqat, data, models / "cqat")
     pcqat = cluster_preserving_qat.fn(pruned_clustered, cfg.cqat, data, models / "pcqat")
+    thinner = (channel_prune_model.fn(baseline, cfg.channel_prune, data, models)
+               if cfg.channel_prune.enabled else None)
     variants, out = {}, models / "v"
     savedmodels = {}
-    for source, precisions in ((baseline, ("fp32", "dynamic", "float16", "int8", "int16x8")),
-                               (pruned, ("fp32", "int8")), (clustered, ("fp32", "int8")),
-                               (pruned_clustered, ("fp32", "int8")),
-                               (distilled, ("fp32", "int8"))):
+    sources = [(baseline, ("fp32", "dynamic", "float16", "int8", "int16x8")),
+               (pruned, ("fp32", "int8")), (clustered, ("fp32", "int8")),
+               (pruned_clustered, ("fp32", "int8")), (distilled, ("fp32", "int8"))]
+    for source, precisions in sources + ([(thinner, ("fp32", "int8"))] if thinner else []):
         savedmodels[source.name] = export_savedmodel.fn(source, models)
         for precision in precisions:
             planned = plan_variant(source.name, "tflite", precision)
@@ -111,7 +118,7 @@ def build_variants(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
         print(f"seed {seed}: {selective.name} {selective.status}: {selective.error}")
     techniques = {model.name: dict(model.metrics)
                   for model in (baseline, pruned, clustered, pruned_clustered, distilled, qat,
-                                pqat)}
+                                pqat, *([thinner] if thinner else []))}
     techniques["cqat"], techniques["pcqat"] = dict(cqat.metrics), dict(pcqat.metrics)
     for name in ("pqat", "cqat", "pcqat"):  # what the flow reads back from the same files
         techniques[name].update(int8_kernel_stats(variants[f"{name}-tflite-int8"]))
@@ -184,7 +191,10 @@ def print_goals(per_seed: list[dict[str, dict[str, float]]],
 
     pruned_drop = [t[pruned]["test_accuracy"] * 100 - t["baseline"]["test_accuracy"] * 100
                    for t in techniques]
-    gains = [t["distilled-small"]["distillation_gain_points"] for t in techniques]
+    distilled = next(name for name in techniques[0] if name.startswith("distilled-"))
+    gains = [t[distilled]["distillation_gain_points"] for t in techniques]
+    to_teacher = [(t[distilled]["test_accuracy"] - t["baseline"]["test_accuracy"]) * 100
+                  for t in techniques]
     zip_gain = column(f"{pruned}-tflite-int8", "zip_ratio")
     cluster_zip = column(f"{clustered}-tflite-int8", "zip_ratio")
     qat = column("qat-tflite-int8", "accuracy_delta_points")
@@ -199,7 +209,8 @@ def print_goals(per_seed: list[dict[str, dict[str, float]]],
          column(f"pruned-{clustered}-tflite-int8", "zip_ratio"),
          np.mean(column(f"pruned-{clustered}-tflite-int8", "zip_ratio")) >= 8),
         ("QAT int8 within 1 point of float", qat, np.mean(qat) >= -1),
-        ("distilled >= scratch student (gain, points)", gains, np.mean(gains) >= 0),
+        (f"{distilled} >= scratch student (gain, points)", gains, np.mean(gains) >= 0),
+        (f"{distilled} within 2 points of its teacher", to_teacher, np.mean(to_teacher) >= -2),
         ("ONNX Runtime static int8 within 1 point of float", onnx_int8, np.mean(onnx_int8) >= -1),
         ("full int8 within budget (else selective int8 is built and judged)", full_int8,
          np.mean(full_int8) >= -1),
@@ -209,9 +220,27 @@ def print_goals(per_seed: list[dict[str, dict[str, float]]],
     if selective:
         goals.append((f"selective int8 within 1 point ({len(selective)} seeds needed it)",
                       selective, np.mean(selective) >= -1))
+    goals += channel_pruning_goals(per_seed)
     print()
     for label, values, met in goals:
         print(f"goal {label}: {_spread(values, '+.2f')} ({'met' if met else 'missed'})")
+
+
+def channel_pruning_goals(per_seed: list[dict[str, dict[str, float]]],
+                          ) -> list[tuple[str, list[float], bool]]:
+    """The channel-pruned int8 variant's speed-up over baseline int8 (paired) and accuracy."""
+    names = [name for name in per_seed[0]
+             if name.startswith("channels-") and name.endswith("-tflite-int8")]
+    goals = []
+    for name in names:
+        speedups = [rows["baseline-tflite-int8"]["latency_ratio"] / rows[name]["latency_ratio"]
+                    for rows in per_seed]
+        accuracy = [rows[name]["accuracy_delta_points"] for rows in per_seed]
+        goals.append((f"{name} >= 1.5x faster than baseline-tflite-int8 (x)", speedups,
+                      np.mean(speedups) >= 1.5))
+        goals.append((f"{name} within 1 point of the baseline", accuracy,
+                      np.mean(accuracy) >= -1))
+    return goals
 
 
 def main(argv: list[str] | None = None) -> int:

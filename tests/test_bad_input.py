@@ -194,3 +194,15 @@ def test_a_full_disk_is_recognised_and_its_partial_files_removed(tmp_path):
     done.write_text("{}")
     assert set(remove_partial_files(tmp_path, started)) == {staging, partial}
     assert done.exists() and old.exists(), "finished files and another run's stay"
+
+
+def test_an_unexpected_failure_in_a_step_is_one_line_naming_the_step(tmp_path, capsys):
+    from tfopt.cli import RunFailedError, _failure_in_one_line
+
+    log = tmp_path / "run.log"
+    with pytest.raises(RunFailedError) as failed:
+        _failure_in_one_line(lambda: write_tfrecords.fn(None, tmp_path), log)
+    message = str(failed.value)
+    assert message.startswith("the run failed in write_tfrecords: AttributeError: "), message
+    assert message.endswith(f"(traceback: {log})") and "\n" not in message
+    assert "Traceback (most recent call last)" in capsys.readouterr().err, "kept for the log"

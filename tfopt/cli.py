@@ -264,11 +264,16 @@ def _failure_in_one_line(call: Callable[[], dict], run_log: Path | None) -> dict
         import traceback
 
         traceback.print_exc()  # to the run's log file (standard error goes there)
-        step = _failed_step(error)
-        raise RunFailedError(
-            f"the run failed{f' in {step}' if step else ''}: {type(error).__name__}: "
-            f"{str(error).strip().splitlines()[0][:300] if str(error).strip() else ''} "
-            f"(traceback: {run_log})") from error
+        raise RunFailedError(_failure_line(error, run_log)) from error
+
+
+def _failure_line(error: BaseException, traceback_log: Path) -> str:
+    """An unexpected failure in one line: its step, type, first line, and where its traceback is."""
+    step = _failed_step(error)
+    text = str(error).strip()
+    first_line = text.splitlines()[0][:300] if text else ""
+    return (f"the run failed{f' in {step}' if step else ''}: {type(error).__name__}: "
+            f"{first_line} (traceback: {traceback_log})")
 
 
 def _failed_step(error: BaseException) -> str | None:
@@ -637,9 +642,8 @@ def main(argv: list[str] | None = None) -> int:
         kept = ServiceSettings.from_env().state_dir / "logs" / f"tfopt-error-{os.getpid()}.log"
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_EARLY_LOG[0].path, kept)
-        console.print(f"[bold red]error:[/] {type(error).__name__}: {redact(str(error))} "
-                      f"(traceback: {kept}; --verbose shows it here)", highlight=False,
-                      soft_wrap=True)
+        console.print(f"[bold red]error:[/] {redact(_failure_line(error, kept))} (--verbose "
+                      "shows it here)", highlight=False, soft_wrap=True)
         return 1
 
 
