@@ -11,7 +11,7 @@ from techniques.cluster import ClusterConfig, cluster_model, clusterable_layers,
 from techniques.distill import DistillConfig, distill_model, inherit_filters
 from techniques.prune import PruneConfig, kernel_sparsity, prune_and_finetune, prune_model
 from techniques.qat import QatConfig, quantize_aware_train
-from tests.steps import to_tflite
+from tests.steps import build, to_tflite
 from tfopt.fileio import gzip_size_bytes, sha256_file
 from tfopt.models.keras_io import load_keras_model
 from tfopt.models.zoo import build_model
@@ -469,6 +469,7 @@ def test_a_subclassed_model_is_not_applicable_to_pruning_or_qat():
 
 
 def test_the_technique_thins_the_baseline_and_fine_tunes_it(tiny_baseline, tiny_data, tmp_path):
+    from tasks.export_savedmodel import export_savedmodel
     from techniques.channel_prune import ChannelPruneConfig, channel_prune_model
 
     cfg = ChannelPruneConfig(enabled=True, fraction=0.5, min_channels=2, epochs=2)
@@ -478,6 +479,26 @@ def test_the_technique_thins_the_baseline_and_fine_tunes_it(tiny_baseline, tiny_
     assert made.metrics["params_after"] < made.metrics["params_before"]
     assert 0.0 <= made.metrics["test_accuracy"] <= 1.0
     assert made.params["technique"] == "channel pruning" and "kept_filters" in made.params
+
+    config = PipelineConfig.model_validate({
+        "compress": {"tflite": ["int8"]}, "convert": {"onnx_compressed": ["int8"]},
+        "runtimes": {"openvino": {"compressed": ["int8"]}}})
+    forms = {spec.name: spec for spec in registry()["channel_prune"].variants(cfg, config,
+                                                                              "baseline")}
+    assert {"channels-50-graph", "channels-50-tflite-int8", "channels-50-onnx",
+            "channels-50-onnx-int8", "channels-50-openvino-int8"} <= set(forms), sorted(forms)
+    assert forms["channels-50-onnx"].derived_from == "baseline-onnx", "judged against it"
+    savedmodel = export_savedmodel.fn(made, tmp_path)
+    onnx = build(forms["channels-50-onnx"], savedmodel, tiny_data.dataset, config.convert,
+                 tmp_path / "v")
+    int8 = build(forms["channels-50-onnx-int8"], savedmodel, tiny_data.dataset, config.convert,
+                 tmp_path / "v", built={onnx.name: onnx})
+    assert onnx.status == int8.status == "ok", (onnx.error, int8.error)
+    assert onnx.params["check_max_abs_diff"] <= config.convert.onnx_atol
+    import onnx as onnx_lib
+
+    ops = {node.op_type for node in onnx_lib.load(str(int8.path)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops, ops
 
 
 def test_a_thinner_teacher_is_the_student_with_two_controls(tiny_baseline, tiny_data, tmp_path):

@@ -42,7 +42,7 @@ from tfopt.runtimes.base import (
     softmax,
 )
 from tfopt.serving import INPUT_NAME, OUTPUT_LOGITS, SIGNATURE_KEY, write_labels
-from tfopt.variants import built, plan_variant, skipped
+from tfopt.variants import built, plan_variant, skipped, variant_name
 
 CHECK_EXAMPLES = 256
 PROFILE_METHOD = "ONNX Runtime profiler: kernel time per call"
@@ -64,6 +64,14 @@ class OnnxSettings(RuntimeSection):
             "(quantize_dynamic, int8 weights) and int8 (quantize_static, QDQ, uint8 "
             "activations and per-channel int8 weights, calibrated on the same "
             "calibration_examples as TFLite's int8)."
+        ),
+    )
+    onnx_compressed: list[Literal["fp32", "int8"]] = Field(
+        default_factory=list,
+        description=(
+            "ONNX forms of every compressed Keras model (pruned, distilled, channel-pruned ...): "
+            "fp32 (the checked export, judged against the baseline's) and int8 (ONNX Runtime's "
+            "static QDQ quantization of that export, which is built for it either way)."
         ),
     )
     onnx_atol: float = Field(
@@ -340,7 +348,7 @@ class OnnxRuntime(Runtime):
         """The checked ONNX export and its quantizations, or the ``.onnx`` file as given."""
         source = request.source
         if request.compressed:
-            return []
+            return self._compressed_forms(request, settings)
         if request.kind == "onnx":
             return [plan_variant(source, "onnx", request.precision)]
         if request.kind not in ("keras", "savedmodel"):
@@ -351,6 +359,17 @@ class OnnxRuntime(Runtime):
         onnx = plan_variant(source, "onnx", derived_from=plan_variant(source, "savedmodel").name)
         return [onnx, *(plan_variant(source, "onnx", precision, derived_from=onnx.name)
                         for precision in settings.onnx_quantize)]
+
+    @staticmethod
+    def _compressed_forms(request: PlanRequest, settings: OnnxSettings) -> list[VariantSpec]:
+        """A technique's Keras model: its checked export and int8, as `onnx_compressed` asks."""
+        if not (settings.onnx and settings.onnx_compressed) or request.kind != "keras":
+            return []
+        onnx = plan_variant(request.source, "onnx",
+                            derived_from=variant_name(request.start or "baseline", "onnx", "fp32"))
+        if "int8" not in settings.onnx_compressed:
+            return [onnx]
+        return [onnx, plan_variant(request.source, "onnx", "int8", derived_from=onnx.name)]
 
     def builds_from(self, spec: VariantSpec) -> str | None:
         """A quantized file is ONNX Runtime's quantization of the float ONNX file."""
