@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,17 +19,6 @@ from tfopt.services import ServiceSettings
 # Tests write their builders to temporary folders: this test machine allows code from there
 # (tests/tasks/test_model_sources.py checks a folder it does not allow is refused).
 os.environ.setdefault("TFOPT_CODE_DIRS", tempfile.gettempdir())
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files that run whole pipelines first, then the files with the most tests.
-
-    Each worker runs whole files (``--dist loadfile``) in this order (``--no-loadscope-reorder``):
-    the long files start first and the short ones fill in at the end, instead of a long file
-    starting last and running alone while the other workers idle.
-    """
-    per_file = Counter(item.path for item in items)
-    items.sort(key=lambda item: (item.get_closest_marker("e2e") is None, -per_file[item.path]))
 
 
 def write_digit_folder(root: Path, classes: int = 3, per_class: int = 20, size: int = 16) -> Path:
