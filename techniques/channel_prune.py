@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import tf_keras as keras
 from prefect import task
@@ -26,7 +27,12 @@ from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
 from tfopt.models.channel_pruning import ChannelPruningError, thin_model
 from tfopt.models.keras_io import keras_model_path, save_keras_model
-from tfopt.models.training import KeepBestWeights, evaluate_test_accuracy, fit
+from tfopt.models.training import (
+    KeepBestWeights,
+    cosine_decay,
+    evaluate_test_accuracy,
+    fit,
+)
 from tfopt.runtimes.tensorflow import keras_flops
 
 CRITERION = "|batch-norm scale| x filter L1 norm (Network Slimming, Li et al.)"
@@ -47,7 +53,15 @@ class ChannelPruneConfig(TechniqueSection):
     epochs: int = Field(
         6, ge=1, le=1000, description="Fine-tuning epochs of the thinner model (best kept).")
     learning_rate: float = Field(
-        1e-3, gt=0.0, le=1.0, description="Adam learning rate of the fine-tuning.")
+        1e-3, gt=0.0, le=1.0, description="Adam learning rate of the fine-tuning (its start).")
+    learning_rate_schedule: Literal["cosine", "constant"] = Field(
+        "cosine",
+        description=(
+            "The fine-tuning's learning rate over its epochs: cosine (decays to zero, so the "
+            "thinner model ends converged, not wherever its last epoch landed: on bench.yaml "
+            "a constant rate once ended 4.6 points below the baseline) or constant."
+        ),
+    )
 
 
 def channels_name(cfg: ChannelPruneConfig) -> str:
@@ -89,7 +103,9 @@ def channel_prune_model(
                 len(thinned.kept) + len(thinned.frozen), before, after,
                 before / after if after else float("nan"), params_before, params_after)
     accuracy_before_tuning = evaluate_test_accuracy(thinned.model, data)
-    fitted = fit(thinned.model, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+    learning_rate = (cosine_decay(data, cfg.epochs, cfg.learning_rate)
+                     if cfg.learning_rate_schedule == "cosine" else cfg.learning_rate)
+    fitted = fit(thinned.model, data, epochs=cfg.epochs, learning_rate=learning_rate,
                  best=KeepBestWeights())
     name = channels_name(cfg)
     path = keras_model_path(out_dir, name)
@@ -99,6 +115,7 @@ def channel_prune_model(
         params={"technique": "channel pruning", "fraction": cfg.fraction,
                 "criterion": CRITERION, "min_channels": cfg.min_channels,
                 "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
+                "learning_rate_schedule": cfg.learning_rate_schedule,
                 "kept_filters": json.dumps({k: v[0] for k, v in thinned.kept.items()})[:5000],
                 "unpruned_layers": ";".join(sorted(thinned.frozen))[:5000]},
         translation=translation,
