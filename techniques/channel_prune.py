@@ -29,9 +29,9 @@ from tfopt.models.channel_pruning import ChannelPruningError, thin_model
 from tfopt.models.keras_io import keras_model_path, save_keras_model
 from tfopt.models.training import (
     KeepBestWeights,
-    cosine_decay,
     evaluate_test_accuracy,
     fit,
+    scheduled_learning_rate,
 )
 from tfopt.runtimes.tensorflow import keras_flops
 
@@ -103,8 +103,8 @@ def channel_prune_model(
                 len(thinned.kept) + len(thinned.frozen), before, after,
                 before / after if after else float("nan"), params_before, params_after)
     accuracy_before_tuning = evaluate_test_accuracy(thinned.model, data)
-    learning_rate = (cosine_decay(data, cfg.epochs, cfg.learning_rate)
-                     if cfg.learning_rate_schedule == "cosine" else cfg.learning_rate)
+    learning_rate = scheduled_learning_rate(data, cfg.epochs, cfg.learning_rate,
+                                            cfg.learning_rate_schedule)
     fitted = fit(thinned.model, data, epochs=cfg.epochs, learning_rate=learning_rate,
                  best=KeepBestWeights())
     name = channels_name(cfg)

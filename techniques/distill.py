@@ -53,10 +53,10 @@ from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras
 from tfopt.models.training import (
     Fitted,
     LearningRate,
-    cosine_decay,
     evaluate_test_accuracy,
     fit,
     fit_compiled,
+    scheduled_learning_rate,
 )
 from tfopt.models.zoo import build_model
 
@@ -177,9 +177,8 @@ class Distiller(keras.Model):
 
 def students_learning_rate(cfg: DistillConfig, data: TrainingData) -> LearningRate:
     """The learning rate both students train with (the distilled one and its control)."""
-    if cfg.learning_rate_schedule == "cosine":
-        return cosine_decay(data, cfg.epochs, cfg.learning_rate)
-    return cfg.learning_rate
+    return scheduled_learning_rate(data, cfg.epochs, cfg.learning_rate,
+                                   cfg.learning_rate_schedule)
 
 
 def compiled_distiller(teacher: keras.Model, student: keras.Model, cfg: DistillConfig,

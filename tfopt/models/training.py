@@ -143,6 +143,12 @@ def cosine_decay(data: TrainingData, epochs: int, learning_rate: float) -> Learn
                                                   max(1, epochs * steps_per_epoch(data)))
 
 
+def scheduled_learning_rate(data: TrainingData, epochs: int, learning_rate: float,
+                            schedule: str) -> LearningRate:
+    """`learning_rate` over `epochs`: ``cosine`` decays it to zero along a cosine, else constant."""
+    return cosine_decay(data, epochs, learning_rate) if schedule == "cosine" else learning_rate
+
+
 def fit(
     model: keras.Model,
     data: TrainingData,
