@@ -38,10 +38,9 @@ from techniques.distill import distill_model
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, TrainingData, VariantSpec
 from tfopt.data.pipeline import load_split
 from tfopt.demo_data import write_demo_images
-from tfopt.runtimes import runtime_of, settings_of
+from tfopt.runtimes import plan_variant, runtime_of, settings_of
 from tfopt.runtimes.base import BuildSources, predict_batched
 from tfopt.runtimes.litert import TFLiteRunner
-from tfopt.variants import plan_variant
 
 ROUNDS = 5
 RUNS_PER_ROUND = 200

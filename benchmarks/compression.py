@@ -49,11 +49,10 @@ from tfopt.artifacts import DatasetArtifact, ModelArtifact, TrainingData, Varian
 from tfopt.data.pipeline import load_split
 from tfopt.demo_data import write_demo_images
 from tfopt.fileio import gzip_size_bytes
-from tfopt.runtimes import runtime_of, settings_of
+from tfopt.runtimes import plan_variant, runtime_of, settings_of
 from tfopt.runtimes.base import BuildSources, predict_batched
 from tfopt.runtimes.litert import TFLiteRunner, int8_kernel_stats
 from tfopt.runtimes.onnxruntime import OnnxRunner
-from tfopt.variants import plan_variant
 
 REFERENCE = "baseline-tflite-fp32"
 LATENCY_ROUNDS = 5

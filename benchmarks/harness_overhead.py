@@ -41,7 +41,7 @@ MODELS = {"small": ("small_cnn", 32, {"width": 32}),
 def build_files(name: str, out_dir: Path) -> tuple[int, Path, Path]:
     """The model as fp32 TFLite and ONNX files; returns its image size and the two paths."""
     from tfopt.models.zoo import build_model
-    from tfopt.runtimes.litert import serving_converter
+    from tfopt.runtimes._litert_files import serving_converter
     from tfopt.runtimes.onnxruntime import run_tf2onnx
     from tfopt.runtimes.tensorflow import save_serving_savedmodel
 
@@ -168,7 +168,7 @@ def recheck_summary(summary_path: Path, rounds: int) -> int:
 
     from tfopt.config import BenchmarkConfig
     from tfopt.measurement.worker import time_runs
-    from tfopt.runtimes.litert import TFLiteRunner, quantize
+    from tfopt.runtimes._litert_files import TFLiteRunner, quantize
     from tfopt.runtimes.onnxruntime import OnnxRunner
 
     summary = json.loads(summary_path.read_text())

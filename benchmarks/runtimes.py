@@ -52,7 +52,7 @@ def build_files(name: str, out_dir: Path) -> tuple[int, dict[str, Path]]:
     import tensorflow as tf
 
     from tfopt.models.zoo import build_model
-    from tfopt.runtimes.litert import serving_converter
+    from tfopt.runtimes._litert_files import serving_converter
     from tfopt.runtimes.onnxruntime import quantize_onnx_file, run_tf2onnx
     from tfopt.runtimes.openvino import convert_savedmodel, save_model
     from tfopt.runtimes.tensorflow import save_serving_savedmodel

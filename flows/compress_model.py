@@ -23,7 +23,7 @@ from techniques import Planned, plan
 from techniques.base import NotApplicable
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.orchestration import claim_flow_run
-from tfopt.runtimes.litert import int8_kernel_stats
+from tfopt.runtimes import runtime_of
 from tfopt.variants import failed, skipped
 
 
@@ -63,7 +63,7 @@ def compress_model(
             variants += _not_built(planned, state, plans, futures)
             continue
         forms = _forms_of(state.result(), planned, config, data, run_dir)
-        made.append(_with_int8_readback(state.result(), forms))
+        made.append(_with_read_back(state.result(), forms))
         variants += forms
     return variants, made
 
@@ -79,26 +79,30 @@ def _submit_techniques(plans: list[Planned], baseline: ModelArtifact, data: Trai
     return futures
 
 
-def _with_int8_readback(model: ModelArtifact, forms: list[VariantSpec]) -> ModelArtifact:
-    """`model` with its int8 TFLite file's kernel statistics (`int8_kernel_stats`) as metrics.
+def _with_read_back(model: ModelArtifact, forms: list[VariantSpec]) -> ModelArtifact:
+    """`model` with what its runtimes read back from its built files (`Runtime.read_back`).
 
-    Read from the very file the benchmark measures, so the sparsity and clusters a technique
-    kept are checked where they must survive; a model without an int8 form, or whose file
-    cannot be read (logged), is returned as is.
+    Read from the very files the benchmark measures, so the sparsity and clusters a technique
+    kept are checked where they must survive; a file that cannot be read is logged and passed
+    over.
     """
-    int8 = next((spec for spec in forms if spec.status == "ok" and spec.format == "tflite"
-                 and spec.precision == "int8" and not spec.params.get("sparsity_encoding")),
-                None)
-    if int8 is None:
+    found: dict[str, float] = {}
+    for spec in forms:
+        if spec.status != "ok":
+            continue
+        try:
+            kept = runtime_of(spec.format).read_back(spec)
+        except (OSError, ValueError, RuntimeError) as error:
+            get_run_logger().warning("%s: could not read %s back: %s", model.name, spec.name,
+                                     error)
+            continue
+        if kept:
+            get_run_logger().info("%s: read back from %s: %s", model.name, spec.name,
+                                  {key: round(value, 3) for key, value in kept.items()})
+        found = {**kept, **found}
+    if not found:
         return model
-    try:
-        kept = int8_kernel_stats(int8.path)
-    except (OSError, ValueError, RuntimeError) as error:
-        get_run_logger().warning("%s: could not read %s back: %s", model.name, int8.name, error)
-        return model
-    get_run_logger().info("%s: read back from %s: %s", model.name, int8.name,
-                          {key: round(value, 3) for key, value in kept.items()})
-    return model.model_copy(update={"metrics": {**model.metrics, **kept}})
+    return model.model_copy(update={"metrics": {**model.metrics, **found}})
 
 
 def _not_built(planned: Planned, state: State, plans: list[Planned],

@@ -53,7 +53,7 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.config import BenchmarkConfig, check_paths, resolve_cpus
+from tfopt.config import BenchmarkConfig, resolve_cpus
 from tfopt.fileio import atomic_write_json
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
@@ -64,13 +64,13 @@ from tfopt.prefect_artifacts import (
     publish_comparison,
     publish_prefect_artifacts,
 )
+from tfopt.preflight import check_paths
 from tfopt.provenance import environment, mlflow_tracking_uri
 from tfopt.report.compare import compare
 from tfopt.report.summary import build_summary, champion_card
-from tfopt.runtimes import plan_forms, registry, settings_of
+from tfopt.runtimes import plan_forms, plan_variant, registry, settings_of
 from tfopt.runtimes.base import BuildSources, PlanRequest
 from tfopt.scaling import task_runner
-from tfopt.variants import plan_variant
 
 
 @dataclass(frozen=True)

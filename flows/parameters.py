@@ -16,12 +16,10 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from techniques import CompressConfig
 from tfopt.config import (
-    APPLICATION_ARCHITECTURES,
     BenchmarkConfig,
     DataConfig,
     InputConfig,
     InputScale,
-    ModelConfig,
     ScaleConfig,
     Section,
     ServicesConfig,
@@ -31,6 +29,7 @@ from tfopt.config import (
     run_name_field,
 )
 from tfopt.machines import check_machine_settings
+from tfopt.models.config import APPLICATION_ARCHITECTURES, ModelConfig
 from tfopt.runtimes import ConvertConfig, RuntimesConfig, known_formats
 
 

@@ -11,8 +11,8 @@ from prefect.runtime import flow_run
 from flows.common import sharded_data
 from flows.parameters import PreprocessConfig
 from tfopt import tracking
-from tfopt.config import check_paths
 from tfopt.orchestration import claim_flow_run
+from tfopt.preflight import check_paths
 from tfopt.provenance import mlflow_tracking_uri
 from tfopt.report.summary import dataset_entry
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from prefect import task
 
 from tfopt.artifacts import DatasetArtifact, ModelArtifact
-from tfopt.config import ModelConfig
+from tfopt.models.config import ModelConfig
 from tfopt.models.importing import import_model_file
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import task
 
 from tfopt.artifacts import DatasetArtifact, ModelFacts
-from tfopt.config import ModelConfig
 from tfopt.logs import step_logger
+from tfopt.models.config import ModelConfig
 from tfopt.models.inspection import inspect_model as inspect
 
 

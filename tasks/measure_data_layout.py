@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import task
 
 from tfopt.artifacts import DatasetArtifact, LayoutResult
-from tfopt.config import ModelConfig
 from tfopt.logs import step_logger
+from tfopt.models.config import ModelConfig
 from tfopt.models.step_timing import compare_layouts
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 from prefect import task
 
 from tfopt.artifacts import BatchSweepResult, DatasetArtifact
-from tfopt.config import InputConfig, ModelConfig
+from tfopt.config import InputConfig
 from tfopt.logs import step_logger
+from tfopt.models.config import ModelConfig
 from tfopt.models.step_timing import sweep_batch_sizes
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 from prefect import task
 
 from tfopt.artifacts import ModelArtifact, TrainingData
-from tfopt.config import ModelConfig, TrainConfig
+from tfopt.config import TrainConfig
 from tfopt.logs import step_logger
 from tfopt.models.baseline import train_baseline
+from tfopt.models.config import ModelConfig
 
 
 @task(name="train_model", tags=["training"])

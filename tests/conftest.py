@@ -73,7 +73,8 @@ def tiny_data(tiny_dataset):
 @pytest.fixture(scope="session")
 def tiny_baseline(tiny_data, tmp_path_factory: pytest.TempPathFactory):
     from tasks.train_model import train_model
-    from tfopt.config import ModelConfig, TrainConfig
+    from tfopt.config import TrainConfig
+    from tfopt.models.config import ModelConfig
 
     return train_model.fn(
         tiny_data.model_copy(update={"seed": 42}), ModelConfig(width=8),

@@ -8,8 +8,8 @@ from typing import Any
 from tasks.build_variant import build_variant
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, Precision, TrainingData, VariantSpec
 from tfopt.config import InputConfig
+from tfopt.runtimes import plan_variant
 from tfopt.runtimes.base import BuildSources
-from tfopt.variants import plan_variant
 
 
 def sources_for(savedmodel: ModelArtifact, dataset: DatasetArtifact, out_dir: Path,

@@ -135,3 +135,63 @@ def test_docstrings_and_messages_name_files_that_exist():
             if gone:
                 missing[str(path.relative_to(ROOT))] = gone
     assert not missing, missing
+
+
+def _core_module_of(module: str, names: list[str]) -> list[str]:
+    """The core modules an import names: ``from tfopt.a import b`` is tfopt/a/b.py if it exists."""
+    found = [f"{module}.{name}" for name in names if _module_file(f"{module}.{name}")]
+    return found or ([module] if _module_file(module) else [])
+
+
+def _core_imports() -> dict[str, set[str]]:
+    """Each module of tfopt/ and the tfopt modules it imports (at any depth of the file)."""
+    graph: dict[str, set[str]] = {}
+    for path in _python_files("tfopt"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[module] = {target for _, imported, names in _imports(path)
+                         if imported.split(".")[0] == "tfopt" and imported != "tfopt"
+                         for target in _core_module_of(imported, names) if target != module}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_import_circle_in_the_core():
+    assert _circles(_core_imports()) == []
+
+
+def test_the_bottom_floor_imports_nothing_above_it():
+    graph = _core_imports()
+    assert graph["tfopt.config"] == set()
+    assert graph["tfopt.artifacts"] <= {"tfopt.config"}

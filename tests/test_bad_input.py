@@ -13,8 +13,9 @@ from flows.parameters import load_pipeline_config
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tfopt.cli import main
-from tfopt.config import ConfigError, DataConfig, check_paths
+from tfopt.config import ConfigError, DataConfig
 from tfopt.data.sources import NoUsableDataError
+from tfopt.preflight import check_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"

@@ -7,32 +7,17 @@ output lies on disk and what it measured, not a Keras model or a tf.data pipelin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tfopt.config import InputConfig, InputScale
 
-
-def _known_format(value: str) -> str:
-    """A variant format some runtime measures (`tfopt.runtimes.known_formats`)."""
-    from tfopt.runtimes import known_formats
-
-    if value not in known_formats():
-        raise ValueError(f"no runtime measures format {value!r} (known: "
-                         f"{', '.join(sorted(known_formats()))})")
-    return value
-
-
-def _known_model_kind(value: str) -> str:
-    """A tf_keras model (``keras``) or a format some runtime measures."""
-    return value if value == "keras" else _known_format(value)
-
-
-VariantFormat = Annotated[str, AfterValidator(_known_format)]
-"""A variant's format: the one the runtime that measures it declares (`Runtime.formats`)."""
-ModelFormat = Annotated[str, AfterValidator(_known_model_kind)]
-"""A model's format: ``keras`` (a tf_keras model) or a variant format."""
+VariantFormat = str
+"""A variant's format: the one the runtime that measures it declares (`Runtime.formats`);
+checked where variants are planned, at the runtimes' registry (`tfopt.runtimes.plan_variant`)."""
+ModelFormat = str
+"""A model's format: ``keras`` (a Keras model) or a variant format."""
 Precision = Literal["fp32", "float16", "bfloat16", "dynamic", "int8", "int16x8"]
 Status = Literal["ok", "failed", "skipped"]
 

@@ -116,134 +116,8 @@ class DataConfig(Section):
         return self
 
 
-_BUILDER_PATTERN = r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$"
 InputScale = Literal["unit", "symmetric", "raw"]
-KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
-"""Files tfopt reads as Keras models (tf_keras or Keras 3, whichever saved the file)."""
-
-
-def model_kind(path: Path) -> str:
-    """The kind of model file or folder at `path`: ``keras``, ``savedmodel`` or a runtime's format.
-
-    A folder is a SavedModel: a tf_keras one when it holds Keras metadata, else a plain one. A
-    file is a Keras model by its suffix, or a file some runtime measures as it is (``.tflite``,
-    ``.onnx``: `tfopt.runtimes.file_suffixes`).
-
-    Raises:
-        ValueError: Not a model file tfopt reads.
-    """
-    from tfopt.runtimes import file_suffixes
-
-    suffixes = file_suffixes()
-    if path.suffix.lower() in KERAS_SUFFIXES:
-        return "keras"
-    if path.suffix in suffixes:
-        return suffixes[path.suffix]
-    if path.suffix == "" or path.is_dir():
-        return "keras" if (path / "keras_metadata.pb").is_file() else "savedmodel"
-    known = [*KERAS_SUFFIXES, *suffixes]
-    listed = f"{', '.join(known[:-1])} or {known[-1]}"
-    raise ValueError(f"model.path: {path} is not a {listed} file or a SavedModel folder")
-
-
-APPLICATION_ARCHITECTURES = ("mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
-                             "efficientnet_b0", "resnet50")
-"""The zoo networks tfopt/models/zoo.py builds from tf_keras.applications."""
-Architecture = Literal["small_cnn", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
-                       "efficientnet_b0", "resnet50"]
-
-
-class ModelConfig(Section):
-    """Which model is the baseline: a zoo network, the user's trained file, or the user's code."""
-
-    source: Literal["zoo", "file", "builder"] = Field(
-        "zoo",
-        description=(
-            "zoo: a network of tfopt's model zoo (architecture); file: a trained tf_keras model "
-            "file (path); builder: your model-building function (builder)."
-        ),
-    )
-    path: Path | None = Field(
-        None,
-        description=(
-            "source=file: a trained model: a Keras .keras, .h5 or .hdf5 file (tf_keras or "
-            "Keras 3: goes through everything), a SavedModel folder, a .tflite or an .onnx "
-            "file (see the README's table of what each kind gets)."
-        ),
-    )
-    builder: str | None = Field(
-        None, pattern=_BUILDER_PATTERN,
-        description=(
-            'source=builder: "my_model.py:build" (a file) or "my_package.models:build" (a '
-            "module), a function (image_size, num_classes) -> uncompiled tf_keras.Model."
-        ),
-    )
-    architecture: Architecture = Field(
-        "small_cnn",
-        description=(
-            "source=zoo: the network. small_cnn is written in tfopt; the others are "
-            "tf_keras.applications built with weights=None (nothing is downloaded; images of "
-            "at least 32x32)."
-        ),
-    )
-    weights: Path | None = Field(
-        None,
-        description=(
-            "source=zoo: a local weights file to start from (an application's feature "
-            "extractor, e.g. an ImageNet 'no top' .h5; small_cnn: save_weights of the same "
-            "network)."
-        ),
-    )
-    width: int = Field(32, ge=4, le=256, description="Filters in small_cnn's first convolution.")
-    alpha: float = Field(0.35, gt=0.0, le=2.0, description="The MobileNets' width multiplier.")
-    data_format: Literal["channels_last", "channels_first"] = Field(
-        "channels_last", description="source=zoo: layout inside the model, NHWC or NCHW."
-    )
-    input_scale: InputScale = Field(
-        "unit",
-        description=(
-            "Pixels the model expects: unit (0..1), symmetric (-1..1) or raw (0..255, for "
-            "models with their own rescaling layer); applied in training, calibration and "
-            "benchmark inputs alike."
-        ),
-    )
-    head: Literal["keep", "replace"] = Field(
-        "keep",
-        description=(
-            "source=file or builder, Keras models: keep the model's classification layer, or "
-            "replace it with a new one for the data's classes (a pretrained network on your "
-            "classes): the new head trains alone for train.head_epochs, then everything for "
-            "train.epochs."
-        ),
-    )
-
-    @property
-    def kind(self) -> str:
-        """The kind of model the baseline is (a zoo network or a builder's is a Keras model)."""
-        return model_kind(self.path) if self.source == "file" and self.path else "keras"
-
-    @model_validator(mode="after")
-    def _source_has_what_it_needs(self) -> ModelConfig:
-        if self.source == "file" and self.path is None:
-            raise ValueError("model.source=file needs model.path (a .keras, .h5, .hdf5, .tflite or "
-                             ".onnx file or a SavedModel folder)")
-        if self.source == "file":
-            model_kind(self.path)
-        if self.source == "builder" and not self.builder:
-            raise ValueError('model.source=builder needs model.builder ("file.py:function")')
-        if self.source != "file" and self.path is not None:
-            raise ValueError(f"model.path is used with model.source=file, not {self.source}")
-        if self.source != "builder" and self.builder:
-            raise ValueError(f"model.builder is used with model.source=builder, not {self.source}")
-        if self.source != "zoo" and self.weights is not None:
-            raise ValueError(f"model.weights is used with model.source=zoo, not {self.source}")
-        if self.head == "replace" and self.source == "zoo":
-            raise ValueError("model.head: replace is for a model you bring (model.source=file "
-                             "or builder); zoo networks are built for the data's classes")
-        if self.head == "replace" and self.kind != "keras":
-            raise ValueError(f"model.head: replace needs a Keras model to train; model.path is "
-                             f"a {self.kind} model")
-        return self
+"""Pixels a model expects: unit (0..1), symmetric (-1..1) or raw (0..255)."""
 
 
 class TrainConfig(Section):
@@ -574,28 +448,6 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     return raw
 
 
-def check_paths(config: Any) -> None:
-    """Refuse a run whose data folder is missing or whose work folder cannot be written.
-
-    Raises:
-        ConfigError: Naming the field, the path and what is wrong with it.
-    """
-    source = config.data.source_dir
-    if not source.is_dir():
-        raise ConfigError(f"data.source_dir: {source} does not exist or is not a folder")
-    model = getattr(config, "model", None)
-    if isinstance(model, ModelConfig) and model.path is not None:
-        _check_model_path(model.path, config)
-    if isinstance(model, ModelConfig) and model.weights is not None and (
-            not model.weights.is_file()):
-        raise ConfigError(f"model.weights: {model.weights} does not exist or is not a file")
-    if isinstance(model, ModelConfig) and model.builder:
-        target = model.builder.rpartition(":")[0]
-        if target.endswith(".py") and not Path(target).is_file():
-            raise ConfigError(f"model.builder: {target} does not exist")
-    check_writable(config.work_dir)
-
-
 def check_writable(work: Path) -> None:
     """Refuse a work folder that cannot be written, without creating it.
 
@@ -620,20 +472,6 @@ def check_writable(work: Path) -> None:
         raise ConfigError(
             f"work_dir: {work} is not a writable folder ({error.strerror or error})"
         ) from error
-
-
-def _check_model_path(path: Path, config: Any) -> None:
-    """The model file exists, and is a kind that can be trained if training is asked for."""
-    if not (path.is_file() or (path / "saved_model.pb").is_file()):
-        raise ConfigError(
-            f"model.path: {path} does not exist or is neither a model file nor a SavedModel folder")
-    kind = model_kind(path)
-    epochs = getattr(getattr(config, "train", None), "epochs", 0)
-    if kind != "keras" and epochs:
-        raise ConfigError(
-            f"train.epochs: {epochs} fine-tunes the model, but model.path {path} is a {kind} "
-            "model, which tfopt cannot train (only tf_keras models): set train.epochs: 0"
-        )
 
 
 def describe_validation_error(error: ValidationError) -> str:

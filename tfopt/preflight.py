@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from tfopt.artifacts import ModelFacts
-from tfopt.config import ConfigError, DataConfig
+from tfopt.config import ConfigError, DataConfig, check_writable
+from tfopt.models.config import ModelConfig
+from tfopt.runtimes import model_kind
 
 MODEL_SPACE_FACTOR = 40
 """Work-folder bytes a run writes per byte of its model file: the variants (TFLite, ONNX,
@@ -128,13 +130,48 @@ def _model_bytes(path: Path | None) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def check_paths(config: Any) -> None:
+    """Refuse a run whose data folder is missing or whose work folder cannot be written.
+
+    Raises:
+        ConfigError: Naming the field, the path and what is wrong with it.
+    """
+    source = config.data.source_dir
+    if not source.is_dir():
+        raise ConfigError(f"data.source_dir: {source} does not exist or is not a folder")
+    model = getattr(config, "model", None)
+    if isinstance(model, ModelConfig) and model.path is not None:
+        _check_model_path(model.path, config)
+    if isinstance(model, ModelConfig) and model.weights is not None and (
+            not model.weights.is_file()):
+        raise ConfigError(f"model.weights: {model.weights} does not exist or is not a file")
+    if isinstance(model, ModelConfig) and model.builder:
+        target = model.builder.rpartition(":")[0]
+        if target.endswith(".py") and not Path(target).is_file():
+            raise ConfigError(f"model.builder: {target} does not exist")
+    check_writable(config.work_dir)
+
+
+def _check_model_path(path: Path, config: Any) -> None:
+    """The model file exists, and is a kind that can be trained if training is asked for."""
+    if not (path.is_file() or (path / "saved_model.pb").is_file()):
+        raise ConfigError(
+            f"model.path: {path} does not exist or is neither a model file nor a SavedModel folder")
+    kind = model_kind(path)
+    epochs = getattr(getattr(config, "train", None), "epochs", 0)
+    if kind != "keras" and epochs:
+        raise ConfigError(
+            f"train.epochs: {epochs} fine-tunes the model, but model.path {path} is a {kind} "
+            "model, which tfopt cannot train (only tf_keras models): set train.epochs: 0"
+        )
+
+
 def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:
     """Check a pipeline run's data, names, space and model before any work.
 
     Raises:
         ConfigError: The first problem found, in one line naming the field.
     """
-    from tfopt.config import check_paths
     from tfopt.models.inspection import inspect_model
 
     check_paths(config)

@@ -12,19 +12,19 @@ from pathlib import Path
 
 from tfopt.artifacts import Precision, VariantFormat, VariantSpec
 
-# Forms where the precision is a choice made for that form, so the name always states it.
-_PRECISION_NAMED = frozenset({"tflite", "tftrt"})
 
-
-def variant_name(source: str, form: str, precision: Precision) -> str:
-    """``<source>-<form>``, plus ``-<precision>`` for TFLite/TensorRT forms or non-fp32 models.
+def variant_name(source: str, form: str, precision: Precision, *,
+                 names_precision: bool = False) -> str:
+    """``<source>-<form>``, plus ``-<precision>`` for a non-fp32 model or where always named.
 
     Args:
         source: The model's name (``baseline``, ``pruned-80``, ``qat`` ...).
         form: The format, with its flavor if any (``graph``, ``xla-autocluster``, ``tflite``).
         precision: The numeric precision.
+        names_precision: State fp32 too: the runtime chooses a precision per form
+            (``baseline-tflite-fp32``; `Runtime.names_precision`).
     """
-    shown = form in _PRECISION_NAMED or precision != "fp32"
+    shown = names_precision or precision != "fp32"
     return f"{source}-{form}-{precision}" if shown else f"{source}-{form}"
 
 
@@ -37,8 +37,12 @@ def plan_variant(
     derived_from: str | None = None,
     path: Path | None = None,
     params: dict[str, str | int | float | bool] | None = None,
+    names_precision: bool = False,
 ) -> VariantSpec:
     """A variant to build (``path`` None) or already built, named by `variant_name`.
+
+    Runtimes plan through `Runtime.variant`, everything else through the registry's
+    `tfopt.runtimes.plan_variant`, so a name follows its runtime's rule.
 
     Args:
         source: The model's name.
@@ -49,9 +53,11 @@ def plan_variant(
         derived_from: The variant this one is an optimized form of (None: a starting point).
         path: The model file or folder, if it exists already.
         params: How it was built (converter settings, XLA mode ...).
+        names_precision: State fp32 in the name too (see `variant_name`).
     """
     return VariantSpec(
-        name=variant_name(source, form or format, precision), source=source, format=format,
+        name=variant_name(source, form or format, precision, names_precision=names_precision),
+        source=source, format=format,
         precision=precision, path=path, form=form or format, derived_from=derived_from,
         params=params or {},
     )

@@ -15,13 +15,12 @@ from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.data.pipeline import load_split
 from tfopt.report.files import _api_lines, _runtime_lines
 from tfopt.report.summary import variant_entry
-from tfopt.runtimes import ConvertConfig, load_runner, plan_forms, registry
+from tfopt.runtimes import ConvertConfig, load_runner, plan_forms, plan_variant, registry
 from tfopt.runtimes import openvino as openvino_module
 from tfopt.runtimes.base import PlanRequest, softmax
 from tfopt.runtimes.litert import CompiledModelRunner, TFLiteRunner
 from tfopt.runtimes.openvino import OpenVINOSettings
 from tfopt.runtimes.tensorflow import SavedModelRunner
-from tfopt.variants import plan_variant
 
 OPENVINO = registry()["openvino"]
 

@@ -69,7 +69,7 @@ from tfopt.runtimes.base import (
     BuildSources, PlanRequest, Runner, Runtime, RuntimeSection, TensorInfo, batch_one,
     required,
 )
-from tfopt.variants import built, plan_variant, variant_name
+from tfopt.variants import built
 
 
 class ReferenceSettings(RuntimeSection):
@@ -113,8 +113,8 @@ class OnnxReference(Runtime):
     def plan(self, request: PlanRequest, settings: ReferenceSettings) -> list[VariantSpec]:
         if request.compressed or request.kind != "keras" or not settings.enabled:
             return []
-        onnx = variant_name(request.source, "onnx", "fp32")
-        return [plan_variant(request.source, "onnxref", derived_from=onnx)]
+        onnx = self.variant_name(request.source, "onnx", "fp32")
+        return [self.variant(request.source, "onnxref", derived_from=onnx)]
 
     def builds_from(self, spec: VariantSpec) -> str | None:
         return spec.derived_from

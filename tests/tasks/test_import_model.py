@@ -11,10 +11,12 @@ import tensorflow as tf
 from flows.parameters import PipelineConfig
 from tasks.import_model import import_model
 from tests.steps import to_onnx, to_tflite
-from tfopt.config import ConfigError, ModelConfig, check_paths
+from tfopt.config import ConfigError
 from tfopt.data.pipeline import load_split_arrays
+from tfopt.models.config import ModelConfig
 from tfopt.models.keras_io import load_keras_model
 from tfopt.models.sources import ModelSourceError, baseline_factory
+from tfopt.preflight import check_paths
 from tfopt.runtimes import ConvertConfig
 from tfopt.runtimes.litert import TFLiteRunner
 from tfopt.runtimes.onnxruntime import OnnxRunner

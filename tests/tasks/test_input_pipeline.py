@@ -12,8 +12,9 @@ from tasks.sweep_batch_size import sweep_batch_size
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tfopt.artifacts import SweepPoint
-from tfopt.config import DataConfig, InputConfig, ModelConfig
+from tfopt.config import DataConfig, InputConfig
 from tfopt.data.pipeline import ReaderOptions, naive_dataset, plan_cache, tuned_dataset
+from tfopt.models.config import ModelConfig
 from tfopt.models.step_timing import choose_batch_size
 
 

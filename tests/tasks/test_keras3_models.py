@@ -16,8 +16,9 @@ from tasks.train_model import train_model
 from tests.conftest import write_digit_folder
 from tests.steps import training_data
 from tfopt.artifacts import VariantSpec
-from tfopt.config import ModelConfig, TrainConfig
+from tfopt.config import TrainConfig
 from tfopt.data.pipeline import load_split
+from tfopt.models.config import ModelConfig
 from tfopt.models.keras_io import flavor_of, keras_flavor_of_file, load_keras_model
 from tfopt.runtimes import runtime_of
 

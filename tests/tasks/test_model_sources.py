@@ -13,9 +13,11 @@ from tasks.measure_data_layout import measure_data_layout
 from tasks.train_model import train_model
 from tests.conftest import write_digit_folder
 from tests.steps import training_data
-from tfopt.config import ConfigError, ModelConfig, TrainConfig, check_paths
+from tfopt.config import ConfigError, TrainConfig
+from tfopt.models.config import ModelConfig
 from tfopt.models.keras_io import load_keras_model
 from tfopt.models.sources import ModelSourceError, baseline_factory
+from tfopt.preflight import check_paths
 
 BUILDER = """
 import tf_keras as keras

@@ -9,7 +9,7 @@ import pytest
 import tf_keras as keras
 
 from flows.parameters import PipelineConfig
-from tfopt.config import APPLICATION_ARCHITECTURES, Architecture, ModelConfig
+from tfopt.models.config import APPLICATION_ARCHITECTURES, Architecture, ModelConfig
 from tfopt.models.zoo import APPLICATIONS, ARCHITECTURES, FROM_SCRATCH_BN_MOMENTUM, build_model
 
 

@@ -102,7 +102,8 @@ def test_mixed_precision_training_saves_a_float32_model(tiny_dataset, tmp_path):
 
     from tasks.train_model import train_model
     from tests.steps import training_data
-    from tfopt.config import ModelConfig, TrainConfig
+    from tfopt.config import TrainConfig
+    from tfopt.models.config import ModelConfig
 
     model = train_model.fn(
         training_data(tiny_dataset, seed=42), ModelConfig(width=4),
@@ -120,7 +121,8 @@ def test_mixed_precision_training_saves_a_float32_model(tiny_dataset, tmp_path):
 def test_mirrored_strategy_training_learns_and_reloads(tiny_dataset, tmp_path):
     from tasks.train_model import train_model
     from tests.steps import training_data
-    from tfopt.config import ModelConfig, TrainConfig
+    from tfopt.config import TrainConfig
+    from tfopt.models.config import ModelConfig
 
     model = train_model.fn(
         training_data(tiny_dataset, seed=42), ModelConfig(width=8),

@@ -11,8 +11,9 @@ from tasks.inspect_model import inspect_model
 from tasks.train_model import train_model
 from tests.conftest import write_digit_folder
 from tests.steps import to_onnx, to_tflite, training_data
-from tfopt.config import ModelConfig, TrainConfig
+from tfopt.config import TrainConfig
 from tfopt.data.pipeline import load_split
+from tfopt.models.config import ModelConfig
 from tfopt.models.keras_io import load_keras_model
 from tfopt.models.sources import ModelSourceError, baseline_factory
 from tfopt.runtimes import ConvertConfig, runtime_of

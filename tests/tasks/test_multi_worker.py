@@ -12,7 +12,8 @@ from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tests.steps import training_data
-from tfopt.config import DataConfig, ModelConfig, TrainConfig
+from tfopt.config import DataConfig, TrainConfig
+from tfopt.models.config import ModelConfig
 from tfopt.models.multi_worker import SPEC_NAME, WorkerFailedError
 from tfopt.models.training import HISTORY_NAME, read_history
 

@@ -17,13 +17,12 @@ from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.fileio import sha256_file
 from tfopt.measurement import load_scenarios
 from tfopt.measurement.floor import floor_key
-from tfopt.runtimes import ConvertConfig, registry
+from tfopt.runtimes import ConvertConfig, plan_variant, registry
 from tfopt.runtimes.base import softmax
 from tfopt.runtimes.litert import TFLiteRunner, tflite_precision
 from tfopt.runtimes.onnxruntime import OnnxRunner
 from tfopt.runtimes.tensorflow import GraphRunner, SavedModelRunner
 from tfopt.runtimes.tensorrt import tftrt_unavailable_reason
-from tfopt.variants import plan_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -343,7 +342,7 @@ import sys
 import numpy as np
 from pathlib import Path
 from tfopt.runtimes import load_runner
-from tfopt.variants import plan_variant
+from tfopt.runtimes import plan_variant
 runner = load_runner(plan_variant("baseline", "graph", sys.argv[1], path=Path(sys.argv[2])))
 np.save(sys.argv[4], runner.predict(np.load(sys.argv[3])))
 """

@@ -17,8 +17,9 @@ from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tests.steps import training_data
-from tfopt.config import DataConfig, ModelConfig, TrainConfig
-from tfopt.models.baseline import BEST_NAME
+from tfopt.config import DataConfig, TrainConfig
+from tfopt.models.baseline_fit import BEST_NAME
+from tfopt.models.config import ModelConfig
 from tfopt.models.training import HISTORY_NAME, KeepBestWeights, read_history
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +84,8 @@ def test_training_killed_mid_way_resumes_from_its_last_epoch(tiny_dataset, tmp_p
         from pathlib import Path
         from tasks.train_model import train_model
         from tfopt.artifacts import DatasetArtifact, TrainingData
-        from tfopt.config import InputConfig, ModelConfig, TrainConfig
+        from tfopt.config import InputConfig, TrainConfig
+        from tfopt.models.config import ModelConfig
         dataset = DatasetArtifact.model_validate_json(Path({str(dataset_json)!r}).read_text())
         data = TrainingData(dataset=dataset, batch_size=8, seed=42, input=InputConfig())
         train_model.fn(data, ModelConfig(width=4), TrainConfig(epochs={epochs}, batch_size=8),
@@ -157,7 +159,8 @@ def test_two_runs_training_one_baseline_at_once_both_complete(tiny_dataset, tmp_
         logging.getLogger("tfopt").addHandler(logging.StreamHandler(sys.stdout))
         logging.getLogger("tfopt").setLevel(logging.INFO)
         from tfopt.artifacts import DatasetArtifact, TrainingData
-        from tfopt.config import InputConfig, ModelConfig, TrainConfig
+        from tfopt.config import InputConfig, TrainConfig
+        from tfopt.models.config import ModelConfig
         dataset = DatasetArtifact.model_validate_json(Path({str(dataset_json)!r}).read_text())
         data = TrainingData(dataset=dataset, batch_size=8, seed=42, input=InputConfig())
         model = train_model.fn(data, ModelConfig(width=4), TrainConfig(epochs=4, batch_size=8),

@@ -8,14 +8,13 @@ import pytest
 from tasks.export_savedmodel import export_savedmodel
 from tests.steps import build
 from tfopt.models.keras_io import load_keras_model, save_keras_model
-from tfopt.runtimes import ConvertConfig
+from tfopt.runtimes import ConvertConfig, plan_variant
 from tfopt.runtimes._litert_selective import (
     NoQuantizableLayerError,
     channel_error,
     rank_layers,
 )
 from tfopt.runtimes.litert import TFLiteRunner
-from tfopt.variants import plan_variant
 
 CFG = ConvertConfig(calibration_examples=50, selective_max_float_layers=4)
 
@@ -32,7 +31,8 @@ def digits_baseline(tmp_path_factory):
     from tasks.write_tfrecords import write_tfrecords
     from tests.conftest import write_digit_folder
     from tests.steps import training_data
-    from tfopt.config import DataConfig, ModelConfig, TrainConfig
+    from tfopt.config import DataConfig, TrainConfig
+    from tfopt.models.config import ModelConfig
 
     work = tmp_path_factory.mktemp("digits10")
     folder = write_digit_folder(work / "images", classes=10, per_class=30)

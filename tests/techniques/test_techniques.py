@@ -153,7 +153,7 @@ def test_sparse_encoding_shrinks_the_pruned_fp32_file_and_keeps_its_outputs(
         tiny_baseline, tiny_data, tiny_dataset, test_images, tmp_path):
     from tasks.export_savedmodel import export_savedmodel
     from tests.steps import build
-    from tfopt.variants import plan_variant
+    from tfopt.runtimes import plan_variant
 
     pruned = prune_model.fn(tiny_baseline, PruneConfig(epochs=2), tiny_data, tmp_path)
     savedmodel = export_savedmodel.fn(pruned, tmp_path)

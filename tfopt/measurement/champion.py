@@ -14,6 +14,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from tfopt.artifacts import Runoff, VariantResult
+from tfopt.runtimes import runtime_of
 
 
 class ChampionChoice(BaseModel):
@@ -70,7 +71,7 @@ _PRECISION_ORDER = {"fp32": 0, "float16": 1, "bfloat16": 2, "dynamic": 3, "int8"
 def simplicity(result: VariantResult) -> tuple[int, int, int]:
     """Sort key of how much was done to a variant: fewer steps sort first."""
     return (result.source != "baseline", _PRECISION_ORDER.get(result.precision, 6),
-            result.format == "xla")
+            result.format in runtime_of(result.format).compiled_formats)
 
 
 def tied_with_best(best: VariantResult, candidates: list[VariantResult],

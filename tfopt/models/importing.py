@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, ModelFacts, VariantSpec
-from tfopt.config import ModelConfig, model_kind
+from tfopt.models.config import ModelConfig
 from tfopt.models.sources import IMAGE_CHANNELS, ModelSourceError, check_class_order
-from tfopt.runtimes import runtime_of
+from tfopt.runtimes import model_kind, runtime_of
 from tfopt.runtimes.base import Runner
 from tfopt.serving import write_labels
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tfopt.artifacts import ModelFacts
-from tfopt.config import ModelConfig
+from tfopt.models.config import ModelConfig
 from tfopt.models.importing import inspect_model_file
 from tfopt.models.keras_io import flavor_of
 from tfopt.models.sources import baseline_factory

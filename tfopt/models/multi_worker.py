@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 from tfopt.artifacts import TrainingData
-from tfopt.config import ModelConfig, TrainConfig
+from tfopt.config import TrainConfig
 from tfopt.fileio import atomic_write_json
+from tfopt.models.config import ModelConfig
 from tfopt.orchestration import StepProgress
 from tfopt.services import free_port
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The strategy must exist before any other TensorFlow operation runs in this process.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    from tfopt.models.baseline import TRAINED_NAME, keep_trained, train_in_scope
+    from tfopt.models.baseline_fit import TRAINED_NAME, keep_trained, train_in_scope
     from tfopt.models.keras_io import save_keras_model
 
     spec = json.loads(Path(spec_path).read_text())

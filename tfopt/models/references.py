@@ -16,14 +16,15 @@ from tfopt.packaging import model_file_of
 if TYPE_CHECKING:
     from tfopt.runtimes.base import TensorInfo
 
-_KERAS_FORMAT = {".keras": "graph", ".h5": "graph", ".hdf5": "graph"}
-"""A Keras file is measured as a TensorFlow graph."""
-
 
 def _suffix_formats() -> dict[str, str]:
-    from tfopt.runtimes import file_suffixes
+    """Model file suffixes and the format each is measured as (a Keras file: a TensorFlow graph)."""
+    from tfopt.runtimes import model_file_suffixes
 
-    return {**_KERAS_FORMAT, **file_suffixes()}
+    return {suffix: "graph" if kind == "keras" else kind
+            for suffix, kind in model_file_suffixes().items()}
+
+
 _MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
 _RUN_URI = re.compile(r"^runs:/(?P<run_id>[0-9a-f]{32})/(?P<path>[^\s]+)$")
 

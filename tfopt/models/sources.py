@@ -13,7 +13,8 @@ from typing import Literal
 
 import tf_keras as keras
 
-from tfopt.config import ConfigError, ModelConfig
+from tfopt.config import ConfigError
+from tfopt.models.config import ModelConfig
 from tfopt.models.keras_io import (
     CodeNotAllowedError,
     import_code,

@@ -14,8 +14,9 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tfopt.artifacts import BatchSweepResult, DatasetArtifact, LayoutResult, SweepPoint
-from tfopt.config import InputConfig, ModelConfig
+from tfopt.config import InputConfig
 from tfopt.data.pipeline import load_split
+from tfopt.models.config import ModelConfig
 from tfopt.models.keras_io import keras_of
 from tfopt.models.sources import baseline_factory
 from tfopt.provenance import cpu_model

@@ -13,12 +13,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, create_model
 
 import tfopt  # noqa: F401  (environment before TensorFlow)
-from tfopt.artifacts import VariantSpec
+from tfopt.artifacts import Precision, VariantSpec
 from tfopt.config import Section
 from tfopt.runtimes.base import ConversionSettings, PlanRequest, Runner, Runtime
 
@@ -67,6 +68,19 @@ def load_runner(spec: VariantSpec, threads: int = 1) -> Runner:
     return runtime_of(spec.format).load_runner(spec, threads)
 
 
+def plan_variant(source: str, variant_format: str, precision: Precision = "fp32",
+                 **fields: Any) -> VariantSpec:
+    """A variant of a format some runtime measures, named as that runtime names its forms.
+
+    The registry's edge for variants planned outside the runtimes (a reference model, a
+    benchmark script's file); the keyword fields are `tfopt.variants.plan_variant`'s.
+
+    Raises:
+        ValueError: No runtime measures `variant_format`.
+    """
+    return runtime_of(variant_format).variant(source, variant_format, precision, **fields)
+
+
 def known_formats() -> frozenset[str]:
     """Every variant format some runtime measures."""
     return frozenset(fmt for runtime in registry().values() for fmt in runtime.formats)
@@ -76,6 +90,37 @@ def file_suffixes() -> dict[str, str]:
     """Model file suffixes a runtime measures as they are (``.tflite``), with their format."""
     return {suffix: fmt for runtime in registry().values()
             for suffix, fmt in runtime.file_suffixes.items()}
+
+
+KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
+"""Files tfopt reads as Keras models (tf_keras or Keras 3, whichever saved the file)."""
+
+
+def model_file_suffixes() -> dict[str, str]:
+    """Every model file suffix tfopt reads, with its kind: ``keras`` or a runtime's format."""
+    return {**dict.fromkeys(KERAS_SUFFIXES, "keras"), **file_suffixes()}
+
+
+def model_kind(path: Path) -> str:
+    """The kind of model file or folder at `path`: ``keras``, ``savedmodel`` or a runtime's format.
+
+    The one place that tells model files apart. A folder is a SavedModel: a tf_keras one when
+    it holds Keras metadata, else a plain one. A file is a Keras model by its suffix, or a file
+    some runtime measures as it is (``.tflite``, ``.onnx``: `Runtime.file_suffixes`).
+
+    Raises:
+        ValueError: Not a model file tfopt reads.
+    """
+    suffixes = model_file_suffixes()
+    if path.suffix.lower() in KERAS_SUFFIXES:
+        return "keras"
+    if path.suffix in suffixes:
+        return suffixes[path.suffix]
+    if path.suffix == "" or path.is_dir():
+        return "keras" if (path / "keras_metadata.pb").is_file() else "savedmodel"
+    known = list(suffixes)
+    listed = f"{', '.join(known[:-1])} or {known[-1]}"
+    raise ValueError(f"model.path: {path} is not a {listed} file or a SavedModel folder")
 
 
 def settings_of(runtime: Runtime, config: Any) -> Any:

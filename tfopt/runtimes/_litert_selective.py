@@ -32,8 +32,8 @@ from tfopt.artifacts import ModelArtifact, VariantSpec
 from tfopt.data.pipeline import load_split
 from tfopt.fileio import atomic_write_bytes
 from tfopt.logs import step_logger
+from tfopt.runtimes._litert_files import TFLiteRunner, representative_images, serving_converter
 from tfopt.runtimes.base import BuildSources
-from tfopt.runtimes.litert import TFLiteRunner, representative_images, serving_converter
 from tfopt.variants import built, failed, skipped
 
 DEBUG_EXAMPLES = 64

@@ -34,6 +34,7 @@ from tfopt.artifacts import (
 )
 from tfopt.config import Section
 from tfopt.serving import OUTPUT_LOGITS
+from tfopt.variants import plan_variant, variant_name
 
 Feeds = Mapping[str, np.ndarray] | np.ndarray
 """A batch of inputs by name, or a classifier's images (its one input)."""
@@ -271,6 +272,10 @@ class Runtime(ABC):
         shares_process: Its variants can be timed side by side in one process (the run-off).
         exports: It ships a bundle beside a baseline's variants (`export`).
         main_api: The name of the API `load_runner` opens, where `other_apis` offers others.
+        names_precision: Its forms' names state their precision even at fp32
+            (``baseline-tflite-fp32``): each form is converted at a precision of its own.
+        compiled_formats: Formats compiled when they are opened (XLA): one step more than the
+            model as it is, so a tie goes to the simpler form (`champion.simplicity`).
     """
 
     name: ClassVar[str]
@@ -282,6 +287,18 @@ class Runtime(ABC):
     shares_process: ClassVar[bool] = False
     exports: ClassVar[bool] = False
     main_api: ClassVar[str] = ""
+    names_precision: ClassVar[bool] = False
+    compiled_formats: ClassVar[frozenset[str]] = frozenset()
+
+    def variant(self, source: str, variant_format: str, precision: Precision = "fp32",
+                **fields: Any) -> VariantSpec:
+        """One of its forms of the model `source`, named by its rule (see `plan_variant`)."""
+        return plan_variant(source, variant_format, precision,
+                            names_precision=self.names_precision, **fields)
+
+    def variant_name(self, source: str, form: str, precision: Precision) -> str:
+        """The name of its form `form` of the model `source` at `precision`."""
+        return variant_name(source, form, precision, names_precision=self.names_precision)
 
     @abstractmethod
     def plan(self, request: PlanRequest, settings: Any) -> list[VariantSpec]:
@@ -381,6 +398,18 @@ class Runtime(ABC):
     def extra_files(self, runner: Runner, spec: VariantSpec, images: np.ndarray) -> list[Path]:
         """Files a measurement leaves for the run's artifacts (e.g. compiled HLO)."""
         return []
+
+    def read_back(self, spec: VariantSpec) -> dict[str, float]:
+        """What survived the conversion in a built variant's file, as metrics (none: empty).
+
+        E.g. the zeros a pruning kept and the values a clustering left in an int8 file's
+        kernels: the technique's promise checked in the file that is measured, not in the
+        Keras model (`compress_model` adds them to the technique's metrics).
+
+        Raises:
+            OSError, ValueError, RuntimeError: The file cannot be read.
+        """
+        return {}
 
     def slowdown_reason(self, result: VariantResult) -> str | None:
         """Why this form may come out slower than what it derives from, as commonly seen."""

@@ -42,7 +42,7 @@ from tfopt.runtimes.base import (
     softmax,
 )
 from tfopt.serving import INPUT_NAME, OUTPUT_LOGITS, SIGNATURE_KEY, write_labels
-from tfopt.variants import built, plan_variant, skipped, variant_name
+from tfopt.variants import built, skipped
 
 CHECK_EXAMPLES = 256
 PROFILE_METHOD = "ONNX Runtime profiler: kernel time per call"
@@ -350,26 +350,25 @@ class OnnxRuntime(Runtime):
         if request.compressed:
             return self._compressed_forms(request, settings)
         if request.kind == "onnx":
-            return [plan_variant(source, "onnx", request.precision)]
+            return [self.variant(source, "onnx", request.precision)]
         if request.kind not in ("keras", "savedmodel"):
-            return [skipped(plan_variant(source, "onnx"),
+            return [skipped(self.variant(source, "onnx"),
                             f"model.path is a .{request.kind} file: it is benchmarked as it is")]
         if not settings.onnx:
             return []
-        onnx = plan_variant(source, "onnx", derived_from=plan_variant(source, "savedmodel").name)
-        return [onnx, *(plan_variant(source, "onnx", precision, derived_from=onnx.name)
+        onnx = self.variant(source, "onnx", derived_from=self.variant(source, "savedmodel").name)
+        return [onnx, *(self.variant(source, "onnx", precision, derived_from=onnx.name)
                         for precision in settings.onnx_quantize)]
 
-    @staticmethod
-    def _compressed_forms(request: PlanRequest, settings: OnnxSettings) -> list[VariantSpec]:
+    def _compressed_forms(self, request: PlanRequest, settings: OnnxSettings) -> list[VariantSpec]:
         """A technique's Keras model: its checked export and int8, as `onnx_compressed` asks."""
         if not (settings.onnx and settings.onnx_compressed) or request.kind != "keras":
             return []
-        onnx = plan_variant(request.source, "onnx",
-                            derived_from=variant_name(request.start or "baseline", "onnx", "fp32"))
+        start = self.variant_name(request.start or "baseline", "onnx", "fp32")
+        onnx = self.variant(request.source, "onnx", derived_from=start)
         if "int8" not in settings.onnx_compressed:
             return [onnx]
-        return [onnx, plan_variant(request.source, "onnx", "int8", derived_from=onnx.name)]
+        return [onnx, self.variant(request.source, "onnx", "int8", derived_from=onnx.name)]
 
     def builds_from(self, spec: VariantSpec) -> str | None:
         """A quantized file is ONNX Runtime's quantization of the float ONNX file."""
@@ -382,7 +381,7 @@ class OnnxRuntime(Runtime):
             return built(spec, sources.model.path)
         if spec.precision == "fp32":
             return export_onnx(spec, sources, settings)
-        from tfopt.runtimes.litert import representative_images
+        from tfopt.runtimes._litert_files import representative_images
 
         float_file = required(sources, spec.derived_from)
         path = sources.out_dir / f"{spec.name}.onnx"

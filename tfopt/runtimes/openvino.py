@@ -46,7 +46,7 @@ from tfopt.runtimes.base import (
     batch_one,
 )
 from tfopt.serving import INPUT_NAME, OUTPUT_LOGITS, write_labels
-from tfopt.variants import built, plan_variant, skipped, variant_name
+from tfopt.variants import built, skipped
 
 # OpenVINO's converter and NNCF send usage telemetry unless the user opted out; the sender forks
 # the process from a thread, which deadlocked a multi-threaded `tfopt run` at exit (and there is
@@ -478,16 +478,16 @@ class OpenVINO(Runtime):
         source = request.source
         if request.compressed:
             precisions = list(settings.compressed)
-            planned = [plan_variant(source, "openvino", p,
-                                    derived_from=variant_name(request.start, "openvino", p))
+            planned = [self.variant(source, "openvino", p,
+                                    derived_from=self.variant_name(request.start, "openvino", p))
                        for p in precisions]
         elif request.kind not in ("keras", "savedmodel"):
-            return [skipped(plan_variant(source, "openvino"),
+            return [skipped(self.variant(source, "openvino"),
                             f"model.path is a .{request.kind} file: it is benchmarked as it is")]
         else:
-            fp32 = variant_name(source, "openvino", "fp32")
-            planned = [plan_variant(source, "openvino", p,
-                                    derived_from=(plan_variant(source, "savedmodel").name
+            fp32 = self.variant_name(source, "openvino", "fp32")
+            planned = [self.variant(source, "openvino", p,
+                                    derived_from=(self.variant(source, "savedmodel").name
                                                   if p == "fp32" else fp32))
                        for p in settings.precisions]
         why_not = openvino_unavailable_reason()
@@ -495,14 +495,14 @@ class OpenVINO(Runtime):
             return [skipped(spec, why_not) for spec in planned]
         no_bf16 = bf16_unavailable_reason()
         return [skipped(spec, f"{no_bf16}; OpenVINO's default precision here is f32, which "
-                              f"{variant_name(source, 'openvino', 'fp32')} measures")
+                              f"{self.variant_name(source, 'openvino', 'fp32')} measures")
                 if spec.precision == "bfloat16" and no_bf16 else spec for spec in planned]
 
     def builds_from(self, spec: VariantSpec) -> str | None:
         """bf16 runs the fp32 files; int8 quantizes them."""
         if spec.precision == "fp32":
             return None
-        return variant_name(spec.source, "openvino", "fp32")
+        return self.variant_name(spec.source, "openvino", "fp32")
 
     def build(self, spec: VariantSpec, sources: BuildSources,
               settings: OpenVINOSettings) -> VariantSpec:
@@ -529,15 +529,14 @@ class OpenVINO(Runtime):
         write_labels(folder, sources.dataset.class_names)
         return built(spec, folder, openvino=_version(), **how)
 
-    @staticmethod
-    def _float_model(spec: VariantSpec, sources: BuildSources) -> Path | str:
+    def _float_model(self, spec: VariantSpec, sources: BuildSources) -> Path | str:
         """The float model's ``.xml`` (built already, or converted now), or why it cannot be."""
-        fp32 = sources.built.get(variant_name(spec.source, "openvino", "fp32"))
+        fp32 = sources.built.get(self.variant_name(spec.source, "openvino", "fp32"))
         if spec.precision != "fp32" and fp32 is not None and fp32.status == "ok" and fp32.path:
             return Path(fp32.path) / MODEL_XML
         try:
             return convert_savedmodel(sources.savedmodel.path, sources.out_dir,
-                                      variant_name(spec.source, "openvino", "fp32"))
+                                      self.variant_name(spec.source, "openvino", "fp32"))
         except Exception as error:  # OpenVINO's frontends raise their own types
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
             return f"OpenVINO cannot convert this model: {type(error).__name__}: {first[:300]}"

@@ -44,7 +44,7 @@ from tfopt.serving import (
     SIGNATURE_KEY,
     write_labels,
 )
-from tfopt.variants import built, plan_variant, skipped, variant_name
+from tfopt.variants import built, skipped
 
 XLA_AUTOCLUSTER_FLAGS = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"
 BF16_REWRITE = "auto_mixed_precision_onednn_bfloat16"
@@ -383,6 +383,7 @@ class TensorFlow(Runtime):
 
     name = "tensorflow"
     formats = frozenset({"graph", "xla", "savedmodel"})
+    compiled_formats = frozenset({"xla"})
     section = TensorFlowSettings
     home = "convert"
     order = 10
@@ -392,19 +393,19 @@ class TensorFlow(Runtime):
         source = request.source
         if request.compressed:
             if "graph" in (request.asked or {}) and request.kind == "keras":
-                return [plan_variant(source, "graph",
-                                     derived_from=variant_name(request.start, "graph", "fp32"))]
+                start = self.variant_name(request.start, "graph", "fp32")
+                return [self.variant(source, "graph", derived_from=start)]
             return []
-        graph = plan_variant(source, "graph")
-        served = plan_variant(source, "savedmodel", derived_from=graph.name)
+        graph = self.variant(source, "graph")
+        served = self.variant(source, "savedmodel", derived_from=graph.name)
         if request.kind not in ("keras", "savedmodel"):
             why = f"model.path is a .{request.kind} file: it is benchmarked as it is"
-            return [skipped(graph, why), skipped(plan_variant(source, "savedmodel"), why)]
-        xla_forms = [plan_variant(source, "xla",
+            return [skipped(graph, why), skipped(self.variant(source, "savedmodel"), why)]
+        xla_forms = [self.variant(source, "xla",
                                   form="xla" if mode == "jit_compile" else f"xla-{mode}",
                                   derived_from=graph.name, params={"xla_mode": mode})
                      for mode in settings.xla]
-        bf16 = [plan_variant(source, "graph", "bfloat16", derived_from=graph.name,
+        bf16 = [self.variant(source, "graph", "bfloat16", derived_from=graph.name,
                              params={"rewrite": BF16_REWRITE})] if settings.bfloat16 else []
         if request.kind == "savedmodel":
             why = "needs a tf_keras model; model.path is a plain SavedModel"

@@ -25,7 +25,7 @@ from tfopt.runtimes.base import (
     required,
 )
 from tfopt.serving import INPUT_NAME, SIGNATURE_KEY
-from tfopt.variants import plan_variant, skipped, variant_name
+from tfopt.variants import skipped
 
 
 class TensorRTSettings(RuntimeSection):
@@ -100,12 +100,13 @@ class TensorRT(Runtime):
     home = "convert"
     order = 40
     exports = True
+    names_precision = True
 
     def plan(self, request: PlanRequest, settings: TensorRTSettings) -> list[VariantSpec]:
         """The TF-TRT form of a baseline, skipped with the reason it cannot be built here."""
         if request.compressed or request.kind not in ("keras", "savedmodel"):
             return []
-        return [skipped(plan_variant(request.source, "savedmodel", form="tftrt"),
+        return [skipped(self.variant(request.source, "savedmodel", form="tftrt"),
                         tftrt_unavailable_reason()
                         or "TF-TRT conversion is not built into tfopt; use the ONNX TensorRT "
                            "bundle")]
@@ -117,7 +118,9 @@ class TensorRT(Runtime):
         Raises:
             SourceNotBuiltError: The ONNX export failed.
         """
-        onnx_name = variant_name(sources.model.name, "onnx", "fp32")
+        from tfopt.runtimes import runtime_of
+
+        onnx_name = runtime_of("onnx").variant_name(sources.model.name, "onnx", "fp32")
         if sources.savedmodel is None or onnx_name not in sources.built:
             return None
         return bundle(sources, required(sources, onnx_name), settings.tensorrt_max_batch,
