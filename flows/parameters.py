@@ -10,9 +10,9 @@ sections come from where they are read: the core's (`tfopt.config`), the runtime
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from techniques import CompressConfig
 from tfopt.config import (
@@ -20,6 +20,7 @@ from tfopt.config import (
     DataConfig,
     InputConfig,
     InputScale,
+    MachineSettings,
     ScaleConfig,
     Section,
     ServicesConfig,
@@ -28,7 +29,6 @@ from tfopt.config import (
     load_config,
     run_name_field,
 )
-from tfopt.machines import check_machine_settings
 from tfopt.models.config import APPLICATION_ARCHITECTURES, ModelConfig
 from tfopt.runtimes import ConvertConfig, RuntimesConfig, known_formats
 
@@ -161,8 +161,8 @@ class BenchmarkOnlyConfig(Section):
             "`batch_size`, `input_scale` and `benchmark` are then taken from that run)."
         ),
     )
-    machine: dict[str, Any] = Field(
-        default_factory=dict,
+    machine: MachineSettings = Field(
+        default_factory=MachineSettings,
         description=(
             "This machine's benchmark.* settings (threads, cpus ...), set by its worker "
             "(`tfopt worker --set benchmark.threads=4`): with pipeline_run, they apply on top "
@@ -172,12 +172,6 @@ class BenchmarkOnlyConfig(Section):
     services: ServicesConfig = Field(
         default_factory=ServicesConfig, description="Waiting for the servers."
     )
-
-    @field_validator("machine")
-    @classmethod
-    def _machine_is_benchmark_settings(cls, machine: dict[str, Any]) -> dict[str, Any]:
-        check_machine_settings(machine)
-        return machine
 
 
 def load_pipeline_config(path: Path | None, overrides: dict[str, object] | None = None,

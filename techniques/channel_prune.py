@@ -58,8 +58,7 @@ class ChannelPruneConfig(TechniqueSection):
         "cosine",
         description=(
             "The fine-tuning's learning rate over its epochs: cosine (decays to zero, so the "
-            "thinner model ends converged, not wherever its last epoch landed: on bench.yaml "
-            "a constant rate once ended 4.6 points below the baseline) or constant."
+            "thinner model ends settled, not wherever its last epoch landed) or constant."
         ),
     )
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from tfopt.services import ServiceSettings, free_port, start_services, stop_services
+from tfopt.processes import free_port
+from tfopt.services import ServiceSettings, start_services, stop_services
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +63,7 @@ def service_env(settings: ServiceSettings) -> dict[str, str]:
 
 def tfopt_command(args: list[str]) -> list[str]:
     """The command line of ``tfopt <args>`` run by this interpreter."""
-    return [sys.executable, "-m", "tfopt.cli", *args]
+    return [sys.executable, "-m", "cli", *args]
 
 
 def run_tfopt(

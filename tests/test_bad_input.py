@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from cli.main import main
 from flows.parameters import load_pipeline_config
 from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
-from tfopt.cli import main
 from tfopt.config import ConfigError, DataConfig
 from tfopt.data.sources import NoUsableDataError
 from tfopt.preflight import check_paths
@@ -158,7 +158,7 @@ def test_a_password_in_the_tracking_uri_is_never_printed(tmp_path):
            "MLFLOW_TRACKING_URI": f"http://alice:s3cret-pw@127.0.0.1:{free_port()}",
            "PREFECT_API_URL": f"http://bob:0ther-pw@127.0.0.1:{free_port()}/api"}
     done = subprocess.run(
-        [sys.executable, "-m", "tfopt.cli", "run", "--config", str(SMOKE),
+        [sys.executable, "-m", "cli", "run", "--config", str(SMOKE),
          "--set", f"work_dir={tmp_path / 'work'}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr
@@ -198,11 +198,11 @@ def test_a_full_disk_is_recognised_and_its_partial_files_removed(tmp_path):
 
 
 def test_an_unexpected_failure_in_a_step_is_one_line_naming_the_step(tmp_path, capsys):
-    from tfopt.cli import RunFailedError, _failure_in_one_line
+    from tfopt.supervision import RunFailedError, failure_in_one_line
 
     log = tmp_path / "run.log"
     with pytest.raises(RunFailedError) as failed:
-        _failure_in_one_line(lambda: write_tfrecords.fn(None, tmp_path), log)
+        failure_in_one_line(lambda: write_tfrecords.fn(None, tmp_path), log)
     message = str(failed.value)
     assert message.startswith("the run failed in write_tfrecords: AttributeError: "), message
     assert message.endswith(f"(traceback: {log})") and "\n" not in message

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from tests.conftest import write_digit_folder
-from tfopt.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"

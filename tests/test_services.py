@@ -74,7 +74,7 @@ def test_servers_reachable_from_other_machines_refuse_requests_without_the_passw
 
     from tests.live import ROOT, running_services, service_env, tfopt_command
     from tests.tasks.test_benchmark_any_model import detector_onnx
-    from tfopt.services import AUTH_USER, auth_file, client_credentials
+    from tfopt.credentials import AUTH_USER, auth_file, client_credentials
 
     with running_services(tmp_path / "state", host="0.0.0.0") as settings:
         secret_file = auth_file(settings.state_dir)

@@ -205,7 +205,7 @@ class BenchmarkInputs(_Frozen):
     taken from here (by input name, the batch dimension included); None: `feeds` holds them."""
     floor_models: dict[str, Path] = Field(default_factory=dict)
     """Per runner format, a model that does next to nothing on inputs of the same shape: timed
-    through the same runner, it is the harness's own floor (see `tasks.harness_floor`)."""
+    through the same runner, it is the harness's own floor (see `tfopt.measurement.floor`)."""
     floor_ms: dict[str, float] = Field(default_factory=dict)
     """Floors this run has measured already, per floor model and thread count (``floor_key``):
     the next variant of that kind reports it instead of timing the same model again."""
@@ -244,7 +244,7 @@ class OpTime(_Frozen):
 
 
 class OpProfile(_Frozen):
-    """A variant's top operators and how they were ranked (see `tasks.op_profile`)."""
+    """A variant's top operators and how they were ranked (see `Runtime.op_profile`)."""
 
     method: str
     calls: int = 0
@@ -252,7 +252,7 @@ class OpProfile(_Frozen):
 
 
 class Runoff(_Frozen):
-    """The contenders for champion timed again side by side (see `tasks.runoff`)."""
+    """The contenders for champion timed again side by side (see `tfopt.measurement.runoff`)."""
 
     rounds: int
     round_p50_ms: dict[str, list[float]] = Field(

@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -213,23 +214,36 @@ class InputConfig(Section):
     )
 
 
-class BenchmarkConfig(Section):
-    """How every variant is measured (the same protocol for all of them)."""
+class MeasurementProtocol(Section):
+    """How every variant is timed: the same protocol for all of them, on any machine.
+
+    What a measuring process needs (`tfopt.measurement`), what a pipeline shares with the
+    machines that repeat its measurements, and what a machine may set for itself
+    (`MachineSettings`).
+    """
 
     warmup_runs: int = Field(
         20, ge=1, le=10_000, description="Untimed runs before measuring (excluded)."
     )
+
     warmup_seconds: float = Field(
         0.5, ge=0.0, le=600.0, description="... and at least this long of warm-up."
     )
+
     min_runs: int = Field(200, ge=5, le=1_000_000, description="Timed batch-1 runs at least.")
     min_seconds: float = Field(
         2.0, ge=0.0, le=3600.0, description="Keep timing for at least this long."
     )
+
+    min_seconds: float = Field(
+        2.0, ge=0.0, le=3600.0, description="Keep timing for at least this long."
+    )
+
     max_seconds: float = Field(
         10.0, gt=0.0, le=3600.0,
         description="Stop timing a variant after this long, even if its p50 has not settled.",
     )
+
     p50_ci_width: float = Field(
         0.03, gt=0.0, le=1.0,
         description=(
@@ -238,19 +252,13 @@ class BenchmarkConfig(Section):
             "max_seconds is marked unstable."
         ),
     )
-    runoff_margin: float | None = Field(
-        0.25, ge=0.0, le=10.0,
-        description=(
-            "On the p50 objective, the LiteRT and ONNX Runtime variants within this share of "
-            "the fastest eligible one (at most 4) are timed again side by side, in 6 rounds "
-            "that alternate between them in one process, and the champion is chosen on those "
-            "figures: a machine whose speed drifts between variants' turns cannot pick it. "
-            "null: no run-off."
-        ),
-    )
+
     threads: int = Field(
-        2, ge=1, le=256, description="Intra-op threads for TFLite and ONNX Runtime."
+        2, ge=1, le=256,
+        description="Intra-op threads every runtime measures with (TensorFlow, LiteRT, ONNX "
+                    "Runtime, OpenVINO).",
     )
+
     thread_sweep: bool = Field(
         False,
         description=(
@@ -258,6 +266,7 @@ class BenchmarkConfig(Section):
             "one more measurement each) and plot how it scales."
         ),
     )
+
     isolate: bool = Field(
         True,
         description=(
@@ -265,6 +274,7 @@ class BenchmarkConfig(Section):
             "auto-clustering flags, a crash cannot take the run down)."
         ),
     )
+
     time_limit_seconds: float = Field(
         900.0, gt=0, le=86_400,
         description=(
@@ -273,14 +283,7 @@ class BenchmarkConfig(Section):
             "the others go on."
         ),
     )
-    objective: Literal["p50", "p90", "p99", "mean", "throughput", "size",
-                       "throughput_under_budget"] = Field(
-        "p50",
-        description=(
-            "What the champion is best at: batch-1 latency statistic, throughput, size, or the "
-            "highest Server rate within latency_budget_ms (needs the server scenario)."
-        ),
-    )
+
     scenarios: list[Literal["single_stream", "offline", "server"]] = Field(
         default_factory=lambda: ["single_stream"],
         description=(
@@ -289,25 +292,22 @@ class BenchmarkConfig(Section):
             "from concurrent clients; the highest rate whose p99 meets latency_budget_ms)."
         ),
     )
+
     latency_budget_ms: float | None = Field(
         None, gt=0.0, le=600_000.0,
         description="The p99 a Server-scenario rate must meet (needed by the server scenario).",
     )
+
     server_clients: int = Field(
         2, ge=1, le=256,
         description="Concurrent clients of the server scenario (one runtime instance each).",
     )
+
     scenario_seconds: float = Field(
         1.0, gt=0.0, le=600.0,
         description="Minimum duration of each LoadGen run (every server search trial is one).",
     )
-    accuracy_budget_points: float = Field(
-        1.0, ge=0.0, le=100.0,
-        description="A champion may lose at most this many accuracy points to the baseline.",
-    )
-    register_champion: bool = Field(
-        True, description="Register the champion in the MLflow model registry (alias champion)."
-    )
+
     max_background_cores: float = Field(
         0.5, gt=0.0, le=1024.0,
         description=(
@@ -315,11 +315,13 @@ class BenchmarkConfig(Section):
             "or during its timing) is measured once more, and marked under_load if it still is."
         ),
     )
+
     cpus: list[int] | None = Field(
         None, min_length=1, max_length=1024,
         description=("Pin the measuring process to these CPU numbers; negative ones count from "
                      "the last CPU available (-1: the last; null: no pinning)."),
     )
+
     share_inputs: bool = Field(
         True,
         description=(
@@ -330,10 +332,7 @@ class BenchmarkConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _scenarios_fit(self) -> BenchmarkConfig:
-        if self.objective == "throughput_under_budget" and "server" not in self.scenarios:
-            raise ValueError("objective throughput_under_budget needs 'server' in "
-                             "benchmark.scenarios")
+    def _server_has_a_budget(self) -> MeasurementProtocol:
         if "server" in self.scenarios and self.latency_budget_ms is None:
             raise ValueError("the server scenario needs benchmark.latency_budget_ms (the p99 "
                              "its rate must meet)")
@@ -345,6 +344,83 @@ class BenchmarkConfig(Section):
         if cpus is not None and len(set(cpus)) != len(cpus):
             raise ValueError(f"CPUs {cpus} name a CPU twice")
         return cpus
+
+    def as_protocol(self) -> MeasurementProtocol:
+        """These settings as a plain protocol (a `BenchmarkConfig`'s without its policy)."""
+        return MeasurementProtocol.model_validate(
+            self.model_dump(include=set(MeasurementProtocol.model_fields)))
+
+
+class ChampionPolicy(Section):
+    """Which variant wins: the objective, the accuracy budget, the run-off, its registration."""
+
+    objective: Literal["p50", "p90", "p99", "mean", "throughput", "size",
+                       "throughput_under_budget"] = Field(
+        "p50",
+        description=(
+            "What the champion is best at: batch-1 latency statistic, throughput, size, or the "
+            "highest Server rate within latency_budget_ms (needs the server scenario)."
+        ),
+    )
+
+    accuracy_budget_points: float = Field(
+        1.0, ge=0.0, le=100.0,
+        description="A champion may lose at most this many accuracy points to the baseline.",
+    )
+
+    runoff_margin: float | None = Field(
+        0.25, ge=0.0, le=10.0,
+        description=(
+            "On the p50 objective, the LiteRT and ONNX Runtime variants within this share of "
+            "the fastest eligible one (at most 4) are timed again side by side, in 6 rounds "
+            "that alternate between them in one process, and the champion is chosen on those "
+            "figures: a machine whose speed drifts between variants' turns cannot pick it. "
+            "null: no run-off."
+        ),
+    )
+
+    register_champion: bool = Field(
+        True, description="Register the champion in the MLflow model registry (alias champion)."
+    )
+
+
+class BenchmarkConfig(ChampionPolicy, MeasurementProtocol):
+    """How every variant is measured (`MeasurementProtocol`) and which one wins (`ChampionPolicy`).
+
+    One config section, ``benchmark``: its keys are both parts' fields.
+    """
+
+    @model_validator(mode="after")
+    def _objective_is_measured(self) -> BenchmarkConfig:
+        if self.objective == "throughput_under_budget" and "server" not in self.scenarios:
+            raise ValueError("objective throughput_under_budget needs 'server' in "
+                             "benchmark.scenarios")
+        return self
+
+
+def _optional(info: Any) -> tuple[Any, Any]:
+    """A protocol field as a machine's optional setting: the same bounds, None when unset."""
+    annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    return annotation | None, Field(None, description=info.description)
+
+
+class _MachineSection(Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _only_protocol_keys(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            unknown = sorted(set(raw) - set(MeasurementProtocol.model_fields))
+            if unknown:
+                raise ValueError(f"{', '.join(unknown)} are not benchmark settings a machine "
+                                 f"sets (those are: {', '.join(MeasurementProtocol.model_fields)})")
+        return raw
+
+
+MachineSettings = create_model(
+    "MachineSettings", __base__=_MachineSection, __module__=__name__,
+    __doc__="One machine's own benchmark settings (threads, CPUs ...): unset ones are the "
+            "pipeline's.",
+    **{name: _optional(info) for name, info in MeasurementProtocol.model_fields.items()})
 
 
 def resolve_cpus(cpus: list[int] | None) -> list[int] | None:

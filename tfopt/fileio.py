@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tfopt.services import process_alive
+from tfopt.processes import process_alive
 
 _PROCESS_TEMP_DIR = re.compile(r"tfopt-[a-z]+-(\d+)-.+")
 

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tfopt.config import BenchmarkConfig, ConfigError, resolve_cpus
+from tfopt.config import (
+    BenchmarkConfig,
+    ConfigError,
+    MachineSettings,
+    MeasurementProtocol,
+    resolve_cpus,
+)
 
 MACHINE_RUN_ROLE = "machine-benchmark"
 BENCHMARK_FLOW = "benchmark_model"
@@ -37,44 +43,41 @@ def machine_settings(pairs: Mapping[str, object]) -> dict[str, Any]:
         pairs: Dotted keys under ``benchmark.`` and their values (from ``--set``).
 
     Returns:
-        The settings by field name: the ``config.machine`` parameter of the flow runs the
-        worker's machine measures.
+        The settings by field name: the ``config.machine`` parameter (`MachineSettings`) of the
+        flow runs the worker's machine measures.
 
     Raises:
-        ConfigError: A key outside ``benchmark.``, a value `BenchmarkConfig` refuses, or CPUs
-            this machine does not have.
-    """
-    settings = {}
-    for key, value in pairs.items():
-        field = key.removeprefix("benchmark.")
-        if field == key or field not in BenchmarkConfig.model_fields:
-            raise ConfigError(f"--set {key}: a worker sets benchmark.<field> only "
-                              f"(fields: {', '.join(sorted(BenchmarkConfig.model_fields))})")
-        settings[field] = value
-    check_machine_settings(settings)
-    resolve_cpus(BenchmarkConfig.model_validate(settings).cpus)
-    return settings
-
-
-def check_machine_settings(settings: Mapping[str, object]) -> None:
-    """Refuse machine settings that are not valid ``benchmark.*`` values.
-
-    Raises:
-        ConfigError: Naming the field and what is wrong.
+        ConfigError: A key outside ``benchmark.``'s protocol, a value it refuses, or CPUs this
+            machine does not have.
     """
     from pydantic import ValidationError
 
-    unknown = sorted(set(settings) - set(BenchmarkConfig.model_fields))
-    if unknown:
-        raise ConfigError(f"machine: {', '.join(unknown)} are not benchmark settings")
+    settings = {}
+    for key, value in pairs.items():
+        field = key.removeprefix("benchmark.")
+        if field == key or field not in MeasurementProtocol.model_fields:
+            raise ConfigError(f"--set {key}: a worker sets benchmark.<field> only (fields: "
+                              f"{', '.join(sorted(MeasurementProtocol.model_fields))})")
+        settings[field] = value
     try:
-        BenchmarkConfig.model_validate(settings)
+        machine = MachineSettings.model_validate(settings)
     except ValidationError as error:
         raise ConfigError(f"machine: {error}") from error
+    resolve_cpus(machine.cpus)
+    return machine.model_dump(mode="json", exclude_none=True)
+
+
+def _with_machine(protocol: BenchmarkConfig, machine: MachineSettings | None,
+                  **replaced: object) -> BenchmarkConfig:
+    """`protocol` with `replaced` and then the machine's own settings on top, CPUs checked here."""
+    own = machine.model_dump(mode="json", exclude_none=True) if machine is not None else {}
+    merged = BenchmarkConfig.model_validate(
+        {**protocol.model_dump(mode="json"), **replaced, **own})
+    return merged.model_copy(update={"cpus": resolve_cpus(merged.cpus)})
 
 
 def machine_protocol(protocol: BenchmarkConfig,
-                     machine: Mapping[str, object] | None) -> BenchmarkConfig:
+                     machine: MachineSettings | None) -> BenchmarkConfig:
     """`protocol` with this machine's settings on top, its CPUs checked here.
 
     CPU numbers belong to a machine, not to the protocol: the pipeline machine's pinning is
@@ -83,21 +86,17 @@ def machine_protocol(protocol: BenchmarkConfig,
     Raises:
         ConfigError: CPUs this machine does not have.
     """
-    merged = BenchmarkConfig.model_validate(
-        {**protocol.model_dump(mode="json"), "cpus": None, **(machine or {})})
-    return merged.model_copy(update={"cpus": resolve_cpus(merged.cpus)})
+    return _with_machine(protocol, machine, cpus=None)
 
 
 def local_protocol(protocol: BenchmarkConfig,
-                   machine: Mapping[str, object] | None) -> BenchmarkConfig:
+                   machine: MachineSettings | None) -> BenchmarkConfig:
     """A benchmark's own protocol with this machine's settings on top, its CPUs checked here.
 
     Raises:
         ConfigError: CPUs this machine does not have.
     """
-    merged = BenchmarkConfig.model_validate({**protocol.model_dump(mode="json"),
-                                             **(machine or {})})
-    return merged.model_copy(update={"cpus": resolve_cpus(merged.cpus)})
+    return _with_machine(protocol, machine)
 
 
 def machine_label(work_pool: str | None) -> str:

@@ -22,7 +22,7 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.states import State
 
 from tfopt.logs import step_logger
-from tfopt.services import left_by_dead_process, process_identity
+from tfopt.processes import left_by_dead_process, process_identity
 
 BENCHMARK_LEASE_S = 60
 """The slot's lease (Prefect's shortest): renewed while its holder lives, so a killed holder's

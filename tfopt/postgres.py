@@ -14,11 +14,12 @@ import contextlib
 import grp
 import os
 import pwd
-import secrets
 import shutil
 import stat
 import subprocess
 from pathlib import Path
+
+from tfopt.credentials import private_secret, write_private
 
 SUPERUSER = "tfopt"
 DATABASES = ("prefect", "mlflow")
@@ -87,24 +88,7 @@ def password_file(state_dir: Path) -> Path:
 
 def password(state_dir: Path) -> str:
     """The superuser's password; generated and written (mode 0600, atomically) the first time."""
-    path = password_file(state_dir)
-    if path.exists():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    value = secrets.token_urlsafe(24)
-    write_private(path, value, owner=None)
-    return value
-
-
-def write_private(path: Path, text: str, owner: str | None) -> None:
-    """Write `text` to `path` atomically, readable only by `owner` (None: this user)."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(text)
-    if owner:
-        shutil.chown(partial, user=owner)
-    os.replace(partial, path)
+    return private_secret(password_file(state_dir))
 
 
 def database_url(state_dir: Path, port: int, database: str, driver: str) -> str:

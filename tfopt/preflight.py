@@ -179,3 +179,36 @@ def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:
     check_free_space(config.work_dir, data, _model_bytes(config.model.path))
     facts = inspect_model(config.model, config.data.image_size, data.class_names)
     return data, facts
+
+
+def check_benchmark_inputs(config: Any, signature: tuple[list, list] | None) -> None:
+    """Refuse inputs that cannot be made for the model, or a missing data folder, in one line.
+
+    Args:
+        config: The benchmark flow's parameters.
+        signature: The model's inputs and outputs (None: a registered model, checked by the
+            flow once downloaded).
+
+    Raises:
+        ConfigError: Naming the input or the folder and what to give.
+    """
+    from tfopt.measurement.feeds import FeedsError, read_feeds, request_shapes
+    from tfopt.measurement.inputs import takes_images
+
+    setting = config.inputs
+    classifier = signature is None or takes_images(*signature)
+    if setting == "data" or (setting == "auto" and classifier and signature is not None):
+        if not config.data.source_dir.is_dir():
+            raise ConfigError(
+                f"data.source_dir: {config.data.source_dir} is not a folder (a model measured "
+                "on inputs generated from its signature: --inputs random)")
+        return
+    if signature is None:
+        return
+    try:
+        if setting in ("auto", "random"):
+            request_shapes(signature[0], config.shapes)
+        elif setting.endswith(".npz"):
+            read_feeds(Path(setting), signature[0])
+    except (FeedsError, OSError) as error:
+        raise ConfigError(f"inputs: {error}") from error

@@ -9,8 +9,6 @@ are healthy does nothing; `tfopt down` stops all of them.
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
 import os
 import re
 import secrets
@@ -21,11 +19,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfopt import postgres
+from tfopt.credentials import (
+    AUTH_USER,
+    auth_file,
+    is_loopback,
+    requires_auth,
+    server_password,
+)
+from tfopt.processes import process_alive, terminate_group
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PREFECT_PORT = 4200
@@ -203,13 +209,6 @@ def is_healthy(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def free_port(host: str = DEFAULT_HOST) -> int:
-    """A TCP port of `host` nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
-
-
 def _port_is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -236,89 +235,9 @@ def _read_pid(path: Path) -> int | None:
     return pid if process_alive(pid) else None
 
 
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id runs on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def process_identity() -> dict[str, str]:
-    """This process as tfopt records it on what it leaves behind (MLflow and Prefect tags).
-
-    Returns:
-        ``{"tfopt.host": <host name>, "tfopt.pid": <process id>}``.
-    """
-    return {"tfopt.host": socket.gethostname(), "tfopt.pid": str(os.getpid())}
-
-
-def left_by_dead_process(identity: Mapping[str, object]) -> bool:
-    """Whether a `process_identity` names a process of this machine that is gone."""
-    pid = str(identity.get("tfopt.pid", ""))
-    return (identity.get("tfopt.host") == socket.gethostname() and pid.isdigit()
-            and not process_alive(int(pid)))
-
-
 def health_url(server_url: str) -> str:
     """The health endpoint of a Prefect API (``.../api``) or MLflow server address."""
     return f"{server_url.rstrip('/')}/health"
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is reachable from this machine only."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-AUTH_USER = "tfopt"
-"""The user both servers know when authentication is on (MLflow's admin, Prefect's one user)."""
-
-
-def auth_file(state_dir: Path) -> Path:
-    """The file holding the servers' password (mode 0600), made by `tfopt up` when needed."""
-    return state_dir / "auth" / "password"
-
-
-def requires_auth(settings: ServiceSettings) -> bool:
-    """Whether the servers require a password.
-
-    Servers reachable from other machines always do; ``TFOPT_AUTH=1`` asks for one on loopback
-    too.
-    """
-    return not is_loopback(settings.host) or os.environ.get("TFOPT_AUTH") == "1"
-
-
-def server_password(state_dir: Path) -> str:
-    """The servers' password: generated (mode 0600, atomically) the first time."""
-    path = auth_file(state_dir)
-    if path.exists():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    value = secrets.token_urlsafe(24)
-    postgres.write_private(path, value, owner=None)
-    return value
-
-
-def client_credentials(state_dir: Path) -> dict[str, str]:
-    """The environment a client needs to reach servers that require a password.
-
-    Read from `auth_file` when the environment does not set them already: MLflow's
-    ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` and Prefect's
-    ``PREFECT_API_AUTH_STRING``. Empty when there is no password file.
-    """
-    path = auth_file(state_dir)
-    if not path.exists():
-        return {}
-    secret = path.read_text().strip()
-    wanted = {"MLFLOW_TRACKING_USERNAME": AUTH_USER, "MLFLOW_TRACKING_PASSWORD": secret,
-              "PREFECT_API_AUTH_STRING": f"{AUTH_USER}:{secret}"}
-    return {key: value for key, value in wanted.items() if not os.environ.get(key)}
 
 
 def _auth_env(settings: ServiceSettings) -> tuple[dict[str, str], dict[str, str], list[str]]:
@@ -328,7 +247,7 @@ def _auth_env(settings: ServiceSettings) -> tuple[dict[str, str], dict[str, str]
     probe; MLflow runs its basic-auth app (users in a SQLite file beside its state) with
     `AUTH_USER` as admin and no permission for anyone else. Both answer 401 without it.
     """
-    if not requires_auth(settings):
+    if not requires_auth(settings.host):
         return {}, {}, []
     secret = server_password(settings.state_dir)
     config = settings.state_dir / "mlflow" / "basic_auth.ini"
@@ -496,32 +415,11 @@ def stop_services(settings: ServiceSettings, timeout_s: float = 30.0) -> list[st
             continue
         # SIGINT is PostgreSQL's fast shutdown; SIGTERM would wait for every client to leave.
         first = signal.SIGINT if name == "postgres" else signal.SIGTERM
-        _terminate_group(pid, timeout_s, first)
+        terminate_group(pid, timeout_s, first)
         pid_path.unlink(missing_ok=True)
         messages.append(f"{name}: stopped (pid {pid})")
     _database_file(settings.state_dir).unlink(missing_ok=True)
     return messages
-
-
-def _terminate_group(pid: int, timeout_s: float, first: signal.Signals) -> None:
-    for sig in (first, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pid, 0)
-            except ProcessLookupError:
-                return
-            _reap(pid)
-            time.sleep(0.2)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def service_status(settings: ServiceSettings) -> dict[str, bool]:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tfopt.artifacts import BenchmarkInputs, VariantResult, VariantSpec
-from tfopt.config import BenchmarkConfig
+from tfopt.config import MeasurementProtocol
 from tfopt.fileio import atomic_write_json, process_temp_dir
 from tfopt.logs import step_logger
 from tfopt.measurement.worker import measure_variant
@@ -65,17 +65,18 @@ def run_worker(module: str, request: dict, env: dict[str, str],
 
 
 def measure_in_subprocess(
-    spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
+    spec: VariantSpec, inputs: BenchmarkInputs, cfg: MeasurementProtocol
 ) -> VariantResult:
     """Measure one variant with `tfopt.measurement.worker` in a fresh process (see `run_worker`)."""
     request = {"spec": spec.model_dump(mode="json"), "inputs": inputs.model_dump(mode="json"),
-               "cfg": cfg.model_dump(mode="json")}
+               "cfg": cfg.as_protocol().model_dump(mode="json")}
     return VariantResult.model_validate_json(
         run_worker("tfopt.measurement.worker", request, worker_env(spec),
                    cfg.time_limit_seconds))
 
 
-def _measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig) -> VariantResult:
+def _measure(variant: VariantSpec, inputs: BenchmarkInputs,
+             cfg: MeasurementProtocol) -> VariantResult:
     if cfg.isolate:
         return measure_in_subprocess(variant, inputs, cfg)
     needs_own_process = runtime_of(variant.format).own_process_reason(variant)
@@ -86,7 +87,7 @@ def _measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
     return measure_variant(variant, inputs, cfg)
 
 
-def with_thread_sweep(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig,
+def with_thread_sweep(variant: VariantSpec, inputs: BenchmarkInputs, cfg: MeasurementProtocol,
                       result: VariantResult) -> VariantResult:
     """`result` with the variant's batch-1 p50 at 1..`cfg.threads` threads.
 
@@ -108,7 +109,7 @@ def _load_words(result: VariantResult) -> str:
                       for cores in (result.background_cores_before, result.background_cores))
 
 
-def measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig,
+def measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: MeasurementProtocol,
             logger: logging.Logger) -> VariantResult:
     """Measure one variant (see `tasks.benchmark_variant.benchmark_variant` for the protocol).
 

@@ -70,7 +70,7 @@ def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: Bench
         if cfg.isolate:
             request = {"specs": [spec.model_dump(mode="json") for spec in specs],
                        "inputs": inputs.model_dump(mode="json"),
-                       "cfg": cfg.model_dump(mode="json")}
+                       "cfg": cfg.as_protocol().model_dump(mode="json")}
             runoff = Runoff.model_validate_json(
                 run_worker("tfopt.measurement.worker", request, worker_env(specs[0]),
                            cfg.time_limit_seconds))

@@ -28,7 +28,7 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.config import BenchmarkConfig, resolve_cpus
+from tfopt.config import MeasurementProtocol, resolve_cpus
 from tfopt.fileio import atomic_write_json, gzip_size_bytes, path_size_bytes
 from tfopt.measurement.floor import floor_format, floor_key
 from tfopt.measurement.machine_load import LoadProbe, background_cores
@@ -106,7 +106,7 @@ def latency_stats(samples_ms: np.ndarray, ci_width: float = 0.03) -> LatencyStat
 def time_runs(
     call: Callable[[object], object],
     inputs: Sequence[object],
-    cfg: BenchmarkConfig,
+    cfg: MeasurementProtocol,
 ) -> np.ndarray:
     """Time `call` on `inputs` in turn, in windows, until the last 6 windows agree.
 
@@ -140,7 +140,7 @@ def time_runs(
 
 
 def _timed_windows(call: Callable[[object], object], inputs: Sequence[object],
-                   cfg: BenchmarkConfig) -> np.ndarray:
+                   cfg: MeasurementProtocol) -> np.ndarray:
     count, clock = len(inputs), time.perf_counter
     index = 0
     warm_until = clock() + cfg.warmup_seconds
@@ -227,7 +227,7 @@ def operator_profile(spec: VariantSpec, runner: Runner, prepared: Sequence[objec
 
 def load_scenarios(spec: VariantSpec, runner: Runner, images: np.ndarray | dict[str, np.ndarray],
                    prepared: Sequence[object], samples_ms: np.ndarray, batch_size: int,
-                   cfg: BenchmarkConfig) -> dict[str, float | int | str | None]:
+                   cfg: MeasurementProtocol) -> dict[str, float | int | str | None]:
     """The Offline and Server scenarios `cfg.scenarios` asks for (see `load_scenarios`).
 
     Offline tries batch sizes 1, 8 and the run's batch size on the variant's runner (or the
@@ -292,7 +292,7 @@ _FLOOR_SECONDS = 0.3
 
 
 def harness_floor_ms(spec: VariantSpec, inputs: BenchmarkInputs, images: np.ndarray,
-                     cfg: BenchmarkConfig) -> float | None:
+                     cfg: MeasurementProtocol) -> float | None:
     """The p50 of the variant's floor model through the same runner, threads and protocol.
 
     Timed briefly (the floor models take microseconds), once per run for each floor model and
@@ -314,7 +314,7 @@ def harness_floor_ms(spec: VariantSpec, inputs: BenchmarkInputs, images: np.ndar
 
 
 def time_other_apis(spec: VariantSpec, images: np.ndarray, samples_ms: np.ndarray,
-                    cfg: BenchmarkConfig) -> tuple[dict[str, LatencyStats], dict[str, str]]:
+                    cfg: MeasurementProtocol) -> tuple[dict[str, LatencyStats], dict[str, str]]:
     """The variant timed through its runtime's other APIs (`Runtime.other_apis`).
 
     Each is timed with the run's protocol on the same inputs, after the main runner, in this
@@ -342,7 +342,7 @@ def time_other_apis(spec: VariantSpec, images: np.ndarray, samples_ms: np.ndarra
 
 
 def measure_variant(
-    spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConfig
+    spec: VariantSpec, inputs: BenchmarkInputs, cfg: MeasurementProtocol
 ) -> VariantResult:
     """Measure a variant in this process (see `benchmark_variant` for the protocol)."""
     if inputs.images is None:
@@ -412,7 +412,7 @@ def measure_variant(
 
 
 def measure_on_feeds(spec: VariantSpec, inputs: BenchmarkInputs,
-                     cfg: BenchmarkConfig) -> VariantResult:
+                     cfg: MeasurementProtocol) -> VariantResult:
     """Measure a model of any inputs and outputs on named feeds, without labelled data.
 
     The feeds are the user's file, or generated from the model's signature now (and written
@@ -480,7 +480,7 @@ def _batch_throughput_if_batched(runner: Runner, feeds: dict[str, np.ndarray],
 
 
 def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
-                   cfg: BenchmarkConfig) -> Runoff:
+                   cfg: MeasurementProtocol) -> Runoff:
     """Time `specs` in alternating rounds in this process (see `tfopt.measurement.runoff`).
 
     A first, untimed round warms every contender with the run's warm-up (`warmup_runs`,
@@ -508,10 +508,10 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     return Runoff(rounds=P50_WINDOWS, round_p50_ms=round_p50s)
 
 
-def read_request(request_path: str) -> tuple[dict, BenchmarkConfig]:
+def read_request(request_path: str) -> tuple[dict, MeasurementProtocol]:
     """A worker's request and its protocol; pins this process to `cfg.cpus` if set."""
     request = json.loads(Path(request_path).read_text())
-    cfg = BenchmarkConfig.model_validate(request["cfg"])
+    cfg = MeasurementProtocol.model_validate(request["cfg"])
     cfg = cfg.model_copy(update={"cpus": resolve_cpus(cfg.cpus)})
     if cfg.cpus:
         os.sched_setaffinity(0, cfg.cpus)

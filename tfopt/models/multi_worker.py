@@ -26,7 +26,7 @@ from tfopt.config import TrainConfig
 from tfopt.fileio import atomic_write_json
 from tfopt.models.config import ModelConfig
 from tfopt.orchestration import StepProgress
-from tfopt.services import free_port
+from tfopt.processes import free_port
 
 SPEC_NAME = "multi-worker.json"
 _LOOPBACK = "127.0.0.1"

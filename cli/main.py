@@ -1,28 +1,29 @@
-"""The `tfopt` command: local services, demo data, pipeline runs and Prefect deployments."""
+"""The `tfopt` command: parses its arguments and calls the core, the flows and the deployments.
+
+Local services, demo data, pipeline runs, benchmarks and Prefect deployments; what a run needs
+around its flow (servers, leftovers, the libraries' output, one-line failures) is
+`tfopt.supervision`'s.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
 
 import tfopt  # noqa: F401  (environment first)
+from tfopt import supervision
 from tfopt.config import ConfigError, load_config, resolve_cpus
 from tfopt.services import (
     DATABASES,
     ServiceError,
     ServiceSettings,
-    health_url,
-    is_healthy,
     redact,
-    require_services,
     service_status,
     start_services,
     stop_services,
@@ -39,7 +40,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         console.print(line)
     _print_addresses(settings)
     os.environ["PREFECT_API_URL"] = settings.prefect_api_url
-    _reconcile_leftovers(settings.mlflow_url)
+    _say(supervision.reconcile_leftovers(settings.mlflow_url))
     return 0
 
 
@@ -87,78 +88,9 @@ def _parse_overrides(pairs: list[str]) -> dict[str, object]:
     return overrides
 
 
-def _point_at_services() -> None:
-    """Point this process at the configured servers before anything imports Prefect.
-
-    Prefect reads ``PREFECT_API_URL`` once, when it is first imported (loading a config
-    imports the techniques, which define Prefect tasks); set later, a flow would run on a
-    temporary in-process server instead. Servers that require a password get it from the
-    environment or from the password file `tfopt up` wrote (`client_credentials`).
-    """
-    from tfopt.provenance import mlflow_tracking_uri, prefect_api_url
-    from tfopt.services import client_credentials
-
-    os.environ["PREFECT_API_URL"] = prefect_api_url()
-    os.environ["MLFLOW_TRACKING_URI"] = mlflow_tracking_uri()
-    os.environ.update(client_credentials(ServiceSettings.from_env().state_dir))
-
-
-def _connect_services() -> tuple[str, str]:
-    """Check both servers answer; return their addresses (set by `_point_at_services`)."""
-    api_url, tracking_uri = os.environ["PREFECT_API_URL"], os.environ["MLFLOW_TRACKING_URI"]
-    require_services(api_url, tracking_uri)
-    return api_url, tracking_uri
-
-
-def _reconcile_leftovers(tracking_uri: str, work_dir: Path | None = None) -> None:
-    """Close what a killed tfopt process on this machine left behind, and say so.
-
-    MLflow runs and Prefect flow runs left RUNNING are marked KILLED and Crashed; temporary
-    folders are removed (the system's, and the work folder's run folders).
-    """
-    from tfopt.fileio import RUN_TEMP, remove_orphan_temp_dirs
-    from tfopt.orchestration import crash_orphan_flow_runs, mark_crashed
-    from tfopt.tracking import reconcile_orphans
-
-    reason = "its tfopt process was gone"
-    orphans = reconcile_orphans(tracking_uri)
-    crashed = mark_crashed([o["flow_run_id"] for o in orphans], reason)
-    for orphan in orphans:
-        prefect = ", Prefect Crashed" if orphan["flow_run_id"] in crashed else ""
-        console.print(f"closed a run left RUNNING by a process that is gone: {orphan['name']} "
-                      f"(MLflow KILLED{prefect})", highlight=False)
-    for name in crash_orphan_flow_runs(reason):
-        console.print(f"closed a Prefect flow run left RUNNING by a process that is gone: {name} "
-                      "(Crashed)", highlight=False)
-    roots = [None, *([work_dir / RUN_TEMP] if work_dir and (work_dir / RUN_TEMP).is_dir()
-                     else [])]
-    for folder in (found for root in roots for found in remove_orphan_temp_dirs(root)):
-        console.print(f"removed a temporary folder of a process that is gone: {folder}",
-                      highlight=False)
-
-
-class PrefectUnavailableError(ServiceError):
-    """The Prefect server stopped answering while a flow ran."""
-
-
-def _run_flow(flow_call: Callable[[], dict], api_url: str) -> dict:
-    """Run a flow; a Prefect server lost mid-run is an error naming it, not a traceback.
-
-    Raises:
-        PrefectUnavailableError: The flow failed and the Prefect server no longer answers.
-    """
-    try:
-        return flow_call()
-    except (ConfigError, ServiceError):
-        raise
-    except Exception as error:
-        if is_healthy(health_url(api_url), 5.0):
-            raise
-        raise PrefectUnavailableError(
-            f"Prefect at {redact(api_url)} stopped answering during the run "
-            f"({type(error).__name__}). Start it again with `tfopt up` and rerun: the shards and "
-            "a trained baseline are reused, and the run left RUNNING is closed then."
-        ) from error
+def _say(lines: list[str]) -> None:
+    for line in lines:
+        console.print(line, highlight=False)
 
 
 def _report(summary: dict, summary_json: Path | None) -> None:
@@ -171,146 +103,6 @@ def _report(summary: dict, summary_json: Path | None) -> None:
     console.print(summary_table(summary))
 
 
-def _allow_code_from(folder: Path) -> None:
-    """Let this process (and the flows it runs) import builders from `folder` too."""
-    from tfopt.models.keras_io import CODE_DIRS_ENV
-
-    known = [p for p in os.environ.get(CODE_DIRS_ENV, "").split(os.pathsep) if p]
-    os.environ[CODE_DIRS_ENV] = os.pathsep.join([*known, str(folder)])
-
-
-class RunFailedError(RuntimeError):
-    """A run that failed for a reason of its own (not bad input): one line, exit code 1."""
-
-
-_EARLY_LOG: list[Any] = []
-"""The log the libraries' output goes to from the command's start, until the run has its own."""
-
-
-def _verbose(args: argparse.Namespace) -> bool:
-    """Everything on the terminal: ``--verbose``, ``TFOPT_VERBOSE=1``, ``TFOPT_LOG_LEVEL=DEBUG``."""
-    return (bool(getattr(args, "verbose", False)) or os.environ.get("TFOPT_VERBOSE") == "1"
-            or os.environ.get("TFOPT_LOG_LEVEL", "").upper() == "DEBUG")
-
-
-def _route_libraries_early(args: argparse.Namespace) -> None:
-    """From the start of `tfopt run` / `tfopt benchmark`, keep the libraries off the terminal.
-
-    TensorFlow prints its C++ banners when it is imported (checking the model imports it), so
-    the output goes to a log of this process's own in the temporary folder, moved into the
-    work folder once the run starts (`_quiet_libraries`); the terminal keeps tfopt's lines.
-    """
-    if args.command not in ("run", "benchmark") or _verbose(args):
-        return
-    if sys.stdout is not sys.__stdout__ or sys.stderr is not sys.__stderr__:
-        return  # a caller captures this process's output (a test, an embedding program)
-    import atexit
-    import tempfile
-
-    from tfopt.logs import route_output_to_log
-
-    folder = Path(tempfile.mkdtemp(prefix=f"tfopt-log-{os.getpid()}-"))
-    early = route_output_to_log(folder / "start.log")
-    console.file = early.terminal_out
-    _EARLY_LOG.append(early)
-
-    def clean_up() -> None:
-        import shutil
-
-        shutil.rmtree(folder, ignore_errors=True)
-
-    atexit.register(clean_up)
-
-
-def _quiet_libraries(args: argparse.Namespace, work_dir: Path, name: str) -> Path | None:
-    """Continue the libraries' log in the run's log file; Prefect's lines on the terminal.
-
-    Returns:
-        The log file (None when verbose, see `_verbose`).
-    """
-    if not _EARLY_LOG:
-        return None
-    import shutil
-    import time
-
-    from tfopt.logs import move_log, show_run_lines
-
-    path = work_dir / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    early_folder = _EARLY_LOG[0].path.parent
-    run_log = move_log(_EARLY_LOG[0], path.resolve())
-    shutil.rmtree(early_folder, ignore_errors=True)  # nothing left in the system's temp folder
-    _EARLY_LOG[0] = run_log
-    show_run_lines(run_log)
-    os.environ["TFOPT_RUN_LOG"] = str(run_log.path)
-    console.print(f"libraries' output and full tracebacks: {run_log.path} (--verbose shows "
-                  "them here)", highlight=False, soft_wrap=True)
-    return run_log.path
-
-
-def _failure_in_one_line(call: Callable[[], dict], run_log: Path | None) -> dict:
-    """Run `call`; an unexpected failure is one line naming its step, its traceback logged.
-
-    Raises:
-        RunFailedError: The run failed (the step and reason in the message; the traceback in
-            the run's log file).
-    """
-    if run_log is None:
-        return call()
-    try:
-        return call()
-    except (ConfigError, ServiceError):
-        raise
-    except Exception as error:
-        import traceback
-
-        traceback.print_exc()  # to the run's log file (standard error goes there)
-        raise RunFailedError(_failure_line(error, run_log)) from error
-
-
-def _failure_line(error: BaseException, traceback_log: Path) -> str:
-    """An unexpected failure in one line: its step, type, first line, and where its traceback is."""
-    step = _failed_step(error)
-    text = str(error).strip()
-    first_line = text.splitlines()[0][:300] if text else ""
-    return (f"the run failed{f' in {step}' if step else ''}: {type(error).__name__}: "
-            f"{first_line} (traceback: {traceback_log})")
-
-
-def _failed_step(error: BaseException) -> str | None:
-    """The tfopt task, technique or flow module the error was raised in, if any."""
-    import traceback
-
-    steps = [Path(frame.filename).stem for frame in traceback.extract_tb(error.__traceback__)
-             if Path(frame.filename).parent.name in ("tasks", "techniques", "flows")]
-    return steps[-1] if steps else None
-
-
-def _cleaned_if_disk_full(call: Callable[[], dict], work_dir: Path) -> dict:
-    """Run `call`; a disk that fills meanwhile is one line, its partial files removed.
-
-    Raises:
-        ConfigError: The disk filled (naming the folder and what is free now); the rerun after
-            space is freed reuses the finished shards and a trained baseline.
-    """
-    import shutil
-    import time
-
-    from tfopt.fileio import is_disk_full, remove_partial_files
-
-    started = time.time()
-    try:
-        return call()
-    except Exception as error:
-        if not is_disk_full(error):
-            raise
-        removed = remove_partial_files(work_dir, started)
-        free_mb = shutil.disk_usage(work_dir).free / 1e6
-        raise ConfigError(
-            f"work_dir: {work_dir} ran out of space during the run ({free_mb:,.0f} MB free now, "
-            f"{len(removed)} unfinished files removed): free space and rerun; finished shards "
-            "and a trained baseline are reused") from error
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     import json
 
@@ -318,7 +110,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     config = load_pipeline_config(args.config, _parse_overrides(args.set))
     if args.config is not None:
-        _allow_code_from(args.config.resolve().parent)
+        supervision.allow_code_from(args.config.resolve().parent)
     if not config.data.source_dir.is_dir() and config.data.source_dir == Path("data/demo"):
         from tfopt.demo_data import write_demo_images
 
@@ -327,18 +119,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     check_run(config)
     resolve_cpus(config.benchmark.cpus)
-    api_url, tracking_uri = _connect_services()
-    _reconcile_leftovers(tracking_uri, config.work_dir)
+    api_url, tracking_uri = supervision.connect_services()
+    _say(supervision.reconcile_leftovers(tracking_uri, config.work_dir))
     from tfopt.fileio import use_run_temp_dir
 
     use_run_temp_dir(config.work_dir)
-    run_log = _quiet_libraries(args, config.work_dir, config.name)
+    run_log = _run_log(config.work_dir, config.name)
 
     from flows.optimize_model import optimize_model
 
-    summary = _failure_in_one_line(lambda: _cleaned_if_disk_full(
-        lambda: _run_flow(lambda: optimize_model(config=config), api_url), config.work_dir),
-        run_log)
+    summary = supervision.supervised(lambda: optimize_model(config=config), api_url,
+                                     config.work_dir, run_log)
     _report(summary, args.summary_json)
     ip = summary["input_pipeline"]
     console.print(
@@ -354,6 +145,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     elif args.print_json:
         print(json.dumps(summary, indent=2))
     return 0
+
+
+def _run_log(work_dir: Path, name: str) -> Path | None:
+    """The run's log file for the libraries' output, said on the terminal (None: verbose)."""
+    run_log = supervision.quiet_libraries(work_dir, name)
+    if run_log is not None:
+        console.print(f"libraries' output and full tracebacks: {run_log} (--verbose shows "
+                      "them here)", highlight=False, soft_wrap=True)
+    return run_log
 
 
 # `tfopt benchmark` flags that are shorthands for config keys (an explicit --set wins).
@@ -376,39 +176,6 @@ def _parse_shapes(pairs: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
-def _check_benchmark_inputs(config: Any, signature: tuple[list, list] | None) -> None:
-    """Refuse inputs that cannot be made for the model, or a missing data folder, in one line.
-
-    Args:
-        config: The benchmark flow's parameters.
-        signature: The model's inputs and outputs (None: a registered model, checked by the
-            flow once downloaded).
-
-    Raises:
-        ConfigError: Naming the input or the folder and what to give.
-    """
-    from tfopt.measurement.feeds import FeedsError, read_feeds, request_shapes
-    from tfopt.measurement.inputs import takes_images
-
-    setting = config.inputs
-    classifier = signature is None or takes_images(*signature)
-    if setting == "data" or (setting == "auto" and classifier and signature is not None):
-        if not config.data.source_dir.is_dir():
-            raise ConfigError(
-                f"data.source_dir: {config.data.source_dir} is not a folder (a model measured "
-                "on inputs generated from its signature: --inputs random)")
-        return
-    if signature is None:
-        return
-    try:
-        if setting in ("auto", "random"):
-            request_shapes(signature[0], config.shapes)
-        elif setting.endswith(".npz"):
-            read_feeds(Path(setting), signature[0])
-    except (FeedsError, OSError) as error:
-        raise ConfigError(f"inputs: {error}") from error
-
-
 def _cmd_benchmark(args: argparse.Namespace) -> int:
     from flows.parameters import BenchmarkOnlyConfig
 
@@ -425,17 +192,18 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     overrides.update(_parse_overrides(args.set))
     config = load_config(args.config, overrides, BenchmarkOnlyConfig)
     resolve_cpus(config.benchmark.cpus)
-    api_url, tracking_uri = _connect_services()
-    _reconcile_leftovers(tracking_uri)
+    api_url, tracking_uri = supervision.connect_services()
+    _say(supervision.reconcile_leftovers(tracking_uri))
     from tfopt.models.references import check_model_reference
+    from tfopt.preflight import check_benchmark_inputs
 
-    _check_benchmark_inputs(config, check_model_reference(config.model, tracking_uri))
+    check_benchmark_inputs(config, check_model_reference(config.model, tracking_uri))
 
-    run_log = _quiet_libraries(args, config.work_dir, config.name)
+    run_log = _run_log(config.work_dir, config.name)
     from flows.benchmark_model import benchmark_model
 
-    summary = _failure_in_one_line(
-        lambda: _run_flow(lambda: benchmark_model(config=config), api_url), run_log)
+    summary = supervision.supervised(lambda: benchmark_model(config=config), api_url, None,
+                                     run_log)
     _report(summary, args.summary_json)
     console.print(f"MLflow UI:  {summary['mlflow_run_url']}")
     return 0
@@ -451,7 +219,7 @@ def _benchmark_on_machines(args: argparse.Namespace) -> int:
     if not (args.run and args.work_pool):
         raise ConfigError("--run and --work-pool go together: the pipeline run whose variants "
                           "to measure, and the work pool(s) of the machines to measure them on")
-    _, tracking_uri = _connect_services()
+    _, tracking_uri = supervision.connect_services()
     variants = machines.variants_to_measure(tracking_uri, args.run, args.variant)
     submitted = deployed.submit(args.run, variants, args.work_pool, args.work_dir, args.source)
     console.print(f"{len(submitted)} benchmark_model flow runs submitted: {len(variants)} "
@@ -483,7 +251,7 @@ def _benchmark_on_machines(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from deployments.serve import PREFECT_YAML, DeploymentConflictError, serve_deployments
 
-    api_url, _ = _connect_services()
+    api_url, _ = supervision.connect_services()
     console.print(f"serving the deployments of {PREFECT_YAML}")
     console.print(f"run them from {api_url.removesuffix('/api')}/deployments (Ctrl+C stops)")
     try:
@@ -497,7 +265,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_deploy(args: argparse.Namespace) -> int:
     from deployments.serve import deploy_to_work_pool, load_deployment_specs, work_pool_names
 
-    _connect_services()
+    supervision.connect_services()
     for line in deploy_to_work_pool(source=args.source):
         console.print(line, highlight=False)
     for pool in work_pool_names(load_deployment_specs()):
@@ -510,7 +278,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from tfopt.machines import machine_settings
 
     settings = machine_settings(_parse_overrides(args.set))
-    _connect_services()
+    supervision.connect_services()
     deployment = deploy_to_pool(args.pool, machine=settings)
     console.print(f"{deployment}: this machine's settings {settings or '(none)'}", highlight=False)
     prefect = Path(sys.executable).with_name("prefect")
@@ -602,29 +370,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _traceback_if_verbose(args: argparse.Namespace) -> None:
     """Print the exception being handled with its traceback when the user asked to see it."""
-    if _verbose(args):
+    if supervision.wants_verbose(args.verbose):
         console.print_exception()
+
+
+def _error(text: str) -> None:
+    console.print(f"[bold red]error:[/] {redact(text)}", highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tfopt` console script."""
     args = build_parser().parse_args(argv)
-    _point_at_services()
-    _route_libraries_early(args)
+    supervision.point_at_services()
+    if args.command in ("run", "benchmark") and not supervision.wants_verbose(args.verbose):
+        terminal = supervision.route_libraries_early()
+        if terminal is not None:
+            console.file = terminal
     try:
         return args.handler(args)
-    except PrefectUnavailableError as error:
-        console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False, soft_wrap=True)
+    except supervision.PrefectUnavailableError as error:
+        _error(str(error))
         sys.stdout.flush()
         sys.stderr.flush()
         # Prefect's exit handlers would spend minutes sending logs and events to the lost server.
         os._exit(2)
     except (ConfigError, ServiceError) as error:
         _traceback_if_verbose(args)
-        console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False, soft_wrap=True)
+        _error(str(error))
         return 2
-    except RunFailedError as error:
-        console.print(f"[bold red]error:[/] {redact(str(error))}", highlight=False, soft_wrap=True)
+    except supervision.RunFailedError as error:
+        _error(str(error))
         return 1
     except ValidationError as error:
         from tfopt.config import describe_validation_error
@@ -633,17 +408,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{describe_validation_error(error)}", highlight=False)
         return 2
     except Exception as error:
-        if not _EARLY_LOG:
+        line = supervision.unexpected_failure_line(error)
+        if line is None:
             raise
-        import shutil
-        import traceback
-
-        traceback.print_exc()  # into the log, kept beside the work folder's logs
-        kept = ServiceSettings.from_env().state_dir / "logs" / f"tfopt-error-{os.getpid()}.log"
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(_EARLY_LOG[0].path, kept)
-        console.print(f"[bold red]error:[/] {redact(_failure_line(error, kept))} (--verbose "
-                      "shows it here)", highlight=False, soft_wrap=True)
+        _error(f"{line} (--verbose shows it here)")
         return 1
 
 

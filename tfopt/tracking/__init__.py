@@ -1,0 +1,53 @@
+"""Everything tfopt writes to MLflow and reads back from it, one module per concern.
+
+- `tfopt.tracking.client`: the client, the one retry loop, the batched calls;
+- `tfopt.tracking.runs`: a run's life (experiment, start, end, address) and runs left behind;
+- `tfopt.tracking.results`: one typed function per result a run logs;
+- `tfopt.tracking.registry`: variants as LoggedModels, the champion in the model registry;
+- `tfopt.tracking.history`: a config's earlier runs read back.
+
+Flows log through `tracked_run` and the typed functions, named here (``tracking.log_dataset``).
+"""
+
+from tfopt.tracking.client import (
+    TrackingUnavailableError,
+    client,
+    download_run_artifacts,
+    flatten_params,
+    log_artifact,
+    retry_seconds,
+    use_retry_seconds,
+    with_retries,
+)
+from tfopt.tracking.history import champion_history, previous_summary
+from tfopt.tracking.registry import log_champion
+from tfopt.tracking.results import (
+    describe_run,
+    log_comparison,
+    log_dataset,
+    log_file,
+    log_input_pipeline,
+    log_layout,
+    log_model_facts,
+    log_sweep,
+    log_technique,
+    log_training,
+    log_variant_run,
+    log_variants,
+)
+from tfopt.tracking.runs import (
+    TrackedRun,
+    experiment_url,
+    reconcile_orphans,
+    run_url,
+    tracked_run,
+)
+
+__all__ = [
+    "TrackedRun", "TrackingUnavailableError", "champion_history", "client", "describe_run",
+    "download_run_artifacts", "experiment_url", "flatten_params", "log_artifact",
+    "log_champion", "log_comparison", "log_dataset", "log_file", "log_input_pipeline",
+    "log_layout", "log_model_facts", "log_sweep", "log_technique", "log_training",
+    "log_variant_run", "log_variants", "previous_summary", "reconcile_orphans", "retry_seconds",
+    "run_url", "tracked_run", "use_retry_seconds", "with_retries",
+]

@@ -1,0 +1,51 @@
+"""Reading a config's earlier runs back: the last summary, the champion's history."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mlflow.exceptions import MlflowException
+
+from tfopt.tracking.client import download_run_artifacts, with_retries
+from tfopt.tracking.runs import TrackedRun
+
+
+def _finished_runs_of(run: TrackedRun, config_name: str, limit: int = 50) -> list[Any]:
+    """The experiment's finished pipeline runs of `config_name` other than `run`, newest first."""
+    found = with_retries(lambda: run.client.search_runs(
+        [run.experiment_id],
+        filter_string=(f"tags.`tfopt.config` = '{config_name}' and tags.`tfopt.role` = "
+                       "'pipeline' and attributes.status = 'FINISHED'"),
+        order_by=["attributes.start_time DESC"], max_results=limit + 1))
+    return [each for each in found if each.info.run_id != run.run_id][:limit]
+
+
+def previous_summary(run: TrackedRun, config_name: str, scratch: Path) -> dict[str, Any] | None:
+    """The summary JSON of the last finished run of the same config, or None (first run).
+
+    A run whose summary cannot be read (deleted artifacts) is passed over for the one before.
+    """
+    for earlier in _finished_runs_of(run, config_name, limit=5):
+        try:
+            local = download_run_artifacts(run.tracking_uri, earlier.info.run_id,
+                                           "report/summary.json", scratch / earlier.info.run_id)
+            return json.loads(local.read_text())
+        except (MlflowException, OSError, ValueError):
+            continue
+    return None
+
+
+def champion_history(run: TrackedRun, config_name: str) -> list[dict[str, Any]]:
+    """The champion's p50 and accuracy of the config's earlier finished runs, oldest first."""
+    points = []
+    for earlier in reversed(_finished_runs_of(run, config_name)):
+        metrics = earlier.data.metrics
+        if "champion_p50_ms" in metrics:
+            points.append({"run_id": earlier.info.run_id,
+                           "start_time": earlier.info.start_time,
+                           "champion": earlier.data.tags.get("tfopt.champion", ""),
+                           "p50_ms": metrics["champion_p50_ms"],
+                           "accuracy": metrics.get("champion_accuracy")})
+    return points
