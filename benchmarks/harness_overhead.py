@@ -40,10 +40,10 @@ MODELS = {"small": ("small_cnn", 32, {"width": 32}),
 
 def build_files(name: str, out_dir: Path) -> tuple[int, Path, Path]:
     """The model as fp32 TFLite and ONNX files; returns its image size and the two paths."""
+    from tfopt.models.serving_export import save_serving_savedmodel
     from tfopt.models.zoo import build_model
     from tfopt.runtimes._litert_files import serving_converter
     from tfopt.runtimes.onnxruntime import run_tf2onnx
-    from tfopt.runtimes.tensorflow import save_serving_savedmodel
 
     architecture, size, options = MODELS[name]
     model = build_model(architecture, size, 10, **options)

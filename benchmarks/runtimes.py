@@ -51,11 +51,11 @@ def build_files(name: str, out_dir: Path) -> tuple[int, dict[str, Path]]:
     """The model's files per (runtime, precision) key; returns its image size and them."""
     import tensorflow as tf
 
+    from tfopt.models.serving_export import save_serving_savedmodel
     from tfopt.models.zoo import build_model
     from tfopt.runtimes._litert_files import serving_converter
     from tfopt.runtimes.onnxruntime import quantize_onnx_file, run_tf2onnx
     from tfopt.runtimes.openvino import convert_savedmodel, save_model
-    from tfopt.runtimes.tensorflow import save_serving_savedmodel
 
     architecture, size, options = MODELS[name]
     model = build_model(architecture, size, 10, **options)

@@ -8,7 +8,7 @@ from prefect import task
 
 from tfopt.artifacts import ModelArtifact
 from tfopt.models.keras_io import load_keras_model
-from tfopt.runtimes.tensorflow import save_serving_savedmodel
+from tfopt.models.serving_export import save_serving_savedmodel
 
 
 @task(name="export_savedmodel", tags=["export"])

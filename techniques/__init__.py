@@ -20,7 +20,7 @@ import tfopt  # noqa: F401  (environment before TensorFlow)
 from techniques.base import Technique, TechniqueSection
 from tfopt.artifacts import ModelArtifact, VariantSpec
 from tfopt.config import Section
-from tfopt.runtimes.litert import TflitePrecision
+from tfopt.runtimes import compress_keys
 from tfopt.variants import failed, skipped
 
 
@@ -95,20 +95,6 @@ _MOVED_COMPRESS_KEYS = {
 """Keys of the flat `compress` section before techniques had sections of their own."""
 
 
-_FORMS_OF_COMPRESSED_MODELS: dict[str, Any] = {
-    "tflite": (list[TflitePrecision], Field(
-        default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
-        description="TFLite precisions built for each compressed model (QAT is always int8).",
-    )),
-    "graph": (bool, Field(
-        default=True,
-        description="Also benchmark each compressed Keras model as a TensorFlow graph (the "
-                    "baseline's graph, SavedModel and XLA forms are measured regardless).",
-    )),
-}
-"""The ``compress`` keys beside the techniques' sections: which forms their models get."""
-
-
 class CompressSection(Section):
     """Model compression: one section per technique, and the forms of their models."""
 
@@ -137,15 +123,14 @@ def _first_line(doc: str | None) -> str:
 
 
 def compress_config_class() -> type[CompressSection]:
-    """The ``compress`` section: `CompressSection` and one field per registered technique."""
+    """The ``compress`` section: one field per registered technique, and the runtimes' keys."""
     fields: dict[str, Any] = {
         name: (technique.section, Field(default_factory=technique.section,
                                         description=_first_line(technique.section.__doc__)))
         for name, technique in registry().items()
     }
     return create_model("CompressConfig", __base__=CompressSection, __module__=__name__,
-                        __doc__=CompressSection.__doc__, **fields,
-                        **_FORMS_OF_COMPRESSED_MODELS)
+                        __doc__=CompressSection.__doc__, **fields, **compress_keys())
 
 
 CompressConfig = compress_config_class()

@@ -20,7 +20,7 @@ from pydantic import Field
 from tfopt.artifacts import ModelArtifact, ModelFormat, Precision, TrainingData, VariantSpec
 from tfopt.config import Section
 from tfopt.logs import step_logger
-from tfopt.runtimes import plan_forms
+from tfopt.runtimes import compressed_forms, plan_forms
 from tfopt.runtimes.base import PlanRequest
 
 if TYPE_CHECKING:
@@ -129,8 +129,11 @@ class Technique:
         source_name: The name of the model it makes, from its settings (``pruned-80``); its
             variants are named after it.
         apply: The Prefect task ``(model, cfg, data, out_dir) -> ModelArtifact``.
-        yields_graph: Its model is benchmarked as a TensorFlow graph (it returns a Keras model).
-        tflite: The TFLite precisions it yields; None: the configured ``compress.tflite``.
+        yields_graph: Its model is a Keras model (benchmarked as a TensorFlow graph too, and
+            exported to ONNX); else a SavedModel (QAT's fake-quantized model).
+        precisions: The precisions its model is built at on every runtime asked for forms of
+            compressed models (QAT's: int8); None: the ones the config asks
+            (`tfopt.runtimes.compressed_forms`).
         sparse_tflite: Also a ``<source>-tflite-sparse`` variant when fp32 TFLite is built: fp32
             converted with ``Optimize.EXPERIMENTAL_SPARSITY`` (sparse weight encoding), derived
             from the dense fp32 file, so the benchmark shows whether sparsity buys latency and
@@ -147,7 +150,7 @@ class Technique:
     source_name: Callable[[Any], str]
     apply: Task
     yields_graph: bool = True
-    tflite: tuple[Precision, ...] | None = None
+    precisions: tuple[Precision, ...] | None = None
     sparse_tflite: bool = False
     starts_from: str | Callable[[Any], str | None] | None = None
 
@@ -155,24 +158,23 @@ class Technique:
         """The technique whose model it continues from with settings `cfg` (None: baseline)."""
         return self.starts_from(cfg) if callable(self.starts_from) else self.starts_from
 
-    def request(self, cfg: TechniqueSection, compress: Any, start: str) -> PlanRequest:
-        """What its model asks the runtimes for: its graph and TFLite forms.
+    def request(self, cfg: TechniqueSection, config: Any, start: str) -> PlanRequest:
+        """What its model asks the runtimes for: the forms the config asks of compressed models.
 
         Each form derives from the same form of the model named `start` (``pruned-80-tflite-
         int8`` from ``baseline-tflite-int8``): that is what its speed and size are judged
-        against. ``compress.graph`` false leaves out the graph form.
+        against. The forms are the one rule's (`tfopt.runtimes.compressed_forms`), at the
+        technique's own precisions where it has them.
         """
-        asked: dict[str, tuple[str, ...]] = {
-            "tflite": tuple(self.tflite if self.tflite is not None else compress.tflite)}
-        if self.yields_graph and compress.graph:
-            asked["graph"] = ("fp32",)
+        asked = {fmt: self.precisions if self.precisions is not None else precisions
+                 for fmt, precisions in compressed_forms(config).items()}
         return PlanRequest(source=self.source_name(cfg),
                            kind="keras" if self.yields_graph else "savedmodel", start=start,
                            asked=asked, sparse=self.sparse_tflite)
 
     def variants(self, cfg: TechniqueSection, config: Any, start: str) -> list[VariantSpec]:
         """The variants it yields from the model named `start` (not built yet)."""
-        return plan_forms(self.request(cfg, config.compress, start), config)
+        return plan_forms(self.request(cfg, config, start), config)
 
     def refusal(self, model: ModelArtifact) -> str | None:
         """Why it cannot work on `model`, or None when it can."""

@@ -26,6 +26,7 @@ from techniques.base import (
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
 from tfopt.models.channel_pruning import ChannelPruningError, thin_model
+from tfopt.models.flops import keras_flops
 from tfopt.models.keras_io import keras_model_path, save_keras_model
 from tfopt.models.training import (
     KeepBestWeights,
@@ -33,7 +34,6 @@ from tfopt.models.training import (
     fit,
     scheduled_learning_rate,
 )
-from tfopt.runtimes.tensorflow import keras_flops
 
 CRITERION = "|batch-norm scale| x filter L1 norm (Network Slimming, Li et al.)"
 

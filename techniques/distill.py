@@ -48,7 +48,7 @@ from techniques.base import (
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
-from tfopt.models.channel_pruning import ChannelPruningError, thin_model
+from tfopt.models.channel_pruning import ChannelPruningError, filter_scores, thin_model
 from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras_model
 from tfopt.models.training import (
     Fitted,
@@ -202,8 +202,8 @@ def inherit_filters(student: keras.Model, teacher: keras.Model) -> list[str]:
 
     For each of the student's convolutions, in order, whose name the teacher shares (with a
     batch normalization after it, ``*_conv`` and ``*_bn``), the student takes the teacher's
-    filters ranked highest by ``|gamma|`` times the filter's L1 norm (Network Slimming's and Li
-    et al.'s criteria), restricted to the input channels kept in the layer before, and their
+    filters ranked highest by `filter_scores` (``|gamma|`` times the filter's L1 norm, the rule
+    channel pruning ranks by), restricted to the input channels kept in the layer before, and their
     batch-normalization parameters. It stops at the first convolution the teacher lacks or
     cannot fill (fewer filters, another kernel); the rest keep their random initialization.
 
@@ -232,7 +232,7 @@ def inherit_filters(student: keras.Model, teacher: keras.Model) -> list[str]:
         kernel = kernels[0] if kept_inputs is None else kernels[0][:, :, kept_inputs, :]
         if kernel.shape[:3] != shapes[0][:3] or kernel.shape[3] < shapes[0][3]:
             break
-        importance = np.abs(norm[0]) * np.abs(kernel).sum(axis=(0, 1, 2))
+        importance = filter_scores(kernel, norm[0])
         kept_inputs = np.sort(np.argsort(-importance, kind="stable")[:shapes[0][3]])
         layer.set_weights([kernel[..., kept_inputs]])
         students[norm_name].set_weights([weight[kept_inputs] for weight in norm])

@@ -26,8 +26,8 @@ from techniques.base import (
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
 from tfopt.models.keras_io import copy_model, is_layer_graph
+from tfopt.models.serving_export import save_serving_savedmodel
 from tfopt.models.training import evaluate_test_accuracy, fit
-from tfopt.runtimes.tensorflow import save_serving_savedmodel
 
 
 class QatConfig(TechniqueSection):
@@ -165,5 +165,5 @@ def quantize_aware_train(
 
 TECHNIQUE = Technique(
     name="qat", section=QatConfig, accepts=KERAS_ONLY, source_name=lambda _: SOURCE_NAME,
-    apply=quantize_aware_train, yields_graph=False, tflite=("int8",),
+    apply=quantize_aware_train, yields_graph=False, precisions=("int8",),
 )

@@ -22,7 +22,7 @@ def variant_name(source: str, form: str, precision: Precision, *,
         form: The format, with its flavor if any (``graph``, ``xla-autocluster``, ``tflite``).
         precision: The numeric precision.
         names_precision: State fp32 too: the runtime chooses a precision per form
-            (``baseline-tflite-fp32``; `Runtime.names_precision`).
+            (``baseline-tflite-fp32``; `Runtime.precision_named`).
     """
     shown = names_precision or precision != "fp32"
     return f"{source}-{form}-{precision}" if shown else f"{source}-{form}"

@@ -15,7 +15,14 @@ from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.data.pipeline import load_split
 from tfopt.report.files import _api_lines, _runtime_lines
 from tfopt.report.summary import variant_entry
-from tfopt.runtimes import ConvertConfig, load_runner, plan_forms, plan_variant, registry
+from tfopt.runtimes import (
+    ConvertConfig,
+    compressed_forms,
+    load_runner,
+    plan_forms,
+    plan_variant,
+    registry,
+)
 from tfopt.runtimes import openvino as openvino_module
 from tfopt.runtimes.base import PlanRequest, softmax
 from tfopt.runtimes.litert import CompiledModelRunner, TFLiteRunner
@@ -113,8 +120,10 @@ def test_openvino_forms_are_planned_for_baselines_and_compressed_models():
     assert baseline[0].derived_from == "baseline-savedmodel"
     assert baseline[2].derived_from == "baseline-openvino"
     assert (baseline[1].status == "skipped") == (bf16_unavailable_reason() is not None)
+    asked = compressed_forms(config)
+    assert asked["openvino"] == ("int8",), "one rule says every compressed model's forms"
     pruned = [s for s in plan_forms(PlanRequest(source="pruned-80", kind="keras",
-                                                start="baseline", asked={"tflite": ("int8",)}),
+                                                start="baseline", asked=asked),
                                     config) if s.format == "openvino"]
     assert [(s.name, s.derived_from) for s in pruned] == [
         ("pruned-80-openvino-int8", "baseline-openvino-int8")]

@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tfopt.models.flops import keras_flops
 from tfopt.provenance import machine_memory_gb_per_s, machine_peak_gflops
 from tfopt.runtimes.litert import tflite_flops
 from tfopt.runtimes.onnxruntime import onnx_flops
-from tfopt.runtimes.tensorflow import keras_flops
 
 # Conv 3x3x3->4 on 8x8 (same): 2*8*8*4*27; depthwise 3x3 on 8x8x4: 2*8*8*4*9; dense 4->5: 2*4*5.
 EXPECTED_FLOPS = 2 * 8 * 8 * 4 * 27 + 2 * 8 * 8 * 4 * 9 + 2 * 4 * 5
@@ -17,9 +17,9 @@ def counted_model(tmp_path_factory):
     import tensorflow as tf
     import tf_keras as keras
 
+    from tfopt.models.serving_export import save_serving_savedmodel
     from tfopt.runtimes.onnxruntime import run_tf2onnx
     from tfopt.runtimes.openvino import convert_savedmodel
-    from tfopt.runtimes.tensorflow import save_serving_savedmodel
     from tfopt.serving import SIGNATURE_KEY
 
     folder = tmp_path_factory.mktemp("flops")

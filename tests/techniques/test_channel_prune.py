@@ -7,7 +7,7 @@ import pytest
 import tf_keras as keras
 
 from tfopt.models.channel_pruning import ChannelPruningError, channel_graph, thin_model
-from tfopt.runtimes.tensorflow import keras_flops
+from tfopt.models.flops import keras_flops
 
 
 def _residual_depthwise_concat() -> keras.Model:

@@ -379,7 +379,7 @@ def copy_model(model: ModelArtifact, cfg: NoopConfig, data: TrainingData,
 
 TECHNIQUE = Technique(name="noop", section=NoopConfig, accepts=KERAS_ONLY,
                       source_name=lambda cfg: cfg.label, apply=copy_model,
-                      tflite=("int8",))
+                      precisions=("int8",))
 '''
 
 
@@ -397,8 +397,8 @@ def test_a_new_technique_is_one_module_and_one_config_section(tiny_baseline, tin
         assert compress.noop.label == "copied", "compress.noop is a config section now"
         planned = {p.source: p for p in plan(PipelineConfig.model_construct(compress=compress),
                                               tiny_baseline)}
-        assert [v.name for v in planned["copied"].variants] == ["copied-graph",
-                                                                "copied-tflite-int8"]
+        assert [v.name for v in planned["copied"].variants] == ["copied-tflite-int8"], \
+            "its own precisions on every form asked of compressed models (no fp32 graph)"
         made = technique.apply.fn(tiny_baseline, planned["copied"].cfg, tiny_data, tmp_path)
         assert made.name == "copied" and made.path.exists()
     finally:

@@ -220,16 +220,27 @@ def filter_importance(model: Any, graph: ChannelGraph, group: int,
     by_name = {layer.name: layer for layer in model.layers}
     importance = np.zeros(graph.sizes[group], dtype=np.float64)
     for source in layers:
-        kernel = by_name[source].get_weights()[0]
-        l1 = np.abs(kernel).reshape(-1, kernel.shape[-1]).sum(axis=0)
-        scale = next((np.abs(by_name[name].get_weights()[0])
+        scale = next((by_name[name].get_weights()[0]
                       for name, feeding in graph.inputs.items()
                       if feeding == [source]
-                      and type(by_name[name]).__name__ == "BatchNormalization"),
-                     np.ones_like(l1))
-        weighted = scale * l1
+                      and type(by_name[name]).__name__ == "BatchNormalization"), None)
+        weighted = filter_scores(by_name[source].get_weights()[0], scale)
         importance += weighted / max(float(weighted.max()), 1e-12)
     return importance
+
+
+def filter_scores(kernel: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    """Each filter's importance: |batch-norm scale| x the filter's L1 norm.
+
+    Network Slimming's and Li et al.'s criterion, the one rule channel pruning and the distilled
+    student's start (`techniques.distill.inherit_filters`) rank filters by.
+
+    Args:
+        kernel: A convolution's or dense layer's kernel, output channels last.
+        scale: The batch normalization's scale (gamma) after it; None: no normalization (1).
+    """
+    l1 = np.abs(kernel).reshape(-1, kernel.shape[-1]).sum(axis=0)
+    return l1 if scale is None else np.abs(scale) * l1
 
 
 def kept_channels(model: Any, graph: ChannelGraph, fraction: float,

@@ -141,6 +141,24 @@ def plan_forms(request: PlanRequest, config: Any) -> list[VariantSpec]:
             for spec in runtime.plan(request, settings_of(runtime, config))]
 
 
+def compressed_forms(config: Any) -> dict[str, tuple[str, ...]]:
+    """The one rule for a technique's model: the precisions each runtime's format is asked for.
+
+    Every runtime says it from the config (`Runtime.compressed_forms`); formats asked for
+    nothing are left out.
+    """
+    return {fmt: precisions for runtime in registry().values()
+            for fmt, precisions in runtime.compressed_forms(settings_of(runtime, config),
+                                                            config.compress).items()
+            if precisions}
+
+
+def compress_keys() -> dict[str, tuple[Any, Any]]:
+    """The ``compress`` keys the runtimes declare (`Runtime.compress_keys`), by name."""
+    return {key: field for runtime in registry().values()
+            for key, field in runtime.compress_keys.items()}
+
+
 def _first_line(doc: str | None) -> str:
     return (doc or "").strip().splitlines()[0] if doc else ""
 

@@ -272,10 +272,13 @@ class Runtime(ABC):
         shares_process: Its variants can be timed side by side in one process (the run-off).
         exports: It ships a bundle beside a baseline's variants (`export`).
         main_api: The name of the API `load_runner` opens, where `other_apis` offers others.
-        names_precision: Its forms' names state their precision even at fp32
-            (``baseline-tflite-fp32``): each form is converted at a precision of its own.
+        precision_named: Its forms whose names state their precision even at fp32
+            (``baseline-tflite-fp32``): each file is converted at a precision of its own.
         compiled_formats: Formats compiled when they are opened (XLA): one step more than the
             model as it is, so a tie goes to the simpler form (`champion.simplicity`).
+        compress_keys: Keys it adds to the ``compress`` section, name to (type, Field): where
+            the forms of compressed models were asked for before ``runtimes.*`` existed
+            (``compress.tflite``, ``compress.graph``; see `compressed_forms`).
     """
 
     name: ClassVar[str]
@@ -287,18 +290,31 @@ class Runtime(ABC):
     shares_process: ClassVar[bool] = False
     exports: ClassVar[bool] = False
     main_api: ClassVar[str] = ""
-    names_precision: ClassVar[bool] = False
+    precision_named: ClassVar[frozenset[str]] = frozenset()
     compiled_formats: ClassVar[frozenset[str]] = frozenset()
+    compress_keys: ClassVar[Mapping[str, tuple[Any, Any]]] = {}
+
+    def compressed_forms(self, settings: Any, compress: Any) -> dict[str, tuple[str, ...]]:
+        """The precisions, per format, of its forms of every technique's model (none: empty).
+
+        The config says them where the runtime keeps it: its own section, or for the runtimes
+        whose keys predate ``runtimes.*`` the ``compress`` keys it declares (`compress_keys`).
+        A technique with precisions of its own (QAT: int8) gets those instead
+        (`techniques.base.Technique.request`).
+        """
+        return {}
 
     def variant(self, source: str, variant_format: str, precision: Precision = "fp32",
                 **fields: Any) -> VariantSpec:
         """One of its forms of the model `source`, named by its rule (see `plan_variant`)."""
+        form = fields.get("form") or variant_format
         return plan_variant(source, variant_format, precision,
-                            names_precision=self.names_precision, **fields)
+                            names_precision=form in self.precision_named, **fields)
 
     def variant_name(self, source: str, form: str, precision: Precision) -> str:
         """The name of its form `form` of the model `source` at `precision`."""
-        return variant_name(source, form, precision, names_precision=self.names_precision)
+        return variant_name(source, form, precision,
+                            names_precision=form in self.precision_named)
 
     @abstractmethod
     def plan(self, request: PlanRequest, settings: Any) -> list[VariantSpec]:

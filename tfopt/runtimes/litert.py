@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -102,7 +102,18 @@ class LiteRT(Runtime):
     file_suffixes: ClassVar[Mapping[str, str]] = {".tflite": "tflite"}
     shares_process = True
     main_api = "interpreter"
-    names_precision = True
+    precision_named = frozenset({"tflite"})
+    compress_keys: ClassVar[Mapping[str, tuple[Any, Any]]] = {
+        "tflite": (list[TflitePrecision], Field(
+            default_factory=lambda: ["fp32", "dynamic", "float16", "int8"],
+            description="TFLite precisions built for each compressed model (QAT is always int8).",
+        )),
+    }
+
+    def compressed_forms(self, settings: LiteRTSettings,
+                         compress: Any) -> dict[str, tuple[str, ...]]:
+        """``compress.tflite``: the TFLite precisions of every technique's model."""
+        return {"tflite": tuple(compress.tflite)}
 
     def plan(self, request: PlanRequest, settings: LiteRTSettings) -> list[VariantSpec]:
         """TFLite files per precision (int8 calibrated), selective int8, or the file as given."""

@@ -18,7 +18,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -348,7 +348,7 @@ class OnnxRuntime(Runtime):
         """The checked ONNX export and its quantizations, or the ``.onnx`` file as given."""
         source = request.source
         if request.compressed:
-            return self._compressed_forms(request, settings)
+            return self._compressed_forms(request)
         if request.kind == "onnx":
             return [self.variant(source, "onnx", request.precision)]
         if request.kind not in ("keras", "savedmodel"):
@@ -360,13 +360,19 @@ class OnnxRuntime(Runtime):
         return [onnx, *(self.variant(source, "onnx", precision, derived_from=onnx.name)
                         for precision in settings.onnx_quantize)]
 
-    def _compressed_forms(self, request: PlanRequest, settings: OnnxSettings) -> list[VariantSpec]:
-        """A technique's Keras model: its checked export and int8, as `onnx_compressed` asks."""
-        if not (settings.onnx and settings.onnx_compressed) or request.kind != "keras":
+    def compressed_forms(self, settings: OnnxSettings,
+                         compress: Any) -> dict[str, tuple[str, ...]]:
+        """``convert.onnx_compressed``, when ONNX is exported at all."""
+        return {"onnx": tuple(settings.onnx_compressed)} if settings.onnx else {}
+
+    def _compressed_forms(self, request: PlanRequest) -> list[VariantSpec]:
+        """A technique's Keras model: its checked export, and its int8 when asked."""
+        asked = (request.asked or {}).get("onnx", ())
+        if not asked or request.kind != "keras":
             return []
         start = self.variant_name(request.start or "baseline", "onnx", "fp32")
         onnx = self.variant(request.source, "onnx", derived_from=start)
-        if "int8" not in settings.onnx_compressed:
+        if "int8" not in asked:
             return [onnx]
         return [onnx, self.variant(request.source, "onnx", "int8", derived_from=onnx.name)]
 

@@ -473,11 +473,16 @@ class OpenVINO(Runtime):
     shares_process = True
     exports = True
 
+    def compressed_forms(self, settings: OpenVINOSettings,
+                         compress: Any) -> dict[str, tuple[str, ...]]:
+        """``runtimes.openvino.compressed``: OpenVINO forms of every technique's model."""
+        return {"openvino": tuple(settings.compressed)}
+
     def plan(self, request: PlanRequest, settings: OpenVINOSettings) -> list[VariantSpec]:
         """fp32, bf16 and int8 forms of a SavedModel (skipped where OpenVINO cannot run)."""
         source = request.source
         if request.compressed:
-            precisions = list(settings.compressed)
+            precisions = list((request.asked or {}).get("openvino", ()))
             planned = [self.variant(source, "openvino", p,
                                     derived_from=self.variant_name(request.start, "openvino", p))
                        for p in precisions]

@@ -17,15 +17,16 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
 from tfopt.artifacts import OpProfile, Precision, VariantResult, VariantSpec
 from tfopt.cpu_features import bf16_unavailable_reason
-from tfopt.fileio import replace_dir, staging_dir_for
 from tfopt.measurement.profiles import PROFILED_CALLS, WARMUP_CALLS, top_ops
+from tfopt.models.flops import keras_flops
+from tfopt.models.serving_export import save_serving_function, save_serving_savedmodel
 from tfopt.packaging import mlflow_signature, pinned
 from tfopt.runtimes.base import (
     BuildSources,
@@ -40,9 +41,7 @@ from tfopt.runtimes.base import (
 from tfopt.serving import (
     INPUT_NAME,
     OUTPUT_LOGITS,
-    OUTPUT_PROBABILITIES,
     SIGNATURE_KEY,
-    write_labels,
 )
 from tfopt.variants import built, skipped
 
@@ -201,118 +200,6 @@ class SavedModelRunner(Runner):
         return [outputs[name].numpy() for name in fetched]
 
 
-def save_serving_savedmodel(keras_model: Any, image_size: int, final: Path,
-                            class_names: Sequence[str] = (), channels: int = 3) -> None:
-    """Save `keras_model` as a SavedModel with the fixed serving signature, atomically.
-
-    The signature takes ``images`` (float32 ``[batch, size, size, channels]``, any batch) and
-    returns ``logits`` and ``probabilities``: fixed names that serving systems and converters
-    (TFLite, tf2onnx, TensorRT via ONNX) can rely on. The class order goes with it, as
-    ``assets/labels.txt``.
-    """
-    save_serving_function(keras_model, lambda images: keras_model(images, training=False),
-                          image_size, final, class_names, channels)
-
-
-def save_serving_function(
-    holder: object, logits_of: Callable[[Any], Any], image_size: int, final: Path,
-    class_names: Sequence[str] = (), channels: int = 3,
-) -> None:
-    """Save ``logits_of(images)`` with the fixed serving signature as a SavedModel, atomically.
-
-    Args:
-        holder: What owns the variables `logits_of` reads (a Keras model, a loaded SavedModel).
-        logits_of: Float32 images ``[batch, S, S, C]`` to logits ``[batch, classes]``.
-        image_size: S.
-        final: The SavedModel folder to write.
-        class_names: The class order, written as ``assets/labels.txt``.
-        channels: C.
-    """
-    import tensorflow as tf
-
-    @tf.function(input_signature=[
-        tf.TensorSpec([None, image_size, image_size, channels], tf.float32, INPUT_NAME)])
-    def serve(images: tf.Tensor) -> dict[str, tf.Tensor]:
-        logits = tf.cast(logits_of(images), tf.float32)
-        return {OUTPUT_LOGITS: logits, OUTPUT_PROBABILITIES: tf.nn.softmax(logits)}
-
-    staging = staging_dir_for(final)
-    if _is_keras3(holder):
-        from keras.export import ExportArchive
-
-        archive = ExportArchive()
-        archive.track(holder)
-        archive.add_endpoint(SIGNATURE_KEY, serve)
-        archive.write_out(str(staging), verbose=False)
-    else:
-        module = tf.Module()
-        module.model = holder
-        module.serve = serve
-        tf.saved_model.save(module, str(staging), signatures={SIGNATURE_KEY: serve})
-    if class_names:
-        write_labels(staging / "assets", class_names)
-    replace_dir(staging, final)
-
-
-def _is_keras3(holder: object) -> bool:
-    """Whether `holder` is a Keras 3 model (exported with Keras 3's own ExportArchive)."""
-    from tfopt.models.keras_io import flavor_of
-
-    try:
-        return flavor_of(holder) == "keras3"
-    except TypeError:
-        return False
-
-
-def keras_flops(model: object) -> float:
-    """FLOPs per example of a Keras model (tfmot's wrappers are looked through).
-
-    FLOPs count 2 x the multiply-accumulates of convolutions, depthwise convolutions and fully
-    connected layers (see `tfopt.measurement.profiles`).
-    """
-    total = 0.0
-    for layer in _keras_layers(model):
-        kind = type(layer).__name__
-        kernel = getattr(layer, "depthwise_kernel", None)
-        if kind == "DepthwiseConv2D" and kernel is not None:
-            kh, kw, _, _ = kernel.shape
-            total += 2.0 * kh * kw * _per_example(_output_shape(layer))
-        elif kind in ("Conv2D", "Conv1D", "Conv3D") and getattr(layer, "kernel", None) is not None:
-            *window, channels_in, _ = layer.kernel.shape
-            total += 2.0 * float(np.prod(window)) * channels_in * _per_example(_output_shape(layer))
-        elif kind == "Dense" and getattr(layer, "kernel", None) is not None:
-            total += 2.0 * layer.kernel.shape[0] * _per_example(_output_shape(layer))
-    return total
-
-
-def _keras_layers(model: object) -> list[object]:
-    found = []
-    for layer in getattr(model, "layers", []):
-        inner = getattr(layer, "layer", None)  # PruneLowMagnitude, QuantizeWrapper, Cluster...
-        if inner is not None:
-            found.append(inner)
-        elif hasattr(layer, "layers"):
-            found += _keras_layers(layer)
-        else:
-            found.append(layer)
-    return found
-
-
-def _per_example(shape: object) -> float:
-    """Elements per example of a layer's output shape ``(None, ...)``."""
-    if isinstance(shape, list):
-        shape = shape[0]
-    return float(np.prod([d for d in shape[1:] if d is not None]))
-
-
-def _output_shape(layer: Any) -> object:
-    """A layer's output shape (tf_keras has ``output_shape``; Keras 3 its output's shape)."""
-    try:
-        return layer.output_shape
-    except AttributeError:
-        return tuple(layer.output.shape)
-
-
 _TF_KERNEL_EVENT = re.compile(r"^(?P<node>[^\s:]+):(?P<kind>[A-Za-z_][\w]*)$")
 """A TensorFlow executor's kernel event: ``model/layer/Op:OpType``."""
 _CALL_KINDS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "XlaLaunch", "_XlaRun"})
@@ -384,6 +271,18 @@ class TensorFlow(Runtime):
     name = "tensorflow"
     formats = frozenset({"graph", "xla", "savedmodel"})
     compiled_formats = frozenset({"xla"})
+    compress_keys: ClassVar[Mapping[str, tuple[Any, Any]]] = {
+        "graph": (bool, Field(
+            default=True,
+            description="Also benchmark each compressed Keras model as a TensorFlow graph (the "
+                        "baseline's graph, SavedModel and XLA forms are measured regardless).",
+        )),
+    }
+
+    def compressed_forms(self, settings: TensorFlowSettings,
+                         compress: Any) -> dict[str, tuple[str, ...]]:
+        """``compress.graph``: every technique's Keras model as a TensorFlow graph."""
+        return {"graph": ("fp32",)} if compress.graph else {}
     section = TensorFlowSettings
     home = "convert"
     order = 10
@@ -392,7 +291,7 @@ class TensorFlow(Runtime):
         """Graph, SavedModel, XLA and bfloat16 forms of a Keras model; its SavedModel form."""
         source = request.source
         if request.compressed:
-            if "graph" in (request.asked or {}) and request.kind == "keras":
+            if "fp32" in (request.asked or {}).get("graph", ()) and request.kind == "keras":
                 start = self.variant_name(request.start, "graph", "fp32")
                 return [self.variant(source, "graph", derived_from=start)]
             return []

@@ -100,7 +100,7 @@ class TensorRT(Runtime):
     home = "convert"
     order = 40
     exports = True
-    names_precision = True
+    precision_named = frozenset({"tftrt"})
 
     def plan(self, request: PlanRequest, settings: TensorRTSettings) -> list[VariantSpec]:
         """The TF-TRT form of a baseline, skipped with the reason it cannot be built here."""
