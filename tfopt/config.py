@@ -347,8 +347,14 @@ class MeasurementProtocol(Section):
 
     def as_protocol(self) -> MeasurementProtocol:
         """These settings as a plain protocol (a `BenchmarkConfig`'s without its policy)."""
+        return MeasurementProtocol.of(self.model_dump(mode="json"))
+
+    @staticmethod
+    def of(settings: dict[str, Any]) -> MeasurementProtocol:
+        """The protocol among `settings` (a whole ``benchmark`` section's keys are fine)."""
         return MeasurementProtocol.model_validate(
-            self.model_dump(include=set(MeasurementProtocol.model_fields)))
+            {key: value for key, value in settings.items()
+             if key in MeasurementProtocol.model_fields})
 
 
 class ChampionPolicy(Section):

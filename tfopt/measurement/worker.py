@@ -511,7 +511,7 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
 def read_request(request_path: str) -> tuple[dict, MeasurementProtocol]:
     """A worker's request and its protocol; pins this process to `cfg.cpus` if set."""
     request = json.loads(Path(request_path).read_text())
-    cfg = MeasurementProtocol.model_validate(request["cfg"])
+    cfg = MeasurementProtocol.of(request["cfg"])
     cfg = cfg.model_copy(update={"cpus": resolve_cpus(cfg.cpus)})
     if cfg.cpus:
         os.sched_setaffinity(0, cfg.cpus)
