@@ -40,6 +40,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         console.print(line)
     _print_addresses(settings)
     os.environ["PREFECT_API_URL"] = settings.prefect_api_url
+    supervision.point_at_services()  # the password a first start just made, for the clean-up
     _say(supervision.reconcile_leftovers(settings.mlflow_url))
     return 0
 

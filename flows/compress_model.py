@@ -19,7 +19,7 @@ from prefect.states import State
 from flows.common import build_forms, build_sources, error_of, final_state
 from flows.parameters import PipelineConfig
 from tasks.export_savedmodel import export_savedmodel
-from techniques import Planned, plan
+from techniques import Planned, contained, plan
 from techniques.base import NotApplicable
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.orchestration import claim_flow_run
@@ -74,7 +74,7 @@ def _submit_techniques(plans: list[Planned], baseline: ModelArtifact, data: Trai
     futures: dict[str, PrefectFuture] = {}
     for planned in plans:
         start = baseline if planned.starts_from is None else futures[planned.starts_from]
-        futures[planned.technique.name] = planned.technique.apply.submit(
+        futures[planned.technique.name] = contained(planned.technique.name).submit(
             start, planned.cfg, data, models_dir)
     return futures
 

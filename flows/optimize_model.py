@@ -44,6 +44,7 @@ from tfopt import tracking
 from tfopt.artifacts import (
     BatchSweepResult,
     BenchmarkInputs,
+    DatasetArtifact,
     InputPipelineResult,
     LayoutResult,
     ModelArtifact,
@@ -58,6 +59,8 @@ from tfopt.fileio import atomic_write_json
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
 from tfopt.models.sources import source_stamp
+from tfopt.models.step_timing import unswept
+from tfopt.native import contain_native_steps, read_record
 from tfopt.orchestration import StepProgress, claim_flow_run
 from tfopt.prefect_artifacts import (
     emit_regression_event,
@@ -114,6 +117,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
     ) as run:
         get_run_logger().info("MLflow run: %s", run.url)
         run_dir = work_dir / "runs" / f"{config.name}-{run.run_id[:12]}"
+        crashes = contain_native_steps(run_dir)
         measured = _prepare_data(config, work_dir, run_dir, run)
         baseline, savedmodel = _baseline(config, measured.data, work_dir, run_dir, run)
         inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
@@ -130,7 +134,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         run_ids = tracking.log_variants(
             run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged)
         summary = _summarize(config, run, measured, results, run_ids, technique_models,
-                             runoff)
+                             runoff, read_record(crashes))
         summary = _since_last_run(config, run, summary, run_dir)
         _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
@@ -148,18 +152,35 @@ def _prepare_data(
     facts = inspect_model(config.model, dataset)
     tracking.log_model_facts(run, facts)
     dataset = dataset.model_copy(update={"channels": facts.channels})
-    sweep = sweep_batch_size(dataset, config.model, config.input, run_dir / "report")
+    sweep = _swept(config, dataset, run_dir)
     batch_size = config.train.batch_size or sweep.chosen_batch_size
     tracking.log_sweep(run, sweep, batch_size)
     pipeline = measure_input_pipeline(dataset, sweep.chosen_batch_size, config.input)
     tracking.log_input_pipeline(run, pipeline)
     layout = None
     if config.input.measure_layouts and config.model.kind == "keras":
-        layout = measure_data_layout(dataset, config.model, batch_size, config.input.sweep_steps)
-        tracking.log_layout(run, layout)
+        measuring = measure_data_layout(dataset, config.model, batch_size,
+                                        config.input.sweep_steps, return_state=True)
+        layout = measuring.result() if measuring.is_completed() else None
+        if layout is not None:
+            tracking.log_layout(run, layout)
+        else:
+            get_run_logger().warning("the layout measurement failed; the run goes on without "
+                                     "it: %s", error_of(measuring))
     data = TrainingData(dataset=dataset, batch_size=batch_size, seed=config.train.seed,
                         input=config.input, input_scale=config.model.input_scale)
     return _Measured(data, sweep, pipeline, layout, facts)
+
+
+def _swept(config: PipelineConfig, dataset: DatasetArtifact, run_dir: Path) -> BatchSweepResult:
+    """The batch-size sweep; one that fails leaves the configured or the default batch size."""
+    sweeping = sweep_batch_size(dataset, config.model, config.input, run_dir / "report",
+                                return_state=True)
+    if sweeping.is_completed():
+        return sweeping.result()
+    get_run_logger().warning("the batch-size sweep failed; the run goes on: %s",
+                             error_of(sweeping))
+    return unswept(config.train.batch_size, error_of(sweeping))
 
 
 def _checkpoint_dir(config: PipelineConfig, data: TrainingData, work_dir: Path) -> Path:
@@ -283,10 +304,11 @@ def _benchmark_all(
 def _summarize(
     config: PipelineConfig, run: tracking.TrackedRun, measured: _Measured,
     results: list[VariantResult], run_ids: dict[str, str], technique_models: list[ModelArtifact],
-    runoff: Runoff | None,
+    runoff: Runoff | None, crashes: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Pick and register the champion; assemble the summary JSON."""
+    """Pick and register the champion; assemble the summary JSON (with the contained crashes)."""
     bench = config.benchmark
+    tracking.log_native_crashes(run, crashes)
     choice = pick_champion(results, bench.accuracy_budget_points, bench.objective, runoff)
     champion_model = None
     if choice.name:
@@ -317,6 +339,7 @@ def _summarize(
             "data_layout": measured.layout.model_dump(mode="json") if measured.layout else None,
             "input_cache": {"mode": measured.pipeline.cache_mode,
                             "reason": measured.pipeline.cache_reason},
+            "native_crashes": crashes,
         },
     )
 

@@ -7,7 +7,8 @@ from typing import Any
 from prefect import task
 
 from tfopt.artifacts import VariantSpec
-from tfopt.runtimes import runtime_of
+from tfopt.native import run_native
+from tfopt.runtimes import build_here, build_step
 from tfopt.runtimes.base import BuildSources
 
 
@@ -29,4 +30,4 @@ def build_variant(spec: VariantSpec, sources: BuildSources, settings: Any) -> Va
         The variant, built; or skipped or failed when the conversion itself decides so (e.g.
         selective int8 when full int8 is within the accuracy budget).
     """
-    return runtime_of(spec.format).build(spec, sources, settings)
+    return run_native(build_step(spec), build_here, spec, sources, settings)

@@ -7,7 +7,8 @@ from typing import Any
 
 from prefect import task
 
-from tfopt.runtimes import registry
+from tfopt.native import run_native
+from tfopt.runtimes import BUNDLE_STEP, export_bundle_here
 from tfopt.runtimes.base import BuildSources
 
 
@@ -25,4 +26,4 @@ def export_bundle(runtime: str, sources: BuildSources, settings: Any, out_dir: P
     Returns:
         The bundle's folder, or None when the runtime ships nothing for this model.
     """
-    return registry()[runtime].export(sources, settings, out_dir)
+    return run_native(BUNDLE_STEP, export_bundle_here, runtime, sources, settings, out_dir)

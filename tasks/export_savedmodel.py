@@ -7,8 +7,8 @@ from pathlib import Path
 from prefect import task
 
 from tfopt.artifacts import ModelArtifact
-from tfopt.models.keras_io import load_keras_model
-from tfopt.models.serving_export import save_serving_savedmodel
+from tfopt.models.serving_export import EXPORT_STEP, export_serving_savedmodel
+from tfopt.native import run_native
 
 
 @task(name="export_savedmodel", tags=["export"])
@@ -26,7 +26,4 @@ def export_savedmodel(model: ModelArtifact, out_dir: Path) -> ModelArtifact:
     Returns:
         The SavedModel artifact.
     """
-    final = out_dir / f"{model.name}-savedmodel"
-    save_serving_savedmodel(load_keras_model(model.path), model.image_size, final,
-                            model.class_names, model.channels)
-    return model.model_copy(update={"path": final, "format": "savedmodel"})
+    return run_native(EXPORT_STEP, export_serving_savedmodel, model, out_dir)

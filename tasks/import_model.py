@@ -11,7 +11,8 @@ from prefect import task
 
 from tfopt.artifacts import DatasetArtifact, ModelArtifact
 from tfopt.models.config import ModelConfig
-from tfopt.models.importing import import_model_file
+from tfopt.models.importing import IMPORT_STEP, import_model_file
+from tfopt.native import run_native
 
 
 @task(name="import_model", tags=["training"])
@@ -32,4 +33,4 @@ def import_model(
     Raises:
         ModelSourceError: The file cannot be read, or does not fit the data (naming both values).
     """
-    return import_model_file(model_cfg, dataset, out_dir)
+    return run_native(IMPORT_STEP, import_model_file, model_cfg, dataset, out_dir)

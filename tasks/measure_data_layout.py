@@ -5,9 +5,9 @@ from __future__ import annotations
 from prefect import task
 
 from tfopt.artifacts import DatasetArtifact, LayoutResult
-from tfopt.logs import step_logger
 from tfopt.models.config import ModelConfig
-from tfopt.models.step_timing import compare_layouts
+from tfopt.models.step_timing import LAYOUT_STEP, compare_layouts
+from tfopt.native import run_native
 
 
 @task(name="measure_data_layout", tags=["input-pipeline"])
@@ -30,4 +30,4 @@ def measure_data_layout(
     Returns:
         Both throughputs (NCHW None when unsupported), the faster layout and a note.
     """
-    return compare_layouts(dataset, model_cfg, batch_size, steps, step_logger())
+    return run_native(LAYOUT_STEP, compare_layouts, dataset, model_cfg, batch_size, steps)

@@ -8,7 +8,8 @@ from prefect import task
 
 from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, VariantSpec
 from tfopt.config import InputScale
-from tfopt.measurement.inputs import prepare_inputs
+from tfopt.measurement.inputs import INPUTS_STEP, prepare_inputs
+from tfopt.native import run_native
 
 
 @task(name="prepare_benchmark_inputs", tags=["benchmark"])
@@ -40,4 +41,5 @@ def prepare_benchmark_inputs(
     Raises:
         ValueError: The test split is empty.
     """
-    return prepare_inputs(reference, dataset, out_dir, batch_size, input_scale)
+    return run_native(INPUTS_STEP, prepare_inputs, reference, dataset, out_dir, batch_size,
+                      input_scale)

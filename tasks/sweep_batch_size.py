@@ -8,9 +8,9 @@ from prefect import task
 
 from tfopt.artifacts import BatchSweepResult, DatasetArtifact
 from tfopt.config import InputConfig
-from tfopt.logs import step_logger
 from tfopt.models.config import ModelConfig
-from tfopt.models.step_timing import sweep_batch_sizes
+from tfopt.models.step_timing import SWEEP_STEP, sweep_batch_sizes
+from tfopt.native import run_native
 
 
 @task(name="sweep_batch_size", tags=["input-pipeline"])
@@ -31,4 +31,4 @@ def sweep_batch_size(
     Returns:
         Every point, the chosen batch size, the rule, and the plot's path.
     """
-    return sweep_batch_sizes(dataset, model_cfg, cfg, out_dir, step_logger())
+    return run_native(SWEEP_STEP, sweep_batch_sizes, dataset, model_cfg, cfg, out_dir)

@@ -8,9 +8,9 @@ from prefect import task
 
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import TrainConfig
-from tfopt.logs import step_logger
-from tfopt.models.baseline import train_baseline
+from tfopt.models.baseline import TRAIN_STEP, train_baseline
 from tfopt.models.config import ModelConfig
+from tfopt.native import run_native
 
 
 @task(name="train_model", tags=["training"])
@@ -45,4 +45,5 @@ def train_model(
     Returns:
         The saved model with its final metrics and per-epoch history.
     """
-    return train_baseline(data, model_cfg, train_cfg, out_dir, checkpoint_dir, step_logger())
+    return run_native(TRAIN_STEP, train_baseline, data, model_cfg, train_cfg, out_dir,
+                      checkpoint_dir)

@@ -12,14 +12,17 @@ import importlib
 import pkgutil
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
+from prefect import Task, task
 from pydantic import Field, create_model, model_validator
 
 import tfopt  # noqa: F401  (environment before TensorFlow)
 from techniques.base import Technique, TechniqueSection
-from tfopt.artifacts import ModelArtifact, VariantSpec
+from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.config import Section
+from tfopt.native import NativeStep, run_native
 from tfopt.runtimes import compress_keys
 from tfopt.variants import failed, skipped
 
@@ -191,6 +194,32 @@ def plan(config: Any, model: ModelArtifact) -> list[Planned]:
             variants = [skipped(spec, refusal) for spec in variants]
         plans.append(Planned(technique, cfg, variants, refusal))
     return plans
+
+
+def apply_here(name: str, model: ModelArtifact, cfg: TechniqueSection, data: TrainingData,
+               out_dir: Path) -> ModelArtifact:
+    """Apply technique `name` in this process (what its child process runs: `contained`)."""
+    return registry()[name].apply.fn(model, cfg, data, out_dir)
+
+
+@cache
+def contained(name: str) -> Task:
+    """Technique `name`'s task as the flows run it: its name and tags, its body in a child process.
+
+    Fine-tuning runs the model in TensorFlow's kernels: a crash there fails this technique
+    (`tfopt.native`: one line, retried once without oneDNN), and the others go on.
+    """
+    technique = registry()[name]
+    step = NativeStep(technique.apply.name,
+                      f"the {name} technique's fine-tuning in TensorFlow's kernels",
+                      "the other techniques go on; this one's variants are reported failed")
+
+    def run_technique(model: ModelArtifact, cfg: TechniqueSection, data: TrainingData,
+                      out_dir: Path) -> ModelArtifact:
+        return run_native(step, apply_here, name, model, cfg, data, out_dir)
+
+    run_technique.__doc__ = technique.apply.fn.__doc__
+    return task(run_technique, name=technique.apply.name, tags=sorted(technique.apply.tags))
 
 
 def all_failed(plans: list[Planned], error: str) -> list[VariantSpec]:

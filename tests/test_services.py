@@ -72,11 +72,23 @@ def test_servers_reachable_from_other_machines_refuse_requests_without_the_passw
     import stat
     import subprocess
 
-    from tests.live import ROOT, running_services, service_env, tfopt_command
+    from tests.live import ROOT, service_env, tfopt_command
     from tests.tasks.test_benchmark_any_model import detector_onnx
     from tfopt.credentials import AUTH_USER, auth_file, client_credentials
+    from tfopt.processes import free_port
 
-    with running_services(tmp_path / "state", host="0.0.0.0") as settings:
+    settings = ServiceSettings(state_dir=tmp_path / "state", host="0.0.0.0",
+                               prefect_port=free_port(), mlflow_port=free_port())
+    env = {**service_env(settings), "TFOPT_HOST": "0.0.0.0"}
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_AUTH_STRING"):
+        env.pop(key, None)
+    # The first start of a fresh state folder: its own clean-up must use the new password.
+    up = subprocess.run(tfopt_command(["up"]), cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=400)
+    try:
+        said = up.stdout + up.stderr
+        assert up.returncode == 0 and "Traceback" not in said, said[-3000:]
+        assert "reachable from other machines" in said
         secret_file = auth_file(settings.state_dir)
         assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
         secret = secret_file.read_text().strip()
@@ -105,3 +117,6 @@ def test_servers_reachable_from_other_machines_refuse_requests_without_the_passw
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "MLflow UI" in done.stdout, "tfopt benchmark ran its flow and logged to MLflow"
+    finally:
+        subprocess.run(tfopt_command(["down"]), cwd=ROOT, env=env, capture_output=True,
+                       timeout=120)

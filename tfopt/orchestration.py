@@ -22,6 +22,7 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.states import State
 
 from tfopt.logs import step_logger
+from tfopt.native_events import report_progress
 from tfopt.processes import left_by_dead_process, process_identity
 
 BENCHMARK_LEASE_S = 60
@@ -221,13 +222,16 @@ def retry_if_transient(_task: Task, _run: TaskRun, state: State) -> bool:
 class StepProgress:
     """A Prefect progress artifact for a long step; silent outside a Prefect run (tests, scripts).
 
+    In a native step's child process (`tfopt.native`) the updates go to the step's own artifact,
+    which the parent moves while it waits.
+
     Args:
         key: Artifact key (lowercase letters, digits, dashes).
         description: What the percentage counts.
     """
 
     def __init__(self, key: str, description: str) -> None:
-        self._description = description
+        self._key, self._description = key, description
         self._artifact_id: UUID | None = None
         if TaskRunContext.get() or FlowRunContext.get():
             from prefect.artifacts import create_progress_artifact
@@ -235,8 +239,11 @@ class StepProgress:
             self._call(lambda: create_progress_artifact(0.0, key=key, description=description))
 
     def update(self, done: int, total: int) -> None:
-        """Report `done` of `total` units finished."""
-        if self._artifact_id is None or total <= 0:
+        """Report `done` of `total` units finished (from a native step's child: to its parent)."""
+        if total <= 0:
+            return
+        if self._artifact_id is None:
+            report_progress(self._key, self._description, done, total)
             return
         from prefect.artifacts import update_progress_artifact
 

@@ -52,19 +52,20 @@ def check_data(cfg: DataConfig) -> DataFacts:
         listing = list_source(cfg)
     except NoUsableDataError as error:
         raise ConfigError(str(error)) from error
+    if cfg.source_format == "image_folder":
+        _check_readable(cfg.source_dir, listing)
     per_split = Counter(image.split for image in listing.images)
     counts = {split: per_split.get(split, 0) for split in ("train", "val", "test")}
     empty = [split for split, count in counts.items() if count == 0
              and (split == "train" or getattr(cfg, f"{split}_fraction") > 0)]
     if empty:
+        kind = "files" if cfg.source_format == "image_folder" else "records"
         raise ConfigError(
-            f"data.source_dir: {cfg.source_dir} has {len(listing.images)} images, which leave "
+            f"data.source_dir: {cfg.source_dir} has {len(listing.images)} {kind}, which leave "
             f"the {' and '.join(empty)} split empty (train {counts['train']}, val "
             f"{counts['val']}, test {counts['test']} with val_fraction {cfg.val_fraction} and "
             f"test_fraction {cfg.test_fraction}); add images (a few per class per split at "
             "least)")
-    if cfg.source_format == "image_folder":
-        _check_readable(cfg.source_dir, listing)
     return DataFacts(class_names=listing.class_names, per_split=counts,
                      source_bytes=sum(image.size_bytes for image in listing.images))
 
@@ -85,6 +86,10 @@ def _check_readable(source_dir: Path, listing: Any) -> None:
             continue
         readable.add(image.label)
     unreadable = [listing.class_names[label] for label in sorted(tried) if label not in readable]
+    if unreadable and not readable:
+        raise ConfigError(
+            f"data.source_dir: {source_dir} has {len(listing.images)} files and none of them is "
+            "a decodable image (JPEG, PNG, BMP, GIF, WebP ...)")
     if unreadable:
         shown = ", ".join(f"{name} ({tried[listing.class_names.index(name)]} files)"
                           for name in unreadable[:5])

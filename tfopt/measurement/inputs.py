@@ -13,12 +13,16 @@ from tfopt.config import BenchmarkConfig, InputScale
 from tfopt.data.pipeline import load_split
 from tfopt.fileio import atomic_write_json
 from tfopt.measurement.floor import build_floor_models
+from tfopt.native import NativeStep
 from tfopt.runtimes import load_runner
 from tfopt.runtimes.base import TensorInfo, predict_batched
 
 INPUTS_INDEX = "inputs.json"
 INPUTS_ARTIFACT = "benchmark-inputs"
 """Where a pipeline's MLflow run keeps its benchmark inputs (`BenchmarkConfig.share_inputs`)."""
+
+INPUTS_STEP = NativeStep("prepare_benchmark_inputs",
+                         "the reference model's forward pass over the test split")
 
 
 def _save_array(path: Path, values: np.ndarray) -> None:

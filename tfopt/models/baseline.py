@@ -8,7 +8,6 @@ trained baseline's `ModelArtifact`.
 
 from __future__ import annotations
 
-import logging
 import shutil
 from contextlib import nullcontext
 from pathlib import Path
@@ -18,6 +17,7 @@ import tensorflow as tf
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.config import TrainConfig
 from tfopt.fileio import file_lock
+from tfopt.logs import step_logger
 from tfopt.models.baseline_fit import (
     Trained,
     keep_trained,
@@ -33,17 +33,24 @@ from tfopt.models.training import (
     evaluate_test_accuracy,
     kept_epoch,
 )
+from tfopt.native import NativeStep
 from tfopt.serving import write_labels
+
+TRAIN_STEP = NativeStep(
+    "train_model", "the baseline's training in TensorFlow's CPU kernels",
+    "TensorFlow's kernels cannot train this model on this CPU: train.epochs: 0 optimizes it as "
+    "it is (its conversions and benchmarks need no training)")
 
 
 def train_baseline(
     data: TrainingData, model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: Path,
-    checkpoint_dir: Path | None, logger: logging.Logger,
+    checkpoint_dir: Path | None,
 ) -> ModelArtifact:
     """Make the baseline from its source, train it (or reuse a finished training), save it.
 
     See `tasks.train_model.train_model` for the checkpoint folder's role.
     """
+    logger = step_logger()
     dataset = data.dataset
     strategy = distribution_strategy(train_cfg.distribute)
     lock = checkpoint_dir / ".lock" if checkpoint_dir else None

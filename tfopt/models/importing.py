@@ -23,9 +23,12 @@ from pathlib import Path
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, ModelFacts, VariantSpec
 from tfopt.models.config import ModelConfig
 from tfopt.models.sources import IMAGE_CHANNELS, ModelSourceError, check_class_order
+from tfopt.native import NativeStep
 from tfopt.runtimes import model_kind, runtime_of
 from tfopt.runtimes.base import Runner
 from tfopt.serving import write_labels
+
+IMPORT_STEP = NativeStep("import_model", "opening the model file with its runtime")
 
 
 def inspect_model_file(path: Path, image_size: int, class_names: Sequence[str]) -> ModelFacts:

@@ -10,7 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tfopt.artifacts import ModelArtifact
 from tfopt.fileio import replace_dir, staging_dir_for
+from tfopt.native import NativeStep
 from tfopt.serving import (
     INPUT_NAME,
     OUTPUT_LOGITS,
@@ -18,6 +20,18 @@ from tfopt.serving import (
     SIGNATURE_KEY,
     write_labels,
 )
+
+EXPORT_STEP = NativeStep("export_savedmodel", "tracing the Keras model into a SavedModel")
+
+
+def export_serving_savedmodel(model: ModelArtifact, out_dir: Path) -> ModelArtifact:
+    """A Keras model's serving SavedModel, ``<name>-savedmodel`` in `out_dir`, as an artifact."""
+    from tfopt.models.keras_io import load_keras_model
+
+    final = out_dir / f"{model.name}-savedmodel"
+    save_serving_savedmodel(load_keras_model(model.path), model.image_size, final,
+                            model.class_names, model.channels)
+    return model.model_copy(update={"path": final, "format": "savedmodel"})
 
 
 def save_serving_savedmodel(keras_model: Any, image_size: int, final: Path,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -16,10 +15,19 @@ import tf_keras as keras
 from tfopt.artifacts import BatchSweepResult, DatasetArtifact, LayoutResult, SweepPoint
 from tfopt.config import InputConfig
 from tfopt.data.pipeline import load_split
+from tfopt.logs import step_logger
 from tfopt.models.config import ModelConfig
 from tfopt.models.keras_io import keras_of
 from tfopt.models.sources import baseline_factory
+from tfopt.native import NativeStep
 from tfopt.provenance import cpu_model
+
+SWEEP_STEP = NativeStep(
+    "sweep_batch_size", "training steps in TensorFlow's CPU kernels",
+    "the run goes on at train.batch_size, or the first of input.sweep_batch_sizes")
+LAYOUT_STEP = NativeStep(
+    "measure_data_layout", "training steps in TensorFlow's CPU kernels",
+    "the run goes on without the layout measurement (input.measure_layouts: false skips it)")
 
 
 @dataclass(frozen=True)
@@ -185,12 +193,13 @@ def plot_sweep(points: list[SweepPoint], chosen: int, path: Path) -> Path:
 
 
 def sweep_batch_sizes(dataset: DatasetArtifact, model_cfg: ModelConfig, cfg: InputConfig,
-                      out_dir: Path, logger: logging.Logger) -> BatchSweepResult:
+                      out_dir: Path) -> BatchSweepResult:
     """Training-step throughput, latency and memory per batch size, and the rule's choice.
 
     A model tfopt does not train (a SavedModel, .tflite or .onnx file) is not swept: the result
     says so and holds the first configured batch size.
     """
+    logger = step_logger()
     if model_cfg.kind != "keras":
         rule = (f"not measured: a {model_cfg.kind} model is not trained here; batch "
                 f"{cfg.sweep_batch_sizes[0]} measures the readers")
@@ -215,8 +224,21 @@ def sweep_batch_sizes(dataset: DatasetArtifact, model_cfg: ModelConfig, cfg: Inp
     return BatchSweepResult(points=points, chosen_batch_size=chosen, rule=rule, plot_path=plot)
 
 
+DEFAULT_BATCH_SIZE = 32
+"""The batch a run trains at when its sweep cannot run and ``train.batch_size`` is not set."""
+
+
+def unswept(batch_size: int | None, reason: str) -> BatchSweepResult:
+    """The sweep's result when it could not run: `batch_size`, else `DEFAULT_BATCH_SIZE`."""
+    chosen = batch_size or DEFAULT_BATCH_SIZE
+    source = "train.batch_size" if batch_size else "the default"
+    return BatchSweepResult(points=[], chosen_batch_size=chosen,
+                            rule=f"not measured: the sweep failed ({reason[:300]}); batch "
+                                 f"{chosen} ({source})")
+
+
 def compare_layouts(dataset: DatasetArtifact, model_cfg: ModelConfig, batch_size: int,
-                    steps: int, logger: logging.Logger) -> LayoutResult:
+                    steps: int) -> LayoutResult:
     """The same network's training step built NHWC and NCHW, timed on the same batch.
 
     A user's model (file or builder) has its layout built in: only its own layout is measured,
@@ -225,6 +247,7 @@ def compare_layouts(dataset: DatasetArtifact, model_cfg: ModelConfig, batch_size
     Raises:
         RuntimeError: NHWC training itself failed.
     """
+    logger = step_logger()
     images, labels = load_split(dataset, "train", batch_size)
     images, labels = tile_batch(images, labels, batch_size)
     rates: dict[str, float | None] = {"channels_first": None}

@@ -78,6 +78,7 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     ]
     if "since_last_run" in summary:  # a scheduled run is read for this first
         lines[6:6] = [*markdown_since(summary["since_last_run"])[1:], ""]
+    lines[6:6] = _crash_lines(summary)
 
     def fmt(value: Any, pattern: str) -> str:
         return "-" if value is None else format(value, pattern)
@@ -131,6 +132,24 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {entry['name']} | " + " | ".join(
                 fmt(by_threads.get(str(t)), ".3f") for t in counts) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _crash_lines(summary: dict[str, Any]) -> list[str]:
+    """The native steps whose process crashed, and what the run did about it."""
+    crashes = summary.get("native_crashes") or []
+    if not crashes:
+        return []
+    lines = ["Contained crashes (each native step runs in a process of its own):", ""]
+    for crash in crashes:
+        if crash["retried"] and crash["recovered"]:
+            done = (f"rerun with {crash['retry']} (oneDNN's custom operations off): it worked; "
+                    "its speed and rounding may differ from a default run")
+        elif crash["retried"]:
+            done = f"rerun with {crash['retry']}: it crashed again; the run went on without it"
+        else:
+            done = "not rerun; the run went on without it"
+        lines.append(f"- {crash['step']}: {crash['signal']} in {crash['what']}; {done}.")
+    return [*lines, ""]
 
 
 def _fmt(value: Any, pattern: str) -> str:

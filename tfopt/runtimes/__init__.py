@@ -21,7 +21,8 @@ from pydantic import Field, create_model
 import tfopt  # noqa: F401  (environment before TensorFlow)
 from tfopt.artifacts import Precision, VariantSpec
 from tfopt.config import Section
-from tfopt.runtimes.base import ConversionSettings, PlanRequest, Runner, Runtime
+from tfopt.native import NativeStep
+from tfopt.runtimes.base import BuildSources, ConversionSettings, PlanRequest, Runner, Runtime
 
 
 @cache
@@ -79,6 +80,28 @@ def plan_variant(source: str, variant_format: str, precision: Precision = "fp32"
         ValueError: No runtime measures `variant_format`.
     """
     return runtime_of(variant_format).variant(source, variant_format, precision, **fields)
+
+
+def build_step(spec: VariantSpec) -> NativeStep:
+    """Building `spec` as a native step: its runtime's converter runs the model."""
+    return NativeStep(f"build_variant ({spec.name})",
+                      f"{runtime_of(spec.format).name}'s conversion of {spec.source}",
+                      "the other variants go on; this one is reported failed")
+
+
+def build_here(spec: VariantSpec, sources: BuildSources, settings: Any) -> VariantSpec:
+    """Build `spec` with its runtime in this process (what a build's child process runs)."""
+    return runtime_of(spec.format).build(spec, sources, settings)
+
+
+BUNDLE_STEP = NativeStep("export_bundle", "a runtime's export of the baseline",
+                         "the variants go on without the bundle")
+
+
+def export_bundle_here(runtime: str, sources: BuildSources, settings: Any,
+                       out_dir: Path) -> Path | None:
+    """A runtime's export bundle, made in this process (what the bundle's child process runs)."""
+    return registry()[runtime].export(sources, settings, out_dir)
 
 
 def known_formats() -> frozenset[str]:

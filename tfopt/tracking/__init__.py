@@ -29,6 +29,7 @@ from tfopt.tracking.results import (
     log_input_pipeline,
     log_layout,
     log_model_facts,
+    log_native_crashes,
     log_sweep,
     log_technique,
     log_training,
@@ -45,9 +46,9 @@ from tfopt.tracking.runs import (
 
 __all__ = [
     "TrackedRun", "TrackingUnavailableError", "champion_history", "client", "describe_run",
-    "download_run_artifacts", "experiment_url", "flatten_params", "log_artifact",
-    "log_champion", "log_comparison", "log_dataset", "log_file", "log_input_pipeline",
-    "log_layout", "log_model_facts", "log_sweep", "log_technique", "log_training",
+    "download_run_artifacts", "experiment_url", "flatten_params", "log_artifact", "log_champion",
+    "log_comparison", "log_dataset", "log_file", "log_input_pipeline", "log_layout",
+    "log_model_facts", "log_native_crashes", "log_sweep", "log_technique", "log_training",
     "log_variant_run", "log_variants", "previous_summary", "reconcile_orphans", "retry_seconds",
     "run_url", "tracked_run", "use_retry_seconds", "with_retries",
 ]

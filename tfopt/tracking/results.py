@@ -288,3 +288,19 @@ def log_comparison(run: TrackedRun, since: dict[str, Any] | None,
             "champion_p50_ms": champion["latency_ms"]["p50"],
             **({"champion_accuracy": champion["accuracy"]}
                if champion.get("accuracy") is not None else {})})
+
+
+def log_native_crashes(run: TrackedRun, crashes: list[dict[str, Any]]) -> None:
+    """Each contained crash as a parameter (``native.<step>``): its signal and what the retry did.
+
+    A retried step ran without oneDNN's custom operations, which can change its speed and
+    rounding: the parameter says so beside the figures.
+    """
+    if not crashes:
+        return
+    log_params(run.client, run.run_id, {
+        f"native.{crash['step']}": (
+            f"{crash['signal']} in {crash['what']}; "
+            + (f"retried with {crash['retry']}: {'ok' if crash['recovered'] else 'failed again'}"
+               if crash["retried"] else "not retried"))
+        for crash in crashes})

@@ -119,7 +119,8 @@ def tracked_run(
     """An MLflow run for the length of a block: FINISHED when it ends, FAILED when it raises.
 
     The run is created with the params, the tags and the code's git commit; an error in the
-    block marks it FAILED and is raised on.
+    block marks it FAILED, tags it with the error's first line (``tfopt.error``), and is raised
+    on.
 
     Args:
         tracking_uri: The MLflow server.
@@ -137,7 +138,11 @@ def tracked_run(
         yield TrackedRun(mlflow, tracking_uri, experiment_id, run_id)
     except TrackingUnavailableError:
         raise  # the run cannot be marked now; the next `tfopt run` reconciles it
-    except BaseException:
+    except BaseException as error:
+        # The reason the Prefect flow run shows, on the MLflow run too.
+        text = str(error).strip()
+        reason = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+        set_tags(mlflow, run_id, {"tfopt.error": reason[:5000]})
         end_run(mlflow, run_id, "FAILED")
         raise
     end_run(mlflow, run_id, "FINISHED")
