@@ -42,9 +42,13 @@ class _EventHandler(logging.Handler):
 
 
 def send_events_to(path: Path) -> None:
-    """Make this process a child that sends its ``tfopt`` log lines and progress to `path`."""
+    """Make this process a child that sends its ``tfopt`` log lines and progress to `path`.
+
+    A worker that runs step after step calls it for each: the lines go to the current step's.
+    """
     _EVENTS[:] = [path]
     logger = logging.getLogger("tfopt")
-    logger.addHandler(_EventHandler())
+    if not any(isinstance(handler, _EventHandler) for handler in logger.handlers):
+        logger.addHandler(_EventHandler())
     logger.setLevel(logging.INFO)
     logger.propagate = False
