@@ -13,70 +13,139 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.futures import PrefectFuture
-from prefect.states import State
+from prefect.states import Completed, Failed, State
 
 from flows.common import build_forms, build_sources, error_of, final_state
 from flows.parameters import PipelineConfig
 from tasks.export_savedmodel import export_savedmodel
-from techniques import Planned, contained, plan
+from tasks.run_trial import run_trial
+from techniques import Planned, contained, open_search, plan
 from techniques.base import NotApplicable
-from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
+from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
 from tfopt.orchestration import claim_flow_run
 from tfopt.runtimes import runtime_of
+from tfopt.search import Search, search_line, search_summary, trial_of
+from tfopt.tracking import RunRef
 from tfopt.variants import failed, skipped
 
 
 @flow(name="compress_model", flow_run_name="compress-{config.name}", log_prints=True)
 def compress_model(
-    config: PipelineConfig, baseline: ModelArtifact, data: TrainingData, run_dir: Path
-) -> tuple[list[VariantSpec], list[ModelArtifact]]:
+    config: PipelineConfig, baseline: ModelArtifact, data: TrainingData, run_dir: Path,
+    inputs: BenchmarkInputs | None = None, parent: RunRef | None = None,
+) -> Compressed:
     """Apply every enabled compression technique to the baseline and build its model's forms.
 
-    Every technique is submitted at once; one that continues from another technique's model
+    Techniques are submitted in run order; one that continues from another technique's model
     (`Planned.starts_from`) gets that technique's future as its input, so it waits for it. A
-    technique that fails marks its planned variants failed (and those of the techniques
-    continuing from it), one that does not apply to the model (`NotApplicable`) skipped with
-    its reason; the others go on.
+    technique whose strength is ``auto`` is searched first (`tfopt.search`: trials fanned out
+    on the task runner, each a Prefect task run and a nested MLflow run), and its chosen
+    trial's model is its model. A technique that fails marks its planned variants failed (and
+    those of the techniques continuing from it), one that does not apply to the model
+    (`NotApplicable`, or no setting within the budget) skipped with its reason; the others go on.
 
     Args:
         config: The pipeline configuration (compress, convert and scale sections).
         baseline: The trained baseline (never modified).
         data: The run's training data and input settings (every fine-tuning uses them).
         run_dir: The run's folder (models/ and variants/ go under it).
+        inputs: The benchmark inputs (a search times its trials on them).
+        parent: The pipeline's MLflow run (a search's trials are nested runs of it).
 
     Returns:
-        The variants to benchmark, and the compressed models (for their technique metrics).
+        The variants to benchmark, the compressed models, and each search's trials.
     """
     claim_flow_run()
     plans = plan(config, baseline)
-    futures = _submit_techniques([p for p in plans if p.refusal is None], baseline, data,
-                                 run_dir / "models")
+    searches: dict[str, Search] = {}
+    outcomes = _apply_techniques(plans, config, baseline, data, run_dir, inputs, parent,
+                                 searches)
     variants: list[VariantSpec] = []
-    made: list[ModelArtifact] = []
+    made: dict[str, ModelArtifact] = {}
     for planned in plans:
         if planned.refusal is not None:
             variants += planned.variants
             continue
-        state = final_state(futures[planned.technique.name])
+        state = _state_of(outcomes[planned.technique.name])
         if not state.is_completed():
-            variants += _not_built(planned, state, plans, futures)
+            variants += _not_built(planned, state, plans, outcomes)
             continue
-        forms = _forms_of(state.result(), planned, config, data, run_dir)
-        made.append(_with_read_back(state.result(), forms))
+        model = state.result()
+        forms = _forms_of(model, _replanned(planned, model, config, baseline, made), config,
+                          data, run_dir)
+        made[planned.technique.name] = _with_read_back(model, forms)
         variants += forms
-    return variants, made
+    return Compressed(variants=variants, models=list(made.values()),
+                      searches={name: search_summary(search) for name, search in
+                                searches.items()})
 
 
-def _submit_techniques(plans: list[Planned], baseline: ModelArtifact, data: TrainingData,
-                       models_dir: Path) -> dict[str, PrefectFuture]:
-    """Each technique submitted, in run order, on the baseline or its starting model's future."""
-    futures: dict[str, PrefectFuture] = {}
+def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: ModelArtifact,
+                      data: TrainingData, run_dir: Path, inputs: BenchmarkInputs | None,
+                      parent: RunRef | None, searches: dict[str, Search]) -> dict[str, Any]:
+    """Each technique in run order: submitted (a future), or searched (a final state)."""
+    outcomes: dict[str, Any] = {}
     for planned in plans:
-        start = baseline if planned.starts_from is None else futures[planned.starts_from]
-        futures[planned.technique.name] = contained(planned.technique.name).submit(
-            start, planned.cfg, data, models_dir)
-    return futures
+        if planned.refusal is not None:
+            continue
+        start = baseline if planned.starts_from is None else outcomes[planned.starts_from]
+        name = planned.technique.name
+        if planned.technique.searched(planned.cfg) and inputs is not None and parent:
+            start_state = _state_of(start) if planned.starts_from else Completed(data=start)
+            if not start_state.is_completed():
+                outcomes[name] = start_state
+                continue
+            searches[name] = open_search(planned, config, start_state.result(), data)
+            outcomes[name] = _search(searches[name], planned, config, start_state.result(),
+                                     data, inputs, parent)
+        else:
+            outcomes[name] = contained(name).submit(start, planned.cfg, data,
+                                                    run_dir / "models")
+    return outcomes
+
+
+def _search(search: Search, planned: Planned, config: PipelineConfig, start: ModelArtifact,
+            data: TrainingData, inputs: BenchmarkInputs, parent: RunRef) -> State:
+    """Bisect a technique's strength with trials on the task runner; the chosen model's state.
+
+    A round tries as many settings as the runner has workers; each trial reports to the
+    study, which is kept in the work folder (a killed run resumes it).
+    """
+    name = planned.technique.name
+    workers = config.scale.dask_workers if config.scale.task_runner == "dask" else 1
+    while values := search.next_values(workers, data.deadline):
+        futures = {value: run_trial.submit(
+            name, value, start, planned.cfg,
+            data.model_copy(update={"trial": search.start(value)}),
+            search.folder / f"trial-{value:g}", config.convert, inputs, config.benchmark,
+            parent) for value in values}
+        for value, future in futures.items():
+            search.finish(trial_of(final_state(future), search, value))
+    chosen = search.chosen()
+    get_run_logger().info("%s search: %s", name, search_line(search))
+    if chosen is None or chosen.model is None:
+        return Failed(data=NotApplicable(f"no {search.knob.field} tried kept the accuracy within "
+                                         f"the budget ({search_line(search)})"))
+    return Completed(data=chosen.model)
+
+
+def _state_of(outcome: Any) -> State:
+    """The final state of a technique's outcome (a future is waited for)."""
+    return outcome if isinstance(outcome, State) else final_state(outcome)
+
+
+def _replanned(planned: Planned, model: ModelArtifact, config: PipelineConfig,
+               baseline: ModelArtifact, made: dict[str, ModelArtifact]) -> Planned:
+    """A technique's plan made again with what is known now.
+
+    Its searched strength names its variants, and the model it started from (itself searched,
+    perhaps) names what they derive from.
+    """
+    technique, cfg = planned.technique, planned.cfg
+    if technique.searched(cfg):
+        cfg = technique.at(cfg, float(model.params[technique.knob.field]))
+    start = made[planned.starts_from].name if planned.starts_from in made else baseline.name
+    return Planned(technique, cfg, technique.variants(cfg, config, start))
 
 
 def _with_read_back(model: ModelArtifact, forms: list[VariantSpec]) -> ModelArtifact:
@@ -106,13 +175,13 @@ def _with_read_back(model: ModelArtifact, forms: list[VariantSpec]) -> ModelArti
 
 
 def _not_built(planned: Planned, state: State, plans: list[Planned],
-               futures: dict[str, PrefectFuture]) -> list[VariantSpec]:
+               outcomes: dict[str, Any]) -> list[VariantSpec]:
     """The variants of a technique that made no model: skipped, failed, or as its start was."""
     base = planned.starts_from
-    if base is not None and not final_state(futures[base]).is_completed():
+    if base is not None and not _state_of(outcomes[base]).is_completed():
         start = next(p for p in plans if p.technique.name == base)
-        return without_base(planned, _not_built(start, futures[base].state, plans, futures)[0]
-                            if start.variants else None)
+        return without_base(planned, _not_built(start, _state_of(outcomes[base]), plans,
+                                                outcomes)[0] if start.variants else None)
     outcome = state.result(raise_on_failure=False)
     if isinstance(outcome, NotApplicable):
         reason = f"{planned.technique.name} does not apply: {outcome}"

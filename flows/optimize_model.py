@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from flows.common import (
 )
 from flows.compress_model import compress_model
 from flows.parameters import PipelineConfig
+from tasks.continue_training import continue_training
 from tasks.export_bundle import export_bundle
 from tasks.export_savedmodel import export_savedmodel
 from tasks.import_model import import_model
@@ -39,11 +41,12 @@ from tasks.runoff import run_off
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_report import write_report
-from techniques import all_failed, plan
+from techniques import all_failed, plan, planned_counts
 from tfopt import tracking
 from tfopt.artifacts import (
     BatchSweepResult,
     BenchmarkInputs,
+    Compressed,
     DatasetArtifact,
     InputPipelineResult,
     LayoutResult,
@@ -54,10 +57,12 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
+from tfopt.budget import Budget, budget_cuts
 from tfopt.config import BenchmarkConfig, resolve_cpus
 from tfopt.fileio import atomic_write_json
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
+from tfopt.models.baseline import children_beating, recovery_target
 from tfopt.models.sources import source_stamp
 from tfopt.models.step_timing import unswept
 from tfopt.native import contain_native_steps, read_record
@@ -70,7 +75,7 @@ from tfopt.prefect_artifacts import (
 from tfopt.preflight import check_paths
 from tfopt.provenance import environment, mlflow_tracking_uri
 from tfopt.report.compare import compare
-from tfopt.report.summary import build_summary, champion_card
+from tfopt.report.summary import baseline_training, build_summary, champion_card
 from tfopt.runtimes import plan_forms, plan_variant, registry, settings_of
 from tfopt.runtimes.base import BuildSources, PlanRequest
 from tfopt.scaling import task_runner
@@ -118,24 +123,35 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         get_run_logger().info("MLflow run: %s", run.url)
         run_dir = work_dir / "runs" / f"{config.name}-{run.run_id[:12]}"
         crashes = contain_native_steps(run_dir)
+        budget = Budget.planned(config.budget.minutes, planned_counts(config), config.benchmark)
+        get_run_logger().info(budget.plan_line())
         measured = _prepare_data(config, work_dir, run_dir, run)
-        baseline, savedmodel = _baseline(config, measured.data, work_dir, run_dir, run)
+        baseline, savedmodel = _baseline(config, measured.data, work_dir, run_dir, run, budget)
         inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
+        variants, budget = _baseline_variants(config, measured.data, baseline, savedmodel,
+                                              run_dir, run, budget)
+        compressed = _compressed_variants(config, measured.data, baseline, run_dir, run,
+                                          inputs, budget)
+        held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs,
+                                                            variants), compressed, run_dir,
+                               run, budget)
+        baseline, inputs, variants = held.baseline, held.inputs, held.variants
         if config.benchmark.share_inputs:
             tracking.log_file(run, write_inputs_index(inputs, config.benchmark).parent,
                               INPUTS_ARTIFACT)
-        variants = _baseline_variants(config, measured.data, baseline, savedmodel, run_dir, run)
-        compressed, technique_models = _compressed_variants(config, measured.data, baseline,
-                                                            run_dir, run)
-        results = _benchmark_all([*variants, *compressed], inputs, config.benchmark)
+        technique_models, cuts = compressed.models, []
+        protocol = budget.benchmark_protocol(config.benchmark, _ok(variants, compressed), cuts)
+        results = _benchmark_all([*variants, *compressed.variants], inputs, protocol)
         runoff = run_off(results, inputs, config.benchmark)
         packaged = package_models(results, inputs, measured.data.dataset.class_names,
                                   measured.data.input_scale, run_dir / "mlflow-models")
         run_ids = tracking.log_variants(
             run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged)
-        summary = _summarize(config, run, measured, results, run_ids, technique_models,
-                             runoff, read_record(crashes))
-        summary = _since_last_run(config, run, summary, run_dir)
+        summary = _summarize(config, run, measured, results, run_ids,
+                             [baseline, *technique_models], runoff, read_record(crashes),
+                             held.note)
+        summary = _since_last_run(config, run, _with_plan(summary, compressed, budget, cuts),
+                                  run_dir)
         _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
@@ -197,9 +213,11 @@ def _checkpoint_dir(config: PipelineConfig, data: TrainingData, work_dir: Path) 
 
 def _baseline(
     config: PipelineConfig, data: TrainingData, work_dir: Path, run_dir: Path,
-    run: tracking.TrackedRun,
+    run: tracking.TrackedRun, budget: Budget,
 ) -> tuple[ModelArtifact, ModelArtifact | None]:
-    """Train the baseline and export its SavedModel; or take in a non-Keras model file.
+    """Train the baseline (until its plateau, within the budget) and export its SavedModel.
+
+    A non-Keras model file is taken in as it is.
 
     Returns:
         The baseline, and the SavedModel conversions start from (None for .tflite and .onnx).
@@ -210,7 +228,8 @@ def _baseline(
         tracking.log_training(run, baseline)
         return baseline, baseline if baseline.format == "savedmodel" else None
     baseline = train_model(data, config.model, config.train, models_dir,
-                           checkpoint_dir=_checkpoint_dir(config, data, work_dir))
+                           checkpoint_dir=_checkpoint_dir(config, data, work_dir),
+                           deadline=budget.baseline_deadline)
     tracking.log_training(run, baseline)
     savedmodel = export_savedmodel(baseline, models_dir)
     tracking.log_file(run, savedmodel.path, f"models/{savedmodel.name}-savedmodel")
@@ -231,21 +250,24 @@ def _benchmark_inputs(
 
 def _baseline_variants(
     config: PipelineConfig, data: TrainingData, baseline: ModelArtifact,
-    savedmodel: ModelArtifact | None, run_dir: Path, run: tracking.TrackedRun,
-) -> list[VariantSpec]:
+    savedmodel: ModelArtifact | None, run_dir: Path, run: tracking.TrackedRun, budget: Budget,
+) -> tuple[list[VariantSpec], Budget]:
     """Every runtime's forms of the baseline (`tfopt.runtimes.plan_forms`), built in plan order.
 
     What a model kind cannot give (a Keras graph from a plain SavedModel, anything but itself
     from a .tflite or .onnx file) is listed as skipped with the reason. Runtimes that ship a
-    bundle (TensorRT's ONNX + trtexec) then export it as an artifact.
+    bundle (TensorRT's ONNX + trtexec) then export it as an artifact. The conversions' time
+    resizes the budget's plan (`Budget.with_builds`).
     """
     planned = plan_forms(PlanRequest(source=baseline.name, kind=baseline.format,
                                      precision=baseline.precision), config)
     sources = build_sources(baseline, savedmodel, data, config, run_dir / "variants")
+    started = time.monotonic()
     variants = build_forms(planned, sources, config)
+    budget = budget.with_builds(time.monotonic() - started, len(planned))
     _export_bundles(sources.model_copy(update={"built": {v.name: v for v in variants}}),
                     config, run_dir, run)
-    return variants
+    return variants, budget
 
 
 def _export_bundles(sources: BuildSources, config: PipelineConfig, run_dir: Path,
@@ -264,23 +286,87 @@ def _export_bundles(sources: BuildSources, config: PipelineConfig, run_dir: Path
 
 def _compressed_variants(
     config: PipelineConfig, data: TrainingData, baseline: ModelArtifact, run_dir: Path,
-    run: tracking.TrackedRun,
-) -> tuple[list[VariantSpec], list[ModelArtifact]]:
+    run: tracking.TrackedRun, inputs: BenchmarkInputs, budget: Budget,
+) -> Compressed:
     """The compression subflow on the configured task runner, its models' metrics logged.
 
-    If the subflow fails as a whole (e.g. its Dask cluster), every planned compressed variant is
-    marked failed and the baseline variants still go on.
+    Every fine-tuning stops once back within the accuracy budget of the baseline's validation
+    accuracy (`recovery_target`). If the subflow fails as a whole (e.g. its Dask cluster),
+    every planned compressed variant is marked failed and the baseline variants still go on.
     """
+    target = recovery_target(baseline, config.benchmark.accuracy_budget_points)
+    tuning = data.model_copy(update={"recover_to": target,
+                                     "deadline": budget.compression_deadline})
     compressing = compress_model.with_options(task_runner=task_runner(config.scale))(
-        config, baseline, data, run_dir, return_state=True)
+        config, baseline, tuning, run_dir, inputs, run.ref, return_state=True)
     if not compressing.is_completed():
         error = f"compress_model failed: {error_of(compressing)}"
         get_run_logger().warning(error)
-        return all_failed(plan(config, baseline), error), []
-    variants, models = compressing.result()
-    for model in models:
+        return Compressed(variants=all_failed(plan(config, baseline), error), models=[])
+    compressed = compressing.result()
+    for model in compressed.models:
         tracking.log_technique(run, model)
-    return variants, models
+    return compressed
+
+
+@dataclass(frozen=True)
+class _Held:
+    """The baseline every verdict is judged against, its forms, and why it may not hold."""
+
+    baseline: ModelArtifact
+    savedmodel: ModelArtifact | None
+    inputs: BenchmarkInputs
+    variants: list[VariantSpec]
+    note: str | None = None
+
+
+def _baseline_holds(
+    config: PipelineConfig, data: TrainingData, made: _Held, compressed: Compressed,
+    run_dir: Path, run: tracking.TrackedRun, budget: Budget,
+) -> _Held:
+    """The parent is not beaten by its children: train it further, or say the verdicts do not hold.
+
+    When a compressed model beats the baseline on validation beyond the budget
+    (`children_beating`), the baseline goes on training (its SavedModel, the benchmark inputs
+    and its variants are made again) if the time budget leaves room for it; else every verdict
+    is marked as judged against an unconverged baseline.
+    """
+    baseline = made.baseline
+    beating = children_beating(baseline, compressed.models,
+                               config.benchmark.accuracy_budget_points,
+                               data.dataset.splits["val"].examples)
+    if not beating or baseline.format != "keras":
+        return made
+    deadline = budget.further_training_deadline
+    if deadline is not None and deadline - time.time() < 2.0 * float(
+            baseline.metrics.get("train_seconds", 0.0)):
+        get_run_logger().warning("compressed models beat the baseline: %s; no time left to "
+                                 "train it further", "; ".join(beating))
+        return replace(made, note=f"beaten by {'; '.join(beating)}")
+    get_run_logger().warning("compressed models beat the baseline on validation beyond the "
+                             "budget (%s): training it further", "; ".join(beating))
+    further = continue_training(baseline, data, config.train, run_dir / "models", deadline)
+    tracking.log_continued_training(run, further)
+    if further.path == baseline.path:
+        return replace(made, baseline=further, note=(
+            f"beaten by {'; '.join(beating)}, even after {further.params['continued_epochs']} "
+            "more epochs of its training"))
+    savedmodel = export_savedmodel(further, run_dir / "models")
+    variants, _ = _baseline_variants(config, data, further, savedmodel, run_dir, run, budget)
+    return _Held(further, savedmodel, _benchmark_inputs(savedmodel, data, run_dir), variants)
+
+
+def _ok(variants: list[VariantSpec], compressed: Compressed) -> int:
+    """How many variants were built (each will be measured)."""
+    return sum(1 for spec in [*variants, *compressed.variants] if spec.status == "ok")
+
+
+def _with_plan(summary: dict[str, Any], compressed: Compressed, budget: Budget,
+               cuts: list[str]) -> dict[str, Any]:
+    """The summary with the searches' trials and the budget: planned, used, what it cut."""
+    cuts = [*budget_cuts(summary["baseline_training"], summary["techniques"],
+                         compressed.searches), *cuts]
+    return {**summary, "search": compressed.searches, "budget": budget.summary(cuts)}
 
 
 def _benchmark_all(
@@ -303,18 +389,23 @@ def _benchmark_all(
 
 def _summarize(
     config: PipelineConfig, run: tracking.TrackedRun, measured: _Measured,
-    results: list[VariantResult], run_ids: dict[str, str], technique_models: list[ModelArtifact],
-    runoff: Runoff | None, crashes: list[dict[str, Any]],
+    results: list[VariantResult], run_ids: dict[str, str], models: list[ModelArtifact],
+    runoff: Runoff | None, crashes: list[dict[str, Any]], baseline_note: str | None,
 ) -> dict[str, Any]:
-    """Pick and register the champion; assemble the summary JSON (with the contained crashes)."""
+    """Pick and register the champion; assemble the summary JSON.
+
+    `models` are the baseline and the techniques' models; `crashes` the contained ones;
+    `baseline_note` why the verdicts are judged against an unconverged baseline, if they are.
+    """
     bench = config.benchmark
+    baseline, technique_models = models[0], models[1:]
     tracking.log_native_crashes(run, crashes)
     choice = pick_champion(results, bench.accuracy_budget_points, bench.objective, runoff)
     champion_model = None
     if choice.name:
         winner = next(r for r in results if r.name == choice.name)
         tags, description = champion_card(winner, choice.reason, bench.accuracy_budget_points,
-                                          run.url, measured.data.dataset)
+                                          run.url, measured.data.dataset, baseline_note)
         champion_model = tracking.log_champion(
             run, choice.name, run_ids[choice.name],
             f"tfopt-{config.name}" if bench.register_champion else None, tags, description)
@@ -340,6 +431,8 @@ def _summarize(
             "input_cache": {"mode": measured.pipeline.cache_mode,
                             "reason": measured.pipeline.cache_reason},
             "native_crashes": crashes,
+            "baseline_training": {**baseline_training(baseline),
+                                  "verdicts_against_unconverged_baseline": baseline_note},
         },
     )
 

@@ -10,11 +10,12 @@ sections come from where they are read: the core's (`tfopt.config`), the runtime
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
 from techniques import CompressConfig
+from tfopt.budget import BudgetConfig
 from tfopt.config import (
     BenchmarkConfig,
     DataConfig,
@@ -38,6 +39,24 @@ def _auto_or_format(value: str) -> str:
         raise ValueError(f"format {value!r} is neither auto nor one a runtime measures "
                          f"({', '.join(sorted(known_formats()))})")
     return value
+
+
+AUTOMATIC_PLAN: dict[str, Any] = {
+    "compress": {
+        "channel_prune": {"enabled": True, "fraction": "auto"},
+        "distill": {"enabled": True, "student": "thinner", "require_gain": True},
+        "qat": {"enabled": True},
+        "prune": {"enabled": False}, "cluster": {"enabled": False},
+        "pqat": {"enabled": False}, "cqat": {"enabled": False},
+        "tflite": ["fp32", "int8"], "graph": False,
+    },
+    "convert": {"onnx_compressed": ["fp32", "int8"]},
+    "runtimes": {"openvino": {"compressed": ["int8"]}},
+}
+"""What a config without a ``compress`` section gets: the techniques that buy time, the
+strength of channel pruning searched, distillation kept only where it pays, int8 of every
+compressed model on every runtime (``convert`` and ``runtimes`` only where the config does not
+set them)."""
 
 
 class PipelineConfig(Section):
@@ -67,6 +86,19 @@ class PipelineConfig(Section):
     services: ServicesConfig = Field(
         default_factory=ServicesConfig, description="Waiting for the servers."
     )
+    budget: BudgetConfig = Field(
+        default_factory=BudgetConfig, description="How long the whole run may take."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _automatic_plan(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict) or "compress" in raw:
+            return raw
+        automatic = dict(raw)
+        for section, settings in AUTOMATIC_PLAN.items():
+            automatic.setdefault(section, settings)
+        return automatic
 
     @model_validator(mode="after")
     def _training_fits_the_model_source(self) -> PipelineConfig:

@@ -20,6 +20,7 @@ def train_model(
     train_cfg: TrainConfig,
     out_dir: Path,
     checkpoint_dir: Path | None = None,
+    deadline: float | None = None,
 ) -> ModelArtifact:
     """Make the baseline from its source, train it, and save it as ``baseline.keras``.
 
@@ -41,9 +42,10 @@ def train_model(
         out_dir: Folder for the saved model.
         checkpoint_dir: Folder for the backup and history, stable across reruns of the same
             data and config (None: no resumption).
+        deadline: When the training must end (the run's time budget; None: no limit).
 
     Returns:
         The saved model with its final metrics and per-epoch history.
     """
     return run_native(TRAIN_STEP, train_baseline, data, model_cfg, train_cfg, out_dir,
-                      checkpoint_dir)
+                      checkpoint_dir, deadline)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -24,6 +25,7 @@ from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.config import Section
 from tfopt.native import NativeStep, run_native
 from tfopt.runtimes import compress_keys
+from tfopt.search import Search, Trial, study_key
 from tfopt.variants import failed, skipped
 
 
@@ -196,10 +198,120 @@ def plan(config: Any, model: ModelArtifact) -> list[Planned]:
     return plans
 
 
+COLLAPSE_SHARE = 0.25
+"""A fine-tuned model that kept less than this share of the way from chance to the accuracy
+it had to keep collapsed (QAT seen at 0.12 on 10 classes, chance 0.10, with 0.99 to keep)."""
+GENTLER = 10.0
+"""A collapsed fine-tuning is tried once more at its learning rate divided by this."""
+
+
+class CollapsedError(RuntimeError):
+    """A technique's fine-tuning collapsed, at its rate and at a gentler one."""
+
+
+def collapsed(model: ModelArtifact, data: TrainingData) -> str | None:
+    """Why `model`'s fine-tuning collapsed (back to about chance), or None.
+
+    A weak model is not a collapsed one: a student below its teacher, or a compression that
+    costs more than the budget, is judged by the accuracy budget like any other.
+    """
+    curve = model.history.get("val_accuracy") or []
+    if not curve:
+        return None
+    best, chance = max(curve), 1.0 / max(model.num_classes, 2)
+    keep = data.recover_to if data.recover_to is not None else 1.0
+    if best > chance + COLLAPSE_SHARE * max(keep - chance, 0.0):
+        return None
+    return f"validation accuracy {best:.4f}, chance is {chance:.4f}"
+
+
 def apply_here(name: str, model: ModelArtifact, cfg: TechniqueSection, data: TrainingData,
                out_dir: Path) -> ModelArtifact:
-    """Apply technique `name` in this process (what its child process runs: `contained`)."""
-    return registry()[name].apply.fn(model, cfg, data, out_dir)
+    """Apply technique `name` in this process (what its child process runs: `contained`).
+
+    A fine-tuning that collapses (`collapsed`) is tried once more at a gentler learning rate;
+    collapsing again, the technique fails with both reasons rather than report a collapsed
+    model as a result.
+
+    Raises:
+        CollapsedError: Both tries collapsed.
+    """
+    from tfopt.logs import step_logger
+
+    technique = registry()[name]
+    made = technique.apply.fn(model, cfg, data, out_dir)
+    why = collapsed(made, data)
+    rate = getattr(cfg, "learning_rate", None)
+    if why is None or rate is None:
+        return made
+    gentler = cfg.model_copy(update={"learning_rate": rate / GENTLER})
+    step_logger().warning("%s collapsed (%s) at learning rate %g: trying %g", made.name, why,
+                          rate, rate / GENTLER)
+    again = technique.apply.fn(model, gentler, data, out_dir)
+    still = collapsed(again, data)
+    if still is not None:
+        raise CollapsedError(f"{made.name} collapsed: {why} at learning rate {rate:g}, and "
+                             f"{still} at {rate / GENTLER:g}")
+    return again.model_copy(update={"params": {**again.params,
+                                               "collapsed_at_learning_rate": rate}})
+
+
+def make_trial(name: str, value: float, start: ModelArtifact, cfg: TechniqueSection,
+               data: TrainingData, out_dir: Path, convert: Any, target: float | None) -> Trial:
+    """One search trial in this process (what its child process runs): model, then int8 file.
+
+    The technique's model at `value` is fine-tuned until back within the budget (or stopped
+    by the study's pruner), then exported and converted to int8 TFLite, the file the search
+    times. Its timing is the parent's (`tfopt.search.time_int8`), holding the benchmark slot.
+
+    Args:
+        name: The technique.
+        value: Its searched strength for this trial.
+        start: The model it starts from.
+        cfg: Its settings (the knob is set to `value` here).
+        data: The run's training data, with the trial to report to and the recovery target.
+        out_dir: The trial's folder.
+        convert: The ``convert`` section (calibration and int8 settings).
+        target: The validation accuracy within the budget.
+    """
+    from tfopt.models.serving_export import export_serving_savedmodel
+    from tfopt.runtimes import build_here, plan_variant
+    from tfopt.runtimes.base import BuildSources
+    from tfopt.search import trial_status
+
+    technique = registry()[name]
+    started = time.monotonic()
+    model = technique.apply.fn(start, technique.at(cfg, value), data, out_dir)
+    curve = model.history.get("val_accuracy") or []
+    val = max(curve) if curve else None
+    status = trial_status(bool(model.params.get("stop_reason", "").startswith("pruned")), val,
+                          target)
+    ran = int(model.params.get("epochs_run", 0))
+    if status == "pruned":
+        return Trial(field=technique.knob.field, value=value, status=status, val_accuracy=val,
+                     epochs_run=ran, seconds=time.monotonic() - started, model=model)
+    savedmodel = (model if model.format == "savedmodel"
+                  else export_serving_savedmodel(model, out_dir))
+    sources = BuildSources(model=model, savedmodel=savedmodel, dataset=data.dataset,
+                           out_dir=out_dir, calibration_examples=convert.calibration_examples)
+    int8 = build_here(plan_variant(model.name, "tflite", "int8"), sources, convert)
+    return Trial(field=technique.knob.field, value=value, status=status, val_accuracy=val,
+                 epochs_run=ran, seconds=time.monotonic() - started, model=model, int8=int8)
+
+
+def open_search(planned: Planned, config: Any, start: ModelArtifact,
+                data: TrainingData) -> Search:
+    """The study of a technique whose strength is ``auto``, in the work folder.
+
+    The same starting model, settings and target open the same study: a run killed during the
+    search resumes it where it was.
+    """
+    technique = planned.technique
+    assert technique.knob is not None
+    settings = planned.cfg.model_dump(mode="json")
+    key = study_key(technique.name, technique.knob, start, settings, data.recover_to)
+    return Search(technique.knob, config.work_dir.resolve() / "searches" / key, key,
+                  data.recover_to)
 
 
 @cache
@@ -220,6 +332,20 @@ def contained(name: str) -> Task:
 
     run_technique.__doc__ = technique.apply.fn.__doc__
     return task(run_technique, name=technique.apply.name, tags=sorted(technique.apply.tags))
+
+
+def planned_counts(config: Any) -> tuple[int, int]:
+    """How many baseline and compressed variants a run of `config` plans (its time budget's)."""
+    from tfopt.runtimes import plan_forms
+    from tfopt.runtimes.base import PlanRequest
+
+    kind = config.model.kind
+    baseline = ModelArtifact(name="baseline", path=Path("baseline"), format=kind,
+                             image_size=config.data.image_size, num_classes=2)
+    forms = plan_forms(PlanRequest(source="baseline", kind=kind), config)
+    compressed = [spec for planned in plan(config, baseline) for spec in planned.variants]
+    return (sum(1 for spec in forms if spec.status == "ok"),
+            sum(1 for spec in compressed if spec.status == "ok"))
 
 
 def all_failed(plans: list[Planned], error: str) -> list[VariantSpec]:

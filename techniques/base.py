@@ -22,6 +22,7 @@ from tfopt.config import Section
 from tfopt.logs import step_logger
 from tfopt.runtimes import compressed_forms, plan_forms
 from tfopt.runtimes.base import PlanRequest
+from tfopt.search import Knob
 
 if TYPE_CHECKING:
     from tfopt.models.training import Fitted
@@ -54,19 +55,26 @@ def derived_model(
 ) -> ModelArtifact:
     """The model a technique made from `model`: the same input, classes and scaling.
 
-    Its training's curves become its history; the epoch it kept and the reader settings it
-    trained with join `params`; a Keras 3 model's translation (`tfmot_model`) and its check
-    join the params and metrics.
+    Its training's curves become its history; the epoch it kept, the epochs it ran, whether it
+    recovered (came back within the budget: `tfopt.models.training.recovery`) and the reader
+    settings it trained with join `params` (``epochs_run`` and ``recovered`` the metrics too);
+    a Keras 3 model's translation (`tfmot_model`) and its check join the params and metrics.
     """
-    from tfopt.models.training import kept_epoch
+    from tfopt.models.training import epochs_run, kept_epoch
 
     if translation is not None:
         params, metrics = ({**params, **translation.params()},
                            {**metrics, **translation.metrics()})
+    ran = {"epochs_run": epochs_run(fitted)}
+    if "recovered" in fitted.stop:
+        ran["recovered"] = bool(fitted.stop["recovered"])
     return model.model_copy(update=dict(
         name=name, path=path, format=fmt,
-        params={**params, "kept_epoch": kept_epoch(fitted), **fitted.reader},
-        metrics=metrics, history=fitted.curves,
+        params={**params, "kept_epoch": kept_epoch(fitted), **ran,
+                **({"stop_reason": fitted.stop["stop_reason"]} if fitted.stop else {}),
+                **fitted.reader},
+        metrics={**metrics, **{key: float(value) for key, value in ran.items()}},
+        history=fitted.curves,
     ))
 
 
@@ -109,6 +117,17 @@ def tfmot_model(model: ModelArtifact, data: TrainingData) -> tuple[Any, Translat
     return translation.model, translation
 
 
+def resolved(cfg: TechniqueSection, knob: Knob) -> None:
+    """Refuse to apply a technique whose strength is still ``auto`` (the search sets it).
+
+    Raises:
+        ValueError: The knob is ``auto``.
+    """
+    if getattr(cfg, knob.field) == "auto":
+        raise ValueError(f"{knob.field}: auto is set by the search before the technique runs "
+                         "(tfopt.search)")
+
+
 class NotApplicable(Exception):  # noqa: N818 - a verdict about the model, not a failure
     """The technique cannot work on this model's layers: its variants are skipped, not failed.
 
@@ -142,6 +161,8 @@ class Technique:
             pruning-preserving QAT), whose section must then be enabled; None: the baseline.
             A function of its settings when they decide (sparsity-preserving clustering
             continues from the pruned model). The run order follows from it.
+        knob: The strength ``auto`` searches (its field and candidates, weakest first), if
+            any: the compression flow tries settings and keeps the fastest within the budget.
     """
 
     name: str
@@ -153,6 +174,18 @@ class Technique:
     precisions: tuple[Precision, ...] | None = None
     sparse_tflite: bool = False
     starts_from: str | Callable[[Any], str | None] | None = None
+    knob: Knob | None = None
+
+    def searched(self, cfg: TechniqueSection) -> bool:
+        """Whether its strength is ``auto`` in `cfg`: a search finds it (`tfopt.search`)."""
+        return self.knob is not None and getattr(cfg, self.knob.field) == "auto" and not (
+            getattr(cfg, "structured_2_4", False))
+
+    def at(self, cfg: TechniqueSection, value: float) -> TechniqueSection:
+        """`cfg` with its searched strength set to `value` (an int knob stays an int)."""
+        assert self.knob is not None
+        kind = int if all(float(v).is_integer() for v in self.knob.values) else float
+        return cfg.model_copy(update={self.knob.field: kind(value)})
 
     def base_of(self, cfg: TechniqueSection) -> str | None:
         """The technique whose model it continues from with settings `cfg` (None: baseline)."""

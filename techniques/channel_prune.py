@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import tf_keras as keras
 from prefect import task
@@ -21,6 +21,7 @@ from techniques.base import (
     Technique,
     TechniqueSection,
     derived_model,
+    resolved,
     tfmot_model,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
@@ -32,8 +33,10 @@ from tfopt.models.training import (
     KeepBestWeights,
     evaluate_test_accuracy,
     fit,
+    recovery,
     scheduled_learning_rate,
 )
+from tfopt.search import Knob
 
 CRITERION = "|batch-norm scale| x filter L1 norm (Network Slimming, Li et al.)"
 
@@ -44,10 +47,12 @@ class ChannelPruneConfig(TechniqueSection):
     enabled: bool = Field(
         False,
         description="Remove whole filters from the baseline and fine-tune the thinner model.")
-    fraction: float = Field(
-        0.5, ge=0.05, le=0.9,
+    fraction: Annotated[float, Field(ge=0.05, le=0.9)] | Literal["auto"] = Field(
+        0.5,
         description="Share of each channel group's filters to remove (a residual add's inputs "
-                    "and a depthwise convolution's input are one group).")
+                    "and a depthwise convolution's input are one group); auto: the fastest "
+                    "share whose fine-tuned model stays within the accuracy budget, searched "
+                    "among 25% to 87.5% (tfopt.search).")
     min_channels: int = Field(
         8, ge=1, le=4096, description="The fewest channels a group keeps.")
     epochs: int = Field(
@@ -63,9 +68,13 @@ class ChannelPruneConfig(TechniqueSection):
     )
 
 
+KNOB = Knob("fraction", (0.25, 0.375, 0.5, 0.625, 0.75, 0.875), unit="%")
+"""What ``fraction: auto`` searches, weakest first."""
+
+
 def channels_name(cfg: ChannelPruneConfig) -> str:
-    """``channels-<percent removed>`` (e.g. ``channels-50``)."""
-    return f"channels-{round(cfg.fraction * 100)}"
+    """``channels-<percent removed>`` (e.g. ``channels-50``; ``channels-auto`` before a search)."""
+    return "channels-auto" if cfg.fraction == "auto" else f"channels-{round(cfg.fraction * 100)}"
 
 
 @task(name="channel_prune_model", tags=["compression"])
@@ -89,6 +98,7 @@ def channel_prune_model(
             removed (the layers in the way are named); the step is skipped with the reason.
     """
     logger = step_logger()
+    resolved(cfg, KNOB)
     keras.utils.set_random_seed(data.seed)
     base, translation = tfmot_model(model, data)
     try:
@@ -105,7 +115,7 @@ def channel_prune_model(
     learning_rate = scheduled_learning_rate(data, cfg.epochs, cfg.learning_rate,
                                             cfg.learning_rate_schedule)
     fitted = fit(thinned.model, data, epochs=cfg.epochs, learning_rate=learning_rate,
-                 best=KeepBestWeights())
+                 callbacks=recovery(data), best=KeepBestWeights())
     name = channels_name(cfg)
     path = keras_model_path(out_dir, name)
     save_keras_model(thinned.model, path)
@@ -130,5 +140,5 @@ def channel_prune_model(
 
 TECHNIQUE = Technique(
     name="channel_prune", section=ChannelPruneConfig, accepts=KERAS_ONLY,
-    source_name=channels_name, apply=channel_prune_model,
+    source_name=channels_name, apply=channel_prune_model, knob=KNOB,
 )

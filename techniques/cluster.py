@@ -9,6 +9,7 @@ it is, by name in the model's parameters.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import tf_keras as keras
@@ -22,6 +23,7 @@ from techniques.base import (
     TechniqueSection,
     derived_model,
     kernels,
+    resolved,
     tfmot_model,
 )
 from techniques.prune import overall_sparsity
@@ -29,7 +31,8 @@ from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.fileio import gzip_size_bytes
 from tfopt.logs import step_logger
 from tfopt.models.keras_io import copy_model, is_layer_graph, keras_model_path, save_keras_model
-from tfopt.models.training import Fitted, evaluate_test_accuracy, fit
+from tfopt.models.training import Fitted, evaluate_test_accuracy, fit, recovery
+from tfopt.search import Knob
 
 
 class ClusterConfig(TechniqueSection):
@@ -37,9 +40,11 @@ class ClusterConfig(TechniqueSection):
 
     enabled: bool = Field(
         False, description="Cluster the baseline's weights (off unless asked: it adds a model).")
-    clusters: int = Field(
-        16, ge=2, le=256,
-        description="Distinct values per clustered layer's weights (16: 4-bit indices).")
+    clusters: Annotated[int, Field(ge=2, le=256)] | Literal["auto"] = Field(
+        16,
+        description="Distinct values per clustered layer's weights (16: 4-bit indices); auto: "
+                    "the fewest (of 32, 16, 12, 8, 6, 4) whose fine-tuned model stays within the "
+                    "accuracy budget (tfopt.search).")
     preserve_sparsity: bool = Field(
         False,
         description=(
@@ -52,6 +57,10 @@ class ClusterConfig(TechniqueSection):
     learning_rate: float = Field(
         2e-4, gt=0.0, le=1.0, description="Adam learning rate of the clustering fine-tuning."
     )
+
+
+KNOB = Knob("clusters", (32, 16, 12, 8, 6, 4))
+"""What ``clusters: auto`` searches, weakest first."""
 
 
 def clustered_name(cfg: ClusterConfig) -> str:
@@ -108,7 +117,8 @@ def cluster_and_finetune(
     clustered = keras.models.clone_model(
         copy_model(base), clone_function=lambda layer: (
             clustering.cluster_weights(layer, **params) if layer.name in worth else layer))
-    fitted = fit(clustered, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate)
+    fitted = fit(clustered, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+                 callbacks=recovery(data))
     return clustered, fitted, too_small
 
 
@@ -134,6 +144,7 @@ def cluster_model(
     import tensorflow_model_optimization as tfmot
 
     logger = step_logger()
+    resolved(cfg, KNOB)
     keras.utils.set_random_seed(data.seed)
     base, translation = tfmot_model(model, data)
     clustered, fitted, too_small = cluster_and_finetune(base, cfg, data)
@@ -172,6 +183,6 @@ def cluster_model(
 # time the same as the baseline's graph; its size gain shows in the TFLite files.
 TECHNIQUE = Technique(
     name="cluster", section=ClusterConfig, accepts=KERAS_ONLY, source_name=clustered_name,
-    apply=cluster_model, yields_graph=False,
+    apply=cluster_model, yields_graph=False, knob=KNOB,
     starts_from=lambda cfg: "prune" if cfg.preserve_sparsity else None,
 )

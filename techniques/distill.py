@@ -53,9 +53,11 @@ from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras
 from tfopt.models.training import (
     Fitted,
     LearningRate,
+    epochs_run,
     evaluate_test_accuracy,
     fit,
     fit_compiled,
+    recovery,
     scheduled_learning_rate,
 )
 from tfopt.models.zoo import build_model
@@ -107,6 +109,14 @@ class DistillConfig(TechniqueSection):
             "the convolutions they share by name (random where they share none; on the demo, "
             "benchmarks/distillation.py, 5 paired seeds: +2.07 points over the control instead "
             "of +0.18), or random like its control."
+        ),
+    )
+    require_gain: bool = Field(
+        False,
+        description=(
+            "Keep the distilled student only where it beats its control (the same student "
+            "trained on labels alone): else its variants are skipped as not paying (the "
+            "automatic plan's choice)."
         ),
     )
 
@@ -194,7 +204,7 @@ def distill(
 ) -> Fitted:
     """Train `student` against `teacher` in place on the run's pipeline."""
     return fit_compiled(compiled_distiller(teacher, student, cfg, data), data,
-                        epochs=cfg.epochs)
+                        epochs=cfg.epochs, callbacks=recovery(data))
 
 
 def inherit_filters(student: keras.Model, teacher: keras.Model) -> list[str]:
@@ -355,15 +365,20 @@ def distill_model(
         students = small_students(teacher, model, cfg, data)
     student = students.student
     fitted = distill(teacher, student, cfg, data)
-    accuracies = {"scratch": _trained_on_labels(students.scratch(), cfg, data)}
+    budget = epochs_run(fitted)  # the controls train as long as the student did
+    accuracies = {"scratch": _trained_on_labels(students.scratch(), cfg, data, budget)}
     if students.same_start is not None:
-        accuracies["same_start"] = _trained_on_labels(students.same_start(), cfg, data)
+        accuracies["same_start"] = _trained_on_labels(students.same_start(), cfg, data, budget)
     distilled_accuracy = evaluate_test_accuracy(student, data)
     gain = (distilled_accuracy - accuracies["scratch"]) * 100.0
     logger.info("student test accuracy: distilled %.4f, from scratch %.4f (%+.2f points)%s",
                 distilled_accuracy, accuracies["scratch"], gain,
                 f", same start on labels alone {accuracies['same_start']:.4f}"
                 if "same_start" in accuracies else "")
+    if cfg.require_gain and gain <= 0.0:
+        raise NotApplicable(f"distillation does not pay here: the distilled student reached "
+                            f"{distilled_accuracy:.4f}, its control trained on labels alone "
+                            f"{accuracies['scratch']:.4f} ({gain:+.2f} points)")
     name = student_name(cfg)
     path = keras_model_path(out_dir, name)
     save_keras_model(student, path)
@@ -389,9 +404,10 @@ def distill_model(
     )
 
 
-def _trained_on_labels(student: keras.Model, cfg: DistillConfig, data: TrainingData) -> float:
-    """A control: `student` trained on labels alone with the same budget; its test accuracy."""
-    fit(student, data, epochs=cfg.epochs, learning_rate=students_learning_rate(cfg, data))
+def _trained_on_labels(student: keras.Model, cfg: DistillConfig, data: TrainingData,
+                       epochs: int) -> float:
+    """A control: `student` trained on labels alone for `epochs`; its test accuracy."""
+    fit(student, data, epochs=epochs, learning_rate=students_learning_rate(cfg, data))
     return evaluate_test_accuracy(student, data)
 
 

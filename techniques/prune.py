@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import tf_keras as keras
@@ -18,6 +18,7 @@ from techniques.base import (
     TechniqueSection,
     derived_model,
     kernels,
+    resolved,
     tfmot_model,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
@@ -29,15 +30,20 @@ from tfopt.models.training import (
     KeepBestWeights,
     evaluate_test_accuracy,
     fit,
+    recovery,
     steps_per_epoch,
 )
+from tfopt.search import Knob
 
 
 class PruneConfig(TechniqueSection):
     """Magnitude pruning (tfmot ``prune_low_magnitude``), fine-tuning, then stripping."""
 
-    target_sparsity: float = Field(
-        0.8, ge=0.05, le=0.95, description="Share of prunable weights set to zero."
+    target_sparsity: Annotated[float, Field(ge=0.05, le=0.95)] | Literal["auto"] = Field(
+        0.8,
+        description="Share of prunable weights set to zero; auto: the strongest share whose "
+                    "fine-tuned model stays within the accuracy budget, searched among 50% to "
+                    "95% (tfopt.search).",
     )
     structured_2_4: bool = Field(
         False,
@@ -71,7 +77,12 @@ def pruned_name(cfg: PruneConfig) -> str:
 
     The latency-aware policy adds ``-xnnpack`` (``pruned-80-xnnpack``).
     """
-    name = "pruned-2of4" if cfg.structured_2_4 else f"pruned-{round(cfg.target_sparsity * 100)}"
+    if cfg.structured_2_4:
+        name = "pruned-2of4"
+    elif cfg.target_sparsity == "auto":
+        name = "pruned-auto"
+    else:
+        name = f"pruned-{round(cfg.target_sparsity * 100)}"
     return f"{name}-xnnpack" if cfg.policy == "xnnpack_latency" else name
 
 
@@ -189,10 +200,11 @@ def prune_and_finetune(
     total_steps = per_epoch * cfg.epochs
     wrap = wrap_for_xnnpack if cfg.policy == "xnnpack_latency" else wrap_prunable_layers
     pruned = wrap(copy_model(base), pruning_params(cfg, total_steps))
+    sparse_from = first_sparse_epoch(cfg, per_epoch, cfg.epochs)
     fitted = fit(pruned, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-                 callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
-                 best=KeepBestWeights(from_epoch=first_sparse_epoch(cfg, per_epoch,
-                                                                    cfg.epochs)))
+                 callbacks=[tfmot.sparsity.keras.UpdatePruningStep(),
+                            *recovery(data, from_epoch=sparse_from)],
+                 best=KeepBestWeights(from_epoch=sparse_from))
     return pruned, fitted
 
 
@@ -220,6 +232,8 @@ def prune_model(
     import tensorflow_model_optimization as tfmot
 
     logger = step_logger()
+    if not cfg.structured_2_4:
+        resolved(cfg, KNOB)
     keras.utils.set_random_seed(data.seed)
     base, translation = tfmot_model(model, data)
     pruned, fitted = prune_and_finetune(base, cfg, data)
@@ -249,7 +263,10 @@ def prune_model(
 
 # int8 stays dense: with EXPERIMENTAL_SPARSITY the int8 file fails to load under XNNPACK here
 # ("failed to delegate FULLY_CONNECTED", TF 2.21 / ai-edge-litert 2.3).
+KNOB = Knob("target_sparsity", (0.5, 0.6, 0.7, 0.8, 0.9, 0.95), unit="%")
+"""What ``target_sparsity: auto`` searches, weakest first."""
+
 TECHNIQUE = Technique(
     name="prune", section=PruneConfig, accepts=KERAS_ONLY, source_name=pruned_name,
-    apply=prune_model, sparse_tflite=True,
+    apply=prune_model, sparse_tflite=True, knob=KNOB,
 )

@@ -27,7 +27,7 @@ from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
 from tfopt.models.keras_io import copy_model, is_layer_graph
 from tfopt.models.serving_export import save_serving_savedmodel
-from tfopt.models.training import evaluate_test_accuracy, fit
+from tfopt.models.training import evaluate_test_accuracy, fit, recovery
 
 
 class QatConfig(TechniqueSection):
@@ -127,7 +127,8 @@ def train_quantization_aware(
         logger.info("%s: %d layers tfmot's 8-bit scheme has no rule for train in float "
                     "(unsupported_layers: float), calibrated by the int8 converter: %s", source,
                     len(floats), ", ".join(floats[:12]) + (" ..." if len(floats) > 12 else ""))
-    fitted = fit(qat, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate)
+    fitted = fit(qat, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+                 callbacks=recovery(data))
     accuracy = evaluate_test_accuracy(qat, data)
     logger.info("%s test accuracy (fake-quantized): %.4f", source, accuracy)
     path = out_dir / f"{source}-savedmodel"

@@ -7,7 +7,7 @@ output lies on disk and what it measured, not a Keras model or a tf.data pipelin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,6 +56,15 @@ class DatasetArtifact(_Frozen):
         return len(self.class_names)
 
 
+class TrialRef(_Frozen):
+    """A search trial a fine-tuning reports its validation curve to (`tfopt.search`)."""
+
+    storage: str
+    study: str
+    number: int
+    trial_id: int
+
+
 class TrainingData(_Frozen):
     """What every training step of a run learns from: the same shards, batch, seed and reader.
 
@@ -68,6 +77,17 @@ class TrainingData(_Frozen):
     seed: int
     input: InputConfig
     input_scale: InputScale = "unit"
+    recover_to: float | None = None
+    """The validation accuracy a compressed model's fine-tuning is back within the budget at
+    (the baseline's best minus ``benchmark.accuracy_budget_points``): it stops once there and
+    no longer improving (`tfopt.models.training.recovery`). None: every fine-tuning runs its
+    epochs."""
+    trial: TrialRef | None = None
+    """The search trial this fine-tuning is (its validation curve goes to the study, whose
+    pruner may stop a hopeless one)."""
+    deadline: float | None = None
+    """When every fine-tuning must have ended (a `time.time()` value: the run's time budget,
+    `tfopt.budget`); None: no limit."""
 
 
 class InputPipelineResult(_Frozen):
@@ -181,6 +201,15 @@ class VariantSpec(_Frozen):
     error: str | None = None
     derived_from: str | None = None
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+
+class Compressed(_Frozen):
+    """What the compression subflow made: its variants, its models, and each search's trials."""
+
+    variants: list[VariantSpec]
+    models: list[ModelArtifact]
+    searches: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per searched technique: its knob, its trials and the chosen setting (`tfopt.search`)."""
 
 
 class BenchmarkInputs(_Frozen):

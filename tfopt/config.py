@@ -125,8 +125,28 @@ class TrainConfig(Section):
     """How the baseline is trained."""
 
     epochs: int = Field(
-        8, ge=0, le=1000,
-        description="Training epochs (0: optimize a model.source=file model as it is).",
+        50, ge=0, le=1000,
+        description=(
+            "The most training epochs (with stop: plateau training usually ends before; 0: "
+            "optimize a model.source=file model as it is)."
+        ),
+    )
+    stop: Literal["plateau", "fixed"] = Field(
+        "plateau",
+        description=(
+            "plateau: train until the validation accuracy stops improving (by min_delta for "
+            "patience epochs; the learning rate is halved after half of them), keeping the best "
+            "epoch; fixed: train all train.epochs."
+        ),
+    )
+    patience: int = Field(
+        4, ge=1, le=100,
+        description="stop: plateau: epochs without a gain of min_delta before training ends.",
+    )
+    min_delta: float = Field(
+        0.002, ge=0.0, le=1.0,
+        description="stop: plateau: the smallest validation-accuracy gain that counts (0.002: "
+                    "0.2 points).",
     )
     head_epochs: int = Field(
         3, ge=0, le=1000,

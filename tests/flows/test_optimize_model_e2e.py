@@ -88,7 +88,11 @@ def test_summary_has_the_contract_keys(smoke_run):
             "chosen_batch_size"} <= set(pipeline)
     assert all(pipeline[k] > 0 for k in pipeline if k != "cache")
     by_name = {v["name"]: v for v in summary["variants"]}
-    assert set(by_name) == EXPECTED_OK | EXPECTED_COMPRESSED | {
+    search = summary["search"]["channel_prune"]
+    channels = ({f"channels-{round(search['chosen'] * 100)}-{form}"
+                 for form in ("graph", "tflite-int8")} if search["chosen"] is not None
+                else {"channels-auto-graph", "channels-auto-tflite-int8"})
+    assert set(by_name) == EXPECTED_OK | EXPECTED_COMPRESSED | channels | {
         "baseline-tftrt-fp32", "baseline-graph-bfloat16", "baseline-tflite-selective-int8"}
     selective = by_name["baseline-tflite-selective-int8"]
     assert selective["status"] in ("ok", "skipped"), selective
@@ -164,7 +168,10 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     client = MlflowClient(settings.mlflow_url)
     parent = client.get_run(summary["mlflow_run_id"])
     assert parent.info.status == "FINISHED"
-    assert parent.data.params["train.epochs"] == "8"
+    assert parent.data.params["train.epochs"] == "30"
+    training = summary["baseline_training"]
+    assert parent.data.params["baseline.epochs_run"] == str(training["epochs_run"])
+    assert parent.data.params["baseline.stop_reason"] == training["stop_reason"]
     assert parent.data.tags["tfopt.champion"] == summary["champion"]
     assert parent.data.tags["prefect.flow_run_id"] == summary["prefect_flow_run_id"]
     assert "mlflow.source.git.commit" in parent.data.tags
@@ -181,7 +188,8 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     manifest = Path(summary["dataset"]["manifest"]).read_bytes()
     assert data_input.dataset.digest == hashlib.sha256(manifest).hexdigest()[:16]
     history = client.get_metric_history(parent.info.run_id, "train_loss")
-    assert len(history) == 8 and [m.step for m in history] == list(range(8))
+    epochs = training["epochs_run"]
+    assert len(history) == epochs and [m.step for m in history] == list(range(epochs))
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.json", "report/report.csv", "report/report.md",
             "report/accuracy_vs_latency.png", "report/size.png",
@@ -210,13 +218,19 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
                                                      "export/baseline-tensorrt-bundle")}
     assert {"export/baseline-tensorrt-bundle/model.onnx",
             "export/baseline-tensorrt-bundle/trtexec.sh"} <= bundle
-    children = client.search_runs(
+    nested = client.search_runs(
         [parent.info.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
     )
+    trials = [c for c in nested if c.data.tags.get("tfopt.role") == "search-trial"]
+    children = [c for c in nested if c.data.tags.get("tfopt.role") != "search-trial"]
     assert sorted(c.info.run_name for c in children) == sorted(
         v["name"] for v in summary["variants"]
     )
+    searched = summary["search"]["channel_prune"]["trials"]
+    assert sorted(float(t.data.params["fraction"]) for t in trials) == sorted(
+        t["params"]["fraction"] for t in searched), "each trial a nested run"
+    assert {t.data.tags["tfopt.status"] for t in trials} == {t["status"] for t in searched}
     for child in children:
         assert child.data.params["format"] in known_formats()
         if child.data.tags["tfopt.status"] != "ok":

@@ -21,16 +21,22 @@ from tfopt.logs import step_logger
 from tfopt.models.baseline_fit import (
     Trained,
     keep_trained,
+    stopping,
     train_in_scope,
     trained_earlier,
 )
 from tfopt.models.config import ModelConfig
-from tfopt.models.keras_io import keras_model_path, save_keras_model
+from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras_model
 from tfopt.models.multi_worker import WorkerFailedError, train_on_local_workers
 from tfopt.models.training import (
     HISTORY_NAME,
+    Fitted,
+    KeepBestWeights,
     distribution_strategy,
+    epochs_run,
+    evaluate_split_accuracy,
     evaluate_test_accuracy,
+    fit,
     kept_epoch,
 )
 from tfopt.native import NativeStep
@@ -44,11 +50,12 @@ TRAIN_STEP = NativeStep(
 
 def train_baseline(
     data: TrainingData, model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: Path,
-    checkpoint_dir: Path | None,
+    checkpoint_dir: Path | None, deadline: float | None = None,
 ) -> ModelArtifact:
     """Make the baseline from its source, train it (or reuse a finished training), save it.
 
-    See `tasks.train_model.train_model` for the checkpoint folder's role.
+    See `tasks.train_model.train_model` for the checkpoint folder's role; `deadline` (a
+    `time.time()` value) ends the training in time (its stop reason then says so).
     """
     logger = step_logger()
     dataset = data.dataset
@@ -61,17 +68,19 @@ def train_baseline(
         if trained is None and train_cfg.epochs and train_cfg.distribute == "multi_worker":
             trained = _train_on_workers(data, model_cfg, train_cfg, checkpoint_dir, out_dir)
         elif trained is None:
-            trained = train_in_scope(data, model_cfg, train_cfg, strategy, checkpoint_dir)
+            trained = train_in_scope(data, model_cfg, train_cfg, strategy, checkpoint_dir,
+                                     deadline=deadline)
             if train_cfg.epochs:
                 keep_trained(trained, checkpoint_dir, _builder_code(model_cfg))
         else:
             logger.info("reusing the baseline an earlier run trained with the same data and "
                         "settings (%s)", checkpoint_dir)
     model, fitted, curves = trained
+    stopped = training_outcome(fitted, train_cfg)
     logger.info(
-        "trained %s for %d epochs in %.1f s (precision policy %s): %s", model.name,
-        train_cfg.epochs, fitted.seconds, train_cfg.mixed_precision,
-        {name: round(values[-1], 4) for name, values in curves.items()},
+        "trained %s for %s epochs in %.1f s (precision policy %s; %s): %s", model.name,
+        stopped["epochs_run"], fitted.seconds, train_cfg.mixed_precision,
+        stopped["stop_reason"], {name: round(values[-1], 4) for name, values in curves.items()},
     )
     path = keras_model_path(out_dir, "baseline")
     save_keras_model(model, path, code=_builder_code(model_cfg))
@@ -92,15 +101,118 @@ def train_baseline(
             "batch_size": data.batch_size,
             "epochs": train_cfg.epochs,
             "kept_epoch": kept_epoch(fitted),
+            **{key: stopped[key] for key in ("epochs_run", "converged", "stop_reason")},
             "mixed_precision": train_cfg.mixed_precision,
             "distribute": _distribute_param(train_cfg, strategy),
             "parameters": int(model.count_params()),
             "devices": ",".join(d.device_type for d in tf.config.list_physical_devices()),
             **fitted.reader,
         },
-        metrics={**metrics, "test_accuracy": evaluate_test_accuracy(model, data)},
+        metrics={**metrics, "test_accuracy": evaluate_test_accuracy(model, data),
+                 **best_validation(curves, model, data)},
         history=curves,
     )
+
+
+def training_outcome(fitted: Fitted, train_cfg: TrainConfig) -> dict[str, str | int | bool]:
+    """The baseline's training as the summary says it: epochs run, best epoch, converged, why.
+
+    A model taken as it is (``train.epochs: 0``) was not trained here: not judged.
+    """
+    if not train_cfg.epochs:
+        return {"epochs_run": 0, "best_epoch": 0, "converged": False,
+                "stop_reason": "not trained here: the model is taken as it is (train.epochs: 0)"}
+    if fitted.stop:
+        return {**{key: fitted.stop[key] for key in ("epochs_run", "converged", "stop_reason")},
+                "best_epoch": kept_epoch(fitted)}
+    return {"epochs_run": train_cfg.epochs, "best_epoch": kept_epoch(fitted),
+            "converged": False, "stop_reason": f"fixed: {train_cfg.epochs} epochs"}
+
+
+def best_validation(curves: dict[str, list[float]], model: object,
+                    data: TrainingData) -> dict[str, float]:
+    """The kept epoch's validation accuracy (``best_val_accuracy``), where there is a val split.
+
+    A model not trained here (``train.epochs: 0``) is evaluated on the split instead: every
+    compressed model is judged against this figure (`recovery_target`).
+    """
+    values = curves.get("val_accuracy") or []
+    if values:
+        return {"best_val_accuracy": max(values)}
+    if not data.dataset.splits["val"].examples:
+        return {}
+    return {"best_val_accuracy": evaluate_split_accuracy(model, data, "val")}
+
+
+def children_beating(baseline: ModelArtifact, models: list[ModelArtifact],
+                     budget_points: float, val_examples: int) -> list[str]:
+    """The compressed models whose validation accuracy beats the baseline's beyond the budget.
+
+    A child better than its parent by more than the accuracy budget (and more than two
+    validation images' worth, so one image's luck on a small split does not count) says the
+    parent was under-trained: every verdict judged against it would flatter the children.
+
+    Returns:
+        Each such model as ``name (its val accuracy vs the baseline's)``.
+    """
+    base = baseline.metrics.get("best_val_accuracy")
+    if base is None or val_examples <= 0:
+        return []
+    margin = max(budget_points / 100.0, 2.0 / val_examples)
+    beating = []
+    for model in models:
+        curve = model.history.get("val_accuracy") or []
+        if curve and max(curve) > base + margin:
+            beating.append(f"{model.name} ({max(curve):.4f} vs {base:.4f})")
+    return beating
+
+
+CONTINUE_STEP = NativeStep(
+    "continue_training", "the baseline's further training in TensorFlow's CPU kernels",
+    "the verdicts are then judged against the baseline as it was")
+
+
+def continue_baseline(baseline: ModelArtifact, data: TrainingData, train_cfg: TrainConfig,
+                      out_dir: Path, deadline: float | None = None) -> ModelArtifact:
+    """Train the baseline further, from where it stopped, until its plateau at a finer step.
+
+    Its compressed children beat it (`children_beating`): it was not converged. The rate is a
+    quarter of ``train.learning_rate`` and the best validation epoch is kept; when no epoch
+    beats the baseline's own best, the baseline stays as it was (said in its params).
+
+    Returns:
+        The baseline, trained further (``continued_epochs``, its curves extended), or as it was.
+    """
+    model = load_keras_model(baseline.path)
+    before = baseline.metrics.get("best_val_accuracy", -1.0)
+    fitted = fit(model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate / 4,
+                 callbacks=[stopping(train_cfg.model_copy(update={"stop": "plateau"}), deadline)],
+                 best=KeepBestWeights())
+    gained = best_validation(fitted.curves, model, data).get("best_val_accuracy", -1.0)
+    ran = epochs_run(fitted)
+    if gained <= before:
+        step_logger().info("the baseline trained %d more epochs without beating its own "
+                           "validation accuracy %.4f: kept as it was", ran, before)
+        return baseline.model_copy(update={"params": {
+            **baseline.params, "continued_epochs": ran, "continued_gain": "none"}})
+    path = keras_model_path(out_dir, "baseline-continued")
+    save_keras_model(model, path)
+    curves = {name: [*baseline.history.get(name, []), *values]
+              for name, values in fitted.curves.items()}
+    epochs = int(baseline.params.get("epochs_run", 0)) + ran
+    return baseline.model_copy(update={
+        "path": path, "history": curves,
+        "params": {**baseline.params, "continued_epochs": ran, "epochs_run": epochs,
+                   "converged": bool(fitted.stop.get("converged")),
+                   "stop_reason": f"continued after compression: {fitted.stop['stop_reason']}"},
+        "metrics": {**baseline.metrics, "best_val_accuracy": gained,
+                    "test_accuracy": evaluate_test_accuracy(model, data)}})
+
+
+def recovery_target(baseline: ModelArtifact, budget_points: float) -> float | None:
+    """The validation accuracy a compressed model's fine-tuning is back within the budget at."""
+    best = baseline.metrics.get("best_val_accuracy")
+    return None if best is None else best - budget_points / 100.0
 
 
 def _distribute_param(train_cfg: TrainConfig, strategy: tf.distribute.Strategy) -> str:

@@ -23,6 +23,7 @@ from tfopt.models.training import (
     HISTORY_NAME,
     Fitted,
     KeepBestWeights,
+    StopWhenDone,
     fit,
     precision_policy,
     read_history,
@@ -40,6 +41,7 @@ TRAINED_INFO = "trained.json"
 def train_in_scope(
     data: TrainingData, model_cfg: ModelConfig, train_cfg: TrainConfig,
     strategy: tf.distribute.Strategy, checkpoint_dir: Path | None, chief: bool = True,
+    deadline: float | None = None,
 ) -> Trained:
     """Build or load the baseline under `strategy` and fit it (resuming an interrupted fit).
 
@@ -51,6 +53,7 @@ def train_in_scope(
         checkpoint_dir: Backup folder (shared by all workers of a multi-worker training).
         chief: Whether this process writes the history and the best epoch's file (the only
             one, or worker 0 of a multi-worker training).
+        deadline: When the training must end (a `time.time()` value; None: no limit).
     """
     dataset = data.dataset
     keras.utils.set_random_seed(data.seed)
@@ -67,7 +70,8 @@ def train_in_scope(
                 model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
                 callbacks=[*resumable_callbacks(checkpoint_dir, history=chief, model=model),
                            EpochProgress(StepProgress("train-baseline", "epochs trained"),
-                                         train_cfg.epochs)],
+                                         train_cfg.epochs),
+                           stopping(train_cfg, deadline)],
                 best=KeepBestWeights(path=best_file),
             )
     curves = (read_history(checkpoint_dir / HISTORY_NAME)
@@ -75,7 +79,8 @@ def train_in_scope(
     if head is not None:
         curves = {**{f"head_{name}": values for name, values in head.curves.items()}, **curves}
         fitted = Fitted(curves=fitted.curves, seconds=fitted.seconds + head.seconds,
-                        reader=fitted.reader or head.reader, best_epoch=fitted.best_epoch)
+                        reader=fitted.reader or head.reader, best_epoch=fitted.best_epoch,
+                        stop=fitted.stop)
     if train_cfg.mixed_precision != "off":
         # Variables stay float32 under a mixed policy; a float32 twin carries them into export
         # and conversion without the policy's casts (TFLite has no bfloat16 kernels).
@@ -83,6 +88,14 @@ def train_in_scope(
         float_model.set_weights(model.get_weights())
         model = float_model
     return model, fitted, curves
+
+
+def stopping(train_cfg: TrainConfig, deadline: float | None = None) -> StopWhenDone:
+    """When the baseline's training ends: `train.stop`'s rule, within `deadline`."""
+    if train_cfg.stop == "plateau":
+        return StopWhenDone(patience=train_cfg.patience, min_delta=train_cfg.min_delta,
+                            deadline=deadline)
+    return StopWhenDone(deadline=deadline)
 
 
 def train_head(model: keras.Model, data: TrainingData, train_cfg: TrainConfig) -> Fitted:
@@ -111,7 +124,8 @@ def trained_earlier(checkpoint_dir: Path | None) -> Trained | None:
     info = json.loads((checkpoint_dir / TRAINED_INFO).read_text())
     model = load_keras_model(checkpoint_dir / TRAINED_NAME)
     return model, Fitted(curves=info["curves"], seconds=info["seconds"],
-                         reader=info["reader"], best_epoch=info.get("best_epoch")), info["curves"]
+                         reader=info["reader"], best_epoch=info.get("best_epoch"),
+                         stop=info.get("stop", {})), info["curves"]
 
 
 def keep_trained(trained: Trained, checkpoint_dir: Path | None, code: str | None = None) -> None:
@@ -125,7 +139,7 @@ def keep_trained(trained: Trained, checkpoint_dir: Path | None, code: str | None
     save_keras_model(model, checkpoint_dir / TRAINED_NAME, code=code)
     atomic_write_json(checkpoint_dir / TRAINED_INFO, {
         "curves": curves, "seconds": fitted.seconds, "reader": fitted.reader,
-        "best_epoch": fitted.best_epoch})
+        "best_epoch": fitted.best_epoch, "stop": fitted.stop})
 
 
 class EpochProgress(keras.callbacks.Callback):

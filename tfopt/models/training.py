@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from tfopt.artifacts import TrainingData
+from tfopt.artifacts import TrainingData, TrialRef
 from tfopt.data.pipeline import load_split, reader_options, tuned_dataset
 from tfopt.fileio import atomic_write_bytes
 from tfopt.models.keras_io import keras_of
@@ -36,6 +36,8 @@ class Fitted:
     reader: dict[str, str | float | bool] = field(default_factory=dict)
     best_epoch: int | None = None
     """The 0-based epoch whose weights the model kept (best validation accuracy)."""
+    stop: dict[str, str | int | bool | float] = field(default_factory=dict)
+    """How it ended, when a `StopWhenDone` judged it (`StopWhenDone.outcome`)."""
 
 
 def training_data(
@@ -129,6 +131,139 @@ class KeepBestWeights(keras.callbacks.Callback):
             self._path.unlink(missing_ok=True)
 
 
+class StopWhenDone(keras.callbacks.Callback):
+    """Ends a training when more epochs would not pay: on its plateau, once recovered, or in time.
+
+    - plateau (`patience`): the validation accuracy has not improved by `min_delta` for
+      `patience` epochs; after half of them the learning rate is halved (a constant rate only:
+      a schedule keeps its own course), so a plateau is tried at a finer step before it ends;
+    - recovered (`target`): the validation accuracy reached `target` (a fine-tuning back within
+      the accuracy budget of its baseline) and the last epoch did not improve it;
+    - deadline (`deadline`, a `time.time()` value): the next epoch would end after it.
+
+    Epochs before `from_epoch` (a pruning ramp) do not count. `train.epochs` (or a technique's
+    ``epochs``) stays the cap. `outcome` says how it ended.
+    """
+
+    def __init__(self, *, patience: int | None = None, min_delta: float = 0.0,
+                 target: float | None = None, from_epoch: int = 0,
+                 deadline: float | None = None) -> None:
+        super().__init__()
+        self._patience, self._min_delta, self._target = patience, min_delta, target
+        self._from_epoch, self._deadline = from_epoch, deadline
+        self._best, self._best_epoch, self._wait, self._reference = -1.0, -1, 0, -1.0
+        self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
+        self.reason = ""
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        """Time the epoch (the deadline check needs the next one's length)."""
+        self._epoch_started = time.monotonic()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Stop when the plateau, the recovery or the deadline says so."""
+        self._epochs = epoch + 1
+        self._slowest_epoch = max(self._slowest_epoch, time.monotonic() - self._epoch_started)
+        value = (logs or {}).get("val_accuracy")
+        if value is not None and epoch >= self._from_epoch:
+            self._judge(epoch, float(value))
+        if not self.reason and self._deadline is not None and (
+                time.time() + self._slowest_epoch > self._deadline):
+            self.reason = "budget: the time planned for this training was used"
+        if self.reason:
+            self.model.stop_training = True
+
+    def _judge(self, epoch: int, value: float) -> None:
+        improved = value > self._reference + self._min_delta
+        if value > self._best:
+            self._best, self._best_epoch = value, epoch
+        if improved:
+            self._reference, self._wait = value, 0
+        else:
+            self._wait += 1
+        if self._target is not None and self._best >= self._target and not improved:
+            self.reason = (f"recovered: validation accuracy {self._best:.4f} within the budget "
+                           f"(>= {self._target:.4f}) and no longer improving")
+        elif self._patience is not None and self._wait >= self._patience:
+            self.reason = (f"plateau: no validation-accuracy gain of {self._min_delta:g} for "
+                           f"{self._patience} epochs")
+        elif self._patience is not None and self._wait == max(1, self._patience // 2):
+            self._halve_learning_rate()
+
+    def _halve_learning_rate(self) -> None:
+        rate = getattr(self.model.optimizer, "learning_rate", None)
+        if rate is None or isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            return
+        try:
+            keras.backend.set_value(rate, float(keras.backend.get_value(rate)) * 0.5)
+        except (TypeError, ValueError, AttributeError):  # a Keras 3 optimizer's variable
+            rate.assign(float(rate.numpy()) * 0.5)
+
+    def outcome(self, cap: int) -> dict[str, str | int | bool | float]:
+        """How the training ended: epochs run, best epoch (1-based), converged, stop reason.
+
+        `converged` is true when it stopped on its plateau or once recovered, false when the
+        cap (`cap` epochs) or the deadline ended it.
+        """
+        reason = self.reason or f"cap: {cap} epochs run, still improving"
+        if not self.reason and self._wait >= (self._patience or cap + 1):
+            reason = f"cap: {cap} epochs run, the last {self._wait} without a gain"
+        return {"epochs_run": self._epochs, "best_epoch": self._best_epoch + 1,
+                "converged": reason.startswith(("plateau", "recovered")),
+                "recovered": self._target is not None and self._best >= self._target,
+                "stop_reason": reason, "best_val_accuracy": self._best}
+
+
+class ReportToTrial(keras.callbacks.Callback):
+    """A search trial's fine-tuning, reporting each epoch's validation accuracy to its trial.
+
+    The study's pruner may then stop a hopeless one (`tfopt.search`).
+    """
+
+    def __init__(self, trial: TrialRef, from_epoch: int = 0) -> None:
+        super().__init__()
+        self._ref, self._from_epoch, self._trial = trial, from_epoch, None
+        self.pruned = False
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """Open the trial in the study's storage (the study lives in the parent's folder)."""
+        import optuna
+
+        study = optuna.load_study(study_name=self._ref.study, storage=self._ref.storage)
+        self._trial = optuna.trial.Trial(study, self._ref.trial_id)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Report the epoch; stop the training when the study's pruner says it is hopeless."""
+        value = (logs or {}).get("val_accuracy")
+        if value is None or epoch < self._from_epoch or self._trial is None:
+            return
+        step = epoch - self._from_epoch
+        self._trial.report(float(value), step)
+        if self._trial.should_prune():
+            self.pruned = True
+            self.model.stop_training = True
+
+
+def recovery(data: TrainingData, from_epoch: int = 0) -> list[keras.callbacks.Callback]:
+    """A compressed model's fine-tuning ends once back within the budget (`recover_to`).
+
+    Epochs before `from_epoch` (a pruning ramp) do not count; without a target, nothing stops
+    it before its epochs but the run's time budget (`TrainingData.deadline`). A search trial's
+    fine-tuning also reports to its study (`ReportToTrial`).
+    """
+    callbacks: list[keras.callbacks.Callback] = []
+    if data.recover_to is not None or data.deadline is not None:
+        callbacks.append(StopWhenDone(target=data.recover_to, from_epoch=from_epoch,
+                                      deadline=data.deadline))
+    if data.trial is not None:
+        callbacks.append(ReportToTrial(data.trial, from_epoch=from_epoch))
+    return callbacks
+
+
+def epochs_run(fitted: Fitted) -> int:
+    """The epochs a training ran (its curves' length)."""
+    return max((len(values) for values in fitted.curves.values()), default=0)
+
+
 LearningRate = float | keras.optimizers.schedules.LearningRateSchedule
 
 
@@ -209,7 +344,11 @@ def fit_compiled(
     history = model.fit(train, validation_data=val, epochs=epochs, verbose=0,
                         callbacks=[*(callbacks or []), best])
     curves = {name: [float(v) for v in values] for name, values in history.history.items()}
-    return Fitted(curves, time.perf_counter() - started, reader, best.best_epoch)
+    judge = next((c for c in callbacks or [] if isinstance(c, StopWhenDone)), None)
+    stop = judge.outcome(epochs) if judge is not None else {}
+    if any(isinstance(c, ReportToTrial) and c.pruned for c in callbacks or []):
+        stop = {**stop, "pruned": True, "stop_reason": "pruned: hopeless for the search"}
+    return Fitted(curves, time.perf_counter() - started, reader, best.best_epoch, stop)
 
 
 def kept_epoch(fitted: Fitted) -> int | str:
@@ -219,7 +358,12 @@ def kept_epoch(fitted: Fitted) -> int | str:
 
 def evaluate_test_accuracy(model: keras.Model, data: TrainingData) -> float:
     """Top-1 accuracy of a Keras model on the whole test split, scaled for the model."""
-    images, labels = load_split(data.dataset, "test", scale=data.input_scale)
+    return evaluate_split_accuracy(model, data, "test")
+
+
+def evaluate_split_accuracy(model: keras.Model, data: TrainingData, split: str) -> float:
+    """Top-1 accuracy of a Keras model on a whole split, scaled for the model."""
+    images, labels = load_split(data.dataset, split, scale=data.input_scale)
     logits = model.predict(images, batch_size=256, verbose=0)
     return float(np.mean(np.argmax(logits, axis=1) == labels))
 

@@ -78,7 +78,7 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     ]
     if "since_last_run" in summary:  # a scheduled run is read for this first
         lines[6:6] = [*markdown_since(summary["since_last_run"])[1:], ""]
-    lines[6:6] = _crash_lines(summary)
+    lines[6:6] = [*_training_lines(summary), *_budget_lines(summary), *_crash_lines(summary)]
 
     def fmt(value: Any, pattern: str) -> str:
         return "-" if value is None else format(value, pattern)
@@ -117,6 +117,7 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                 f"| {fmt(entry.get('server_qps_within_budget'), ',.0f')} "
                 f"| {fmt(entry.get('server_p99_ms'), '.3f')} "
                 f"| {entry.get('server_reason') or ''} |")
+    lines += _search_lines(summary)
     lines += _runtime_lines(summary)
     lines += _api_lines(summary)
     lines += _runoff_lines(summary)
@@ -132,6 +133,49 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {entry['name']} | " + " | ".join(
                 fmt(by_threads.get(str(t)), ".3f") for t in counts) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _training_lines(summary: dict[str, Any]) -> list[str]:
+    """How the baseline's training ended: every verdict is judged against it."""
+    training = summary.get("baseline_training")
+    if not training:
+        return []
+    if not training["epochs_run"]:
+        return [f"Baseline: {training['stop_reason']}.", ""]
+    state = "converged" if training["converged"] else "NOT converged"
+    best = f", best epoch {training['best_epoch']}" if training.get("best_epoch") else ""
+    return [f"Baseline: {state} after {training['epochs_run']} epochs{best} "
+            f"({training['stop_reason']}).", ""]
+
+
+def _budget_lines(summary: dict[str, Any]) -> list[str]:
+    """The time budget: what was planned, what it took, what it cut."""
+    budget = summary.get("budget") or {}
+    if budget.get("minutes") is None:
+        return []
+    lines = [f"Time budget: {budget['minutes']:g} min, used {budget['used_minutes']:.1f} min. "
+             f"Plan: {budget['plan']}."]
+    lines += [f"- cut: {cut}" for cut in budget.get("cuts") or []]
+    return [*lines, ""]
+
+
+def _search_lines(summary: dict[str, Any]) -> list[str]:
+    """Each searched technique's trials: setting, validation accuracy, int8 p50, verdict."""
+    lines = []
+    for technique, search in (summary.get("search") or {}).items():
+        target = search.get("target_val_accuracy")
+        lines += ["", f"Search of {technique}.{search['knob']} (validation accuracy to keep: "
+                  f"{_fmt(target, '.4f')}; chosen: {_fmt(search['chosen'], 'g')}"
+                  + (f"; {search['cut']}" if search.get("cut") else "") + "):", "",
+                  f"| {search['knob']} | status | val accuracy | int8 p50 ms | epochs | s |",
+                  "|---:|---|---:|---:|---:|---:|"]
+        for trial in search["trials"]:
+            value = next(iter(trial["params"].values()))
+            star = "★ " if value == search["chosen"] else ""
+            lines.append(f"| {star}{value:g} | {trial['status']} "
+                         f"| {_fmt(trial['val_accuracy'], '.4f')} | {_fmt(trial['p50_ms'], '.4f')} "
+                         f"| {trial['epochs_run']} | {trial['seconds']:g} |")
+    return lines
 
 
 def _crash_lines(summary: dict[str, Any]) -> list[str]:
@@ -336,6 +380,33 @@ def _history_plot(history: list[dict[str, Any]], path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def _search_plot(searches: dict[str, Any], path: Path) -> Path:
+    """Every search's trials: validation accuracy against int8 p50, the target and the choice."""
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(8, 4.5))
+    for technique, search in searches.items():
+        timed = [t for t in search["trials"] if t["p50_ms"] is not None
+                 and t["val_accuracy"] is not None]
+        if not timed:
+            continue
+        points = axis.scatter([t["p50_ms"] for t in timed], [t["val_accuracy"] for t in timed],
+                              label=technique)
+        for trial in timed:
+            value = next(iter(trial["params"].values()))
+            chosen = " (chosen)" if value == search["chosen"] else ""
+            axis.annotate(f"{value:g}{chosen}", (trial["p50_ms"], trial["val_accuracy"]),
+                          fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if search.get("target_val_accuracy") is not None:
+            axis.axhline(search["target_val_accuracy"], linestyle="--", linewidth=0.8,
+                         color=points.get_facecolor()[0])
+    axis.set_xlabel("int8 TFLite p50 (ms, batch 1)")
+    axis.set_ylabel("validation accuracy")
+    axis.set_title("Search trials: accuracy against latency (dashed: within the budget above)")
+    axis.legend()
+    return save_figure(fig, path)
+
+
 def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -351,6 +422,8 @@ def _plots(summary: dict[str, Any], results: list[VariantResult], out_dir: Path)
         paths.append(_accuracy_plot(summary, scored, out_dir / "accuracy_vs_latency.png"))
     if len(summary.get("champion_history") or []) > 1:
         paths.append(_history_plot(summary["champion_history"], out_dir / "champion_history.png"))
+    if any(search["trials"] for search in (summary.get("search") or {}).values()):
+        paths.append(_search_plot(summary["search"], out_dir / "search_front.png"))
 
     fig, axis = plt.subplots(figsize=(8, max(3, 0.35 * len(ok))))
     names = [r.name for r in ok]

@@ -6,7 +6,13 @@ from typing import Any
 
 from rich.table import Table
 
-from tfopt.artifacts import DatasetArtifact, InputPipelineResult, Runoff, VariantResult
+from tfopt.artifacts import (
+    DatasetArtifact,
+    InputPipelineResult,
+    ModelArtifact,
+    Runoff,
+    VariantResult,
+)
 from tfopt.report.diagnosis import diagnose
 from tfopt.runtimes import runtime_of
 from tfopt.services import redact
@@ -116,6 +122,17 @@ def variant_flags(delta_points: float | None, budget_points: float) -> list[str]
     if delta_points is not None and -delta_points > budget_points:
         return [f"accuracy drop {-delta_points:.2f} points exceeds the {budget_points} budget"]
     return []
+
+
+def baseline_training(baseline: ModelArtifact) -> dict[str, Any]:
+    """How the baseline's training ended (summary ``baseline_training``), from its params."""
+    params = baseline.params
+    if "stop_reason" not in params:
+        return {"epochs_run": 0, "best_epoch": None, "converged": False,
+                "stop_reason": "not trained here: the model is taken as it is"}
+    best = params.get("kept_epoch")
+    return {"epochs_run": params["epochs_run"], "best_epoch": best if best != "last" else None,
+            "converged": bool(params["converged"]), "stop_reason": params["stop_reason"]}
 
 
 def build_summary(
@@ -241,8 +258,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 
 def champion_card(result: VariantResult, reason: str, budget_points: float,
-                  parent_run_url: str, dataset: DatasetArtifact) -> tuple[dict[str, str], str]:
+                  parent_run_url: str, dataset: DatasetArtifact,
+                  baseline_note: str | None = None) -> tuple[dict[str, str], str]:
     """The registered champion version's tags and description: what it is and why it won.
+
+    `baseline_note` says the verdicts were judged against an unconverged baseline, if so.
 
     Returns:
         Tags (variant, runtime, precision, accuracy, p50_ms, derived_from, dataset digest,
@@ -272,4 +292,7 @@ def champion_card(result: VariantResult, reason: str, budget_points: float,
         f"Why it won: {reason}\n\nAccuracy budget: {budget_points:g} points below the "
         f"baseline.\n\nData: manifest digest {digest} ({dataset.num_classes} classes, "
         f"{dataset.image_size} px). Pipeline run: {redact(parent_run_url)}")
+    if baseline_note:
+        tags["baseline_converged"] = "false"
+        description += f"\n\n**Judged against an unconverged baseline**: {baseline_note}"
     return tags, description

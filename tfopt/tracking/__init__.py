@@ -24,6 +24,7 @@ from tfopt.tracking.registry import log_champion
 from tfopt.tracking.results import (
     describe_run,
     log_comparison,
+    log_continued_training,
     log_dataset,
     log_file,
     log_input_pipeline,
@@ -33,10 +34,12 @@ from tfopt.tracking.results import (
     log_sweep,
     log_technique,
     log_training,
+    log_trial,
     log_variant_run,
     log_variants,
 )
 from tfopt.tracking.runs import (
+    RunRef,
     TrackedRun,
     experiment_url,
     reconcile_orphans,
@@ -45,10 +48,11 @@ from tfopt.tracking.runs import (
 )
 
 __all__ = [
-    "TrackedRun", "TrackingUnavailableError", "champion_history", "client", "describe_run",
-    "download_run_artifacts", "experiment_url", "flatten_params", "log_artifact", "log_champion",
-    "log_comparison", "log_dataset", "log_file", "log_input_pipeline", "log_layout",
-    "log_model_facts", "log_native_crashes", "log_sweep", "log_technique", "log_training",
-    "log_variant_run", "log_variants", "previous_summary", "reconcile_orphans", "retry_seconds",
-    "run_url", "tracked_run", "use_retry_seconds", "with_retries",
+    "RunRef", "TrackedRun", "TrackingUnavailableError", "champion_history", "client",
+    "describe_run", "download_run_artifacts", "experiment_url", "flatten_params", "log_artifact",
+    "log_champion", "log_comparison", "log_continued_training", "log_dataset", "log_file",
+    "log_input_pipeline", "log_layout", "log_model_facts", "log_native_crashes", "log_sweep",
+    "log_technique", "log_training", "log_trial", "log_variant_run", "log_variants",
+    "previous_summary", "reconcile_orphans", "retry_seconds", "run_url", "tracked_run",
+    "use_retry_seconds", "with_retries",
 ]

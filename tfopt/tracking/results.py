@@ -28,6 +28,7 @@ from tfopt.artifacts import (
     VariantResult,
 )
 from tfopt.tracking.client import (
+    client,
     log_artifact,
     log_metric_history,
     log_metric_points,
@@ -37,7 +38,7 @@ from tfopt.tracking.client import (
     with_retries,
 )
 from tfopt.tracking.registry import log_variant_model
-from tfopt.tracking.runs import TrackedRun, end_run, start_run
+from tfopt.tracking.runs import RunRef, TrackedRun, end_run, start_run
 
 _TAG_VALUE_LIMIT = 8000
 
@@ -228,6 +229,20 @@ def log_training(run: TrackedRun, model: ModelArtifact) -> None:
     log_params(run.client, run.run_id, {model.name: model.params})
 
 
+def log_continued_training(run: TrackedRun, model: ModelArtifact) -> None:
+    """A baseline trained further after compression, and its new figures.
+
+    Its params go under ``baseline_continued.*`` (those logged first cannot change), its
+    accuracies as ``baseline_continued_*`` metrics.
+    """
+    keys = ("continued_epochs", "continued_gain", "epochs_run", "converged", "stop_reason")
+    log_params(run.client, run.run_id, {"baseline_continued": {
+        key: model.params[key] for key in keys if key in model.params}})
+    log_metrics(run.client, run.run_id, {
+        f"baseline_continued_{key}": model.metrics[key]
+        for key in ("test_accuracy", "best_val_accuracy") if key in model.metrics})
+
+
 def log_model_facts(run: TrackedRun, facts: ModelFacts) -> None:
     """What the baseline's model was found to be (``model_facts.kind``, ``.channels`` ...)."""
     log_params(run.client, run.run_id, {"model_facts": facts.params()})
@@ -304,3 +319,30 @@ def log_native_crashes(run: TrackedRun, crashes: list[dict[str, Any]]) -> None:
             + (f"retried with {crash['retry']}: {'ok' if crash['recovered'] else 'failed again'}"
                if crash["retried"] else "not retried"))
         for crash in crashes})
+
+
+def log_trial(parent: RunRef, name: str, trial: Mapping[str, Any]) -> str:
+    """A search trial as a nested run of the pipeline's run: its setting, accuracy, p50, status.
+
+    Args:
+        parent: The pipeline's run.
+        name: The run's name (``channel_prune fraction=0.625``).
+        trial: The trial as the summary lists it (`tfopt.search.Trial.summary`), with its
+            technique under ``technique``.
+
+    Returns:
+        The trial's run id.
+    """
+    mlflow = client(parent.tracking_uri)
+    run_id = start_run(
+        mlflow, parent.experiment_id, name,
+        params={"technique": trial["technique"], **trial["params"]},
+        tags={"tfopt.role": "search-trial", "tfopt.technique": trial["technique"],
+              "tfopt.status": trial["status"],
+              **({"tfopt.error": str(trial["error"])[:5000]} if trial.get("error") else {})},
+        parent_run_id=parent.run_id)
+    log_metrics(mlflow, run_id, {key: trial[key] for key in ("val_accuracy", "p50_ms",
+                                                             "epochs_run", "seconds")
+                                 if trial.get(key) is not None})
+    end_run(mlflow, run_id, "FAILED" if trial["status"] == "failed" else "FINISHED")
+    return run_id

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from pydantic import BaseModel, ConfigDict
 
 from tfopt.processes import left_by_dead_process, process_identity
 from tfopt.provenance import git_commit
@@ -93,6 +94,16 @@ def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
             f"?{_TRAINING_VIEW}")
 
 
+class RunRef(BaseModel):
+    """Where a run lives, as a step in another process or task is handed it (no client)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tracking_uri: str
+    experiment_id: str
+    run_id: str
+
+
 @dataclass(frozen=True)
 class TrackedRun:
     """An open MLflow run and where it lives."""
@@ -106,6 +117,12 @@ class TrackedRun:
     def url(self) -> str:
         """The run's address in the MLflow UI."""
         return run_url(self.tracking_uri, self.experiment_id, self.run_id)
+
+    @property
+    def ref(self) -> RunRef:
+        """The run as a step elsewhere is handed it (`RunRef`)."""
+        return RunRef(tracking_uri=self.tracking_uri, experiment_id=self.experiment_id,
+                      run_id=self.run_id)
 
 
 @contextmanager

@@ -1,0 +1,53 @@
+"""Prefect task: one trial of a technique's search (its model, its int8 file's p50)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from techniques import make_trial
+from techniques.base import TechniqueSection
+from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
+from tfopt.config import MeasurementProtocol
+from tfopt.native import NativeStep, run_native
+from tfopt.search import Trial, time_int8
+from tfopt.tracking import RunRef, log_trial
+
+
+@task(name="search_trial", task_run_name="trial-{technique}-{value}", tags=["compression"])
+def run_trial(technique: str, value: float, start: ModelArtifact, cfg: TechniqueSection,
+              data: TrainingData, out_dir: Path, convert: Any, inputs: BenchmarkInputs,
+              protocol: MeasurementProtocol, parent: RunRef) -> Trial:
+    """Make the technique's model at `value`, fine-tune, convert to int8, time it, log it.
+
+    The model is made in a child process (`tfopt.native`: a crash fails this trial only),
+    fine-tuned until back within the accuracy budget or stopped by the study's pruner
+    (`data.trial`); its int8 TFLite file is timed holding the machine's benchmark slot; the
+    trial is a nested MLflow run of the pipeline's run.
+
+    Args:
+        technique: The technique searched.
+        value: The strength tried.
+        start: The model it starts from.
+        cfg: The technique's settings (its knob ``auto``).
+        data: The run's training data, with the recovery target and the trial to report to.
+        out_dir: The trial's folder (its model and int8 file).
+        convert: The ``convert`` section (int8 calibration).
+        inputs: The benchmark inputs (the run's test split).
+        protocol: The run's benchmark protocol (shortened for a trial).
+        parent: The pipeline's MLflow run.
+
+    Returns:
+        The trial: its model, validation accuracy, int8 p50 and status.
+    """
+    step = NativeStep(f"search_trial ({technique} {value:g})",
+                      f"the {technique} trial's fine-tuning and conversion",
+                      "the search goes on without this setting")
+    made = run_native(step, make_trial, technique, value, start, cfg, data, out_dir, convert,
+                      data.recover_to)
+    timed = time_int8(made, inputs, protocol)
+    log_trial(parent, f"{technique} {timed.field}={timed.value:g}",
+              {"technique": technique, **timed.summary()})
+    return timed

@@ -1,0 +1,92 @@
+"""Trainings end when more epochs would not pay: the baseline on its plateau, a fine-tuning once
+its accuracy is back within the budget, any of them at its deadline."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import tf_keras as keras
+
+from tfopt.models.training import StopWhenDone
+
+
+def _run(judge: StopWhenDone, accuracies: list[float], rate: float = 1e-3) -> list[float]:
+    """Feed `judge` one epoch's validation accuracy at a time; the learning rate each epoch."""
+    model = SimpleNamespace(stop_training=False,
+                            optimizer=SimpleNamespace(learning_rate=keras.backend.variable(rate)))
+    judge.set_model(model)
+    rates = []
+    for epoch, value in enumerate(accuracies):
+        judge.on_epoch_begin(epoch)
+        judge.on_epoch_end(epoch, {"val_accuracy": value})
+        rates.append(float(keras.backend.get_value(model.optimizer.learning_rate)))
+        if model.stop_training:
+            break
+    return rates
+
+
+def test_a_plateau_halves_the_rate_then_ends_the_training_converged():
+    judge = StopWhenDone(patience=4, min_delta=0.01)
+    rates = _run(judge, [0.5, 0.7, 0.8, 0.805, 0.79, 0.8, 0.81, 0.9, 0.95])
+    assert len(rates) == 7, "four epochs without a gain of 0.01 after epoch 3"
+    assert rates[4] == pytest.approx(5e-4), "halved after half the patience"
+    outcome = judge.outcome(cap=50)
+    assert outcome["converged"] and outcome["stop_reason"].startswith("plateau")
+    assert (outcome["epochs_run"], outcome["best_epoch"]) == (7, 7)
+
+
+def test_the_cap_is_not_convergence():
+    judge = StopWhenDone(patience=3, min_delta=0.0)
+    _run(judge, [0.5, 0.6, 0.7, 0.8])
+    outcome = judge.outcome(cap=4)
+    assert not outcome["converged"]
+    assert outcome["stop_reason"] == "cap: 4 epochs run, still improving"
+
+
+def test_a_fine_tuning_ends_once_back_within_the_budget_and_no_longer_improving():
+    judge = StopWhenDone(target=0.9, from_epoch=2)
+    _run(judge, [0.95, 0.96, 0.85, 0.92, 0.93, 0.93, 0.97])
+    outcome = judge.outcome(cap=10)
+    assert outcome["epochs_run"] == 6, "the ramp's epochs do not count; 0.93 did not improve"
+    assert outcome["recovered"] and outcome["converged"]
+    assert outcome["stop_reason"].startswith("recovered: validation accuracy 0.9300")
+
+    hopeless = StopWhenDone(target=0.9)
+    _run(hopeless, [0.5, 0.6, 0.6, 0.7])
+    assert not hopeless.outcome(cap=4)["recovered"], "never back within the budget"
+
+
+def test_a_deadline_ends_a_training_before_an_epoch_would_pass_it():
+    judge = StopWhenDone(patience=10, deadline=time.time() + 3600)
+    _run(judge, [0.5, 0.6])
+    assert judge.reason == ""
+    late = StopWhenDone(patience=10, deadline=time.time() - 1)
+    _run(late, [0.5, 0.6, 0.7])
+    ended = late.outcome(cap=50)
+    assert ended["stop_reason"].startswith("budget") and ended["epochs_run"] == 1
+
+
+def test_the_baseline_trains_until_its_plateau_and_says_so(tiny_data, tmp_path):
+    from tasks.train_model import train_model
+    from tfopt.config import TrainConfig
+    from tfopt.models.config import ModelConfig
+
+    baseline = train_model.fn(tiny_data.model_copy(update={"seed": 3}), ModelConfig(width=8),
+                              TrainConfig(epochs=60, patience=2, learning_rate=0.01),
+                              tmp_path)
+    params = baseline.params
+    assert params["converged"] is True and params["stop_reason"].startswith("plateau"), params
+    assert params["epochs_run"] < 60 and params["kept_epoch"] <= params["epochs_run"]
+    assert baseline.metrics["best_val_accuracy"] == max(baseline.history["val_accuracy"])
+
+
+def test_a_technique_stops_once_recovered_and_logs_it(tiny_baseline, tiny_data, tmp_path):
+    from techniques.qat import QatConfig, quantize_aware_train
+
+    made = quantize_aware_train.fn(tiny_baseline, QatConfig(epochs=6),
+                                   tiny_data.model_copy(update={"recover_to": 0.0}), tmp_path)
+    assert made.params["recovered"] is True and made.metrics["recovered"] == 1.0
+    assert made.params["epochs_run"] == made.metrics["epochs_run"] < 6, made.params
+    assert made.params["stop_reason"].startswith("recovered")

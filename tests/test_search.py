@@ -1,0 +1,83 @@
+"""The search bisects a technique's strength, keeps its study on disk, and picks the fastest
+setting within the accuracy budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tfopt.search import Knob, Search, Trial, choose
+
+KNOB = Knob("fraction", (0.25, 0.375, 0.5, 0.625, 0.75, 0.875), unit="%")
+
+
+def _trial(value: float, status: str = "ok", p50: float | None = 1.0) -> Trial:
+    return Trial(field="fraction", value=value, status=status, val_accuracy=0.95, p50_ms=p50)
+
+
+def _run(search: Search, verdict: dict[float, tuple[str, float]], at_once: int = 1) -> list:
+    """Run the search to its end with made-up verdicts; the rounds of values it tried."""
+    rounds = []
+    while values := search.next_values(at_once):
+        rounds.append(values)
+        for value in values:
+            search.start(value)
+            status, p50 = verdict[value]
+            search.finish(_trial(value, status, p50))
+    return rounds
+
+
+def test_the_search_bisects_to_the_strongest_setting_within_the_budget(tmp_path):
+    # Up to 62.5% of the filters may go; beyond, the accuracy is lost.
+    verdict = {0.25: ("ok", 1.0), 0.375: ("ok", 0.8), 0.5: ("ok", 0.6),
+               0.625: ("ok", 0.5), 0.75: ("over_budget", 0.4), 0.875: ("pruned", None)}
+    search = Search(KNOB, tmp_path / "study", "one", target=0.9)
+    assert _run(search, verdict) == [[0.5], [0.75], [0.625]], "three trials, not six"
+    assert search.chosen().value == 0.625
+    parallel = Search(KNOB, tmp_path / "study2", "two", target=0.9)
+    rounds = _run(parallel, verdict, at_once=2)
+    assert rounds[0] == [0.375, 0.625] and parallel.chosen().value == 0.625
+
+
+def test_a_killed_search_resumes_its_study_from_the_work_folder(tmp_path):
+    first = Search(KNOB, tmp_path / "study", "resume", target=0.9)
+    first.start(0.5)
+    first.finish(_trial(0.5))
+    first.start(0.75)  # killed here: this trial never finishes
+    again = Search(KNOB, tmp_path / "study", "resume", target=0.9)
+    assert [t.value for t in again.trials()] == [0.5], "the finished trial is kept"
+    assert again.next_values() == [0.75], "the unfinished one is tried again"
+    assert (tmp_path / "study" / "study.db").is_file()
+
+
+def test_ties_go_to_the_stronger_setting_and_nothing_within_budget_chooses_nothing():
+    tied = [_trial(0.5, p50=1.00), _trial(0.625, p50=1.02), _trial(0.25, p50=1.5)]
+    assert choose(tied, KNOB).value == 0.625, "within 3%: the stronger"
+    assert choose([_trial(0.5, "over_budget"), _trial(0.25, "pruned", None)], KNOB) is None
+
+
+def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path):
+    import time
+
+    search = Search(KNOB, tmp_path / "study", "late", target=0.9)
+    assert search.next_values(deadline=time.time() - 1) == [0.5], "the first round always runs"
+    search.start(0.5)
+    search.finish(_trial(0.5))
+    assert search.next_values(deadline=time.time() - 1) == []
+    assert search.cut == "the fraction search stopped after 1 trials (time budget)"
+
+
+@pytest.mark.parametrize("technique", ["channel_prune", "prune", "cluster"])
+def test_auto_is_a_strength_each_searched_technique_declares(technique):
+    from techniques import registry
+
+    declared = registry()[technique]
+    cfg = declared.section.model_validate({declared.knob.field: "auto"})
+    assert declared.searched(cfg)
+    assert "auto" in declared.source_name(cfg)
+    concrete = declared.at(cfg, declared.knob.values[2])
+    assert not declared.searched(concrete)
+    assert isinstance(getattr(concrete, declared.knob.field), type(declared.knob.values[2]))
+    with pytest.raises(ValueError, match="auto is set by the search"):
+        declared.apply.fn(None, cfg, None, Path("."))

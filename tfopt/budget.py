@@ -1,0 +1,168 @@
+"""A run within ``budget.minutes``: each phase's deadline, the benchmark sized to fit, the cuts.
+
+The plan reserves the end of the budget for the planned variants' conversions and measurements
+(`BUILD_S` and `MEASURE_S` each, measured on the demo), and gives the rest to the work before
+them: the data and the baseline's training end by `BASELINE_SHARE` of it, the searches and
+fine-tunings at its end. Trainings stop at their phase's deadline
+(`tfopt.models.training.StopWhenDone`), a search starts no round it cannot finish, and the
+benchmark protocol is shortened to what the time left allows for the variants built. Every cut
+is recorded, and the run says at its start what it plans and at its end what was cut.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tfopt.config import MeasurementProtocol, Section
+
+BASELINE_SHARE = 0.45
+"""The share of the time before the compressed variants' conversions that the data, the
+baseline's training and its own variants' conversions get."""
+BUILD_S = 1.5
+"""Per planned variant, its conversion (measured on the demo: 59 s for 36)."""
+MEASURE_S = 3.0
+"""Per variant, what a measurement costs besides its timing: its process, load, floor, profile
+(measured on the demo: 105 s for 34 variants timed 0.3 s each)."""
+MIN_TIMING_S = 0.3
+LEAST_WORK_SHARE = 0.3
+"""The share of the budget the work before the conversions keeps, however many variants."""
+
+
+class BudgetConfig(Section):
+    """How long a whole run may take."""
+
+    minutes: float | None = Field(
+        None, gt=0.0, le=100_000.0,
+        description=(
+            "The run's time budget in minutes (null: none): the baseline's training, the "
+            "searches and fine-tunings and the benchmarks are sized to fit it, and what it cut "
+            "is said at the end."
+        ),
+    )
+
+
+class Budget(BaseModel):
+    """A run's budget as planned at its start, and resized by what was measured since."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    minutes: float | None
+    baseline_variants: int = 0
+    compressed_variants: int = 0
+    build_s: float = BUILD_S
+    measure_s: float = MEASURE_S + MIN_TIMING_S
+    started: float = Field(default_factory=time.time)
+
+    @classmethod
+    def planned(cls, minutes: float | None, counts: tuple[int, int],
+                protocol: MeasurementProtocol) -> Budget:
+        """The budget of a run planning `counts` (baseline, compressed) variants.
+
+        Each measurement is expected to take `MEASURE_S` beside its timing (at least
+        ``min_seconds``) and its load scenarios (a few LoadGen runs each).
+        """
+        timing = max(MIN_TIMING_S, min(protocol.min_seconds, protocol.max_seconds))
+        scenarios = 4.0 * protocol.scenario_seconds * (len(protocol.scenarios) - 1)
+        return cls(minutes=minutes, baseline_variants=counts[0], compressed_variants=counts[1],
+                   measure_s=MEASURE_S + timing + scenarios)
+
+    def with_builds(self, seconds: float, count: int) -> Budget:
+        """The budget with the conversion time measured on the baseline's variants."""
+        return self if count <= 0 else self.model_copy(update={"build_s": seconds / count})
+
+    def deadline(self, share: float) -> float | None:
+        """When the phase ending at `share` of the budget must end (None: no budget)."""
+        return None if self.minutes is None else self.started + share * self.minutes * 60.0
+
+    @property
+    def _seconds(self) -> float:
+        return (self.minutes or 0.0) * 60.0
+
+    @property
+    def _tail(self) -> float:
+        """What the conversions and measurements need after the compression."""
+        variants = self.baseline_variants + self.compressed_variants
+        return self.compressed_variants * self.build_s + variants * self.measure_s
+
+    @property
+    def baseline_deadline(self) -> float | None:
+        """When the baseline's training must end."""
+        if self.minutes is None:
+            return None
+        work = self._seconds - self._tail - self.baseline_variants * self.build_s
+        return self.started + BASELINE_SHARE * max(LEAST_WORK_SHARE * self._seconds, work)
+
+    @property
+    def compression_deadline(self) -> float | None:
+        """When the searches and fine-tunings must end."""
+        if self.minutes is None:
+            return None
+        return self.started + max(LEAST_WORK_SHARE * self._seconds, self._seconds - self._tail)
+
+    @property
+    def further_training_deadline(self) -> float | None:
+        """When a baseline its children beat must end its further training.
+
+        A tenth of the budget after the compression's deadline, taken from the benchmarks' time.
+        """
+        end = self.compression_deadline
+        return None if end is None else end + 0.1 * self._seconds
+
+    def plan_line(self) -> str:
+        """What the run plans, said at its start."""
+        if self.minutes is None:
+            return "no time budget (budget.minutes): every step runs as configured"
+        return (f"time budget {self.minutes:g} min for {self.baseline_variants} baseline and "
+                f"{self.compressed_variants} compressed variants: data and the baseline's "
+                f"training by {_clock(self.baseline_deadline - self.started)}, searches and "
+                f"fine-tunings by {_clock(self.compression_deadline - self.started)}, "
+                f"conversions and benchmarks by {_clock(self._seconds)}")
+
+    def benchmark_protocol(self, protocol: MeasurementProtocol, variants: int,
+                           cuts: list[str]) -> MeasurementProtocol:
+        """`protocol` shortened so `variants` measurements fit the time left (a cut if so)."""
+        end = self.deadline(1.0)
+        if end is None or variants == 0:
+            return protocol
+        left = end - time.time()
+        per_variant = left / variants - MEASURE_S
+        if per_variant >= protocol.max_seconds:
+            return protocol
+        timing = max(MIN_TIMING_S, per_variant)
+        cuts.append(f"benchmark timing cut to {timing:.1f} s per variant (max_seconds "
+                    f"{protocol.max_seconds:g}) to measure {variants} variants in the "
+                    f"{max(left, 0.0):.0f} s left")
+        return protocol.model_copy(update={
+            "max_seconds": timing, "min_seconds": min(protocol.min_seconds, timing),
+            "warmup_seconds": min(protocol.warmup_seconds, timing / 2.0),
+            "thread_sweep": False})
+
+    def summary(self, cuts: list[str]) -> dict[str, Any]:
+        """The budget as the summary holds it: planned, used, and what was cut."""
+        used = (time.time() - self.started) / 60.0
+        return {"minutes": self.minutes, "used_minutes": round(used, 2),
+                "within": self.minutes is None or used <= self.minutes,
+                "plan": self.plan_line(), "cuts": cuts}
+
+
+def budget_cuts(training: dict[str, Any], techniques: dict[str, Any],
+                searches: dict[str, Any]) -> list[str]:
+    """What the time budget cut in the trainings and searches (read from their results)."""
+    cuts = []
+    if str(training.get("stop_reason", "")).startswith("budget"):
+        cuts.append(f"the baseline's training stopped after {training['epochs_run']} epochs "
+                    "(time budget), not on its plateau")
+    for name, technique in techniques.items():
+        if str(technique["params"].get("stop_reason", "")).startswith("budget"):
+            cuts.append(f"{name}'s fine-tuning stopped after "
+                        f"{technique['params'].get('epochs_run')} epochs (time budget)")
+    cuts += [search["cut"] for search in searches.values() if search.get("cut")]
+    return cuts
+
+
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(max(0, round(seconds)), 60)
+    return f"+{minutes}m{rest:02d}s"

@@ -1,0 +1,265 @@
+"""The strongest compression within the accuracy budget, found by measuring trials on this machine.
+
+A technique declares the knob ``auto`` searches (`Knob`: its config field and its candidate
+values, weakest first). A study (Optuna, kept in SQLite in the work folder: a killed run that is
+started again resumes it) bisects the candidates: a trial makes the technique's model at one
+value, fine-tunes it until it is back within the accuracy budget or hopeless (Optuna's
+`ThresholdPruner` reads its validation curve), converts it to int8 TFLite, and times that file
+holding the machine's benchmark slot. Assuming that a stronger setting is faster and less
+accurate, a setting that stays within the budget moves the lower end up, one that does not the
+upper end down; with several workers each round tries as many settings at once. The chosen
+setting is the fastest trial within the budget (within 3%, the stronger one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrialRef, VariantSpec
+from tfopt.config import MeasurementProtocol
+
+TrialStatus = Literal["ok", "over_budget", "pruned", "failed"]
+TIE_SHARE = 0.03
+"""Trials whose p50s are this close are tied: the stronger setting wins."""
+HOPELESS_POINTS = 10.0
+"""A trial whose validation accuracy is this far below the target after its warm-up epochs is
+stopped (pruned): more fine-tuning would not bring it back."""
+WARMUP_EPOCHS = 2
+"""Epochs every trial gets before the pruner may stop it."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A technique's strength that ``auto`` searches.
+
+    Attributes:
+        field: Its config field (``fraction``).
+        values: The candidate values, weakest first.
+        unit: How a value reads in a name or a line (``%`` for shares).
+    """
+
+    field: str
+    values: tuple[float, ...]
+    unit: str = ""
+
+    def label(self, value: float) -> str:
+        """A value as people read it (``62%``, ``6``)."""
+        if self.unit == "%":
+            return f"{round(value * 100)}%"
+        return f"{value:g}"
+
+
+class Trial(BaseModel):
+    """One setting tried: its fine-tuned model, its validation accuracy, its int8 file's p50."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    field: str
+    value: float
+    status: TrialStatus
+    val_accuracy: float | None = None
+    p50_ms: float | None = None
+    epochs_run: int = 0
+    seconds: float = 0.0
+    model: ModelArtifact | None = None
+    int8: VariantSpec | None = None
+    error: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The trial as the summary lists it (``search.<technique>.trials``)."""
+        return {"params": {self.field: self.value}, "val_accuracy": self.val_accuracy,
+                "p50_ms": self.p50_ms, "status": self.status, "epochs_run": self.epochs_run,
+                "seconds": round(self.seconds, 1), "error": self.error}
+
+
+def study_key(technique: str, knob: Knob, baseline: ModelArtifact, settings: dict[str, Any],
+              target: float | None) -> str:
+    """The study's name: the same baseline file, settings and target resume the same study."""
+    digest = hashlib.sha256(baseline.path.read_bytes() if baseline.path.is_file()
+                            else str(baseline.path).encode()).hexdigest()[:12]
+    parts = json.dumps([technique, knob.field, knob.values, digest, settings, target],
+                       sort_keys=True, default=str)
+    return f"{technique}-{hashlib.sha256(parts.encode()).hexdigest()[:16]}"
+
+
+class Search:
+    """A technique's study: the trials made so far, which to try next, and the choice.
+
+    Args:
+        knob: The knob searched.
+        folder: Where the study (``study.db``) and the trials' models are kept.
+        key: The study's name (`study_key`).
+        target: The validation accuracy a setting must keep (None: every setting does).
+    """
+
+    def __init__(self, knob: Knob, folder: Path, key: str, target: float | None) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.knob, self.folder, self.key, self.target = knob, folder, key, target
+        self.storage = f"sqlite:///{folder / 'study.db'}"
+        lower = -1.0 if target is None else target - HOPELESS_POINTS / 100.0
+        self.study = optuna.create_study(
+            study_name=key, storage=self.storage, load_if_exists=True, direction="minimize",
+            pruner=optuna.pruners.ThresholdPruner(lower=lower, n_warmup_steps=WARMUP_EPOCHS))
+        self._running: dict[float, Any] = {}
+        self._round_started: float | None = None
+        self._round_seconds = 0.0
+        self.cut: str | None = None
+
+    def trials(self) -> list[Trial]:
+        """The finished trials, in the order they were made (a resumed study's included)."""
+        return [Trial.model_validate_json(t.user_attrs["trial"]) for t in self.study.trials
+                if "trial" in t.user_attrs]
+
+    def next_values(self, at_once: int = 1, deadline: float | None = None) -> list[float]:
+        """The settings to try next (none: the search is over), up to `at_once` of them.
+
+        The candidates between the strongest setting known to keep the budget and the weakest
+        known not to are split evenly. A round that would end after `deadline` (a
+        `time.time()` value), as long as the last one took, is not started (`cut` says so).
+        """
+        if self._round_started is not None:
+            self._round_seconds = max(self._round_seconds,
+                                      time.monotonic() - self._round_started)
+        if deadline is not None and self.trials() and (
+                time.time() + self._round_seconds > deadline):
+            self.cut = (f"the {self.knob.field} search stopped after {len(self.trials())} "
+                        "trials (time budget)")
+            return []
+        self._round_started = time.monotonic()
+        values = self.knob.values
+        tried = {trial.value: trial for trial in self.trials()}
+        good = [i for i, v in enumerate(values) if v in tried and tried[v].status == "ok"]
+        low = max(good, default=-1)
+        bad = [i for i, v in enumerate(values) if v in tried and i > low
+               and tried[v].status != "ok"]
+        high = min(bad, default=len(values))
+        open_ = [i for i in range(low + 1, high) if values[i] not in tried]
+        if not open_:
+            return []
+        count = min(at_once, len(open_))
+        picks = sorted({open_[(k + 1) * (len(open_) + 1) // (count + 1) - 1]
+                        for k in range(count)})
+        return [values[i] for i in picks]
+
+    def start(self, value: float) -> TrialRef:
+        """Open the Optuna trial of one setting; its fine-tuning reports to it."""
+        self.study.enqueue_trial({self.knob.field: value})
+        optuna_trial = self.study.ask()
+        optuna_trial.suggest_categorical(self.knob.field, list(self.knob.values))
+        self._running[value] = optuna_trial
+        return TrialRef(storage=self.storage, study=self.key, number=optuna_trial.number,
+                        trial_id=optuna_trial._trial_id)
+
+    def finish(self, trial: Trial) -> None:
+        """Close a setting's Optuna trial with what it measured."""
+        import optuna
+
+        optuna_trial = self._running.pop(trial.value)
+        optuna_trial.set_user_attr("trial", trial.model_dump_json())
+        if trial.status == "pruned":
+            self.study.tell(optuna_trial, state=optuna.trial.TrialState.PRUNED)
+        elif trial.status == "failed" or trial.p50_ms is None:
+            self.study.tell(optuna_trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            self.study.tell(optuna_trial, trial.p50_ms)
+
+    def chosen(self) -> Trial | None:
+        """The fastest trial within the budget; within `TIE_SHARE`, the stronger setting."""
+        return choose(self.trials(), self.knob)
+
+
+def choose(trials: Sequence[Trial], knob: Knob) -> Trial | None:
+    """The fastest trial within the budget; within `TIE_SHARE` of it, the strongest one."""
+    kept = [t for t in trials if t.status == "ok" and t.p50_ms is not None]
+    if not kept:
+        return None
+    fastest = min(t.p50_ms for t in kept)
+    tied = [t for t in kept if t.p50_ms <= fastest * (1.0 + TIE_SHARE)]
+    return max(tied, key=lambda t: knob.values.index(t.value))
+
+
+def within_budget(val_accuracy: float | None, target: float | None) -> bool:
+    """Whether a trial's validation accuracy keeps the budget (no target: it does)."""
+    return target is None or (val_accuracy is not None and val_accuracy >= target)
+
+
+def trial_status(pruned: bool, val_accuracy: float | None,
+                 target: float | None) -> TrialStatus:
+    """A fine-tuned trial's verdict before timing: pruned, over the budget, or ok."""
+    if pruned:
+        return "pruned"
+    return "ok" if within_budget(val_accuracy, target) else "over_budget"
+
+
+def trial_protocol(protocol: MeasurementProtocol) -> MeasurementProtocol:
+    """The benchmark protocol, shortened for a trial's quick p50 (the run's full one follows)."""
+    return protocol.as_protocol().model_copy(update={
+        "min_seconds": min(protocol.min_seconds, 0.5),
+        "max_seconds": min(protocol.max_seconds, 2.0),
+        "thread_sweep": False, "scenarios": ["single_stream"]})
+
+
+def time_int8(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtocol) -> Trial:
+    """A trial with its int8 file's p50, timed holding the machine's benchmark slot.
+
+    Training may overlap another trial's; timing may not (`tfopt.orchestration.benchmark_slot`).
+    A file that cannot be timed leaves the trial failed with the reason.
+    """
+    from tfopt.logs import step_logger
+    from tfopt.measurement.isolation import measure
+    from tfopt.orchestration import benchmark_slot
+
+    if trial.status == "pruned" or trial.int8 is None:
+        return trial
+    if trial.int8.status != "ok":
+        return trial.model_copy(update={"status": "failed", "error": trial.int8.error})
+    try:
+        with benchmark_slot(trial.int8.name):
+            measured = measure(trial.int8, inputs, trial_protocol(protocol), step_logger())
+    except (RuntimeError, OSError, ValueError) as error:
+        return trial.model_copy(update={"status": "failed",
+                                        "error": f"{type(error).__name__}: {error}"[:500]})
+    return trial.model_copy(update={"p50_ms": measured.latency_ms.p50})
+
+
+def trial_of(state: Any, search: Search, value: float) -> Trial:
+    """A trial task's outcome: its trial, or a failed one with the task's error."""
+    if state.is_completed():
+        return state.result()
+    error = state.result(raise_on_failure=False)
+    return Trial(field=search.knob.field, value=value, status="failed",
+                 error=f"{type(error).__name__}: {error}"[:500] if isinstance(
+                     error, BaseException) else str(error)[:500])
+
+
+def search_line(search: Search) -> str:
+    """The trials in one line, strongest last, and the choice."""
+    knob = search.knob
+    parts = []
+    for trial in sorted(search.trials(), key=lambda t: knob.values.index(t.value)):
+        accuracy = f" val {trial.val_accuracy:.4f}" if trial.val_accuracy is not None else ""
+        timing = f" {trial.p50_ms:.4f} ms" if trial.p50_ms is not None else ""
+        parts.append(f"{knob.label(trial.value)} {trial.status}{accuracy}{timing}")
+    chosen = search.chosen()
+    return (f"{knob.field}: " + ", ".join(parts or ["no trial"])
+            + f" -> {knob.label(chosen.value) if chosen else 'none within the budget'}")
+
+
+def search_summary(search: Search) -> dict[str, Any]:
+    """A search as the summary holds it (``search.<technique>``): trials and the choice."""
+    chosen = search.chosen()
+    return {"knob": search.knob.field,
+            "target_val_accuracy": search.target, "cut": search.cut,
+            "trials": [trial.summary() for trial in search.trials()],
+            "chosen": None if chosen is None else chosen.value}
