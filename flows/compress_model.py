@@ -19,7 +19,7 @@ from flows.common import build_forms, build_sources, error_of, final_state
 from flows.parameters import PipelineConfig
 from tasks.export_savedmodel import export_savedmodel
 from tasks.run_trial import run_trial
-from techniques import Planned, contained, open_search, plan
+from techniques import CUT_BY_BUDGET, Planned, contained, open_search, plan
 from techniques.base import NotApplicable
 from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
 from tfopt.orchestration import claim_flow_run
@@ -184,7 +184,8 @@ def _not_built(planned: Planned, state: State, plans: list[Planned],
                                                 outcomes)[0] if start.variants else None)
     outcome = state.result(raise_on_failure=False)
     if isinstance(outcome, NotApplicable):
-        reason = f"{planned.technique.name} does not apply: {outcome}"
+        verdict = "" if str(outcome).startswith(CUT_BY_BUDGET) else " does not apply"
+        reason = f"{planned.technique.name}{verdict}: {outcome}"
         return [skipped(spec, reason) for spec in planned.variants]
     error = f"{planned.source} failed: {error_of(state)}"
     return [failed(spec, error) for spec in planned.variants]

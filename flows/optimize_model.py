@@ -27,6 +27,7 @@ from flows.common import (
 )
 from flows.compress_model import compress_model
 from flows.parameters import PipelineConfig
+from tasks.confirm_slowdowns import confirm_slowdowns
 from tasks.continue_training import continue_training
 from tasks.export_bundle import export_bundle
 from tasks.export_savedmodel import export_savedmodel
@@ -74,7 +75,7 @@ from tfopt.prefect_artifacts import (
 )
 from tfopt.preflight import check_paths
 from tfopt.provenance import environment, mlflow_tracking_uri
-from tfopt.report.compare import compare
+from tfopt.report.compare import compare, settle, to_confirm
 from tfopt.report.summary import baseline_training, build_summary, champion_card
 from tfopt.runtimes import plan_forms, plan_variant, registry, settings_of
 from tfopt.runtimes.base import BuildSources, PlanRequest
@@ -151,7 +152,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                              [baseline, *technique_models], runoff, read_record(crashes),
                              held.note)
         summary = _since_last_run(config, run, _with_plan(summary, compressed, budget, cuts),
-                                  run_dir)
+                                  run_dir, (results, inputs))
         _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
@@ -365,7 +366,7 @@ def _with_plan(summary: dict[str, Any], compressed: Compressed, budget: Budget,
                cuts: list[str]) -> dict[str, Any]:
     """The summary with the searches' trials and the budget: planned, used, what it cut."""
     cuts = [*budget_cuts(summary["baseline_training"], summary["techniques"],
-                         compressed.searches), *cuts]
+                         compressed.searches, summary["variants"]), *cuts]
     return {**summary, "search": compressed.searches, "budget": budget.summary(cuts)}
 
 
@@ -438,14 +439,24 @@ def _summarize(
 
 
 def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: dict[str, Any],
-                    run_dir: Path) -> dict[str, Any]:
+                    run_dir: Path, measured: tuple[list[VariantResult], BenchmarkInputs],
+                    ) -> dict[str, Any]:
     """Compare with the config's last finished run: the report's section, tag and event.
 
-    A regression (a variant slower or less accurate beyond the noise, or newly failing) tags
-    the run ``tfopt.regression`` and emits the Prefect event of that name.
+    A slowdown beyond the run-to-run noise is timed again side by side with the previous run's
+    file (`confirm_slowdowns`). A regression (a slowdown so confirmed, lower accuracy, a newly
+    failing variant) tags the run ``tfopt.regression``, emits the Prefect event of that name
+    and is said on the registered champion's version.
     """
     previous = tracking.previous_summary(run, config.name, run_dir / "previous-run")
-    since = compare(previous, summary) if previous else None
+    since = None
+    if previous:
+        since = compare(previous, summary, tracking.variant_p50_history(run, config.name),
+                        config.benchmark.regression_min_change)
+        checks = confirm_slowdowns(to_confirm(since), since["previous_run_id"], run.tracking_uri,
+                                   *measured, config.benchmark, run_dir / "previous-run")
+        since = settle(since, checks)
+        tracking.note_regressions(run, summary.get("champion_model"), since)
     champion = next((v for v in summary["variants"] if v["name"] == summary["champion"]), None)
     history = tracking.champion_history(run, config.name)
     if champion is not None:

@@ -20,7 +20,7 @@ from prefect import Task, task
 from pydantic import Field, create_model, model_validator
 
 import tfopt  # noqa: F401  (environment before TensorFlow)
-from techniques.base import Technique, TechniqueSection
+from techniques.base import NotApplicable, Technique, TechniqueSection
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.config import Section
 from tfopt.native import NativeStep, run_native
@@ -198,6 +198,8 @@ def plan(config: Any, model: ModelArtifact) -> list[Planned]:
     return plans
 
 
+CUT_BY_BUDGET = "cut by the time budget"
+"""How a technique the run's time budget left no time for is skipped."""
 COLLAPSE_SHARE = 0.25
 """A fine-tuned model that kept less than this share of the way from chance to the accuracy
 it had to keep collapsed (QAT seen at 0.12 on 10 classes, chance 0.10, with 0.99 to keep)."""
@@ -328,6 +330,9 @@ def contained(name: str) -> Task:
 
     def run_technique(model: ModelArtifact, cfg: TechniqueSection, data: TrainingData,
                       out_dir: Path) -> ModelArtifact:
+        if data.deadline is not None and time.time() > data.deadline:
+            raise NotApplicable(f"{CUT_BY_BUDGET}: the fine-tunings' time was used before "
+                                f"{name} could start")
         return run_native(step, apply_here, name, model, cfg, data, out_dir)
 
     run_technique.__doc__ = technique.apply.fn.__doc__

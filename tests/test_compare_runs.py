@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tfopt.report.compare import compare, markdown
+from tfopt.report.compare import compare, markdown, regression_lines, settle, to_confirm
 
 
 def _entry(name: str, p50: float, interval: tuple[float, float], accuracy: float = 0.97,
@@ -31,12 +31,21 @@ def test_only_moves_beyond_both_intervals_and_the_accuracy_tolerance_count():
         ("b", "p50", "slower"), ("c", "accuracy", "lower")], "a's overlap is noise"
     assert since["status_changes"] == [{"variant": "d", "before": "ok", "after": "failed",
                                         "error": "onnx check"}]
-    assert {r["variant"] for r in since["regressions"]} == {"b", "c", "d"}
+    assert {r["variant"] for r in since["regressions"]} == {"c", "d"}, "b waits for its check"
+    assert [m["variant"] for m in to_confirm(since)] == ["b"]
+    confirmed = settle(since, {"b": {
+        "verdict": "confirmed", "rounds": 6, "previous_p50_ms": 2.0, "current_p50_ms": 2.5,
+        "ratio": 1.25, "previous_interval": [1.95, 2.05], "current_interval": [2.45, 2.6]}})
+    assert {r["variant"] for r in confirmed["regressions"]} == {"b", "c", "d"}
     assert since["new_variants"] == ["new"] and since["gone_variants"] == ["gone"]
-    text = "\n".join(markdown(since))
+    text = "\n".join(markdown(confirmed))
     assert "- Champion: a -> new" in text and "- Regressions: 3" in text
-    assert "- b: p50 2.0000 -> 2.6000 ms, slower (1.30x), beyond both runs' intervals" in text
+    assert ("- b: p50 2.0000 -> 2.6000 ms, slower (1.30x), beyond both runs' intervals; minimum "
+            "change 5.0% (no run-to-run spread measured yet): confirmed side by side in 6 "
+            "alternating rounds: previous 2.0000 ms (1.9500-2.0500), this run's 2.5000 ms "
+            "(2.4500-2.6000), 1.25x") in text
     assert "- c: accuracy 0.9700 -> 0.9600 (-1.00 points)" in text
+    assert "confirmed side by side" in regression_lines(confirmed)[0]
 
 
 def test_a_run_like_the_last_one_reports_nothing_and_faster_is_no_regression():
@@ -47,3 +56,36 @@ def test_a_run_like_the_last_one_reports_nothing_and_faster_is_no_regression():
     faster = compare(before, _summary(_entry("a", 0.5, (0.49, 0.51))))
     assert faster["moves"][0]["direction"] == "faster" and faster["regressions"] == []
     assert markdown(None)[-1].startswith("This is the first finished run")
+
+
+def test_a_slowdown_within_the_run_to_run_spread_is_noise_and_others_wait_for_a_check():
+    before = _summary(_entry("steady", 1.00, (0.99, 1.01)), _entry("noisy", 1.00, (0.99, 1.01)),
+                      _entry("slower", 1.00, (0.99, 1.01)))
+    after = _summary(_entry("steady", 1.04, (1.03, 1.05)), _entry("noisy", 1.09, (1.08, 1.10)),
+                     _entry("slower", 1.09, (1.08, 1.10)))
+    history = {"noisy": [0.95, 1.00, 1.04], "slower": [1.00, 1.01]}
+    since = compare(before, after, history)
+    verdicts = {m["variant"]: m["verdict"] for m in since["moves"]}
+    assert verdicts == {"steady": "noise", "noisy": "noise", "slower": "to_confirm"}, \
+        "under 5% always noise; 9% within a 9.5% spread"
+    assert since["regressions"] == [], "nothing counts before its side-by-side check"
+    assert "within run-to-run noise" in "\n".join(markdown(since))
+    strict = compare(before, after, history, configured=0.2)
+    assert [m["verdict"] for m in strict["moves"]] == ["noise"] * 3, "a configured minimum"
+    cleared = settle(since, {"slower": {"verdict": "not_confirmed", "rounds": 6,
+                                        "previous_p50_ms": 1.0, "current_p50_ms": 1.01,
+                                        "ratio": 1.01, "previous_interval": [0.99, 1.02],
+                                        "current_interval": [1.0, 1.02]}})
+    assert cleared["regressions"] == []
+    assert "NOT confirmed side by side" in "\n".join(markdown(cleared))
+
+
+def test_a_previous_file_that_is_gone_leaves_the_stricter_rule():
+    from tfopt.measurement.confirm import confirm_slowdown
+
+    move = {"variant": "x", "ratio": 1.08, "minimum_change": 0.05}
+    check = confirm_slowdown(move, None, None, None, None, "deleted")  # type: ignore[arg-type]
+    assert check == {"verdict": "within_stricter_rule", "required_ratio": 1.1,
+                     "reason": "deleted"}
+    assert confirm_slowdown({**move, "ratio": 1.3}, None, None, None, None)["verdict"] == \
+        "stricter_rule"

@@ -23,9 +23,12 @@ BASELINE_SHARE = 0.45
 baseline's training and its own variants' conversions get."""
 BUILD_S = 1.5
 """Per planned variant, its conversion (measured on the demo: 59 s for 36)."""
-MEASURE_S = 3.0
+MEASURE_S = 3.2
 """Per variant, what a measurement costs besides its timing: its process, load, floor, profile
-(measured on the demo: 105 s for 34 variants timed 0.3 s each)."""
+(measured on the demo: 105-115 s for 34 variants timed 0.3 s each)."""
+FINISH_S = 20.0
+"""After the measurements: the run-off, the MLflow models and child runs, the report (the demo's
+took 15-20 s)."""
 MIN_TIMING_S = 0.3
 LEAST_WORK_SHARE = 0.3
 """The share of the budget the work before the conversions keeps, however many variants."""
@@ -85,7 +88,7 @@ class Budget(BaseModel):
     def _tail(self) -> float:
         """What the conversions and measurements need after the compression."""
         variants = self.baseline_variants + self.compressed_variants
-        return self.compressed_variants * self.build_s + variants * self.measure_s
+        return self.compressed_variants * self.build_s + variants * self.measure_s + FINISH_S
 
     @property
     def baseline_deadline(self) -> float | None:
@@ -127,7 +130,7 @@ class Budget(BaseModel):
         end = self.deadline(1.0)
         if end is None or variants == 0:
             return protocol
-        left = end - time.time()
+        left = end - time.time() - FINISH_S
         per_variant = left / variants - MEASURE_S
         if per_variant >= protocol.max_seconds:
             return protocol
@@ -149,9 +152,12 @@ class Budget(BaseModel):
 
 
 def budget_cuts(training: dict[str, Any], techniques: dict[str, Any],
-                searches: dict[str, Any]) -> list[str]:
-    """What the time budget cut in the trainings and searches (read from their results)."""
-    cuts = []
+                searches: dict[str, Any], variants: list[dict[str, Any]]) -> list[str]:
+    """What the time budget cut in the trainings, techniques and searches (from their results)."""
+    cuts = sorted({str(entry["error"]).split(": ", 1)[0] + " (not started: cut by the time "
+                   "budget)" for entry in variants
+                   if entry["status"] == "skipped" and "cut by the time budget" in str(
+                       entry.get("error"))})
     if str(training.get("stop_reason", "")).startswith("budget"):
         cuts.append(f"the baseline's training stopped after {training['epochs_run']} epochs "
                     "(time budget), not on its plateau")

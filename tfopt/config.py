@@ -408,6 +408,14 @@ class ChampionPolicy(Section):
     register_champion: bool = Field(
         True, description="Register the champion in the MLflow model registry (alias champion)."
     )
+    regression_min_change: float | None = Field(
+        None, ge=0.0, le=10.0,
+        description=(
+            "The smallest slowdown since the last run that is timed again side by side and "
+            "flagged when it holds (0.1: 10%); null: each variant's own run-to-run spread "
+            "over its last runs, at least 5%."
+        ),
+    )
 
 
 class BenchmarkConfig(ChampionPolicy, MeasurementProtocol):

@@ -1,8 +1,9 @@
-"""One variant failing to build: isolated, recorded, and the run completes."""
+"""Regressions since the last run hold only side by side; a failing variant is isolated."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.request
 from pathlib import Path
@@ -16,26 +17,52 @@ from tfopt.demo_data import write_demo_images
 pytestmark = pytest.mark.e2e
 
 
-def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services, tmp_path):
-    """The same light config twice: the second run's ONNX check is impossible to pass.
+def _artifact_folder(settings, run_id: str) -> Path:
+    """Where the MLflow server of `settings` keeps a run's artifacts on disk."""
+    (found,) = (Path(settings.state_dir) / "mlflow" / "artifacts").glob(f"*/{run_id}/artifacts")
+    return found
 
-    The second run completes with that variant failed, and reports it as a regression since
-    the first (report section, run tag, Prefect event).
+
+def test_regressions_hold_only_side_by_side_and_a_failing_variant_is_isolated(
+        live_services, tmp_path):
+    """The same light config three times.
+
+    Twice as it is: the second run flags nothing (its moves are run-to-run noise or cleared
+    side by side). Then with a network four times as wide, whose ONNX check is impossible to
+    pass: that run completes with the ONNX variant failed and flags its slower variants, each
+    with the side-by-side figures that confirmed it; the variant whose previous file is gone is
+    judged by the stricter rule, said as such.
     """
     demo = tmp_path / "demo"
     write_demo_images(demo)
     overrides = {
         "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "failing-variant",
-        "convert.tflite": "[fp32]", "convert.xla": "[]",
-        "compress.prune.enabled": "false", "compress.distill.enabled": "false",
-        "compress.qat.enabled": "false", "runtimes.openvino.precisions": "[]",
-        "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
+        "convert.tflite": "[fp32]", "convert.xla": "[]", "convert.bfloat16": "false",
+        **{f"compress.{name}.enabled": "false"
+           for name in ("channel_prune", "prune", "distill", "qat")},
+        "runtimes.openvino.precisions": "[]", "input.sweep_batch_sizes": "[32]",
+        "input.measure_layouts": "false", "train.epochs": 3,
     }
     first = run_smoke_with(live_services, tmp_path / "first.json", overrides)
     assert first["since_last_run"] is None, "the config's first run"
+    same = run_smoke_with(live_services, tmp_path / "same.json", overrides)
+    since = same["since_last_run"]
+    assert since["previous_run_id"] == first["mlflow_run_id"]
+    assert since["regressions"] == [], since["moves"]
+    client = MlflowClient(live_services.mlflow_url)
+    assert client.get_run(same["mlflow_run_id"]).data.tags["tfopt.regression"] == "false"
+    assert not _regression_events(live_services.prefect_api_url, "tfopt.config.failing-variant",
+                                  wait_s=5.0), "an identical run emits no event"
+
+    gone = "baseline-tflite-fp32"
+    (child,) = client.search_runs(
+        [same["mlflow_experiment_id"]],
+        filter_string=f"tags.mlflow.parentRunId = '{same['mlflow_run_id']}' "
+                      f"and tags.`tfopt.variant` = '{gone}'")
+    shutil.rmtree(_artifact_folder(live_services, child.info.run_id) / "model")
     summary_path = tmp_path / "out.json"
     summary = run_smoke_with(live_services, summary_path,
-                             {**overrides, "convert.onnx_atol": 1e-12})
+                             {**overrides, "model.width": 96, "convert.onnx_atol": 1e-12})
     by_name = {v["name"]: v for v in summary["variants"]}
     onnx = by_name["baseline-onnx"]
     assert onnx["status"] == "failed" and "OnnxMismatchError" in onnx["error"]
@@ -49,7 +76,7 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
         f"{live_services.prefect_api_url}/flow_runs/{summary['prefect_flow_run_id']}", timeout=10
     ) as response:
         assert json.load(response)["state_type"] == "COMPLETED"
-    child = MlflowClient(live_services.mlflow_url).search_runs(
+    child = client.search_runs(
         [summary["mlflow_experiment_id"]],
         filter_string=f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}' "
                       "and tags.`tfopt.variant` = 'baseline-onnx'",
@@ -57,21 +84,38 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
     assert child.data.tags["tfopt.status"] == "failed" and child.info.status == "FAILED"
 
     since = summary["since_last_run"]
-    assert since["previous_run_id"] == first["mlflow_run_id"]
+    assert since["previous_run_id"] == same["mlflow_run_id"]
     assert not since["data_changed"], "the same folder, the same shards"
     newly_failing = {(r["variant"], r.get("before"), r.get("after"))
                      for r in since["regressions"] if "what" not in r}
     assert ("baseline-onnx", "ok", "failed") in newly_failing, since["regressions"]
-    parent = MlflowClient(live_services.mlflow_url).get_run(summary["mlflow_run_id"])
+    slower = {r["variant"]: r for r in since["regressions"] if r.get("what") == "p50"}
+    confirmed = {name: r for name, r in slower.items() if r["verdict"] == "confirmed"}
+    assert confirmed, since["moves"]
+    for name, regression in confirmed.items():
+        check = regression["side_by_side"]
+        assert check["ratio"] >= 1.5 and check["rounds"] == 6, (name, check)
+        assert check["current_interval"][0] > check["previous_interval"][1], (name, check)
+    assert slower[gone]["verdict"] == "stricter_rule", since["moves"]
+    assert "not in the previous run's MLflow artifacts" in slower[gone]["side_by_side"]["reason"]
+    parent = client.get_run(summary["mlflow_run_id"])
     assert parent.data.tags["tfopt.regression"] == "true"
     assert "baseline-onnx" in parent.data.tags["tfopt.regression.variants"]
+    assert set(confirmed) <= set(parent.data.tags["tfopt.regression.variants"].split(", "))
     report = (tmp_path / "work" / "runs").glob(f"failing-variant-{summary['mlflow_run_id'][:12]}"
                                                "/report/report.md")
     text = next(report).read_text()
     assert "## Since the last run" in text and "- baseline-onnx: ok -> failed" in text
-    assert len(summary["champion_history"]) == 2
+    assert "confirmed side by side in 6 alternating rounds" in text
+    assert "by the stricter rule" in text
+    version = client.get_model_version("tfopt-failing-variant",
+                                       summary["champion_model"]["version"])
+    assert "Since the last run of this config" in version.description
+    assert all(name in version.description for name in confirmed)
+    assert len(summary["champion_history"]) == 3
     mine = _regression_events(live_services.prefect_api_url, "tfopt.config.failing-variant")
     assert mine and "baseline-onnx" in {r["variant"] for r in mine[0]["payload"]["regressions"]}
+    assert set(confirmed) <= {r["variant"] for r in mine[0]["payload"]["regressions"]}
 
     terminal = (tmp_path / "out.log").read_text()
     noise = ("oneDNN", "cuda", "absl::InitializeLog", "fully_quantize", "retracing",
@@ -81,7 +125,7 @@ def test_a_failing_variant_is_isolated_and_the_run_completes_fault(live_services
     (shown,) = [line for line in terminal.splitlines() if "libraries' output" in line]
     run_log = Path(shown.split(": ", 1)[1].split(" (--verbose")[0])
     assert "oneDNN" in run_log.read_text(), "the libraries' lines are in the run's log file"
-    logs = MlflowClient(live_services.mlflow_url).list_artifacts(summary["mlflow_run_id"], "logs")
+    logs = client.list_artifacts(summary["mlflow_run_id"], "logs")
     assert [a.path for a in logs] == [f"logs/{run_log.name}"], "kept with the run"
 
 

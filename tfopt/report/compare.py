@@ -2,15 +2,28 @@
 
 `compare` reads two summaries (the previous finished run's and this one's) and says whether the
 champion changed, which variants moved beyond the measurement's own noise, which started or
-stopped failing, and whether the data changed. A latency move counts only when the two runs'
+stopped failing, and whether the data changed. A latency move is a move only when the two runs'
 p50 intervals do not overlap (each interval holds its run's true median with 97% probability,
-see the README's "Ties"), an accuracy move only beyond `ACCURACY_TOLERANCE_POINTS`.
+see the README's "Ties"); an accuracy move only beyond `ACCURACY_TOLERANCE_POINTS`.
+
+Between two runs the machine itself moves (its clock, its neighbours, which core): a slowdown
+within the variant's run-to-run spread over its last runs (`noise_band`, at least
+`MIN_CHANGE`) is run-to-run noise. A larger one is a regression only once confirmed: the
+previous run's file and this run's timed side by side in alternating rounds
+(`tfopt.measurement.confirm`), their intervals apart and the ratio beyond the same minimum
+change (`settle`); without the previous file, only a move `STRICTER` times the minimum change
+counts, said as such.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+MIN_CHANGE = 0.05
+"""The smallest slowdown ever flagged: measured here, identical reruns moved by 1-8%."""
+STRICTER = 2.0
+"""Without the previous file to time beside this run's, a slowdown must be this many times the
+minimum change to count."""
 ACCURACY_TOLERANCE_POINTS = 0.5
 """Accuracy moves smaller than this (in points) are not reported: on the demo's test split one
 image is 0.3 points, and retraining with the same seed is not bit-exact across machines."""
@@ -22,8 +35,25 @@ def _interval(entry: dict[str, Any]) -> tuple[float, float] | None:
     return (float(interval[0]), float(interval[1])) if interval else None
 
 
-def _latency_move(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
-    """A p50 move beyond both runs' intervals, or None."""
+def noise_band(p50s: list[float]) -> float | None:
+    """A variant's run-to-run spread: its highest p50 over its lowest, minus one (None: < 2)."""
+    return max(p50s) / min(p50s) - 1.0 if len(p50s) >= 2 and min(p50s) > 0 else None
+
+
+def minimum_change(band: float | None, configured: float | None) -> float:
+    """The smallest slowdown of a variant that is not noise: `configured`, else its band."""
+    if configured is not None:
+        return max(configured, 0.0)
+    return max(MIN_CHANGE, band or 0.0)
+
+
+def _latency_move(before: dict[str, Any], after: dict[str, Any], history: list[float],
+                  configured: float | None) -> dict[str, Any] | None:
+    """A p50 move beyond both runs' intervals, or None; a slowdown's verdict so far.
+
+    Verdicts: ``faster``; ``noise`` (within the run-to-run spread); ``to_confirm`` (to time
+    side by side, `settle`).
+    """
     old, new = _interval(before), _interval(after)
     if old is None or new is None:
         return None
@@ -34,8 +64,15 @@ def _latency_move(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
         direction = "faster"
     else:
         return None
+    ratio = p50_new / p50_old if p50_old else None
+    band = noise_band(history)
+    threshold = minimum_change(band, configured)
+    verdict = "faster"
+    if direction == "slower":
+        verdict = "noise" if ratio is not None and ratio <= 1.0 + threshold else "to_confirm"
     return {"variant": after["name"], "what": "p50", "direction": direction,
-            "before": p50_old, "after": p50_new, "ratio": p50_new / p50_old if p50_old else None}
+            "before": p50_old, "after": p50_new, "ratio": ratio, "verdict": verdict,
+            "minimum_change": threshold, "noise_band": band, "history_runs": len(history)}
 
 
 def _accuracy_move(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
@@ -50,14 +87,23 @@ def _accuracy_move(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
             "after": after["accuracy"], "points": points}
 
 
-def compare(previous: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+def compare(previous: dict[str, Any], current: dict[str, Any],
+            history: dict[str, list[float]] | None = None,
+            configured: float | None = None) -> dict[str, Any]:
     """What changed from `previous` to `current` (two summaries of the same config).
+
+    Args:
+        previous: The config's last finished run's summary.
+        current: This run's.
+        history: Per variant, its p50 over the config's last runs (its run-to-run noise).
+        configured: ``benchmark.regression_min_change`` (None: each variant's own band).
 
     Returns:
         ``previous_run_id``, ``champion`` (before, after, changed), ``data_changed``,
-        ``moves`` (latency and accuracy moves beyond the noise), ``status_changes``,
-        ``new_variants``, ``gone_variants``, and ``regressions``: the moves that are worse
-        (slower, lower accuracy) and the variants that started failing.
+        ``moves`` (latency and accuracy moves beyond the measurement's noise, each slowdown
+        with its verdict), ``status_changes``, ``new_variants``, ``gone_variants``, and
+        ``regressions``: lower accuracy and variants that started failing; a slowdown joins
+        them once confirmed (`settle`).
     """
     before = {entry["name"]: entry for entry in previous.get("variants", [])}
     after = {entry["name"]: entry for entry in current.get("variants", [])}
@@ -68,11 +114,10 @@ def compare(previous: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
             status_changes.append({"variant": name, "before": old["status"],
                                    "after": new["status"], "error": new.get("error")})
         if old["status"] == new["status"] == "ok":
-            moves += [move for move in (_latency_move(old, new), _accuracy_move(old, new))
-                      if move]
-    regressions = [move for move in moves if move["direction"] in ("slower", "lower")]
-    regressions += [change for change in status_changes if change["after"] == "failed"]
-    return {
+            moves += [move for move in (
+                _latency_move(old, new, (history or {}).get(name, []), configured),
+                _accuracy_move(old, new)) if move]
+    since = {
         "previous_run_id": previous.get("mlflow_run_id"),
         "previous_run_url": previous.get("mlflow_run_url"),
         "champion": {"before": previous.get("champion") or "",
@@ -84,18 +129,89 @@ def compare(previous: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
         "status_changes": status_changes,
         "new_variants": sorted(set(after) - set(before)),
         "gone_variants": sorted(set(before) - set(after)),
-        "regressions": regressions,
         "accuracy_tolerance_points": ACCURACY_TOLERANCE_POINTS,
     }
+    return {**since, "regressions": _regressions(since)}
+
+
+def to_confirm(since: dict[str, Any]) -> list[dict[str, Any]]:
+    """The slowdowns beyond the run-to-run noise, to time side by side before they count."""
+    return [move for move in since["moves"] if move.get("verdict") == "to_confirm"]
+
+
+def settle(since: dict[str, Any], checks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`since` with each slowdown's side-by-side check (by variant) and its verdict.
+
+    A check is `tfopt.measurement.confirm.confirm_slowdown`'s: ``confirmed`` (intervals apart,
+    ratio beyond the minimum change), ``not_confirmed``, or ``stricter_rule`` /
+    ``within_stricter_rule`` when the previous file was gone.
+    """
+    moves = [{**move, "verdict": checks[move["variant"]]["verdict"],
+              "side_by_side": checks[move["variant"]]}
+             if move.get("verdict") == "to_confirm" and move["variant"] in checks else move
+             for move in since["moves"]]
+    settled = {**since, "moves": moves}
+    return {**settled, "regressions": _regressions(settled)}
+
+
+_COUNTED = frozenset({"confirmed", "stricter_rule"})
+
+
+def _regressions(since: dict[str, Any]) -> list[dict[str, Any]]:
+    """Lower accuracy, newly failing variants, slowdowns confirmed (or past the stricter rule)."""
+    regressions = [move for move in since["moves"]
+                   if move["direction"] == "lower"
+                   or (move["direction"] == "slower" and move.get("verdict") in _COUNTED)]
+    return regressions + [change for change in since["status_changes"]
+                          if change["after"] == "failed"]
 
 
 def _move_line(move: dict[str, Any]) -> str:
-    if move["what"] == "p50":
-        ratio = f" ({move['ratio']:.2f}x)" if move.get("ratio") else ""
-        return (f"- {move['variant']}: p50 {move['before']:.4f} -> {move['after']:.4f} ms, "
-                f"{move['direction']}{ratio}, beyond both runs' intervals")
-    return (f"- {move['variant']}: accuracy {move['before']:.4f} -> {move['after']:.4f} "
-            f"({move['points']:+.2f} points)")
+    if move["what"] != "p50":
+        return (f"- {move['variant']}: accuracy {move['before']:.4f} -> {move['after']:.4f} "
+                f"({move['points']:+.2f} points)")
+    ratio = f" ({move['ratio']:.2f}x)" if move.get("ratio") else ""
+    line = (f"- {move['variant']}: p50 {move['before']:.4f} -> {move['after']:.4f} ms, "
+            f"{move['direction']}{ratio}, beyond both runs' intervals")
+    if move["direction"] != "slower":
+        return line
+    band = move.get("noise_band")
+    spread = (f"its spread over {move['history_runs']} runs {band:.1%}" if band is not None
+              else "no run-to-run spread measured yet")
+    return line + f"; minimum change {move['minimum_change']:.1%} ({spread}): " + _verdict(move)
+
+
+def _verdict(move: dict[str, Any]) -> str:
+    """What a slowdown was found to be, with the side-by-side figures that say so."""
+    check = move.get("side_by_side") or {}
+    verdict = move.get("verdict")
+    if verdict == "noise":
+        return "within run-to-run noise"
+    if verdict == "to_confirm":
+        return "not confirmed (no side-by-side timing was made)"
+    if verdict in ("stricter_rule", "within_stricter_rule"):
+        counted = "a regression" if verdict == "stricter_rule" else "not a regression"
+        return (f"{counted} by the stricter rule (>= {check['required_ratio']:.2f}x): the "
+                f"previous run's file is gone ({check['reason']})")
+    figures = (f"side by side in {check['rounds']} alternating rounds: previous "
+               f"{check['previous_p50_ms']:.4f} ms ({check['previous_interval'][0]:.4f}-"
+               f"{check['previous_interval'][1]:.4f}), this run's {check['current_p50_ms']:.4f} "
+               f"ms ({check['current_interval'][0]:.4f}-{check['current_interval'][1]:.4f}), "
+               f"{check['ratio']:.2f}x")
+    return f"{'confirmed' if verdict == 'confirmed' else 'NOT confirmed'} {figures}"
+
+
+def regression_lines(since: dict[str, Any]) -> list[str]:
+    """One line per regression: the move (with its confirming figures) or the new failure."""
+    lines = []
+    for regression in since["regressions"]:
+        if "what" in regression:
+            lines.append(_move_line(regression))
+        else:
+            why = f" ({str(regression['error'])[:150]})" if regression.get("error") else ""
+            lines.append(f"- {regression['variant']}: {regression['before']} -> "
+                         f"{regression['after']}{why}")
+    return lines
 
 
 def markdown(since: dict[str, Any] | None) -> list[str]:
@@ -115,7 +231,8 @@ def markdown(since: dict[str, Any] | None) -> list[str]:
     lines.append(f"- Regressions: {len(regressions)}" if regressions else "- Regressions: none")
     if since["moves"]:
         lines += ["", "Moves beyond the measurement's noise (latency: the two p50 intervals "
-                  "apart; accuracy: more than "
+                  "apart, a slowdown a regression only beyond the run-to-run noise and "
+                  "confirmed side by side; accuracy: more than "
                   f"{since['accuracy_tolerance_points']:g} points):", ""]
         lines += [_move_line(move) for move in since["moves"]]
     else:

@@ -19,8 +19,13 @@ from tfopt.tracking.client import (
     use_retry_seconds,
     with_retries,
 )
-from tfopt.tracking.history import champion_history, previous_summary
-from tfopt.tracking.registry import log_champion
+from tfopt.tracking.history import (
+    champion_history,
+    previous_summary,
+    previous_variant_file,
+    variant_p50_history,
+)
+from tfopt.tracking.registry import log_champion, note_regressions
 from tfopt.tracking.results import (
     describe_run,
     log_comparison,
@@ -53,6 +58,7 @@ __all__ = [
     "log_champion", "log_comparison", "log_continued_training", "log_dataset", "log_file",
     "log_input_pipeline", "log_layout", "log_model_facts", "log_native_crashes", "log_sweep",
     "log_technique", "log_training", "log_trial", "log_variant_run", "log_variants",
-    "previous_summary", "reconcile_orphans", "retry_seconds", "run_url", "tracked_run",
-    "use_retry_seconds", "with_retries",
+    "note_regressions", "previous_summary", "previous_variant_file", "reconcile_orphans",
+    "retry_seconds", "run_url", "tracked_run", "use_retry_seconds", "variant_p50_history",
+    "with_retries",
 ]

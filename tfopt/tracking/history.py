@@ -49,3 +49,53 @@ def champion_history(run: TrackedRun, config_name: str) -> list[dict[str, Any]]:
                            "p50_ms": metrics["champion_p50_ms"],
                            "accuracy": metrics.get("champion_accuracy")})
     return points
+
+
+def variant_p50_history(run: TrackedRun, config_name: str,
+                        limit: int = 10) -> dict[str, list[float]]:
+    """Each variant's p50 (ms) in the config's last finished runs on this machine, oldest first.
+
+    Read from the variants' child runs (their ``latency_p50_ms``); another machine's
+    measurements of a run (`tfopt benchmark --run`) are left out.
+    """
+    earlier = _finished_runs_of(run, config_name, limit=limit)
+    if not earlier:
+        return {}
+    order = {each.info.run_id: index for index, each in enumerate(reversed(earlier))}
+    children = with_retries(lambda: run.client.search_runs(
+        [run.experiment_id],
+        filter_string=(f"tags.`tfopt.config` = '{config_name}' and "
+                       "attributes.status = 'FINISHED'"),
+        max_results=5000))
+    found: dict[str, list[tuple[int, float]]] = {}
+    for child in children:
+        parent = child.data.tags.get("mlflow.parentRunId")
+        variant = child.data.tags.get("tfopt.variant")
+        p50 = child.data.metrics.get("latency_p50_ms")
+        if parent in order and variant and p50 is not None and (
+                child.data.tags.get("tfopt.role") != "machine-benchmark"):
+            found.setdefault(variant, []).append((order[parent], p50))
+    return {variant: [p50 for _, p50 in sorted(points)] for variant, points in found.items()}
+
+
+def previous_variant_file(tracking_uri: str, previous_run_id: str, variant: str,
+                          scratch: Path) -> Path | None:
+    """The model file a variant had in an earlier pipeline run, downloaded (None: gone).
+
+    The file is the one that run measured: its child run's ``model`` artifact (the MLflow
+    Model folder tfopt packaged, or the file itself).
+    """
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        parent = with_retries(lambda: client.get_run(previous_run_id))
+        children = with_retries(lambda: client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=(f"tags.mlflow.parentRunId = '{previous_run_id}' and "
+                           f"tags.`tfopt.variant` = '{variant}'"), max_results=5))
+        child = next(c for c in children if c.data.tags.get("tfopt.role") != "machine-benchmark")
+        return download_run_artifacts(tracking_uri, child.info.run_id, "model",
+                                      scratch / variant)
+    except (MlflowException, OSError, StopIteration):
+        return None

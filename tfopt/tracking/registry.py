@@ -111,3 +111,23 @@ def log_champion(
                                 description=description)
     return {"name": model_name, "version": version, "alias": "champion",
             "uri": f"models:/{model_name}@champion"}
+
+
+def note_regressions(run: TrackedRun, champion_model: dict[str, Any] | None,
+                     since: dict[str, Any]) -> None:
+    """Say the run's regressions since the last one on its registered champion version.
+
+    The version's description gains one line per regression (what moved, and the side-by-side
+    figures that confirmed a slowdown), so the registry says what the report and the run's
+    ``tfopt.regression`` tag say.
+    """
+    if not champion_model or not since.get("regressions"):
+        return
+    from tfopt.report.compare import regression_lines
+
+    name, version = champion_model["name"], champion_model["version"]
+    current = with_retries(lambda: run.client.get_model_version(name, version))
+    text = "\n".join(["", "", "**Since the last run of this config**:",
+                       *regression_lines(since)])
+    with_retries(lambda: run.client.update_model_version(
+        name, version, description=(current.description or "") + text))

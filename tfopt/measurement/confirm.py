@@ -1,0 +1,100 @@
+"""A suspected slowdown timed again: the previous run's file beside this run's, side by side.
+
+Two runs minutes or days apart each measure on their own machine state; a move between them may
+be the machine's. Chromium's Pinpoint answers that by measuring the old build against the new,
+interleaved on one machine. Here the previous run's file of the variant (from MLflow) and this
+run's are loaded in one fresh process and timed in alternating rounds, as the run-off times its
+contenders (`tfopt.measurement.worker.measure_runoff`), holding the machine's benchmark slot. The
+slowdown is confirmed when this run's rounds all sit above the previous file's (their intervals
+apart) and the ratio of their medians is beyond the minimum change; without the previous file,
+only a move beyond the stricter rule counts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
+from tfopt.config import MeasurementProtocol
+from tfopt.measurement.isolation import run_worker, worker_env
+from tfopt.orchestration import benchmark_slot
+from tfopt.report.compare import STRICTER
+
+
+def confirm_slowdown(move: dict[str, Any], current: VariantResult, previous_file: Path | None,
+                     inputs: BenchmarkInputs, protocol: MeasurementProtocol,
+                     why_gone: str = "") -> dict[str, Any]:
+    """The side-by-side check of one slowdown (`tfopt.report.compare.settle` reads it).
+
+    Args:
+        move: The slowdown (`tfopt.report.compare.compare`'s move, with its minimum change).
+        current: This run's measured variant (its file and form).
+        previous_file: The previous run's file of the variant, or None when it is gone.
+        inputs: This run's benchmark inputs (both files take the same arrays).
+        protocol: The benchmark protocol (each round is a short turn of it).
+        why_gone: Why the previous file could not be had.
+    """
+    threshold = move["minimum_change"]
+    if previous_file is None or current.path is None:
+        required = 1.0 + STRICTER * threshold
+        counted = move["ratio"] is not None and move["ratio"] >= required
+        return {"verdict": "stricter_rule" if counted else "within_stricter_rule",
+                "required_ratio": required, "reason": why_gone or "no file"}
+    specs = [_spec(current, previous_file, f"{current.name}@previous"),
+             _spec(current, Path(current.path), current.name)]
+    request = {"specs": [spec.model_dump(mode="json") for spec in specs],
+               "inputs": inputs.model_dump(mode="json"),
+               "cfg": protocol.as_protocol().model_dump(mode="json")}
+    with benchmark_slot(f"{current.name} (side by side with the previous run's)"):
+        runoff = Runoff.model_validate_json(run_worker(
+            "tfopt.measurement.worker", request, worker_env(specs[1]),
+            protocol.time_limit_seconds))
+    old, new = specs[0].name, specs[1].name
+    ratio = runoff.p50(new) / runoff.p50(old)
+    apart = runoff.interval(new)[0] > runoff.interval(old)[1]
+    return {"verdict": "confirmed" if apart and ratio >= 1.0 + threshold else "not_confirmed",
+            "rounds": runoff.rounds, "previous_p50_ms": runoff.p50(old),
+            "current_p50_ms": runoff.p50(new), "ratio": ratio,
+            "previous_interval": list(runoff.interval(old)),
+            "current_interval": list(runoff.interval(new))}
+
+
+def _spec(result: VariantResult, path: Path, name: str) -> VariantSpec:
+    """The variant as measured, at `path` and under `name` (the same form and settings)."""
+    from tfopt.models.references import detect_format
+
+    if path.is_dir() and not (path / "saved_model.pb").is_file():
+        path = detect_format(path)[1]  # the model file inside an MLflow Model folder
+    return VariantSpec(name=name, source=result.source, format=result.format,
+                       precision=result.precision, path=path, derived_from=result.derived_from,
+                       params=dict(result.runner_params))
+
+
+def confirm_all(moves: list[dict[str, Any]], previous_run_id: str, tracking_uri: str,
+                results: list[VariantResult], inputs: BenchmarkInputs,
+                protocol: MeasurementProtocol, scratch: Path) -> dict[str, dict[str, Any]]:
+    """Each suspected slowdown's side-by-side check, by variant (`confirm_slowdown`).
+
+    The previous run's file of each is downloaded from its MLflow child run; a file that is
+    gone (or does not load) leaves the stricter rule to judge the move, said as such.
+    """
+    from tfopt.tracking import previous_variant_file
+
+    by_name = {result.name: result for result in results}
+    checks = {}
+    for move in moves:
+        current = by_name.get(move["variant"])
+        if current is None:
+            continue
+        previous = previous_variant_file(tracking_uri, previous_run_id, move["variant"], scratch)
+        why = "" if previous is not None else "not in the previous run's MLflow artifacts"
+        try:
+            checks[move["variant"]] = confirm_slowdown(move, current, previous, inputs,
+                                                       protocol, why)
+        except (RuntimeError, OSError, ValueError) as error:
+            checks[move["variant"]] = confirm_slowdown(
+                move, current, None, inputs, protocol,
+                f"it did not load beside this run's ({type(error).__name__}: "
+                f"{str(error)[:200]})")
+    return checks
