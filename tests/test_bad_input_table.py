@@ -115,8 +115,7 @@ DATA_CASES = {
     "no class folders": (_flat, "has no class sub-folders; expected <label>/<image> files"),
     "class folders, no files": (_empty_classes, "has class folders but no files"),
     "one image per class": (_tiny, "which leave the val and test split empty"),
-    "nothing decodable": (_undecodable, "no file of class cats (4 files), dogs (4 files) is a "
-                                        "readable image"),
+    "nothing decodable": (_undecodable, "has 8 files and none of them is a decodable image"),
     "one class undecodable": (_one_bad_class, "no file of class broken (5 files) is a readable"),
     "a dangling link as a class": (_dangling, "no file of class links (1 files) is a readable"),
     "a symlink loop": (_loop, "no file of class loop (1 files) is a readable image"),
@@ -168,7 +167,7 @@ MODEL_CASES = {
     "text as .onnx": ({"model.source": "file", "model.path": "{place}/text.onnx",
                        "train.epochs": 0}, "cannot be read as a onnx model"),
     "tflite to train": ({"model.source": "file", "model.path": "{place}/text.tflite"},
-                        "train.epochs: 8 fine-tunes the model, but model.path"),
+                        "train.epochs: 30 fine-tunes the model, but model.path"),
     "input size": ({"model.source": "file", "model.path": "{place}/big.keras"},
                    "model.path: the model's input is 24x24 but data.image_size is 16"),
     "classes": ({"model.source": "file", "model.path": "{place}/five.keras"},

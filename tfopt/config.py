@@ -584,15 +584,29 @@ def check_writable(work: Path) -> None:
         ) from error
 
 
+_UNION_MEMBER = ("-", "[", "'")
+"""Marks of the parts pydantic adds to an error's location for a union's members
+(``constrained-float``, ``literal['auto']``): not fields."""
+
+
 def describe_validation_error(error: ValidationError) -> str:
-    """Turn a pydantic error into one line per bad field: where, what was given, what is allowed."""
-    lines = []
+    """Turn a pydantic error into one line per bad field: where, what was given, what is allowed.
+
+    A value refused by each member of a union (a number or ``auto``) is one line: what each
+    member allows, joined by "or".
+    """
+    fields: dict[str, tuple[list[str], str]] = {}
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(root)"
+        parts = [str(part) for part in item["loc"]
+                 if not (isinstance(part, str) and any(mark in part for mark in _UNION_MEMBER))]
+        field = ".".join(parts) or "(root)"
         given = item.get("input")
         shown = "" if isinstance(given, dict) else f" (got {given!r})"
-        lines.append(f"  {field}: {item['msg']}{shown}")
-    return "\n".join(lines)
+        messages, _ = fields.setdefault(field, ([], shown))
+        if item["msg"] not in messages:
+            messages.append(item["msg"])
+    return "\n".join(f"  {field}: {', or '.join(messages)}{shown}"
+                     for field, (messages, shown) in fields.items())
 
 
 def _set_dotted(tree: dict, dotted: str, value: object) -> None:

@@ -27,6 +27,7 @@ import importlib
 import json
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import signal
@@ -238,10 +239,33 @@ _SERVER: list[Any] = []
 def _context() -> Any:
     """The fork server's context, TensorFlow imported in it once."""
     if not _SERVER:
+        _short_socket_folder()
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(_PRELOAD)
         _SERVER.append(context)
     return _SERVER[0]
+
+
+_SOCKET_PATH_ROOM = 60
+"""Unix socket paths hold 107 bytes; the fork server's adds about 40 to its folder's."""
+
+
+def _short_socket_folder() -> None:
+    """Keep multiprocessing's folder (the fork server's socket) where its path fits.
+
+    A run's temporary files live in its work folder (`tfopt.fileio.use_run_temp_dir`), whose
+    path can be too long for a Unix socket ("AF_UNIX path too long"); multiprocessing keeps
+    the first folder it makes, so it is made once in the system's temporary folder.
+    """
+    if len(tempfile.gettempdir()) <= _SOCKET_PATH_ROOM:
+        return
+    saved = tempfile.tempdir
+    tempfile.tempdir = next((root for root in ("/tmp", "/dev/shm", "/var/tmp")
+                             if os.access(root, os.W_OK)), saved)
+    try:
+        multiprocessing.util.get_temp_dir()
+    finally:
+        tempfile.tempdir = saved
 
 
 def warm_up() -> None:
@@ -399,8 +423,8 @@ def child_main(request_path: str, answer_path: str, events_path: str) -> None:
     """A child's whole life: run the request, write the answer (the value or the exception)."""
     _die_with_parent()
     send_events_to(Path(events_path))
-    function, args, kwargs = pickle.loads(Path(request_path).read_bytes())
     try:
+        function, args, kwargs = pickle.loads(Path(request_path).read_bytes())
         answer = ("ok", function(*args, **kwargs))
     except Exception as error:  # every failure goes back to the parent
         answer = ("error", (type(error).__module__, type(error).__qualname__, str(error),

@@ -30,9 +30,10 @@ def test_dask_runs_every_technique_and_conversion_on_worker_processes(
     })
     try:
         with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
-            variants, models = compress_model.with_options(
+            compressed = compress_model.with_options(
                 task_runner=task_runner(config.scale)
             )(config, tiny_baseline, tiny_data, tmp_path)
+        variants, models = compressed.variants, compressed.models
         with Client(cluster) as client:
             ran = client.run_on_scheduler(
                 lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))

@@ -112,7 +112,9 @@ def test_a_cpu_openvino_refuses_gives_skipped_variants(monkeypatch):
 
 def test_openvino_forms_are_planned_for_baselines_and_compressed_models():
     config = PipelineConfig.model_validate({"runtimes": {"openvino": {"compressed": ["int8"]}}})
-    assert PipelineConfig().runtimes.openvino.compressed == [], "compressed forms are opt-in"
+    assert PipelineConfig.model_validate({"compress": {}}).runtimes.openvino.compressed == [], \
+        "compressed forms are opt-in (the automatic plan asks for int8)"
+    assert PipelineConfig().runtimes.openvino.compressed == ["int8"]
     baseline = [s for s in plan_forms(PlanRequest(source="baseline", kind="keras"), config)
                 if s.format == "openvino"]
     assert [s.name for s in baseline] == ["baseline-openvino", "baseline-openvino-bfloat16",

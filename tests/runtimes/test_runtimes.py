@@ -16,6 +16,7 @@ from tfopt.measurement.inputs import prepare_inputs
 from tfopt.measurement.worker import measure_variant
 from tfopt.runtimes import (
     ConvertConfig,
+    build_here,
     known_formats,
     plan_forms,
     registry,
@@ -153,8 +154,9 @@ def test_a_new_runtime_is_one_module_and_one_config_section(
     sources = BuildSources(model=tiny_baseline, savedmodel=tiny_savedmodel,
                            dataset=tiny_dataset, out_dir=tmp_path)
     onnx = build_variant.fn(plan_variant("baseline", "onnx"), sources, ConvertConfig())
-    made = build_variant.fn(reference, sources.model_copy(update={"built": {onnx.name: onnx}}),
-                            settings_of(fictitious_runtime, config))
+    # Built here, not in a child process: a child does not see this test's registry.
+    made = build_here(reference, sources.model_copy(update={"built": {onnx.name: onnx}}),
+                      settings_of(fictitious_runtime, config))
     assert made.path == onnx.path and made.status == "ok"
     inputs = prepare_inputs(None, tiny_dataset, tmp_path / "inputs", 8, "unit")
     protocol = BenchmarkConfig(warmup_runs=2, warmup_seconds=0.0, min_runs=6, min_seconds=0.05,

@@ -60,7 +60,8 @@ def keras3_baseline(data32, tmp_path_factory):
     root = tmp_path_factory.mktemp("keras3-model")
     keras3_cnn(data32.dataset.num_classes).save(root / "theirs.keras")
     cfg = ModelConfig(source="file", path=root / "theirs.keras")
-    return train_model.fn(data32, cfg, TrainConfig(epochs=6, learning_rate=5e-3), root / "out")
+    return train_model.fn(data32, cfg, TrainConfig(epochs=6, learning_rate=5e-3, stop="fixed"),
+                          root / "out")
 
 
 def test_a_keras3_file_is_trained_and_exported_by_keras3(keras3_baseline, data32, tmp_path):

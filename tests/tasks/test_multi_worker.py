@@ -32,7 +32,8 @@ def digits(tmp_path_factory):
 def _train(data, out, checkpoints=None, epochs=EPOCHS, distribute="multi_worker"):
     return train_model.fn(
         data, ModelConfig(width=8),
-        TrainConfig(epochs=epochs, batch_size=16, distribute=distribute, workers=2), out,
+        TrainConfig(epochs=epochs, batch_size=16, distribute=distribute, workers=2,
+                    stop="fixed"), out,
         checkpoints)
 
 

@@ -88,7 +88,8 @@ def test_training_killed_mid_way_resumes_from_its_last_epoch(tiny_dataset, tmp_p
         from tfopt.models.config import ModelConfig
         dataset = DatasetArtifact.model_validate_json(Path({str(dataset_json)!r}).read_text())
         data = TrainingData(dataset=dataset, batch_size=8, seed=42, input=InputConfig())
-        train_model.fn(data, ModelConfig(width=4), TrainConfig(epochs={epochs}, batch_size=8),
+        train_model.fn(data, ModelConfig(width=4),
+                       TrainConfig(epochs={epochs}, batch_size=8, stop="fixed"),
                        Path({str(tmp_path / "models")!r}),
                        checkpoint_dir=Path({str(checkpoint)!r}))
     """
@@ -105,7 +106,8 @@ def test_training_killed_mid_way_resumes_from_its_last_epoch(tiny_dataset, tmp_p
     assert 3 <= done_before < epochs, "the kill should land mid-training"
     first_rows = history.read_text().splitlines()[: done_before + 1]
     model = train_model.fn(training_data(tiny_dataset, batch_size=8, seed=42),
-                           ModelConfig(width=4), TrainConfig(epochs=epochs, batch_size=8),
+                           ModelConfig(width=4),
+                           TrainConfig(epochs=epochs, batch_size=8, stop="fixed"),
                            tmp_path / "models", checkpoint_dir=checkpoint)
     rows = history.read_text().splitlines()
     assert rows[: done_before + 1] == first_rows, "finished epochs were redone"
@@ -163,7 +165,8 @@ def test_two_runs_training_one_baseline_at_once_both_complete(tiny_dataset, tmp_
         from tfopt.models.config import ModelConfig
         dataset = DatasetArtifact.model_validate_json(Path({str(dataset_json)!r}).read_text())
         data = TrainingData(dataset=dataset, batch_size=8, seed=42, input=InputConfig())
-        model = train_model.fn(data, ModelConfig(width=4), TrainConfig(epochs=4, batch_size=8),
+        model = train_model.fn(data, ModelConfig(width=4),
+                               TrainConfig(epochs=4, batch_size=8, stop="fixed"),
                                Path(sys.argv[1]), checkpoint_dir=Path({str(checkpoint)!r}))
         print("ACCURACY", model.metrics["test_accuracy"])
     """

@@ -435,7 +435,8 @@ def test_a_technique_that_cannot_wrap_the_model_skips_with_tfmots_reason(
                      "tflite": ["fp32"]},
     })
     with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
-        variants, models = compress_model(config, baseline, tiny_data, tmp_path)
+        compressed = compress_model(config, baseline, tiny_data, tmp_path)
+    variants = compressed.variants
     by_name = {v.name: v for v in variants}
     assert by_name["qat-tflite-int8"].status == "skipped"
     assert "qat does not apply" in by_name["qat-tflite-int8"].error
@@ -443,7 +444,7 @@ def test_a_technique_that_cannot_wrap_the_model_skips_with_tfmots_reason(
     assert by_name["pruned-80-graph"].status == "ok", "pruning leaves the Rescaling layer be"
     pqat = by_name["pqat-tflite-int8"]
     assert pqat.status == "skipped" and "pqat does not apply" in pqat.error, pqat
-    (pruned,) = models
+    (pruned,) = compressed.models
     assert pruned.metrics["sparsity"] > 0.5
 
 
