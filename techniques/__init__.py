@@ -214,15 +214,18 @@ class CollapsedError(RuntimeError):
 def collapsed(model: ModelArtifact, data: TrainingData) -> str | None:
     """Why `model`'s fine-tuning collapsed (back to about chance), or None.
 
-    A weak model is not a collapsed one: a student below its teacher, or a compression that
-    costs more than the budget, is judged by the accuracy budget like any other.
+    Judged against the accuracy it had to keep (`TrainingData.recover_to`): without one, or
+    when that is itself about chance (a baseline that learned nothing), nothing collapsed. A
+    weak model is not a collapsed one: a student below its teacher, or a compression that costs
+    more than the budget, is judged by the accuracy budget like any other.
     """
     curve = model.history.get("val_accuracy") or []
-    if not curve:
+    chance = 1.0 / max(model.num_classes, 2)
+    keep = data.recover_to
+    if not curve or keep is None or keep <= 1.5 * chance:
         return None
-    best, chance = max(curve), 1.0 / max(model.num_classes, 2)
-    keep = data.recover_to if data.recover_to is not None else 1.0
-    if best > chance + COLLAPSE_SHARE * max(keep - chance, 0.0):
+    best = max(curve)
+    if best > chance + COLLAPSE_SHARE * (keep - chance):
         return None
     return f"validation accuracy {best:.4f}, chance is {chance:.4f}"
 
@@ -336,6 +339,7 @@ def contained(name: str) -> Task:
         return run_native(step, apply_here, name, model, cfg, data, out_dir)
 
     run_technique.__doc__ = technique.apply.fn.__doc__
+    run_technique.__name__ = run_technique.__qualname__ = technique.apply.fn.__name__
     return task(run_technique, name=technique.apply.name, tags=sorted(technique.apply.tags))
 
 

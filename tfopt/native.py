@@ -54,8 +54,9 @@ RECORD_ENV = "TFOPT_NATIVE_RECORD"
 INTERNAL_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL,
                               signal.SIGFPE})
 """Signals a process raises on itself (a crash in its own code): worth a retry."""
-_PRELOAD = ["tfopt", "numpy", "tensorflow", "tf_keras", "tensorflow_model_optimization",
-            "tfopt.runtimes", "techniques"]
+_PRELOAD = ["tfopt", "numpy", "tensorflow", "tf_keras"]
+"""What the fork server imports once. A worker lives on from step to step, so what only some
+runs need (tfmot, the converters) is imported by the first step that needs it, once."""
 _POLL_SECONDS = 0.25
 _PR_SET_PDEATHSIG = 1
 

@@ -59,7 +59,8 @@ def smoke_run(live_services, tmp_path_factory):
         ["run", "--config", "configs/smoke.yaml",
          "--summary-json", str(summary_path),
          "--set", f"data.source_dir={demo}", "--set", f"work_dir={tmp / 'work'}",
-         "--set", "compress.channel_prune.enabled=true"],  # fraction: auto, a search
+         "--set", "compress.channel_prune.enabled=true",  # fraction: auto, a search
+         "--set", "compress.channel_prune.epochs=2"],
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-5000:]
     return live_services, json.loads(summary_path.read_text()), completed.stdout, demo

@@ -23,7 +23,7 @@ def test_a_keras3_model_file_goes_through_pruning_and_int8_as_it_is(live_service
         "model.source": "file", "model.path": tmp_path / "theirs.keras", "train.epochs": 0,
         "convert.tflite": "[fp32, int8]", "convert.xla": "[]",
         "compress.tflite": "[int8]", "compress.distill.enabled": "false",
-        "compress.qat.enabled": "false", "compress.prune.epochs": 1,
+        "compress.qat.enabled": "false", "compress.prune.epochs": 3,
         "input.sweep_batch_sizes": "[32]", "input.sweep_steps": 2, "convert.onnx": "false",
         "convert.onnx_quantize": "[]", "convert.bfloat16": "false", "compress.graph": "false",
         "convert.selective_int8": "false", "input.measure_passes": 1,
