@@ -66,7 +66,7 @@ from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
 from tfopt.models.baseline import children_beating, recovery_target
 from tfopt.models.sources import source_stamp
 from tfopt.models.step_timing import unswept
-from tfopt.native import contain_native_steps, read_record
+from tfopt.native import contain_native_steps, read_record, release_workers
 from tfopt.orchestration import StepProgress, claim_flow_run
 from tfopt.prefect_artifacts import (
     emit_regression_event,
@@ -126,7 +126,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         crashes = contain_native_steps(run_dir)
         budget = Budget.planned(config.budget.minutes, planned_counts(config), config.benchmark)
         get_run_logger().info(budget.plan_line())
-        measured = _prepare_data(config, work_dir, run_dir, run)
+        measured = _prepare_data(config, work_dir, run_dir, run, budget)
         baseline, savedmodel = _baseline(config, measured.data, work_dir, run_dir, run, budget)
         inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
         variants, budget = _baseline_variants(config, measured.data, baseline, savedmodel,
@@ -141,8 +141,8 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
             tracking.log_file(run, write_inputs_index(inputs, config.benchmark).parent,
                               INPUTS_ARTIFACT)
         technique_models, cuts = compressed.models, []
-        protocol = budget.benchmark_protocol(config.benchmark, _ok(variants, compressed), cuts)
-        results = _benchmark_all([*variants, *compressed.variants], inputs, protocol)
+        results = _benchmark_all([*variants, *compressed.variants], inputs, config.benchmark,
+                                 budget, cuts)
         runoff = run_off(results, inputs, config.benchmark)
         packaged = package_models(results, inputs, measured.data.dataset.class_names,
                                   measured.data.input_scale, run_dir / "mlflow-models")
@@ -161,21 +161,27 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
 
 
 def _prepare_data(
-    config: PipelineConfig, work_dir: Path, run_dir: Path, run: tracking.TrackedRun
+    config: PipelineConfig, work_dir: Path, run_dir: Path, run: tracking.TrackedRun,
+    budget: Budget,
 ) -> _Measured:
-    """Shard the data, sweep the batch size, measure the readers and the data layouts."""
+    """Shard the data, sweep the batch size, measure the readers and the data layouts.
+
+    Within a time budget the sweep and the layout measurement stop at its measuring deadline
+    (the layout is not measured when that has passed).
+    """
     dataset = sharded_data(config.data, work_dir, config.scale)
     tracking.log_dataset(run, dataset)
     facts = inspect_model(config.model, dataset)
     tracking.log_model_facts(run, facts)
     dataset = dataset.model_copy(update={"channels": facts.channels})
-    sweep = _swept(config, dataset, run_dir)
+    sweep = _swept(config, dataset, run_dir, budget.measuring_deadline)
     batch_size = config.train.batch_size or sweep.chosen_batch_size
     tracking.log_sweep(run, sweep, batch_size)
     pipeline = measure_input_pipeline(dataset, sweep.chosen_batch_size, config.input)
     tracking.log_input_pipeline(run, pipeline)
     layout = None
-    if config.input.measure_layouts and config.model.kind == "keras":
+    in_time = budget.measuring_deadline is None or time.time() < budget.measuring_deadline
+    if config.input.measure_layouts and config.model.kind == "keras" and in_time:
         measuring = measure_data_layout(dataset, config.model, batch_size,
                                         config.input.sweep_steps, return_state=True)
         layout = measuring.result() if measuring.is_completed() else None
@@ -189,10 +195,11 @@ def _prepare_data(
     return _Measured(data, sweep, pipeline, layout, facts)
 
 
-def _swept(config: PipelineConfig, dataset: DatasetArtifact, run_dir: Path) -> BatchSweepResult:
+def _swept(config: PipelineConfig, dataset: DatasetArtifact, run_dir: Path,
+           deadline: float | None) -> BatchSweepResult:
     """The batch-size sweep; one that fails leaves the configured or the default batch size."""
     sweeping = sweep_batch_size(dataset, config.model, config.input, run_dir / "report",
-                                return_state=True)
+                                deadline, return_state=True)
     if sweeping.is_completed():
         return sweeping.result()
     get_run_logger().warning("the batch-size sweep failed; the run goes on: %s",
@@ -357,11 +364,6 @@ def _baseline_holds(
     return _Held(further, savedmodel, _benchmark_inputs(savedmodel, data, run_dir), variants)
 
 
-def _ok(variants: list[VariantSpec], compressed: Compressed) -> int:
-    """How many variants were built (each will be measured)."""
-    return sum(1 for spec in [*variants, *compressed.variants] if spec.status == "ok")
-
-
 def _with_plan(summary: dict[str, Any], compressed: Compressed, budget: Budget,
                cuts: list[str]) -> dict[str, Any]:
     """The summary with the searches' trials and the budget: planned, used, what it cut."""
@@ -371,17 +373,27 @@ def _with_plan(summary: dict[str, Any], compressed: Compressed, budget: Budget,
 
 
 def _benchmark_all(
-    variants: list[VariantSpec], inputs: BenchmarkInputs, cfg: BenchmarkConfig
+    variants: list[VariantSpec], inputs: BenchmarkInputs, cfg: BenchmarkConfig, budget: Budget,
+    cuts: list[str],
 ) -> list[VariantResult]:
     """Benchmark every variant, one at a time, with a progress artifact.
 
     The harness's floor of each runner is timed with the first variant that goes through it
-    and handed on to the others (`BenchmarkInputs.floor_ms`).
+    and handed on to the others (`BenchmarkInputs.floor_ms`). Within a time budget each
+    measurement's protocol is sized to what is left, from what the ones before cost.
     """
+    release_workers()  # the trainings' memory back before the measurements
     progress = StepProgress("benchmark-variants", "variants benchmarked")
-    results = []
-    for spec in variants:
-        result = benchmark_one(spec, inputs, cfg)
+    results: list[VariantResult] = []
+    overheads: list[float] = []
+    for index, spec in enumerate(variants):
+        protocol = budget.measurement_protocol(
+            cfg, sum(1 for s in variants[index:] if s.status == "ok"),
+            sum(overheads) / len(overheads) if overheads else None, cuts)
+        started = time.monotonic()
+        result = benchmark_one(spec, inputs, protocol)
+        if spec.status == "ok":
+            overheads.append(time.monotonic() - started - protocol.min_seconds)
         inputs = inputs.with_floor(floor_key(result.format, cfg.threads), result.harness_floor_ms)
         results.append(result)
         progress.update(len(results), len(variants))

@@ -15,7 +15,8 @@ from tfopt.native import run_native
 
 @task(name="sweep_batch_size", tags=["input-pipeline"])
 def sweep_batch_size(
-    dataset: DatasetArtifact, model_cfg: ModelConfig, cfg: InputConfig, out_dir: Path
+    dataset: DatasetArtifact, model_cfg: ModelConfig, cfg: InputConfig, out_dir: Path,
+    deadline: float | None = None,
 ) -> BatchSweepResult:
     """Measure training-step throughput, latency and memory per batch size; apply the rule.
 
@@ -27,8 +28,9 @@ def sweep_batch_size(
         model_cfg: The network being trained.
         cfg: Batch sizes, steps, tolerance and memory budget.
         out_dir: Folder for the plot.
+        deadline: No batch size is started after it (the run's time budget; None: no limit).
 
     Returns:
         Every point, the chosen batch size, the rule, and the plot's path.
     """
-    return run_native(SWEEP_STEP, sweep_batch_sizes, dataset, model_cfg, cfg, out_dir)
+    return run_native(SWEEP_STEP, sweep_batch_sizes, dataset, model_cfg, cfg, out_dir, deadline)

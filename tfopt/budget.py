@@ -91,6 +91,15 @@ class Budget(BaseModel):
         return self.compressed_variants * self.build_s + variants * self.measure_s + FINISH_S
 
     @property
+    def measuring_deadline(self) -> float | None:
+        """When the batch-size sweep and the layout measurement must end.
+
+        A sixth of the baseline's share: they size the training, which is what the run needs.
+        """
+        end = self.baseline_deadline
+        return None if end is None else self.started + (end - self.started) / 6.0
+
+    @property
     def baseline_deadline(self) -> float | None:
         """When the baseline's training must end."""
         if self.minutes is None:
@@ -124,24 +133,34 @@ class Budget(BaseModel):
                 f"fine-tunings by {_clock(self.compression_deadline - self.started)}, "
                 f"conversions and benchmarks by {_clock(self._seconds)}")
 
-    def benchmark_protocol(self, protocol: MeasurementProtocol, variants: int,
-                           cuts: list[str]) -> MeasurementProtocol:
-        """`protocol` shortened so `variants` measurements fit the time left (a cut if so)."""
+    def measurement_protocol(self, protocol: MeasurementProtocol, remaining: int,
+                             overhead_s: float | None, cuts: list[str]) -> MeasurementProtocol:
+        """The protocol for the next measurement, so the `remaining` ones fit the time left.
+
+        `overhead_s` is what a measurement has cost beside its timing so far (None: none yet,
+        `MEASURE_S` is assumed). Short of time, the timing is shortened to what is left per
+        variant (at least `MIN_TIMING_S`), then the profiles and other APIs are left out; the
+        first of each cut is recorded in `cuts`.
+        """
         end = self.deadline(1.0)
-        if end is None or variants == 0:
+        if end is None or remaining <= 0:
             return protocol
-        left = end - time.time() - FINISH_S
-        per_variant = left / variants - MEASURE_S
+        overhead = MEASURE_S if overhead_s is None else overhead_s
+        per_variant = (end - time.time() - FINISH_S) / remaining - overhead
         if per_variant >= protocol.max_seconds:
             return protocol
         timing = max(MIN_TIMING_S, per_variant)
-        cuts.append(f"benchmark timing cut to {timing:.1f} s per variant (max_seconds "
-                    f"{protocol.max_seconds:g}) to measure {variants} variants in the "
-                    f"{max(left, 0.0):.0f} s left")
-        return protocol.model_copy(update={
-            "max_seconds": timing, "min_seconds": min(protocol.min_seconds, timing),
-            "warmup_seconds": min(protocol.warmup_seconds, timing / 2.0),
-            "thread_sweep": False})
+        update: dict[str, Any] = {"max_seconds": timing,
+                                  "min_seconds": min(protocol.min_seconds, timing),
+                                  "warmup_seconds": min(protocol.warmup_seconds, timing / 2.0),
+                                  "thread_sweep": False}
+        _say_once(cuts, "benchmark timing", f"benchmark timing cut to {timing:.1f} s a variant "
+                  f"(max_seconds {protocol.max_seconds:g}) with {remaining} variants left")
+        if per_variant < MIN_TIMING_S and protocol.profile:
+            update["profile"] = False
+            _say_once(cuts, "profiles", "operator profiles and other APIs left out with "
+                      f"{remaining} variants left")
+        return protocol.model_copy(update=update)
 
     def summary(self, cuts: list[str]) -> dict[str, Any]:
         """The budget as the summary holds it: planned, used, and what was cut."""
@@ -149,6 +168,11 @@ class Budget(BaseModel):
         return {"minutes": self.minutes, "used_minutes": round(used, 2),
                 "within": self.minutes is None or used <= self.minutes,
                 "plan": self.plan_line(), "cuts": cuts}
+
+
+def _say_once(cuts: list[str], key: str, line: str) -> None:
+    if not any(key in cut for cut in cuts):
+        cuts.append(line)
 
 
 def budget_cuts(training: dict[str, Any], techniques: dict[str, Any],

@@ -342,6 +342,13 @@ class MeasurementProtocol(Section):
                      "the last CPU available (-1: the last; null: no pinning)."),
     )
 
+    profile: bool = Field(
+        True,
+        description=(
+            "Also profile each variant's operators and time it through its runtime's other "
+            "APIs (a run short of its time budget turns this off)."
+        ),
+    )
     share_inputs: bool = Field(
         True,
         description=(

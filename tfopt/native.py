@@ -291,7 +291,7 @@ def _run_child(step: NativeStep, request: bytes, *, fresh: bool,
         else:
             worker = _idle_worker()
             code = worker.run(paths, relay)
-            if code is None:
+            if code is None and not worker.retiring:
                 _IDLE.append(worker)
         relay.flush()
         if code is not None and code < 0:
@@ -328,6 +328,7 @@ class _Worker:
                                            name="tfopt-native", daemon=True)
         self._process.start()
         child_end.close()
+        self.retiring = False
 
     def run(self, paths: tuple[str, ...], relay: _Relay) -> int | None:
         """Run one request; None when it answered (the worker lives on), else its exit code."""
@@ -336,7 +337,7 @@ class _Worker:
             relay.flush()
             if self._conn.poll(_POLL_SECONDS):
                 with contextlib.suppress(EOFError, OSError):
-                    self._conn.recv()
+                    self.retiring = self._conn.recv() == "retiring"
                     return None
             if self._process.exitcode is not None or not self._process.is_alive():
                 self._process.join()
@@ -361,6 +362,11 @@ def _idle_worker() -> _Worker:
     return _Worker()
 
 
+WORKER_MAX_RSS_MB = 4096.0
+"""A worker that grew past this (TensorFlow keeps what it allocated) ends after its step; the
+next step gets a fresh one."""
+
+
 def worker_main(conn: Any) -> None:
     """A worker's life: run each request it is sent, answer, wait for the next."""
     _die_with_parent()
@@ -371,7 +377,26 @@ def worker_main(conn: Any) -> None:
             return
         child_main(*paths)
         _forget_models()
+        if _resident_mb() > WORKER_MAX_RSS_MB:
+            conn.send("retiring")
+            return
         conn.send("done")
+
+
+def _resident_mb() -> float:
+    """This process's resident memory (VmRSS), in MB."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return float(next(line for line in status if line.startswith("VmRSS:")).split()[1]) / 1024
+    return 0.0
+
+
+def release_workers() -> None:
+    """End the idle workers (their memory is the machine's again, e.g. before measuring)."""
+    with _IDLE_LOCK:
+        idle, _IDLE[:] = list(_IDLE), []
+    for worker in idle:
+        worker.close()
 
 
 def _forget_models() -> None:

@@ -365,13 +365,14 @@ def measure_variant(
     floor_ms = harness_floor_ms(spec, inputs, images, cfg)
     flops = flops_per_inference(spec, runner)
     scenarios = load_scenarios(spec, runner, images, prepared, samples, inputs.batch_size, cfg)
-    profile = operator_profile(spec, runner, prepared, cfg.threads)
+    profile = (operator_profile(spec, runner, prepared, cfg.threads) if cfg.profile
+               else OpProfile(method="not profiled (benchmark.profile: false)"))
     throughput_at_batch = batch_throughput(runner, images, inputs.batch_size,
                                            max(0.2, cfg.min_seconds / P50_WINDOWS))
     intra, inter = runtime.threads_in_force() or (None, None)
     extra_files = runtime.extra_files(runner, spec, images)
     peak_mb = peak_rss_mb()  # before another API's copy of the model is opened
-    by_api, api_facts = time_other_apis(spec, images, samples, cfg)
+    by_api, api_facts = time_other_apis(spec, images, samples, cfg) if cfg.profile else ({}, {})
     return VariantResult(
         name=spec.name,
         source=spec.source,

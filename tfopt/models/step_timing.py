@@ -193,11 +193,13 @@ def plot_sweep(points: list[SweepPoint], chosen: int, path: Path) -> Path:
 
 
 def sweep_batch_sizes(dataset: DatasetArtifact, model_cfg: ModelConfig, cfg: InputConfig,
-                      out_dir: Path) -> BatchSweepResult:
+                      out_dir: Path, deadline: float | None = None) -> BatchSweepResult:
     """Training-step throughput, latency and memory per batch size, and the rule's choice.
 
     A model tfopt does not train (a SavedModel, .tflite or .onnx file) is not swept: the result
-    says so and holds the first configured batch size.
+    says so and holds the first configured batch size. Batch sizes the rule could not choose
+    (fewer than ``min_steps_per_epoch`` steps per epoch) are not measured, nor those after
+    `deadline` (a `time.time()` value: the run's time budget), the smallest always.
     """
     logger = step_logger()
     if model_cfg.kind != "keras":
@@ -208,15 +210,24 @@ def sweep_batch_sizes(dataset: DatasetArtifact, model_cfg: ModelConfig, cfg: Inp
     images, labels = load_split(dataset, "train", max(cfg.sweep_batch_sizes))
     make_model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes,
                                   dataset.class_names)
+    max_batch = max(1, dataset.splits["train"].examples // cfg.min_steps_per_epoch)
+    sizes = sorted(set(cfg.sweep_batch_sizes))
+    choosable = [size for size in sizes if size <= max_batch] or sizes[:1]
+    if len(choosable) < len(sizes):
+        logger.info("batch sizes %s not measured: under %d steps per epoch on %d examples",
+                    [s for s in sizes if s not in choosable], cfg.min_steps_per_epoch,
+                    dataset.splits["train"].examples)
     points = []
-    for batch_size in sorted(set(cfg.sweep_batch_sizes)):
+    for batch_size in choosable:
+        if points and deadline is not None and time.time() > deadline:
+            logger.info("batch-size sweep stopped at %d sizes: the time budget", len(points))
+            break
         batch_images, batch_labels = tile_batch(images, labels, batch_size)
         timing = time_train_steps(make_model, batch_images, batch_labels, cfg.sweep_steps)
         points.append(SweepPoint(batch_size=batch_size, examples_per_s=timing.examples_per_s,
                                  step_ms=timing.step_ms, peak_extra_mb=timing.peak_extra_mb))
         logger.info("batch %d: %.0f examples/s, %.1f ms/step, +%.0f MB", batch_size,
                     timing.examples_per_s, timing.step_ms, timing.peak_extra_mb)
-    max_batch = max(1, dataset.splits["train"].examples // cfg.min_steps_per_epoch)
     chosen, rule = choose_batch_size(points, cfg.sweep_tolerance, cfg.memory_budget_mb,
                                      max_batch)
     logger.info("chosen batch size: %s", rule)

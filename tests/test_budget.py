@@ -1,0 +1,44 @@
+"""The time budget sizes each measurement to the time left and says what it cut, once."""
+
+import time
+
+from tfopt.budget import FINISH_S, MIN_TIMING_S, Budget
+from tfopt.config import MeasurementProtocol
+
+PROTOCOL = MeasurementProtocol(min_seconds=1.0, max_seconds=4.0)
+
+
+def _budget_ending_in(seconds: float) -> Budget:
+    minutes = 10.0
+    return Budget(minutes=minutes, started=time.time() + seconds - minutes * 60.0)
+
+
+def test_without_a_budget_or_with_time_to_spare_the_protocol_is_kept():
+    cuts: list[str] = []
+    assert Budget(minutes=None).measurement_protocol(PROTOCOL, 30, None, cuts) == PROTOCOL
+    roomy = _budget_ending_in(FINISH_S + 30 * (4.0 + 5.0))
+    assert roomy.measurement_protocol(PROTOCOL, 30, 1.0, cuts) == PROTOCOL
+    assert cuts == []
+
+
+def test_short_of_time_the_timing_is_cut_to_the_share_left_and_said_once():
+    budget, cuts = _budget_ending_in(FINISH_S + 10 * (2.0 + 1.0)), []
+    first = budget.measurement_protocol(PROTOCOL, 10, 1.0, cuts)
+    second = budget.measurement_protocol(PROTOCOL, 9, 1.0, cuts)
+    assert MIN_TIMING_S <= first.max_seconds < 2.0 + 1e-6
+    assert first.min_seconds <= first.max_seconds and not first.thread_sweep
+    assert first.profile and second.max_seconds >= first.max_seconds - 0.1
+    assert len(cuts) == 1 and "benchmark timing cut" in cuts[0]
+
+
+def test_out_of_time_the_profiles_go_too():
+    budget, cuts = _budget_ending_in(FINISH_S), []
+    protocol = budget.measurement_protocol(PROTOCOL, 10, None, cuts)
+    assert protocol.max_seconds == MIN_TIMING_S and not protocol.profile
+    assert any("profiles" in cut for cut in cuts)
+
+
+def test_the_sweep_and_layout_end_early_in_the_baselines_share():
+    budget = Budget(minutes=10.0, baseline_variants=5, compressed_variants=10)
+    assert budget.started < budget.measuring_deadline < budget.baseline_deadline
+    assert Budget(minutes=None).measuring_deadline is None
