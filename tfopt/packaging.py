@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import shutil
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,14 +101,17 @@ def package_variants(variants: Sequence[VariantResult], contract: Any, out_dir: 
     A variant that cannot be packaged is left out (its raw file is uploaded instead); a folder
     left by an earlier attempt of the same run is reused.
     """
-    folders = {}
+    folders: dict[str, Path] = {}
+    by_file: dict[tuple[str, str], Path] = {}
     for variant in variants:
         if variant.status != "ok" or variant.path is None:
             continue
         dst = out_dir / variant.name
+        same_file = by_file.get((variant.format, str(variant.path)))
         try:
             if not (dst / "MLmodel").is_file():
-                _save_atomically(variant, contract, dst)
+                _save_atomically(variant, contract, dst, same_file)
+            by_file.setdefault((variant.format, str(variant.path)), dst)
             folders[variant.name] = dst
         except Exception as error:  # one variant's packaging must not stop the rest
             logger.warning("%s: not packaged as an MLflow model: %s: %s", variant.name,
@@ -115,9 +119,25 @@ def package_variants(variants: Sequence[VariantResult], contract: Any, out_dir: 
     return folders
 
 
-def _save_atomically(variant: VariantResult, contract: Any, dst: Path) -> None:
+def _save_atomically(variant: VariantResult, contract: Any, dst: Path,
+                     same_file: Path | None) -> None:
+    """Package `variant` as `dst`; a copy of `same_file`, the folder of the same model file.
+
+    Variants of one file (graph, XLA, bfloat16 rewrite of one Keras model) differ only in how
+    they run: their folders are a copy with their precision (loading and saving a large model
+    again took 15 s each).
+    """
     tmp = dst.with_name(f".{dst.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    save_variant_model(Path(variant.path), variant.format, variant.precision, contract, tmp)
+    if same_file is None:
+        save_variant_model(Path(variant.path), variant.format, variant.precision, contract, tmp)
+    else:
+        from mlflow.models import Model
+
+        shutil.copytree(same_file, tmp)
+        model = Model.load(str(tmp))
+        model.metadata[METADATA_KEY]["precision"] = variant.precision
+        model.model_uuid = uuid.uuid4().hex
+        model.save(str(tmp / "MLmodel"))
     tmp.replace(dst)

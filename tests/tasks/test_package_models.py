@@ -96,3 +96,27 @@ def test_only_tfopt_model_folders_name_a_model_file(tmp_path):
     assert model_file_of(tmp_path) is None
     with pytest.raises(ValueError, match="no model found"):
         detect_format(Path(tmp_path))
+
+
+def test_variants_of_one_file_share_its_packaging_with_their_own_precision(
+    variant_files, contract, images, tmp_path
+):
+    import logging
+
+    import mlflow.pyfunc
+    from mlflow.models import Model
+
+    from tfopt.artifacts import VariantResult
+    from tfopt.packaging import METADATA_KEY, package_variants
+
+    path = variant_files["graph"].path
+    variants = [VariantResult(name=name, source="baseline", format="graph", precision=precision,
+                              status="ok", path=str(path))
+                for name, precision in (("plain", "fp32"), ("rewritten", "bfloat16"))]
+    folders = package_variants(variants, contract, tmp_path, logging.getLogger("test"))
+    plain, rewritten = Model.load(str(folders["plain"])), Model.load(str(folders["rewritten"]))
+    assert plain.metadata[METADATA_KEY]["precision"] == "fp32"
+    assert rewritten.metadata[METADATA_KEY]["precision"] == "bfloat16"
+    assert plain.model_uuid != rewritten.model_uuid
+    np.testing.assert_allclose(mlflow.pyfunc.load_model(str(folders["rewritten"])).predict(images),
+                               load_runner(variant_files["graph"]).predict(images), atol=1e-4)
