@@ -87,9 +87,13 @@ def test_measure_input_pipeline_reports_three_rates(tiny_dataset):
 
 
 def test_sweep_and_layout_measure_what_they_say(tiny_dataset, tmp_path):
-    cfg = InputConfig(sweep_batch_sizes=[4, 8], sweep_steps=2)
+    cfg = InputConfig(sweep_batch_sizes=[4, 8], sweep_steps=2, min_steps_per_epoch=1)
     sweep = sweep_batch_size.fn(tiny_dataset, ModelConfig(width=4), cfg, tmp_path)
     assert [p.batch_size for p in sweep.points] == [4, 8]
+    quarter = tiny_dataset.splits["train"].examples // 4
+    too_few_steps = cfg.model_copy(update={"min_steps_per_epoch": quarter})
+    small = sweep_batch_size.fn(tiny_dataset, ModelConfig(width=4), too_few_steps, tmp_path)
+    assert [p.batch_size for p in small.points] == [4], "a batch it cannot choose is not timed"
     assert sweep.chosen_batch_size in (4, 8) and sweep.plot_path.stat().st_size > 1000
     layout = measure_data_layout.fn(tiny_dataset, ModelConfig(width=4), 8, 2)
     assert layout.nhwc_examples_per_s > 0 and layout.faster in ("NHWC", "NCHW")
