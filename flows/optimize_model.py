@@ -336,8 +336,9 @@ def _baseline_holds(
 
     When a compressed model beats the baseline on validation beyond the budget
     (`children_beating`), the baseline goes on training (its SavedModel, the benchmark inputs
-    and its variants are made again) if the time budget leaves room for it; else every verdict
-    is marked as judged against an unconverged baseline.
+    and its variants are made again) if the time budget leaves room for it and its epochs are
+    not fixed (``train.stop: fixed``); else every verdict is marked as judged against an
+    unconverged baseline.
     """
     baseline = made.baseline
     beating = children_beating(baseline, compressed.models,
@@ -345,6 +346,10 @@ def _baseline_holds(
                                data.dataset.splits["val"].examples)
     if not beating or baseline.format != "keras":
         return made
+    if config.train.stop == "fixed":
+        get_run_logger().warning("compressed models beat the baseline: %s; train.stop: fixed "
+                                 "trains it no further", "; ".join(beating))
+        return replace(made, note=f"beaten by {'; '.join(beating)} (train.stop: fixed)")
     deadline = budget.further_training_deadline
     if deadline is not None and deadline - time.time() < 2.0 * float(
             baseline.metrics.get("train_seconds", 0.0)):

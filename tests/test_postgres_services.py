@@ -39,6 +39,7 @@ LIGHT_PIPELINE = {
     "convert.tflite": "[fp32]", "convert.xla": "[]", "convert.onnx": "false",
     "compress.prune.enabled": "false", "compress.distill.enabled": "false",
     "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
+    "train.stop": "fixed",
     "compress.qat.epochs": 1, "input.measure_passes": 1, "convert.bfloat16": "false",
     "runtimes.openvino.precisions": "[]",
 }

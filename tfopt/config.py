@@ -136,7 +136,8 @@ class TrainConfig(Section):
         description=(
             "plateau: train until the validation accuracy stops improving (by min_delta for "
             "patience epochs; the learning rate is halved after half of them), keeping the best "
-            "epoch; fixed: train all train.epochs."
+            "epoch, and further when a compressed child beats it; fixed: train all "
+            "train.epochs, and no further."
         ),
     )
     patience: int = Field(

@@ -66,7 +66,8 @@ def smoke_parameters(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "convert.xla": [], "convert.bfloat16": False, "convert.onnx_quantize": [],
         "convert.tflite": ["int8"], "convert.selective_int8": False,
         "compress.prune.enabled": False, "compress.distill.enabled": False,
-        "compress.qat.epochs": 1, "train.epochs": 3, "input.measure_passes": 1,
+        "compress.qat.epochs": 1, "train.epochs": 3, "train.stop": "fixed",
+        "input.measure_passes": 1,
         "input.sweep_batch_sizes": [32], "input.measure_layouts": False,
         "runtimes.openvino.precisions": [],
     })

@@ -90,3 +90,34 @@ def test_a_technique_stops_once_recovered_and_logs_it(tiny_baseline, tiny_data, 
     assert made.params["recovered"] is True and made.metrics["recovered"] == 1.0
     assert made.params["epochs_run"] == made.metrics["epochs_run"] < 6, made.params
     assert made.params["stop_reason"].startswith("recovered")
+
+
+def test_a_baseline_its_children_beat_trains_further_from_its_weights(tiny_data, tmp_path):
+    from tasks.continue_training import continue_training
+    from tasks.train_model import train_model
+    from tfopt.config import TrainConfig
+    from tfopt.models.baseline import children_beating
+    from tfopt.models.config import ModelConfig
+
+    short = TrainConfig(epochs=1, batch_size=16, stop="fixed")
+    under = train_model.fn(tiny_data, ModelConfig(width=8), short, tmp_path / "first")
+    best = under.metrics["best_val_accuracy"]
+    val_examples = tiny_data.dataset.splits["val"].examples
+    margin = max(0.01, 2.0 / val_examples)  # the budget's point, or two validation images
+    child = under.model_copy(update={"name": "thinner",
+                                     "history": {"val_accuracy": [best + margin + 0.01]}})
+    level = under.model_copy(update={"name": "level",
+                                     "history": {"val_accuracy": [best + margin]}})
+    assert children_beating(under, [level], 1.0, val_examples) == []
+    (beating,) = children_beating(under, [child, level], 1.0, val_examples)
+    assert beating.startswith("thinner")
+
+    longer = TrainConfig(epochs=8, batch_size=16, learning_rate=0.02)  # a quarter of it
+    further = continue_training.fn(under, tiny_data, longer, tmp_path / "further")
+    ran = further.params["continued_epochs"]
+    assert 1 <= ran <= 8
+    assert further.path != under.path, "one epoch left room to gain"
+    assert further.metrics["best_val_accuracy"] > best
+    assert len(further.history["val_accuracy"]) == len(under.history["val_accuracy"]) + ran
+    assert further.params["stop_reason"].startswith("continued after compression")
+    assert further.params["epochs_run"] == under.params["epochs_run"] + ran
