@@ -89,3 +89,20 @@ def test_a_previous_file_that_is_gone_leaves_the_stricter_rule():
                      "reason": "deleted"}
     assert confirm_slowdown({**move, "ratio": 1.3}, None, None, None, None)["verdict"] == \
         "stricter_rule"
+
+
+def test_the_side_by_side_check_opens_a_variant_folder_as_it_is_and_a_packaged_one_inside(
+        tmp_path):
+    from tfopt.artifacts import VariantResult
+    from tfopt.measurement.confirm import _spec
+
+    folder = tmp_path / "distilled-thinner-50-openvino-int8.openvino"
+    folder.mkdir()
+    (folder / "model.xml").write_text("<net/>")
+    (folder / "model.bin").write_bytes(b"\0")
+    result = VariantResult(name="distilled-thinner-50-openvino-int8", source="distilled",
+                           format="openvino", precision="int8", status="ok", path=folder)
+    assert _spec(result, folder, "previous").path == folder, "an OpenVINO model is a folder"
+    tflite = tmp_path / "m.tflite"
+    tflite.write_bytes(b"\0")
+    assert _spec(result, tflite, "previous").path == tflite

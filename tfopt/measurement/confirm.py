@@ -64,7 +64,7 @@ def _spec(result: VariantResult, path: Path, name: str) -> VariantSpec:
     """The variant as measured, at `path` and under `name` (the same form and settings)."""
     from tfopt.models.references import detect_format
 
-    if path.is_dir() and not (path / "saved_model.pb").is_file():
+    if (path / "MLmodel").is_file():
         path = detect_format(path)[1]  # the model file inside an MLflow Model folder
     return VariantSpec(name=name, source=result.source, format=result.format,
                        precision=result.precision, path=path, derived_from=result.derived_from,
