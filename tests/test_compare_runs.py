@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from tfopt.report.compare import compare, markdown, regression_lines, settle, to_confirm
+from tfopt.report.compare import (
+    ACCURACY_TOLERANCE_POINTS,
+    accuracy_noise_points,
+    compare,
+    markdown,
+    regression_lines,
+    settle,
+    to_confirm,
+)
 
 
 def _entry(name: str, p50: float, interval: tuple[float, float], accuracy: float = 0.97,
@@ -44,7 +52,7 @@ def test_only_moves_beyond_both_intervals_and_the_accuracy_tolerance_count():
             "change 5.0% (no run-to-run spread measured yet): confirmed side by side in 6 "
             "alternating rounds: previous 2.0000 ms (1.9500-2.0500), this run's 2.5000 ms "
             "(2.4500-2.6000), 1.25x") in text
-    assert "- c: accuracy 0.9700 -> 0.9600 (-1.00 points)" in text
+    assert "- c: accuracy 0.9700 -> 0.9600 (-1.00 points, noise 0.50)" in text
     assert "confirmed side by side" in regression_lines(confirmed)[0]
 
 
@@ -106,3 +114,17 @@ def test_the_side_by_side_check_opens_a_variant_folder_as_it_is_and_a_packaged_o
     tflite = tmp_path / "m.tflite"
     tflite.write_bytes(b"\0")
     assert _spec(result, tflite, "previous").path == tflite
+
+
+def test_an_accuracy_move_counts_beyond_what_two_retrained_models_differ_by_on_the_test_split():
+    before = _summary(_entry("a", 1.0, (0.98, 1.02), accuracy=0.9878),
+                      _entry("b", 1.0, (0.98, 1.02), accuracy=0.9878))
+    after = _summary(_entry("a", 1.0, (0.98, 1.02), accuracy=0.9757),
+                     _entry("b", 1.0, (0.98, 1.02), accuracy=0.9300))
+    small_split = compare(before, after)
+    assert {m["variant"] for m in small_split["regressions"]} == {"a", "b"}, "no split size"
+    demo_split = compare(before, {**after, "dataset": {"test_examples": 329}})
+    (moved,) = demo_split["regressions"]
+    assert moved["variant"] == "b" and moved["noise_points"] < -moved["points"], moved
+    assert 2.0 < accuracy_noise_points(0.9878, 0.9757, 329) < 2.1, "a's 1.21 points are noise"
+    assert accuracy_noise_points(0.98, 0.98, 100_000) == ACCURACY_TOLERANCE_POINTS
