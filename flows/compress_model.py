@@ -19,9 +19,10 @@ from flows.common import build_forms, build_sources, error_of, final_state
 from flows.parameters import PipelineConfig
 from tasks.export_savedmodel import export_savedmodel
 from tasks.run_trial import run_trial
-from techniques import CUT_BY_BUDGET, Planned, contained, open_search, plan
+from techniques import Planned, contained, open_search, plan
 from techniques.base import NotApplicable
 from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
+from tfopt.budget import CUT_BY_BUDGET
 from tfopt.orchestration import claim_flow_run
 from tfopt.runtimes import runtime_of
 from tfopt.search import Search, search_line, search_summary, trial_of

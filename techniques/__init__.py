@@ -22,6 +22,7 @@ from pydantic import Field, create_model, model_validator
 import tfopt  # noqa: F401  (environment before TensorFlow)
 from techniques.base import NotApplicable, Technique, TechniqueSection
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
+from tfopt.budget import CUT_BY_BUDGET
 from tfopt.config import Section
 from tfopt.native import NativeStep, run_native
 from tfopt.runtimes import compress_keys
@@ -198,8 +199,6 @@ def plan(config: Any, model: ModelArtifact) -> list[Planned]:
     return plans
 
 
-CUT_BY_BUDGET = "cut by the time budget"
-"""How a technique the run's time budget left no time for is skipped."""
 COLLAPSE_SHARE = 0.25
 """A fine-tuned model that kept less than this share of the way from chance to the accuracy
 it had to keep collapsed (QAT seen at 0.12 on 10 classes, chance 0.10, with 0.99 to keep)."""

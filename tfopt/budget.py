@@ -30,6 +30,8 @@ FINISH_S = 20.0
 """After the measurements: the run-off, the MLflow models and child runs, the report (the demo's
 took 15-20 s)."""
 MIN_TIMING_S = 0.3
+CUT_BY_BUDGET = "cut by the time budget"
+"""How a step the time budget left no time for is skipped (a technique's reason starts so)."""
 LEAST_WORK_SHARE = 0.3
 """The share of the budget the work before the conversions keeps, however many variants."""
 
@@ -178,10 +180,9 @@ def _say_once(cuts: list[str], key: str, line: str) -> None:
 def budget_cuts(training: dict[str, Any], techniques: dict[str, Any],
                 searches: dict[str, Any], variants: list[dict[str, Any]]) -> list[str]:
     """What the time budget cut in the trainings, techniques and searches (from their results)."""
-    cuts = sorted({str(entry["error"]).split(": ", 1)[0] + " (not started: cut by the time "
-                   "budget)" for entry in variants
-                   if entry["status"] == "skipped" and "cut by the time budget" in str(
-                       entry.get("error"))})
+    cuts = sorted({f"{str(entry['error']).split(': ', 1)[0]} (not started: {CUT_BY_BUDGET})"
+                   for entry in variants
+                   if entry["status"] == "skipped" and CUT_BY_BUDGET in str(entry.get("error"))})
     if str(training.get("stop_reason", "")).startswith("budget"):
         cuts.append(f"the baseline's training stopped after {training['epochs_run']} epochs "
                     "(time budget), not on its plateau")

@@ -123,9 +123,9 @@ def _save_atomically(variant: VariantResult, contract: Any, dst: Path,
                      same_file: Path | None) -> None:
     """Package `variant` as `dst`; a copy of `same_file`, the folder of the same model file.
 
-    Variants of one file (graph, XLA, bfloat16 rewrite of one Keras model) differ only in how
-    they run: their folders are a copy with their precision (loading and saving a large model
-    again took 15 s each).
+    Variants of one file in one format (the Keras graph and its bfloat16 rewrite, XLA's two
+    modes) differ only in how they run: their folders are a copy with their precision (loading
+    and saving a large model again took 15 s each).
     """
     tmp = dst.with_name(f".{dst.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

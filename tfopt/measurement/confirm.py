@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
+from tfopt.artifacts import BenchmarkInputs, VariantResult, VariantSpec
 from tfopt.config import MeasurementProtocol
-from tfopt.measurement.isolation import run_worker, worker_env
+from tfopt.measurement.runoff import side_by_side_in_worker
 from tfopt.orchestration import benchmark_slot
 from tfopt.report.compare import STRICTER
 
@@ -43,13 +43,8 @@ def confirm_slowdown(move: dict[str, Any], current: VariantResult, previous_file
                 "required_ratio": required, "reason": why_gone or "no file"}
     specs = [_spec(current, previous_file, f"{current.name}@previous"),
              _spec(current, Path(current.path), current.name)]
-    request = {"specs": [spec.model_dump(mode="json") for spec in specs],
-               "inputs": inputs.model_dump(mode="json"),
-               "cfg": protocol.as_protocol().model_dump(mode="json")}
     with benchmark_slot(f"{current.name} (side by side with the previous run's)"):
-        runoff = Runoff.model_validate_json(run_worker(
-            "tfopt.measurement.worker", request, worker_env(specs[1]),
-            protocol.time_limit_seconds))
+        runoff = side_by_side_in_worker(specs, inputs, protocol)
     old, new = specs[0].name, specs[1].name
     ratio = runoff.p50(new) / runoff.p50(old)
     apart = runoff.interval(new)[0] > runoff.interval(old)[1]

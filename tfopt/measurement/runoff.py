@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
-from tfopt.config import BenchmarkConfig
+from tfopt.config import BenchmarkConfig, MeasurementProtocol
 from tfopt.measurement.champion import baseline_accuracy, within_budget
 from tfopt.measurement.isolation import run_worker, worker_env
 from tfopt.measurement.worker import measure_runoff
@@ -59,6 +59,16 @@ def _spec_of(result: VariantResult) -> VariantSpec:
                        derived_from=result.derived_from)
 
 
+def side_by_side_in_worker(specs: list[VariantSpec], inputs: BenchmarkInputs,
+                           protocol: MeasurementProtocol) -> Runoff:
+    """`specs` timed in alternating rounds in one fresh measuring process (one runtime's env)."""
+    request = {"specs": [spec.model_dump(mode="json") for spec in specs],
+               "inputs": inputs.model_dump(mode="json"),
+               "cfg": protocol.as_protocol().model_dump(mode="json")}
+    return Runoff.model_validate_json(run_worker(
+        "tfopt.measurement.worker", request, worker_env(specs[0]), protocol.time_limit_seconds))
+
+
 def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: BenchmarkConfig,
                logger: logging.Logger) -> Runoff | None:
     """Time the contenders again side by side; None when there are none or it cannot run."""
@@ -67,15 +77,8 @@ def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: Bench
         return None
     specs = [_spec_of(result) for result in contenders]
     try:
-        if cfg.isolate:
-            request = {"specs": [spec.model_dump(mode="json") for spec in specs],
-                       "inputs": inputs.model_dump(mode="json"),
-                       "cfg": cfg.as_protocol().model_dump(mode="json")}
-            runoff = Runoff.model_validate_json(
-                run_worker("tfopt.measurement.worker", request, worker_env(specs[0]),
-                           cfg.time_limit_seconds))
-        else:
-            runoff = measure_runoff(specs, inputs, cfg)
+        runoff = (side_by_side_in_worker(specs, inputs, cfg) if cfg.isolate
+                  else measure_runoff(specs, inputs, cfg))
     except (RuntimeError, OSError) as error:
         logger.warning("run-off of %s skipped: %s", ", ".join(s.name for s in specs), error)
         return None
