@@ -207,9 +207,6 @@ def sweep_batch_sizes(dataset: DatasetArtifact, model_cfg: ModelConfig, cfg: Inp
                 f"{cfg.sweep_batch_sizes[0]} measures the readers")
         logger.info("batch-size sweep %s", rule)
         return BatchSweepResult(points=[], chosen_batch_size=cfg.sweep_batch_sizes[0], rule=rule)
-    images, labels = load_split(dataset, "train", max(cfg.sweep_batch_sizes))
-    make_model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes,
-                                  dataset.class_names)
     max_batch = max(1, dataset.splits["train"].examples // cfg.min_steps_per_epoch)
     sizes = sorted(set(cfg.sweep_batch_sizes))
     choosable = [size for size in sizes if size <= max_batch] or sizes[:1]
@@ -217,6 +214,9 @@ def sweep_batch_sizes(dataset: DatasetArtifact, model_cfg: ModelConfig, cfg: Inp
         logger.info("batch sizes %s not measured: under %d steps per epoch on %d examples",
                     [s for s in sizes if s not in choosable], cfg.min_steps_per_epoch,
                     dataset.splits["train"].examples)
+    images, labels = load_split(dataset, "train", max(choosable))
+    make_model = baseline_factory(model_cfg, dataset.image_size, dataset.num_classes,
+                                  dataset.class_names)
     points = []
     for batch_size in choosable:
         if points and deadline is not None and time.time() > deadline:
