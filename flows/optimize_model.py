@@ -61,6 +61,7 @@ from tfopt.artifacts import (
 from tfopt.budget import Budget, budget_cuts
 from tfopt.config import BenchmarkConfig, resolve_cpus
 from tfopt.fileio import atomic_write_json
+from tfopt.measurement.champion import champion_speedup
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
 from tfopt.models.baseline import children_beating, recovery_target
@@ -419,11 +420,12 @@ def _summarize(
     baseline, technique_models = models[0], models[1:]
     tracking.log_native_crashes(run, crashes)
     choice = pick_champion(results, bench.accuracy_budget_points, bench.objective, runoff)
+    speedup = champion_speedup(choice.name, results, runoff)
     champion_model = None
     if choice.name:
         winner = next(r for r in results if r.name == choice.name)
         tags, description = champion_card(winner, choice.reason, bench.accuracy_budget_points,
-                                          run.url, measured.data.dataset, baseline_note)
+                                          run.url, measured.data.dataset, baseline_note, speedup)
         champion_model = tracking.log_champion(
             run, choice.name, run_ids[choice.name],
             f"tfopt-{config.name}" if bench.register_champion else None, tags, description)
@@ -442,6 +444,7 @@ def _summarize(
             "mlflow_run_url": run.url,
             "environment": environment(bench.threads, tf_threads, resolve_cpus(bench.cpus)),
             "champion_model": champion_model,
+            "champion_speedup": speedup,
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),
             "training_batch_size": measured.data.batch_size,
             "model_facts": measured.facts.params(),
@@ -480,7 +483,7 @@ def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: d
         history.append({"run_id": run.run_id, "champion": champion["name"],
                         "p50_ms": champion["latency_ms"]["p50"],
                         "accuracy": champion["accuracy"]})
-    tracking.log_comparison(run, since, champion)
+    tracking.log_comparison(run, since, champion, summary.get("champion_speedup"))
     if since is not None:
         emit_regression_event(config.name, run.url, since)
     publish_comparison(since)

@@ -29,7 +29,7 @@ def _outage_command(tmp_path: Path, *settings: str) -> list[str]:
         "--set", "convert.bfloat16=false", "--set", "convert.onnx=false",
         "--set", "input.measure_layouts=false", "--set", "input.sweep_batch_sizes=[32]",
         "--set", "input.measure_passes=1", "--set", "train.epochs=3",
-        "--set", "runtimes.openvino.precisions=[]",
+        "--set", "runtimes.openvino.precisions=[]", "--set", "benchmark.profile=false",
         *[arg for setting in settings for arg in ("--set", setting)]])
 
 

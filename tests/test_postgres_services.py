@@ -41,7 +41,7 @@ LIGHT_PIPELINE = {
     "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
     "train.stop": "fixed",
     "compress.qat.epochs": 1, "input.measure_passes": 1, "convert.bfloat16": "false",
-    "runtimes.openvino.precisions": "[]",
+    "runtimes.openvino.precisions": "[]", "benchmark.profile": "false",
 }
 
 

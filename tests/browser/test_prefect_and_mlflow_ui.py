@@ -67,7 +67,7 @@ def smoke_parameters(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "convert.tflite": ["int8"], "convert.selective_int8": False,
         "compress.prune.enabled": False, "compress.distill.enabled": False,
         "compress.qat.epochs": 1, "train.epochs": 3, "train.stop": "fixed",
-        "input.measure_passes": 1,
+        "input.measure_passes": 1, "benchmark.profile": False,
         "input.sweep_batch_sizes": [32], "input.measure_layouts": False,
         "runtimes.openvino.precisions": [],
     })

@@ -43,6 +43,7 @@ def test_regressions_hold_only_side_by_side_and_a_failing_variant_is_isolated(
         "runtimes.openvino.precisions": "[]", "input.sweep_batch_sizes": "[32]",
         "input.measure_layouts": "false", "input.measure_passes": 1, "input.sweep_steps": 2,
         "convert.onnx_quantize": "[]", "convert.selective_int8": "false", "train.epochs": 3,
+        "benchmark.profile": "false",
     }
     first = run_smoke_with(live_services, tmp_path / "first.json", overrides)
     assert first["since_last_run"] is None, "the config's first run"

@@ -149,6 +149,15 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert int8["size_bytes"] <= 0.3 * fp32["size_bytes"]
     assert by_name["baseline-onnx"]["max_abs_diff"] < 1e-4
     assert by_name[summary["champion"]]["status"] == "ok"
+    champion, speedup = by_name[summary["champion"]], summary["champion_speedup"]
+    if champion["source"] != "baseline" and champion["format"] == "tflite":
+        reference = by_name[champion["derived_from"]]
+        assert speedup["reference"] == reference["name"] and speedup["side_by_side"], speedup
+        assert speedup["reference_p50_ms"] == reference["runoff_p50_ms"], "its run-off figure"
+        assert speedup["ratio"] == pytest.approx(
+            reference["runoff_p50_ms"] / champion["runoff_p50_ms"], rel=1e-2)
+    else:
+        assert speedup is None, "a baseline form or a graph: no other model's form to beat"
     assert summary["environment"]["tf_intra_op_threads"] == 2, "smoke's benchmark.threads"
     assert by_name["pruned-80-tflite-int8"]["derived_from"] == "baseline-tflite-int8"
     assert by_name["baseline-openvino"]["runner"] == {"inference_precision": "f32"}

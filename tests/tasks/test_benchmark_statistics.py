@@ -265,3 +265,34 @@ def test_the_garbage_collector_is_paused_while_timing_and_restored_after():
     time_runs(lambda _: seen.append(gc.isenabled()), [0], _protocol(min_runs=6))
     assert seen and not any(seen), "no cyclic collection inside the timed region"
     assert gc.isenabled()
+
+
+def test_the_champions_speedup_is_measured_side_by_side_with_what_it_was_made_from():
+    """One turn ran slow its whole life (0.69 ms; ten others 0.36-0.44): 1.9x read as 3.5x."""
+    from tfopt.artifacts import Runoff
+    from tfopt.measurement.champion import champion_speedup
+    from tfopt.measurement.runoff import runoff_contenders
+
+    fp32 = _timed("baseline-tflite-fp32", 0.98, 0.75, (0.74, 0.76))
+    reference = _timed("baseline-tflite-int8", 0.98, 0.69, (0.68, 0.70), precision="int8")
+    student = _timed("distilled-thinner-50-tflite-int8", 0.98, 0.20, (0.19, 0.21),
+                     precision="int8")
+    reference = reference.model_copy(update={"derived_from": fp32.name, "source": "baseline"})
+    student = student.model_copy(update={"derived_from": reference.name})
+    fp32, reference, student = (r.model_copy(update={"path": Path(f"{r.name}.tflite")})
+                                for r in (fp32, reference, student))
+    results = [fp32, reference, student]
+    cfg = BenchmarkConfig(runoff_margin=0.25)
+    assert [r.name for r in runoff_contenders(results, cfg)] == [
+        student.name, reference.name], "far from the fastest, but the speed-up's reference"
+    on_turns = champion_speedup(student.name, results)
+    assert on_turns["reference"] == reference.name and not on_turns["side_by_side"]
+    assert on_turns["ratio"] == pytest.approx(3.45)
+    runoff = Runoff(rounds=6, round_p50_ms={student.name: [0.20, 0.21, 0.20, 0.19, 0.20, 0.21],
+                                            reference.name: [0.38, 0.37, 0.39, 0.38, 0.36, 0.38]})
+    side_by_side = champion_speedup(student.name, results, runoff)
+    assert side_by_side["side_by_side"] and side_by_side["ratio"] == pytest.approx(1.9)
+    assert champion_speedup(reference.name, results, runoff) is None, "the baseline's own form"
+    assert champion_speedup(None, results) is None
+    gone = [fp32, reference.model_copy(update={"status": "failed", "latency_ms": None}), student]
+    assert runoff_contenders(gone, cfg) == [] and champion_speedup(student.name, gone) is None

@@ -11,6 +11,8 @@ XLA), then the lower p50.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 from tfopt.artifacts import Runoff, VariantResult
@@ -62,6 +64,40 @@ def p50_interval(result: VariantResult, runoff: Runoff | None = None) -> tuple[f
     if result.latency_ms is None or result.latency_ms.p50_ci95 is None:
         return None
     return result.latency_ms.p50_ci95
+
+
+def speedup_reference(result: VariantResult,
+                      results: list[VariantResult]) -> VariantResult | None:
+    """What `result` was made from, of another model, timed and able to share its process.
+
+    The baseline's same form for a technique's variant (``distilled-thinner-50-tflite-int8``:
+    ``baseline-tflite-int8``): the variant its speed-up is quoted against. None for a
+    baseline's own variant or when that variant did not finish.
+    """
+    reference = next((r for r in results if r.name == result.derived_from), None)
+    if (reference is None or reference.source == result.source or reference.status != "ok"
+            or reference.latency_ms is None or reference.path is None
+            or not runtime_of(reference.format).shares_process):
+        return None
+    return reference
+
+
+def champion_speedup(champion: str | None, results: list[VariantResult],
+                     runoff: Runoff | None = None) -> dict[str, Any] | None:
+    """How many times faster (batch-1 p50) the champion is than its `speedup_reference`.
+
+    Side by side when both took part in the run-off, else from their own turns (said so).
+    None without a champion or a reference.
+    """
+    best = next((r for r in results if r.name == champion), None)
+    reference = None if best is None else speedup_reference(best, results)
+    if best is None or reference is None:
+        return None
+    side_by_side = runoff is not None and {best.name, reference.name} <= set(runoff.round_p50_ms)
+    ours, theirs = ((runoff.p50(best.name), runoff.p50(reference.name)) if side_by_side
+                    else (best.latency_ms.p50, reference.latency_ms.p50))
+    return {"reference": reference.name, "ratio": round(theirs / ours, 3) if ours > 0 else None,
+            "champion_p50_ms": ours, "reference_p50_ms": theirs, "side_by_side": side_by_side}
 
 
 _PRECISION_ORDER = {"fp32": 0, "float16": 1, "bfloat16": 2, "dynamic": 3, "int8": 4,

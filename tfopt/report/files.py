@@ -11,6 +11,7 @@ from typing import Any
 from tfopt.artifacts import VariantResult
 from tfopt.fileio import atomic_write_text
 from tfopt.report.compare import markdown as markdown_since
+from tfopt.report.summary import speedup_sentence
 
 
 def pareto_front(points: list[tuple[str, float, float]]) -> set[str]:
@@ -63,6 +64,7 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"# tfopt benchmark: {summary.get('config_name', '')}",
         "",
         f"Champion: **{summary['champion'] or 'none'}** ({summary['champion_reason']}).",
+        speedup_sentence(summary.get("champion_speedup")).strip(),
         f"MLflow run: {summary.get('mlflow_run_url', summary['mlflow_run_id'])}",
         "",
         "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()),

@@ -257,12 +257,26 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+def speedup_sentence(speedup: dict[str, Any] | None) -> str:
+    """The champion's speed-up over its reference as a paragraph (empty without one)."""
+    if not speedup or speedup.get("ratio") is None:
+        return ""
+    how = ("side by side in the run-off" if speedup["side_by_side"]
+           else "each on its own turn, not side by side")
+    return (f"{speedup['ratio']:.2f}x the speed of {speedup['reference']} (batch-1 p50 "
+            f"{speedup['champion_p50_ms']:.4f} vs {speedup['reference_p50_ms']:.4f} ms, "
+            f"{how}).\n\n")
+
+
 def champion_card(result: VariantResult, reason: str, budget_points: float,
                   parent_run_url: str, dataset: DatasetArtifact,
-                  baseline_note: str | None = None) -> tuple[dict[str, str], str]:
+                  baseline_note: str | None = None,
+                  speedup: dict[str, Any] | None = None) -> tuple[dict[str, str], str]:
     """The registered champion version's tags and description: what it is and why it won.
 
-    `baseline_note` says the verdicts were judged against an unconverged baseline, if so.
+    `baseline_note` says the verdicts were judged against an unconverged baseline, if so;
+    `speedup` how many times faster it is than what it was made from
+    (`tfopt.measurement.champion.champion_speedup`).
 
     Returns:
         Tags (variant, runtime, precision, accuracy, p50_ms, derived_from, dataset digest,
@@ -289,9 +303,10 @@ def champion_card(result: VariantResult, reason: str, budget_points: float,
         f"{tags['accuracy']}, batch-1 p50 {tags['p50_ms']} ms"
         + (f" (95% interval {interval[0]:.4f}-{interval[1]:.4f})" if interval else "")
         + f", {result.size_bytes / 1024:,.1f} KB, derived from {tags['derived_from']}.\n\n"
-        f"Why it won: {reason}\n\nAccuracy budget: {budget_points:g} points below the "
-        f"baseline.\n\nData: manifest digest {digest} ({dataset.num_classes} classes, "
-        f"{dataset.image_size} px). Pipeline run: {redact(parent_run_url)}")
+        f"Why it won: {reason}\n\n{speedup_sentence(speedup)}Accuracy budget: "
+        f"{budget_points:g} points below the baseline.\n\nData: manifest digest {digest} "
+        f"({dataset.num_classes} classes, {dataset.image_size} px). Pipeline run: "
+        f"{redact(parent_run_url)}")
     if baseline_note:
         tags["baseline_converged"] = "false"
         description += f"\n\n**Judged against an unconverged baseline**: {baseline_note}"

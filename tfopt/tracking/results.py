@@ -285,12 +285,15 @@ def log_variants(
 
 
 def log_comparison(run: TrackedRun, since: dict[str, Any] | None,
-                   champion: dict[str, Any] | None) -> None:
+                   champion: dict[str, Any] | None,
+                   speedup: dict[str, Any] | None = None) -> None:
     """Tag the run with its regressions since the last run; log its champion's figures.
 
     ``tfopt.regression`` is ``true`` when a variant got slower or less accurate beyond the
     noise or started failing (``tfopt.regression.variants`` names them), else ``false``;
-    ``champion_p50_ms`` and ``champion_accuracy`` are what the next run's history plots.
+    ``champion_p50_ms`` and ``champion_accuracy`` are what the next run's history plots;
+    ``champion_speedup`` how many times faster the champion is than `speedup`'s reference
+    (tag ``tfopt.champion.speedup_over``).
     """
     regressions = (since or {}).get("regressions") or []
     set_tags(run.client, run.run_id, {
@@ -303,6 +306,11 @@ def log_comparison(run: TrackedRun, since: dict[str, Any] | None,
             "champion_p50_ms": champion["latency_ms"]["p50"],
             **({"champion_accuracy": champion["accuracy"]}
                if champion.get("accuracy") is not None else {})})
+    if speedup and speedup.get("ratio") is not None:
+        log_metrics(run.client, run.run_id, {"champion_speedup": speedup["ratio"]})
+        how = "side by side" if speedup["side_by_side"] else "own turns"
+        set_tags(run.client, run.run_id,
+                 {"tfopt.champion.speedup_over": f"{speedup['reference']} ({how})"})
 
 
 def log_native_crashes(run: TrackedRun, crashes: list[dict[str, Any]]) -> None:
