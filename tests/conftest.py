@@ -20,31 +20,6 @@ from tfopt.services import ServiceSettings
 # (tests/tasks/test_model_sources.py checks a folder it does not allow is refused).
 os.environ.setdefault("TFOPT_CODE_DIRS", tempfile.gettempdir())
 
-SECONDS_PER_FILE = {
-    "tests/flows/test_optimize_model_e2e.py": 480, "tests/test_postgres_services.py": 340,
-    "tests/flows/test_own_models_e2e.py": 290, "tests/flows/test_failing_variant_e2e.py": 290,
-    "tests/test_outages.py": 260, "tests/tasks/test_quantization_and_export.py": 240,
-    "tests/browser/test_prefect_and_mlflow_ui.py": 230,
-    "tests/techniques/test_techniques.py": 210, "tests/flows/test_compress_model.py": 165,
-    "tests/tasks/test_multi_worker.py": 160, "tests/deployments/test_deployments.py": 120,
-    "tests/flows/test_own_keras3_e2e.py": 110, "tests/test_leftovers.py": 100,
-    "tests/test_services.py": 90, "tests/test_benchmark_errors.py": 70,
-    "tests/flows/test_native_crash_e2e.py": 60,
-}
-"""Each heavy test file's time in CI (the sum of its --durations, 2 cores, 3 workers)."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest files first: xdist hands files out in this order (`--no-loadscope-reorder`).
-
-    Its default order (most tests first) left one-test files of minutes, such as the failing
-    variant's three pipelines, to the end, where one worker ran them while two sat idle.
-    """
-    def weight(item: pytest.Item) -> int:
-        return -SECONDS_PER_FILE.get(item.nodeid.split("::", 1)[0], 0)
-
-    items.sort(key=weight)
-
 
 def write_digit_folder(root: Path, classes: int = 3, per_class: int = 20, size: int = 16) -> Path:
     """Write `per_class` real digit JPEGs for each of the first `classes` digits."""

@@ -43,7 +43,8 @@ def test_only_moves_beyond_both_intervals_and_the_accuracy_tolerance_count():
     assert [m["variant"] for m in to_confirm(since)] == ["b"]
     confirmed = settle(since, {"b": {
         "verdict": "confirmed", "rounds": 6, "previous_p50_ms": 2.0, "current_p50_ms": 2.5,
-        "ratio": 1.25, "previous_interval": [1.95, 2.05], "current_interval": [2.45, 2.6]}})
+        "ratio": 1.25, "previous_interval": [1.95, 2.05], "current_interval": [2.45, 2.6],
+        "round_ratios": [1.2, 1.3, 1.25, 1.2, 1.3, 1.25]}})
     assert {r["variant"] for r in confirmed["regressions"]} == {"b", "c", "d"}
     assert since["new_variants"] == ["new"] and since["gone_variants"] == ["gone"]
     text = "\n".join(markdown(confirmed))
@@ -51,7 +52,7 @@ def test_only_moves_beyond_both_intervals_and_the_accuracy_tolerance_count():
     assert ("- b: p50 2.0000 -> 2.6000 ms, slower (1.30x), beyond both runs' intervals; minimum "
             "change 5.0% (no run-to-run spread measured yet): confirmed side by side in 6 "
             "alternating rounds: previous 2.0000 ms (1.9500-2.0500), this run's 2.5000 ms "
-            "(2.4500-2.6000), 1.25x") in text
+            "(2.4500-2.6000), 1.25x, slower in 6 of 6 rounds") in text
     assert "- c: accuracy 0.9700 -> 0.9600 (-1.00 points, noise 0.50)" in text
     assert "confirmed side by side" in regression_lines(confirmed)[0]
 
@@ -128,3 +129,25 @@ def test_an_accuracy_move_counts_beyond_what_two_retrained_models_differ_by_on_t
     assert moved["variant"] == "b" and moved["noise_points"] < -moved["points"], moved
     assert 2.0 < accuracy_noise_points(0.9878, 0.9757, 329) < 2.1, "a's 1.21 points are noise"
     assert accuracy_noise_points(0.98, 0.98, 100_000) == ACCURACY_TOLERANCE_POINTS
+
+
+def test_a_slowdown_is_confirmed_round_by_round_not_by_intervals_a_slow_round_widens():
+    """CI: one round the machine slowed read 3.7 ms for a 0.9 ms file; it slowed both files."""
+    from tfopt.artifacts import Runoff
+    from tfopt.measurement.confirm import side_by_side_verdict
+
+    previous = [0.86, 0.90, 3.71, 0.95, 1.00, 1.05]
+    slower = Runoff(rounds=6, round_p50_ms={"old": previous,
+                                            "new": [4.60, 4.50, 5.33, 2.97, 4.70, 4.60]})
+    check = side_by_side_verdict(slower, "old", "new", 0.05)
+    assert check["current_interval"][0] < check["previous_interval"][1], "intervals overlap"
+    assert check["verdict"] == "confirmed" and min(check["round_ratios"]) > 1.0
+    same = Runoff(rounds=6, round_p50_ms={"old": previous,
+                                          "new": [0.88, 0.89, 3.80, 0.94, 1.02, 1.04]})
+    assert side_by_side_verdict(same, "old", "new", 0.05)["verdict"] == "not_confirmed"
+    one_round_faster = Runoff(rounds=6, round_p50_ms={"old": previous,
+                                                      "new": [1.5, 1.5, 3.0, 1.5, 1.6, 1.7]})
+    assert side_by_side_verdict(one_round_faster, "old", "new", 0.05)["verdict"] == (
+        "not_confirmed"), "5 of 6 rounds slower is not every round"
+    barely = Runoff(rounds=6, round_p50_ms={"old": [1.0] * 6, "new": [1.02] * 6})
+    assert side_by_side_verdict(barely, "old", "new", 0.05)["verdict"] == "not_confirmed"

@@ -97,7 +97,7 @@ def test_regressions_hold_only_side_by_side_and_a_failing_variant_is_isolated(
     for name, regression in confirmed.items():
         check = regression["side_by_side"]
         assert check["ratio"] >= 1.5 and check["rounds"] == 6, (name, check)
-        assert check["current_interval"][0] > check["previous_interval"][1], (name, check)
+        assert len(check["round_ratios"]) == 6 and min(check["round_ratios"]) > 1.0, check
     assert slower[gone]["verdict"] == "stricter_rule", since["moves"]
     assert "not in the previous run's MLflow artifacts" in slower[gone]["side_by_side"]["reason"]
     parent = client.get_run(summary["mlflow_run_id"])

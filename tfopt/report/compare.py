@@ -12,9 +12,9 @@ Between two runs the machine itself moves (its clock, its neighbours, which core
 within the variant's run-to-run spread over its last runs (`noise_band`, at least
 `MIN_CHANGE`) is run-to-run noise. A larger one is a regression only once confirmed: the
 previous run's file and this run's timed side by side in alternating rounds
-(`tfopt.measurement.confirm`), their intervals apart and the ratio beyond the same minimum
-change (`settle`); without the previous file, only a move `STRICTER` times the minimum change
-counts, said as such.
+(`tfopt.measurement.confirm`), this run's file the slower in every round and the ratio beyond
+the same minimum change (`settle`); without the previous file, only a move `STRICTER` times the
+minimum change counts, said as such.
 """
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ def to_confirm(since: dict[str, Any]) -> list[dict[str, Any]]:
 def settle(since: dict[str, Any], checks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """`since` with each slowdown's side-by-side check (by variant) and its verdict.
 
-    A check is `tfopt.measurement.confirm.confirm_slowdown`'s: ``confirmed`` (intervals apart,
-    ratio beyond the minimum change), ``not_confirmed``, or ``stricter_rule`` /
+    A check is `tfopt.measurement.confirm.confirm_slowdown`'s: ``confirmed`` (slower in every
+    round, ratio beyond the minimum change), ``not_confirmed``, or ``stricter_rule`` /
     ``within_stricter_rule`` when the previous file was gone.
     """
     moves = [{**move, "verdict": checks[move["variant"]]["verdict"],
@@ -221,8 +221,13 @@ def _verdict(move: dict[str, Any]) -> str:
                f"{check['previous_p50_ms']:.4f} ms ({check['previous_interval'][0]:.4f}-"
                f"{check['previous_interval'][1]:.4f}), this run's {check['current_p50_ms']:.4f} "
                f"ms ({check['current_interval'][0]:.4f}-{check['current_interval'][1]:.4f}), "
-               f"{check['ratio']:.2f}x")
+               f"{check['ratio']:.2f}x" + _rounds_slower(check))
     return f"{'confirmed' if verdict == 'confirmed' else 'NOT confirmed'} {figures}"
+
+
+def _rounds_slower(check: dict[str, Any]) -> str:
+    ratios = check.get("round_ratios") or []
+    return f", slower in {sum(r > 1.0 for r in ratios)} of {len(ratios)} rounds" if ratios else ""
 
 
 def regression_lines(since: dict[str, Any]) -> list[str]:
