@@ -258,14 +258,14 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 
 def speedup_sentence(speedup: dict[str, Any] | None) -> str:
-    """The champion's speed-up over its reference as a paragraph (empty without one)."""
+    """The champion's speed-up over its reference in one sentence (empty without one)."""
     if not speedup or speedup.get("ratio") is None:
         return ""
     how = ("side by side in the run-off" if speedup["side_by_side"]
            else "each on its own turn, not side by side")
     return (f"{speedup['ratio']:.2f}x the speed of {speedup['reference']} (batch-1 p50 "
             f"{speedup['champion_p50_ms']:.4f} vs {speedup['reference_p50_ms']:.4f} ms, "
-            f"{how}).\n\n")
+            f"{how}).")
 
 
 def champion_card(result: VariantResult, reason: str, budget_points: float,
@@ -298,14 +298,15 @@ def champion_card(result: VariantResult, reason: str, budget_points: float,
         "tfopt_version": importlib.metadata.version("tfopt"), "git_commit": git_commit(),
     }
     interval = latency.p50_ci95 if latency else None
+    faster = speedup_sentence(speedup)
     description = (
         f"**{result.name}** ({tags['runtime']}, {result.format}, {result.precision}): accuracy "
         f"{tags['accuracy']}, batch-1 p50 {tags['p50_ms']} ms"
         + (f" (95% interval {interval[0]:.4f}-{interval[1]:.4f})" if interval else "")
         + f", {result.size_bytes / 1024:,.1f} KB, derived from {tags['derived_from']}.\n\n"
-        f"Why it won: {reason}\n\n{speedup_sentence(speedup)}Accuracy budget: "
-        f"{budget_points:g} points below the baseline.\n\nData: manifest digest {digest} "
-        f"({dataset.num_classes} classes, {dataset.image_size} px). Pipeline run: "
+        f"Why it won: {reason}\n\n" + (f"{faster}\n\n" if faster else "")
+        + f"Accuracy budget: {budget_points:g} points below the baseline.\n\nData: manifest "
+        f"digest {digest} ({dataset.num_classes} classes, {dataset.image_size} px). Pipeline run: "
         f"{redact(parent_run_url)}")
     if baseline_note:
         tags["baseline_converged"] = "false"
