@@ -92,19 +92,33 @@ def test_a_technique_stops_once_recovered_and_logs_it(tiny_baseline, tiny_data, 
     assert made.params["stop_reason"].startswith("recovered")
 
 
-def test_a_baseline_its_children_beat_trains_further_from_its_weights(tiny_data, tmp_path):
+@pytest.fixture(scope="module")
+def ten_digits(tmp_path_factory: pytest.TempPathFactory):
+    """All ten digits: the three-class set's nine validation images can all be right after one
+    epoch (CI read val 1.0 at 1e-5), leaving nothing to train further for."""
+    from tasks.write_tfrecords import write_tfrecords
+    from tests.conftest import write_digit_folder
+    from tests.steps import training_data
+    from tfopt.config import DataConfig
+
+    folder = write_digit_folder(tmp_path_factory.mktemp("ten_digits"), classes=10)
+    config = DataConfig(source_dir=folder, image_size=16, val_fraction=0.2, test_fraction=0.2,
+                        shard_size_mb=0.004)
+    return training_data(write_tfrecords.fn(config, tmp_path_factory.mktemp("ten_work")))
+
+
+def test_a_baseline_its_children_beat_trains_further_from_its_weights(ten_digits, tmp_path):
     from tasks.continue_training import continue_training
     from tasks.train_model import train_model
     from tfopt.config import TrainConfig
     from tfopt.models.baseline import children_beating
     from tfopt.models.config import ModelConfig
 
-    # A slow first epoch: at the default rate one epoch of this tiny set can already score
-    # every validation image (CI: val 1.0), leaving nothing to train further for.
     short = TrainConfig(epochs=1, batch_size=16, stop="fixed", learning_rate=1e-5)
-    under = train_model.fn(tiny_data, ModelConfig(width=8), short, tmp_path / "first")
+    under = train_model.fn(ten_digits, ModelConfig(width=8), short, tmp_path / "first")
+    assert under.metrics["best_val_accuracy"] < 0.5, "one slow epoch on ten classes"
     best = under.metrics["best_val_accuracy"]
-    val_examples = tiny_data.dataset.splits["val"].examples
+    val_examples = ten_digits.dataset.splits["val"].examples
     margin = max(0.01, 2.0 / val_examples)  # the budget's point, or two validation images
     child = under.model_copy(update={"name": "thinner",
                                      "history": {"val_accuracy": [best + margin + 0.01]}})
@@ -115,7 +129,7 @@ def test_a_baseline_its_children_beat_trains_further_from_its_weights(tiny_data,
     assert beating.startswith("thinner")
 
     longer = TrainConfig(epochs=8, batch_size=16, learning_rate=0.02)  # a quarter of it
-    further = continue_training.fn(under, tiny_data, longer, tmp_path / "further")
+    further = continue_training.fn(under, ten_digits, longer, tmp_path / "further")
     ran = further.params["continued_epochs"]
     assert 1 <= ran <= 8
     assert further.path != under.path, "one epoch left room to gain"
