@@ -8,7 +8,8 @@ plateau), channel-prune it at the hand-set share (``--hand``, what the config us
 ``fraction: auto``) and fine-tune it until back within the accuracy budget, then run the search
 (`tfopt.search`: Optuna study, bisection, pruned hopeless trials) with its trials on a Dask
 cluster of 1, then 2 worker processes, timing each trial's int8 file in this process one at a
-time (as the pipeline holds the benchmark slot). Every int8 file (baseline, hand-set, searched)
+time (as the pipeline holds the benchmark slot) and judging it on the test split as the
+pipeline does. Every int8 file (baseline, hand-set, searched)
 is then evaluated on the test split and timed with a bare LiteRT loop in alternating rounds, so
 the speed-ups are measured side by side in one run. Prints per seed: each choice's share,
 accuracy against the float baseline (points) and speed-up over ``baseline-tflite-int8``; the
@@ -39,18 +40,23 @@ from tfopt.demo_data import write_demo_images
 from tfopt.models.baseline import recovery_target
 from tfopt.runtimes.base import predict_batched
 from tfopt.runtimes.litert import TFLiteRunner
-from tfopt.search import Search, choose, search_line
+from tfopt.search import Search, choose, judged_on_test, search_line
 
 RUNS = 200
 
 
 def run_search(config: PipelineConfig, baseline, data: TrainingData, workers: int,
-               folder: Path, singles: list[np.ndarray]) -> tuple[Search, float]:
-    """The search on a Dask cluster of `workers` processes; its wall time in seconds."""
+               folder: Path, test: tuple[np.ndarray, np.ndarray]) -> tuple[Search, float]:
+    """The search on a Dask cluster of `workers` processes; its wall time in seconds.
+
+    Each trial's int8 file is timed with the bare loop and judged on the test split as the
+    pipeline judges it (`judged_on_test`).
+    """
     from distributed import Client, LocalCluster
 
     cfg = config.compress.channel_prune.model_copy(update={"enabled": True, "fraction": "auto"})
-    search = Search(KNOB, folder, f"search-{workers}", data.recover_to)
+    search = Search(KNOB, folder, f"search-{workers}", data.recover_to, data.recover_test_to)
+    singles = [image[None] for image in test[0][:64]]
     started = time.perf_counter()
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True) as cluster, \
             Client(cluster) as client:
@@ -64,8 +70,10 @@ def run_search(config: PipelineConfig, baseline, data: TrainingData, workers: in
                 trial = future.result()
                 if trial.int8 is not None and trial.int8.status == "ok":
                     call = bare_tflite(Path(trial.int8.path), config.benchmark.threads)
-                    trial = trial.model_copy(update={
-                        "p50_ms": bare_p50(call, singles, RUNS, warmup=30)})
+                    trial = judged_on_test(trial.model_copy(update={
+                        "p50_ms": bare_p50(call, singles, RUNS, warmup=30),
+                        "test_accuracy": test_accuracy(Path(trial.int8.path), *test)}),
+                        data.recover_test_to)
                 search.finish(trial)
     return search, time.perf_counter() - started
 
@@ -83,8 +91,10 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int, ha
     baseline = train_model.fn(data, config.model, config.train, out)
     print(f"seed {seed}: baseline {baseline.params['stop_reason']}, test accuracy "
           f"{baseline.metrics['test_accuracy']:.4f}", flush=True)
-    data = data.model_copy(update={"recover_to": recovery_target(
-        baseline, config.benchmark.accuracy_budget_points)})
+    budget = config.benchmark.accuracy_budget_points
+    data = data.model_copy(update={
+        "recover_to": recovery_target(baseline, budget),
+        "recover_test_to": baseline.metrics["test_accuracy"] - budget / 100.0})
     images, labels = load_split(dataset, "test", scale=config.model.input_scale)
     singles = [image[None] for image in images[:64]]
     files = {"baseline": int8_file(baseline, config, dataset, out)}
@@ -95,7 +105,7 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int, ha
     walls = {}
     for count in workers:
         search, walls[count] = run_search(config, baseline, data, count,
-                                          out / f"search-{count}-workers", singles)
+                                          out / f"search-{count}-workers", (images, labels))
         print(f"seed {seed}, {count} Dask worker(s): {search_line(search)}; wall "
               f"{walls[count]:.0f} s, {len(search.trials())} trials", flush=True)
         chosen = choose(search.trials(), KNOB)

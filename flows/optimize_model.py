@@ -300,11 +300,17 @@ def _compressed_variants(
     """The compression subflow on the configured task runner, its models' metrics logged.
 
     Every fine-tuning stops once back within the accuracy budget of the baseline's validation
-    accuracy (`recovery_target`). If the subflow fails as a whole (e.g. its Dask cluster),
+    accuracy (`recovery_target`); a search's trial must also keep its int8 file within the
+    budget of the baseline's test accuracy, the champion's rule. If the subflow fails as a
+    whole (e.g. its Dask cluster),
     every planned compressed variant is marked failed and the baseline variants still go on.
     """
-    target = recovery_target(baseline, config.benchmark.accuracy_budget_points)
+    budget_points = config.benchmark.accuracy_budget_points
+    target = recovery_target(baseline, budget_points)
+    tested = baseline.metrics.get("test_accuracy")
     tuning = data.model_copy(update={"recover_to": target,
+                                     "recover_test_to": None if tested is None
+                                     else tested - budget_points / 100.0,
                                      "deadline": budget.compression_deadline})
     compressing = compress_model.with_options(task_runner=task_runner(config.scale))(
         config, baseline, tuning, run_dir, inputs, run.ref, return_state=True)

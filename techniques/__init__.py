@@ -307,15 +307,16 @@ def open_search(planned: Planned, config: Any, start: ModelArtifact,
                 data: TrainingData) -> Search:
     """The study of a technique whose strength is ``auto``, in the work folder.
 
-    The same starting model, settings and target open the same study: a run killed during the
-    search resumes it where it was.
+    The same starting model, settings and targets open the same study: a run killed during
+    the search resumes it where it was.
     """
     technique = planned.technique
     assert technique.knob is not None
     settings = planned.cfg.model_dump(mode="json")
-    key = study_key(technique.name, technique.knob, start, settings, data.recover_to)
+    key = study_key(technique.name, technique.knob, start, settings,
+                    (data.recover_to, data.recover_test_to))
     return Search(technique.knob, config.work_dir.resolve() / "searches" / key, key,
-                  data.recover_to)
+                  data.recover_to, data.recover_test_to)
 
 
 @cache

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tfopt.search import Knob, Search, Trial, choose
+from tfopt.search import Knob, Search, Trial, choose, judged_on_test, search_summary
 
 KNOB = Knob("fraction", (0.25, 0.375, 0.5, 0.625, 0.75, 0.875), unit="%")
 
@@ -55,6 +55,31 @@ def test_ties_go_to_the_stronger_setting_and_nothing_within_budget_chooses_nothi
     tied = [_trial(0.5, p50=1.00), _trial(0.625, p50=1.02), _trial(0.25, p50=1.5)]
     assert choose(tied, KNOB).value == 0.625, "within 3%: the stronger"
     assert choose([_trial(0.5, "over_budget"), _trial(0.25, "pruned", None)], KNOB) is None
+
+
+def test_a_setting_the_test_split_refuses_is_over_budget_and_the_search_steps_back(tmp_path):
+    # configs/bench.yaml's run: 87.5% read val 0.9936 (the baseline's own) on 157 validation
+    # images and 0.9696 on the test split, 2.1 points below the baseline's 0.9909.
+    target = 0.9909 - 0.01
+    timed = _trial(0.875).model_copy(update={"test_accuracy": 0.9696})
+    refused = judged_on_test(timed, target)
+    assert refused.status == "over_budget" and "test accuracy 0.9696" in refused.error
+    kept = judged_on_test(timed.model_copy(update={"test_accuracy": 0.9841}), target)
+    assert kept.status == "ok" and kept.error is None
+    assert judged_on_test(timed, None).status == "ok", "no test target: not checked"
+    assert judged_on_test(_trial(0.875, "pruned", None), target).status == "pruned"
+
+    search = Search(KNOB, tmp_path / "study", "tested", target=0.98, test_target=target)
+    tests = {0.25: 0.99, 0.375: 0.99, 0.5: 0.985, 0.625: 0.975, 0.75: 0.97, 0.875: 0.96}
+    while values := search.next_values():
+        for value in values:
+            search.start(value)
+            search.finish(judged_on_test(_trial(value, p50=1.0 - value).model_copy(
+                update={"test_accuracy": tests[value]}), target))
+    assert search.chosen().value == 0.5, "the strongest whose int8 file keeps the test budget"
+    summary = search_summary(search)
+    assert summary["target_test_accuracy"] == pytest.approx(target)
+    assert {t["params"]["fraction"]: t["status"] for t in summary["trials"]}[0.75] == "over_budget"
 
 
 def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path):

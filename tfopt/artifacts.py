@@ -82,6 +82,10 @@ class TrainingData(_Frozen):
     (the baseline's best minus ``benchmark.accuracy_budget_points``): it stops once there and
     no longer improving (`tfopt.models.training.recovery`). None: every fine-tuning runs its
     epochs."""
+    recover_test_to: float | None = None
+    """The test-split accuracy a search trial's int8 file must keep: the baseline's test
+    accuracy less the budget, the champion's rule (`tfopt.search.time_int8`). None: not
+    checked."""
     trial: TrialRef | None = None
     """The search trial this fine-tuning is (its validation curve goes to the study, whose
     pruner may stop a hopeless one)."""

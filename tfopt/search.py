@@ -5,10 +5,13 @@ values, weakest first). A study (Optuna, kept in SQLite in the work folder: a ki
 started again resumes it) bisects the candidates: a trial makes the technique's model at one
 value, fine-tunes it until it is back within the accuracy budget or hopeless (Optuna's
 `ThresholdPruner` reads its validation curve), converts it to int8 TFLite, and times that file
-holding the machine's benchmark slot. Assuming that a stronger setting is faster and less
-accurate, a setting that stays within the budget moves the lower end up, one that does not the
-upper end down; with several workers each round tries as many settings at once. The chosen
-setting is the fastest trial within the budget (within 3%, the stronger one).
+holding the machine's benchmark slot. A setting is within the budget when its fine-tuned model
+is on the validation split and its int8 file on the test split, where the champion is judged (a
+small validation split can pass a setting the test split then refuses). Assuming that a
+stronger setting is faster and less accurate, a setting that stays within the budget moves the
+lower end up, one that does not the upper end down; with several workers each round tries as
+many settings at once. The chosen setting is the fastest trial within the budget (within 3%,
+the stronger one).
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ class Trial(BaseModel):
     status: TrialStatus
     val_accuracy: float | None = None
     p50_ms: float | None = None
+    test_accuracy: float | None = None
+    """Its int8 file's accuracy on the benchmark inputs (the test split), measured when timed."""
     epochs_run: int = 0
     seconds: float = 0.0
     model: ModelArtifact | None = None
@@ -76,16 +81,17 @@ class Trial(BaseModel):
     def summary(self) -> dict[str, Any]:
         """The trial as the summary lists it (``search.<technique>.trials``)."""
         return {"params": {self.field: self.value}, "val_accuracy": self.val_accuracy,
-                "p50_ms": self.p50_ms, "status": self.status, "epochs_run": self.epochs_run,
+                "test_accuracy": self.test_accuracy, "p50_ms": self.p50_ms,
+                "status": self.status, "epochs_run": self.epochs_run,
                 "seconds": round(self.seconds, 1), "error": self.error}
 
 
 def study_key(technique: str, knob: Knob, baseline: ModelArtifact, settings: dict[str, Any],
-              target: float | None) -> str:
-    """The study's name: the same baseline file, settings and target resume the same study."""
+              targets: tuple[float | None, float | None]) -> str:
+    """The study's name: the same baseline file, settings and targets resume the same study."""
     digest = hashlib.sha256(baseline.path.read_bytes() if baseline.path.is_file()
                             else str(baseline.path).encode()).hexdigest()[:12]
-    parts = json.dumps([technique, knob.field, knob.values, digest, settings, target],
+    parts = json.dumps([technique, knob.field, knob.values, digest, settings, *targets],
                        sort_keys=True, default=str)
     return f"{technique}-{hashlib.sha256(parts.encode()).hexdigest()[:16]}"
 
@@ -98,14 +104,17 @@ class Search:
         folder: Where the study (``study.db``) and the trials' models are kept.
         key: The study's name (`study_key`).
         target: The validation accuracy a setting must keep (None: every setting does).
+        test_target: The test accuracy its int8 file must keep (None: not checked).
     """
 
-    def __init__(self, knob: Knob, folder: Path, key: str, target: float | None) -> None:
+    def __init__(self, knob: Knob, folder: Path, key: str, target: float | None,
+                 test_target: float | None = None) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         folder.mkdir(parents=True, exist_ok=True)
         self.knob, self.folder, self.key, self.target = knob, folder, key, target
+        self.test_target = test_target
         self.storage = f"sqlite:///{folder / 'study.db'}"
         lower = -1.0 if target is None else target - HOPELESS_POINTS / 100.0
         self.study = optuna.create_study(
@@ -210,11 +219,13 @@ def trial_protocol(protocol: MeasurementProtocol) -> MeasurementProtocol:
         "thread_sweep": False, "scenarios": ["single_stream"]})
 
 
-def time_int8(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtocol) -> Trial:
-    """A trial with its int8 file's p50, timed holding the machine's benchmark slot.
+def time_int8(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtocol,
+              test_target: float | None = None) -> Trial:
+    """A trial with its int8 file's p50 and test accuracy, timed holding the benchmark slot.
 
     Training may overlap another trial's; timing may not (`tfopt.orchestration.benchmark_slot`).
-    A file that cannot be timed leaves the trial failed with the reason.
+    A file that cannot be timed leaves the trial failed with the reason; one whose accuracy on
+    the test split is below `test_target` is over the budget, however its validation read.
     """
     from tfopt.logs import step_logger
     from tfopt.measurement.isolation import measure
@@ -230,7 +241,21 @@ def time_int8(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtoc
     except (RuntimeError, OSError, ValueError) as error:
         return trial.model_copy(update={"status": "failed",
                                         "error": f"{type(error).__name__}: {error}"[:500]})
-    return trial.model_copy(update={"p50_ms": measured.latency_ms.p50})
+    timed = trial.model_copy(update={"p50_ms": measured.latency_ms.p50,
+                                     "test_accuracy": measured.accuracy})
+    return judged_on_test(timed, test_target)
+
+
+def judged_on_test(trial: Trial, test_target: float | None) -> Trial:
+    """`trial` over the budget when its int8 file's test accuracy is below `test_target`."""
+    accuracy = trial.test_accuracy
+    if trial.status != "ok" or test_target is None or accuracy is None or (
+            accuracy >= test_target):
+        return trial
+    return trial.model_copy(update={
+        "status": "over_budget",
+        "error": f"its int8 file's test accuracy {accuracy:.4f} is below {test_target:.4f} "
+                 "(the baseline's test accuracy less the budget)"})
 
 
 def trial_of(state: Any, search: Search, value: float) -> Trial:
@@ -249,6 +274,8 @@ def search_line(search: Search) -> str:
     parts = []
     for trial in sorted(search.trials(), key=lambda t: knob.values.index(t.value)):
         accuracy = f" val {trial.val_accuracy:.4f}" if trial.val_accuracy is not None else ""
+        if trial.test_accuracy is not None:
+            accuracy += f" test {trial.test_accuracy:.4f}"
         timing = f" {trial.p50_ms:.4f} ms" if trial.p50_ms is not None else ""
         parts.append(f"{knob.label(trial.value)} {trial.status}{accuracy}{timing}")
     chosen = search.chosen()
@@ -260,6 +287,7 @@ def search_summary(search: Search) -> dict[str, Any]:
     """A search as the summary holds it (``search.<technique>``): trials and the choice."""
     chosen = search.chosen()
     return {"knob": search.knob.field,
-            "target_val_accuracy": search.target, "cut": search.cut,
+            "target_val_accuracy": search.target,
+            "target_test_accuracy": search.test_target, "cut": search.cut,
             "trials": [trial.summary() for trial in search.trials()],
             "chosen": None if chosen is None else chosen.value}

@@ -242,6 +242,11 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     assert sorted(float(t.data.params["fraction"]) for t in trials) == sorted(
         t["params"]["fraction"] for t in searched), "each trial a nested run"
     assert {t.data.tags["tfopt.status"] for t in trials} == {t["status"] for t in searched}
+    tested = summary["search"]["channel_prune"]["target_test_accuracy"]
+    assert tested is not None and 0.0 < tested < 1.0, "the baseline's test accuracy less 1 point"
+    for trial in searched:
+        if trial["status"] == "ok":
+            assert trial["test_accuracy"] >= tested, trial
     for child in children:
         assert child.data.params["format"] in known_formats()
         if child.data.tags["tfopt.status"] != "ok":

@@ -162,20 +162,25 @@ def _budget_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def _search_lines(summary: dict[str, Any]) -> list[str]:
-    """Each searched technique's trials: setting, validation accuracy, int8 p50, verdict."""
+    """Each searched technique's trials: setting, accuracies, int8 p50, verdict."""
     lines = []
     for technique, search in (summary.get("search") or {}).items():
         target = search.get("target_val_accuracy")
-        lines += ["", f"Search of {technique}.{search['knob']} (validation accuracy to keep: "
-                  f"{_fmt(target, '.4f')}; chosen: {_fmt(search['chosen'], 'g')}"
+        tested = search.get("target_test_accuracy")
+        lines += ["", f"Search of {technique}.{search['knob']} (accuracy to keep: validation "
+                  f"{_fmt(target, '.4f')}, int8 on test {_fmt(tested, '.4f')}; chosen: "
+                  f"{_fmt(search['chosen'], 'g')}"
                   + (f"; {search['cut']}" if search.get("cut") else "") + "):", "",
-                  f"| {search['knob']} | status | val accuracy | int8 p50 ms | epochs | s |",
-                  "|---:|---|---:|---:|---:|---:|"]
+                  f"| {search['knob']} | status | val accuracy | int8 test accuracy "
+                  "| int8 p50 ms | epochs | s |",
+                  "|---:|---|---:|---:|---:|---:|---:|"]
         for trial in search["trials"]:
             value = next(iter(trial["params"].values()))
             star = "★ " if value == search["chosen"] else ""
             lines.append(f"| {star}{value:g} | {trial['status']} "
-                         f"| {_fmt(trial['val_accuracy'], '.4f')} | {_fmt(trial['p50_ms'], '.4f')} "
+                         f"| {_fmt(trial['val_accuracy'], '.4f')} "
+                         f"| {_fmt(trial.get('test_accuracy'), '.4f')} "
+                         f"| {_fmt(trial['p50_ms'], '.4f')} "
                          f"| {trial['epochs_run']} | {trial['seconds']:g} |")
     return lines
 
