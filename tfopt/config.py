@@ -256,10 +256,6 @@ class MeasurementProtocol(Section):
         2.0, ge=0.0, le=3600.0, description="Keep timing for at least this long."
     )
 
-    min_seconds: float = Field(
-        2.0, ge=0.0, le=3600.0, description="Keep timing for at least this long."
-    )
-
     max_seconds: float = Field(
         10.0, gt=0.0, le=3600.0,
         description="Stop timing a variant after this long, even if its p50 has not settled.",
