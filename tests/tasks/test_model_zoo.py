@@ -48,6 +48,24 @@ def test_batch_norm_statistics_follow_training_from_scratch_but_not_from_weights
     assert momenta(build_model("mobilenet_v2", 32, 3, weights=tmp_path / "no_top.h5")) == {0.999}
 
 
+@pytest.mark.parametrize("input_scale", ["unit", "symmetric", "raw"])
+def test_efficientnets_stem_takes_the_pixels_it_is_fed_to_0_1(input_scale, tmp_path):
+    # Its Rescaling(1/255) on 0..1 pixels left the stem's outputs a 255th of their range:
+    # QAT's 8-bit fake quantization rounded them all to one value (chance accuracy).
+    from tfopt.models.config import ModelConfig
+    from tfopt.models.sources import build_configured
+
+    unit = np.random.default_rng(0).random((2, 32, 32, 3), np.float32)
+    fed = {"unit": unit, "symmetric": unit * 2.0 - 1.0, "raw": unit * 255.0}[input_scale]
+    model = build_configured(ModelConfig(architecture="efficientnet_b0",
+                                         input_scale=input_scale), 32, 3)
+    (stem,) = [layer for layer in model.layers if isinstance(layer, keras.layers.Rescaling)]
+    np.testing.assert_allclose(stem(fed).numpy(), unit, atol=1e-5)
+    model.save(tmp_path / "model.keras")
+    again = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_allclose(again(fed).numpy(), model(fed).numpy(), atol=1e-5)
+
+
 def test_a_local_weights_file_is_where_training_starts(tmp_path):
     base = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35,
                                           include_top=False, weights=None)

@@ -34,6 +34,7 @@ def build_configured(model_cfg: ModelConfig, image_size: int, num_classes: int) 
     return build_model(
         model_cfg.architecture, image_size, num_classes, width=model_cfg.width,
         alpha=model_cfg.alpha, data_format=model_cfg.data_format, weights=model_cfg.weights,
+        input_scale=model_cfg.input_scale,
     )
 
 
