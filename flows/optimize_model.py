@@ -60,7 +60,7 @@ from tfopt.artifacts import (
 )
 from tfopt.budget import Budget, budget_cuts
 from tfopt.config import BenchmarkConfig, resolve_cpus
-from tfopt.fileio import atomic_write_json
+from tfopt.fileio import atomic_write_json, path_size_bytes
 from tfopt.measurement.champion import champion_speedup
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
@@ -273,7 +273,8 @@ def _baseline_variants(
     sources = build_sources(baseline, savedmodel, data, config, run_dir / "variants")
     started = time.monotonic()
     variants = build_forms(planned, sources, config)
-    budget = budget.with_builds(time.monotonic() - started, len(planned))
+    budget = budget.with_builds(time.monotonic() - started, len(planned),
+                                path_size_bytes(baseline.path))
     _export_bundles(sources.model_copy(update={"built": {v.name: v for v in variants}}),
                     config, run_dir, run)
     return variants, budget

@@ -1,7 +1,8 @@
 """A run within ``budget.minutes``: each phase's deadline, the benchmark sized to fit, the cuts.
 
 The plan reserves the end of the budget for the planned variants' conversions and measurements
-(`BUILD_S` and `MEASURE_S` each, measured on the demo), and gives the rest to the work before
+(`BUILD_S` and `MEASURE_S` each, measured on the demo) and the finish (`FINISH_S`, more for a
+larger model), and gives the rest to the work before
 them: the data and the baseline's training end by `BASELINE_SHARE` of it, the searches and
 fine-tunings at its end. Trainings stop at their phase's deadline
 (`tfopt.models.training.StopWhenDone`), a search starts no round it cannot finish, and the
@@ -29,6 +30,10 @@ MEASURE_S = 3.2
 FINISH_S = 20.0
 """After the measurements: the run-off, the MLflow models and child runs, the report (the demo's
 took 15-20 s)."""
+FINISH_S_PER_MB = 0.15
+"""Beside `FINISH_S`, per variant and per MB of the baseline's file: packaging each variant as an
+MLflow model copies and loads it (configs/bench.yaml, a 27.6 MB MobileNetV2: 114 s from the last
+measurement to the end for 23 variants, when 20 s were planned)."""
 MIN_TIMING_S = 0.3
 CUT_BY_BUDGET = "cut by the time budget"
 """How a step the time budget left no time for is skipped (a technique's reason starts so)."""
@@ -59,6 +64,7 @@ class Budget(BaseModel):
     compressed_variants: int = 0
     build_s: float = BUILD_S
     measure_s: float = MEASURE_S + MIN_TIMING_S
+    finish_s: float = FINISH_S
     started: float = Field(default_factory=time.time)
 
     @classmethod
@@ -74,9 +80,17 @@ class Budget(BaseModel):
         return cls(minutes=minutes, baseline_variants=counts[0], compressed_variants=counts[1],
                    measure_s=MEASURE_S + timing + scenarios)
 
-    def with_builds(self, seconds: float, count: int) -> Budget:
-        """The budget with the conversion time measured on the baseline's variants."""
-        return self if count <= 0 else self.model_copy(update={"build_s": seconds / count})
+    def with_builds(self, seconds: float, count: int, model_bytes: int = 0) -> Budget:
+        """The budget with the conversion time measured on the baseline's variants.
+
+        The finish is sized by the baseline's file (`model_bytes`): every variant is packaged.
+        """
+        variants = self.baseline_variants + self.compressed_variants
+        finish = FINISH_S + FINISH_S_PER_MB * model_bytes / 1e6 * variants
+        update: dict[str, float] = {"finish_s": finish}
+        if count > 0:
+            update["build_s"] = seconds / count
+        return self.model_copy(update=update)
 
     def deadline(self, share: float) -> float | None:
         """When the phase ending at `share` of the budget must end (None: no budget)."""
@@ -90,7 +104,8 @@ class Budget(BaseModel):
     def _tail(self) -> float:
         """What the conversions and measurements need after the compression."""
         variants = self.baseline_variants + self.compressed_variants
-        return self.compressed_variants * self.build_s + variants * self.measure_s + FINISH_S
+        return (self.compressed_variants * self.build_s + variants * self.measure_s
+                + self.finish_s)
 
     @property
     def measuring_deadline(self) -> float | None:
@@ -148,7 +163,7 @@ class Budget(BaseModel):
         if end is None or remaining <= 0:
             return protocol
         overhead = MEASURE_S if overhead_s is None else overhead_s
-        per_variant = (end - time.time() - FINISH_S) / remaining - overhead
+        per_variant = (end - time.time() - self.finish_s) / remaining - overhead
         if per_variant >= protocol.max_seconds:
             return protocol
         timing = max(MIN_TIMING_S, per_variant)
