@@ -57,6 +57,9 @@ def service_env(settings: ServiceSettings) -> dict[str, str]:
         TFOPT_MLFLOW_PORT=str(settings.mlflow_port),
         TFOPT_POSTGRES_PORT=str(settings.postgres_port),
         PREFECT_HOME=str(Path(settings.state_dir) / "client"),
+        # Workers and `tfopt serve` poll for scheduled runs every 10 s by default: each test
+        # flow run would wait 5 s on average before it starts.
+        PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_RUNNER_POLL_FREQUENCY="2",
     )
     return env
 

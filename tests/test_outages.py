@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,18 +34,17 @@ def _outage_command(tmp_path: Path, *settings: str) -> list[str]:
         *[arg for setting in settings for arg in ("--set", setting)]])
 
 
-def _stop_once_trained(
-    settings: ServiceSettings, server: str, command: list[str], work: Path, log: Path
-) -> tuple[int, str, float]:
-    """Run `command` until its baseline is trained, kill `server`; the exit code, output, wait."""
+def _stop_when(settings: ServiceSettings, server: str, command: list[str], log: Path,
+               reached: Callable[[], bool]) -> tuple[int, str, float]:
+    """Run `command` until `reached()`, then kill `server`; the exit code, output and wait."""
     # Prefect's client retries a lost server 5 times with backoff (about a minute) by default;
     # one retry shows the same error sooner.
-    env = {**service_env(settings), "PREFECT_CLIENT_MAX_RETRIES": "1"}
+    env = {**service_env(settings), "PREFECT_CLIENT_MAX_RETRIES": "1", "PYTHONUNBUFFERED": "1"}
     with log.open("w") as out:
         first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
                                  stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
-    while not list(work.glob("checkpoints/*/trained.json")):
+    while not reached():
         assert first.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.5)
     os.killpg(int((Path(settings.state_dir) / "run" / f"{server}.pid").read_text()),
@@ -54,36 +54,37 @@ def _stop_once_trained(
     return first.returncode, log.read_text(), time.monotonic() - stopped
 
 
-def _rerun(settings: ServiceSettings, command: list[str]) -> str:
-    start_services(settings, timeout_s=240)
-    rerun = subprocess.run(command, cwd=ROOT, env=service_env(settings), capture_output=True,
-                           text=True, timeout=900)
-    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    assert "reusing the baseline" in rerun.stdout + rerun.stderr
-    return rerun.stdout
+def test_a_server_stopped_mid_run_is_a_clear_error_and_the_rerun_goes_on_from_there(tmp_path):
+    """MLflow stopped once the baseline is trained, then Prefect in the rerun that reuses it.
 
-
-def test_mlflow_stopped_mid_run_is_a_clear_error_and_the_rerun_reuses_the_model(tmp_path):
+    Each is a one-line error within the retry bound; the third run reuses the baseline, closes
+    the flow run the second left RUNNING, and completes.
+    """
     command = _outage_command(tmp_path, f"services.retry_seconds={RETRY_SECONDS}")
+    work = tmp_path / "work"
     with running_services(tmp_path / "state") as settings:
-        code, output, took = _stop_once_trained(settings, "mlflow", command, tmp_path / "work",
-                                                tmp_path / "first.log")
+        code, output, took = _stop_when(
+            settings, "mlflow", command, tmp_path / "first.log",
+            lambda: bool(list(work.glob("checkpoints/*/trained.json"))))
         assert code == 2, output[-3000:]
         assert f"MLflow at {settings.mlflow_url} did not answer for {RETRY_SECONDS} s" in output
         assert "tfopt up" in output and took < RETRY_SECONDS + 90, took
-        _rerun(settings, command)
 
-
-def test_prefect_stopped_mid_run_is_a_clear_error_and_the_rerun_closes_its_flow_run(tmp_path):
-    command = _outage_command(tmp_path)
-    with running_services(tmp_path / "state") as settings:
-        code, output, took = _stop_once_trained(settings, "prefect", command, tmp_path / "work",
-                                                tmp_path / "first.log")
+        start_services(settings, timeout_s=240)
+        second = tmp_path / "second.log"
+        code, output, took = _stop_when(
+            settings, "prefect", command, second,
+            lambda: "reusing the baseline" in second.read_text())
         assert code == 2, output[-3000:]
         error = f"error: Prefect at {settings.prefect_api_url} stopped answering"
         assert error in output, output[-3000:]
         after_error = output[output.index(error):]
         assert "tfopt up" in after_error and "Traceback" not in after_error, "tfopt's last word"
         assert took < 150, took
-        rerun = _rerun(settings, command)
-        assert "closed a Prefect flow run left RUNNING by a process that is gone" in rerun
+
+        start_services(settings, timeout_s=240)
+        rerun = subprocess.run(command, cwd=ROOT, env=service_env(settings),
+                               capture_output=True, text=True, timeout=900)
+        assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+        assert "reusing the baseline" in rerun.stdout + rerun.stderr
+        assert "closed a Prefect flow run left RUNNING by a process that is gone" in rerun.stdout
