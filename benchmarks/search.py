@@ -6,14 +6,13 @@ Usage: .venv/bin/python benchmarks/search.py [--config configs/demo.yaml] [--han
 Per seed, with tfopt's own steps (plain functions, no servers): train the baseline (until its
 plateau), channel-prune it at the hand-set share (``--hand``, what the config used before
 ``fraction: auto``) and fine-tune it until back within the accuracy budget, then run the search
-(`tfopt.search`: Optuna study, bisection, pruned hopeless trials) with its trials on a Dask
-cluster of 1, then 2 worker processes, timing each trial's int8 file in this process one at a
-time (as the pipeline holds the benchmark slot) and judging it on the test split as the
-pipeline does. Every int8 file (baseline, hand-set, searched)
-is then evaluated on the test split and timed with a bare LiteRT loop in alternating rounds, so
-the speed-ups are measured side by side in one run. Prints per seed: each choice's share,
-accuracy against the float baseline (points) and speed-up over ``baseline-tflite-int8``; the
-search's trials, and its wall time per worker count.
+(`tfopt.search`: Optuna study, bisection, pruned hopeless trials) with its trials on a Dask cluster
+of 1, then 2 worker processes, timing each trial's int8 file in this process one at a time (as the
+pipeline holds the benchmark slot) and judging it on the test split as the pipeline does. Every int8
+file (baseline, hand-set, searched) is then evaluated on the test split and timed with a bare LiteRT
+loop in alternating rounds, so the speed-ups are measured side by side in one run. Prints per seed:
+each choice's share, accuracy against the float baseline (points) and speed-up over ``baseline-
+tflite-int8``; the search's trials, and its wall time per worker count.
 """
 
 from __future__ import annotations

@@ -303,8 +303,8 @@ def _compressed_variants(
     Every fine-tuning stops once back within the accuracy budget of the baseline's validation
     accuracy (`recovery_target`); a search's trial must also keep its int8 file within the
     budget of the baseline's test accuracy, the champion's rule. If the subflow fails as a
-    whole (e.g. its Dask cluster),
-    every planned compressed variant is marked failed and the baseline variants still go on.
+    whole (e.g. its Dask cluster), every planned compressed variant is marked failed and the
+    baseline variants still go on.
     """
     budget_points = config.benchmark.accuracy_budget_points
     target = recovery_target(baseline, budget_points)

@@ -1,13 +1,12 @@
 """A run within ``budget.minutes``: each phase's deadline, the benchmark sized to fit, the cuts.
 
 The plan reserves the end of the budget for the planned variants' conversions and measurements
-(`BUILD_S` and `MEASURE_S` each, measured on the demo) and the finish (`FINISH_S`, more for a
-larger model), and gives the rest to the work before
-them: the data and the baseline's training end by `BASELINE_SHARE` of it, the searches and
-fine-tunings at its end. Trainings stop at their phase's deadline
-(`tfopt.models.training.StopWhenDone`), a search starts no round it cannot finish, and the
-benchmark protocol is shortened to what the time left allows for the variants built. Every cut
-is recorded, and the run says at its start what it plans and at its end what was cut.
+(`BUILD_S` and `MEASURE_S` each, measured on the demo) and the finish (`FINISH_S`, more for a larger
+model), and gives the rest to the work before them: the data and the baseline's training end by
+`BASELINE_SHARE` of it, the searches and fine-tunings at its end. Trainings stop at their phase's
+deadline (`tfopt.models.training.StopWhenDone`), a search starts no round it cannot finish, and the
+benchmark protocol is shortened to what the time left allows for the variants built. Every cut is
+recorded, and the run says at its start what it plans and at its end what was cut.
 """
 
 from __future__ import annotations
