@@ -36,7 +36,7 @@ from techniques.channel_prune import KNOB, channel_prune_model
 from tfopt.artifacts import DatasetArtifact, TrainingData
 from tfopt.data.pipeline import load_split
 from tfopt.demo_data import write_demo_images
-from tfopt.models.baseline import recovery_target
+from tfopt.models.baseline import kept_test_accuracy, recovery_target
 from tfopt.runtimes.base import predict_batched
 from tfopt.runtimes.litert import TFLiteRunner
 from tfopt.search import Search, choose, judged_on_test, search_line
@@ -93,7 +93,7 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int, ha
     budget = config.benchmark.accuracy_budget_points
     data = data.model_copy(update={
         "recover_to": recovery_target(baseline, budget),
-        "recover_test_to": baseline.metrics["test_accuracy"] - budget / 100.0})
+        "recover_test_to": kept_test_accuracy(baseline, budget)})
     images, labels = load_split(dataset, "test", scale=config.model.input_scale)
     singles = [image[None] for image in images[:64]]
     files = {"baseline": int8_file(baseline, config, dataset, out)}

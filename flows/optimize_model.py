@@ -64,7 +64,7 @@ from tfopt.fileio import atomic_write_json, path_size_bytes
 from tfopt.measurement.champion import champion_speedup
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
-from tfopt.models.baseline import children_beating, recovery_target
+from tfopt.models.baseline import children_beating, kept_test_accuracy, recovery_target
 from tfopt.models.sources import source_stamp
 from tfopt.models.step_timing import unswept
 from tfopt.native import contain_native_steps, read_record, release_workers
@@ -307,11 +307,8 @@ def _compressed_variants(
     baseline variants still go on.
     """
     budget_points = config.benchmark.accuracy_budget_points
-    target = recovery_target(baseline, budget_points)
-    tested = baseline.metrics.get("test_accuracy")
-    tuning = data.model_copy(update={"recover_to": target,
-                                     "recover_test_to": None if tested is None
-                                     else tested - budget_points / 100.0,
+    tuning = data.model_copy(update={"recover_to": recovery_target(baseline, budget_points),
+                                     "recover_test_to": kept_test_accuracy(baseline, budget_points),
                                      "deadline": budget.compression_deadline})
     compressing = compress_model.with_options(task_runner=task_runner(config.scale))(
         config, baseline, tuning, run_dir, inputs, run.ref, return_state=True)

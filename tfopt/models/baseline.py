@@ -215,6 +215,12 @@ def recovery_target(baseline: ModelArtifact, budget_points: float) -> float | No
     return None if best is None else best - budget_points / 100.0
 
 
+def kept_test_accuracy(baseline: ModelArtifact, budget_points: float) -> float | None:
+    """The test accuracy a search trial's int8 file must keep: the champion's rule."""
+    tested = baseline.metrics.get("test_accuracy")
+    return None if tested is None else tested - budget_points / 100.0
+
+
 def _distribute_param(train_cfg: TrainConfig, strategy: tf.distribute.Strategy) -> str:
     if train_cfg.distribute == "multi_worker":
         return f"multi_worker ({train_cfg.workers} workers)"
