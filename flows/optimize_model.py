@@ -301,13 +301,15 @@ def _compressed_variants(
     """The compression subflow on the configured task runner, its models' metrics logged.
 
     Every fine-tuning stops once back within the accuracy budget of the baseline's validation
-    accuracy (`recovery_target`); a search's trial must also keep its int8 file within the
-    budget of the baseline's test accuracy, the champion's rule. If the subflow fails as a
-    whole (e.g. its Dask cluster), every planned compressed variant is marked failed and the
-    baseline variants still go on.
+    accuracy, give or take two validation images (`recovery_target`); a search's trial must
+    also keep its int8 file within the budget of the baseline's test accuracy, the champion's
+    rule. If the subflow fails as a whole (e.g. its Dask cluster), every planned compressed
+    variant is marked failed and the baseline variants still go on.
     """
     budget_points = config.benchmark.accuracy_budget_points
-    tuning = data.model_copy(update={"recover_to": recovery_target(baseline, budget_points),
+    val_examples = data.dataset.splits["val"].examples
+    tuning = data.model_copy(update={"recover_to": recovery_target(baseline, budget_points,
+                                                                   val_examples),
                                      "recover_test_to": kept_test_accuracy(baseline, budget_points),
                                      "deadline": budget.compression_deadline})
     compressing = compress_model.with_options(task_runner=task_runner(config.scale))(

@@ -148,7 +148,7 @@ def children_beating(baseline: ModelArtifact, models: list[ModelArtifact],
                      budget_points: float, val_examples: int) -> list[str]:
     """The compressed models whose validation accuracy beats the baseline's beyond the budget.
 
-    A child better than its parent by more than the accuracy budget (and more than two
+    A child better than its parent by more than `validation_margin` (the budget, at least two
     validation images' worth, so one image's luck on a small split does not count) says the
     parent was under-trained: every verdict judged against it would flatter the children.
 
@@ -158,7 +158,7 @@ def children_beating(baseline: ModelArtifact, models: list[ModelArtifact],
     base = baseline.metrics.get("best_val_accuracy")
     if base is None or val_examples <= 0:
         return []
-    margin = max(budget_points / 100.0, 2.0 / val_examples)
+    margin = validation_margin(budget_points, val_examples)
     beating = []
     for model in models:
         curve = model.history.get("val_accuracy") or []
@@ -209,10 +209,25 @@ def continue_baseline(baseline: ModelArtifact, data: TrainingData, train_cfg: Tr
                     "test_accuracy": evaluate_test_accuracy(model, data)}})
 
 
-def recovery_target(baseline: ModelArtifact, budget_points: float) -> float | None:
-    """The validation accuracy a compressed model's fine-tuning is back within the budget at."""
+def validation_margin(budget_points: float, val_examples: int) -> float:
+    """How far a validation accuracy may sit from the baseline's and still count as equal.
+
+    The accuracy budget, and at least two validation images' worth: the baseline's figure is
+    its best epoch on the split, so one image's luck either way is noise, not a verdict.
+    """
+    return max(budget_points / 100.0, 2.0 / val_examples) if val_examples > 0 else (
+        budget_points / 100.0)
+
+
+def recovery_target(baseline: ModelArtifact, budget_points: float,
+                    val_examples: int) -> float | None:
+    """The validation accuracy a compressed model's fine-tuning is back within the budget at.
+
+    The baseline's best validation accuracy less `validation_margin`; the int8 file that
+    ships is then judged on the test split against the budget exactly (`kept_test_accuracy`).
+    """
     best = baseline.metrics.get("best_val_accuracy")
-    return None if best is None else best - budget_points / 100.0
+    return None if best is None else best - validation_margin(budget_points, val_examples)
 
 
 def kept_test_accuracy(baseline: ModelArtifact, budget_points: float) -> float | None:
