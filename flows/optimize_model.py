@@ -58,7 +58,7 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.budget import Budget, budget_cuts
+from tfopt.budget import Budget, budget_cuts, confirmation_cuts
 from tfopt.config import BenchmarkConfig, resolve_cpus
 from tfopt.fileio import atomic_write_json, path_size_bytes
 from tfopt.measurement.champion import champion_speedup
@@ -138,9 +138,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                                                             variants), compressed, run_dir,
                                run, budget)
         baseline, inputs, variants = held.baseline, held.inputs, held.variants
-        if config.benchmark.share_inputs:
-            tracking.log_file(run, write_inputs_index(inputs, config.benchmark).parent,
-                              INPUTS_ARTIFACT)
+        _share_inputs(config, run, inputs)
         technique_models, cuts = compressed.models, []
         results = _benchmark_all([*variants, *compressed.variants], inputs, config.benchmark,
                                  budget, cuts)
@@ -152,13 +150,22 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         summary = _summarize(config, run, measured, results, run_ids,
                              [baseline, *technique_models], runoff, read_record(crashes),
                              held.note)
-        summary = _since_last_run(config, run, _with_plan(summary, compressed, budget, cuts),
-                                  run_dir, (results, inputs))
+        summary = _with_time_used(_since_last_run(
+            config, run, _with_plan(summary, compressed, budget, cuts), run_dir,
+            (results, inputs), budget), budget)
         _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
                           len(summary["variants"]), failures, summary["champion"] or "none")
     return summary
+
+
+def _share_inputs(config: PipelineConfig, run: tracking.TrackedRun,
+                  inputs: BenchmarkInputs) -> None:
+    """Log the benchmark inputs with the run, for other machines to measure on them too."""
+    if config.benchmark.share_inputs:
+        tracking.log_file(run, write_inputs_index(inputs, config.benchmark).parent,
+                          INPUTS_ARTIFACT)
 
 
 def _prepare_data(
@@ -464,15 +471,21 @@ def _summarize(
     )
 
 
+def _with_time_used(summary: dict[str, Any], budget: Budget) -> dict[str, Any]:
+    """The summary with the budget's use taken at the end, the checks since the last run in."""
+    cuts = [*summary["budget"]["cuts"], *confirmation_cuts(summary.get("since_last_run"))]
+    return {**summary, "budget": budget.summary(cuts)}
+
+
 def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: dict[str, Any],
                     run_dir: Path, measured: tuple[list[VariantResult], BenchmarkInputs],
-                    ) -> dict[str, Any]:
+                    budget: Budget) -> dict[str, Any]:
     """Compare with the config's last finished run: the report's section, tag and event.
 
     A slowdown beyond the run-to-run noise is timed again side by side with the previous run's
-    file (`confirm_slowdowns`). A regression (a slowdown so confirmed, lower accuracy, a newly
-    failing variant) tags the run ``tfopt.regression``, emits the Prefect event of that name
-    and is said on the registered champion's version.
+    file (`confirm_slowdowns`) while the time budget lasts. A regression (a slowdown so
+    confirmed, lower accuracy, a newly failing variant) tags the run ``tfopt.regression``,
+    emits the Prefect event of that name and is said on the registered champion's version.
     """
     previous = tracking.previous_summary(run, config.name, run_dir / "previous-run")
     since = None
@@ -480,7 +493,8 @@ def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: d
         since = compare(previous, summary, tracking.variant_p50_history(run, config.name),
                         config.benchmark.regression_min_change)
         checks = confirm_slowdowns(to_confirm(since), since["previous_run_id"], run.tracking_uri,
-                                   *measured, config.benchmark, run_dir / "previous-run")
+                                   *measured, config.benchmark, run_dir / "previous-run",
+                                   budget.deadline(1.0), 2.0 * budget.measure_s)
         since = settle(since, checks)
         tracking.note_regressions(run, summary.get("champion_model"), since)
     champion = next((v for v in summary["variants"] if v["name"] == summary["champion"]), None)

@@ -15,7 +15,9 @@ from tfopt.measurement.confirm import confirm_all
 @task(name="confirm_slowdowns", tags=["benchmark"])
 def confirm_slowdowns(moves: list[dict[str, Any]], previous_run_id: str, tracking_uri: str,
                       results: list[VariantResult], inputs: BenchmarkInputs,
-                      protocol: MeasurementProtocol, scratch: Path) -> dict[str, dict[str, Any]]:
+                      protocol: MeasurementProtocol, scratch: Path,
+                      deadline: float | None = None,
+                      first_s: float = 0.0) -> dict[str, dict[str, Any]]:
     """Confirm or clear each slowdown beyond the run-to-run noise since the last run.
 
     The previous run's file and this run's are timed in alternating rounds in one process,
@@ -31,8 +33,12 @@ def confirm_slowdowns(moves: list[dict[str, Any]], previous_run_id: str, trackin
         inputs: This run's benchmark inputs.
         protocol: The benchmark protocol.
         scratch: Folder for the previous run's files.
+        deadline: The run's time budget's end (None: none): a check that would end after it
+            is not started, and the stricter rule judges its slowdown.
+        first_s: What the first check is expected to take (then the longest one so far).
 
     Returns:
         Each slowdown's check, by variant.
     """
-    return confirm_all(moves, previous_run_id, tracking_uri, results, inputs, protocol, scratch)
+    return confirm_all(moves, previous_run_id, tracking_uri, results, inputs, protocol, scratch,
+                       deadline, first_s)

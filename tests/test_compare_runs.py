@@ -100,6 +100,32 @@ def test_a_previous_file_that_is_gone_leaves_the_stricter_rule():
         "stricter_rule"
 
 
+def test_checks_the_time_budget_leaves_no_room_for_are_not_started_and_said_as_cut(tmp_path):
+    import time
+
+    from tfopt.artifacts import VariantResult
+    from tfopt.budget import CUT_BY_BUDGET, confirmation_cuts
+    from tfopt.measurement.confirm import confirm_all
+
+    moves = [{"variant": name, "ratio": ratio, "minimum_change": 0.05, "verdict": "to_confirm",
+              "what": "p50", "direction": "slower", "before": 1.0, "after": ratio}
+             for name, ratio in (("a", 1.08), ("b", 1.3))]
+    results = [VariantResult(name=name, source="baseline", format="tflite", precision="int8",
+                             status="ok", path=tmp_path / f"{name}.tflite") for name in "ab"]
+    # Nothing is downloaded or timed: the MLflow address is closed and the inputs are absent.
+    checks = confirm_all(moves, "previous", "http://127.0.0.1:9", results, None, None,  # type: ignore[arg-type]
+                         tmp_path, deadline=time.time() + 5.0, first_s=60.0)
+    assert {name: check["verdict"] for name, check in checks.items()} == {
+        "a": "within_stricter_rule", "b": "stricter_rule"}
+    assert all(check["reason"].startswith(CUT_BY_BUDGET) for check in checks.values())
+    since = settle({"moves": moves, "status_changes": []}, checks)
+    assert [r["variant"] for r in since["regressions"]] == ["b"]
+    assert "not timed side by side (cut by the time budget" in "\n".join(regression_lines(since))
+    (line,) = confirmation_cuts(since)
+    assert line.startswith("2 slowdowns since the last run not timed side by side")
+    assert confirmation_cuts(None) == [] and confirmation_cuts({"moves": moves}) == []
+
+
 def test_the_side_by_side_check_opens_a_variant_folder_as_it_is_and_a_packaged_one_inside(
         tmp_path):
     from tfopt.artifacts import VariantResult

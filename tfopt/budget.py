@@ -218,3 +218,13 @@ def budget_cuts(training: dict[str, Any], techniques: dict[str, Any],
 def _clock(seconds: float) -> str:
     minutes, rest = divmod(max(0, round(seconds)), 60)
     return f"+{minutes}m{rest:02d}s"
+
+
+def confirmation_cuts(since: dict[str, Any] | None) -> list[str]:
+    """The slowdowns since the last run the budget left no time to time side by side."""
+    cut = [move["variant"] for move in (since or {}).get("moves", [])
+           if str((move.get("side_by_side") or {}).get("reason", "")).startswith(CUT_BY_BUDGET)]
+    if not cut:
+        return []
+    return [f"{len(cut)} slowdowns since the last run not timed side by side (the stricter "
+            f"rule judged them): {', '.join(cut)}"]

@@ -15,10 +15,12 @@ interval then overlapped a file 4.6 times slower.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
+from tfopt.budget import CUT_BY_BUDGET
 from tfopt.config import MeasurementProtocol
 from tfopt.measurement.runoff import side_by_side_in_worker
 from tfopt.orchestration import benchmark_slot
@@ -80,19 +82,29 @@ def _spec(result: VariantResult, path: Path, name: str) -> VariantSpec:
 
 def confirm_all(moves: list[dict[str, Any]], previous_run_id: str, tracking_uri: str,
                 results: list[VariantResult], inputs: BenchmarkInputs,
-                protocol: MeasurementProtocol, scratch: Path) -> dict[str, dict[str, Any]]:
+                protocol: MeasurementProtocol, scratch: Path,
+                deadline: float | None = None, first_s: float = 0.0) -> dict[str, dict[str, Any]]:
     """Each suspected slowdown's side-by-side check, by variant (`confirm_slowdown`).
 
     The previous run's file of each is downloaded from its MLflow child run; a file that is
-    gone (or does not load) leaves the stricter rule to judge the move, said as such.
+    gone (or does not load) leaves the stricter rule to judge the move, said as such. So does
+    the run's time budget: a check that would end after `deadline` (`first_s` expected for the
+    first, then the longest one so far) is not started (`CUT_BY_BUDGET` in its reason).
     """
     from tfopt.tracking import previous_variant_file
 
     by_name = {result.name: result for result in results}
-    checks = {}
+    checks: dict[str, dict[str, Any]] = {}
+    longest = first_s
     for move in moves:
         current = by_name.get(move["variant"])
         if current is None:
+            continue
+        started = time.time()
+        if deadline is not None and started + longest > deadline:
+            checks[move["variant"]] = confirm_slowdown(
+                move, current, None, inputs, protocol,
+                f"{CUT_BY_BUDGET}: no time left to time it beside the previous run's file")
             continue
         previous = previous_variant_file(tracking_uri, previous_run_id, move["variant"], scratch)
         why = "" if previous is not None else "not in the previous run's MLflow artifacts"
@@ -104,4 +116,5 @@ def confirm_all(moves: list[dict[str, Any]], previous_run_id: str, tracking_uri:
                 move, current, None, inputs, protocol,
                 f"it did not load beside this run's ({type(error).__name__}: "
                 f"{str(error)[:200]})")
+        longest = max(longest, time.time() - started)
     return checks

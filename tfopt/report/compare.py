@@ -215,8 +215,8 @@ def _verdict(move: dict[str, Any]) -> str:
         return "not confirmed (no side-by-side timing was made)"
     if verdict in ("stricter_rule", "within_stricter_rule"):
         counted = "a regression" if verdict == "stricter_rule" else "not a regression"
-        return (f"{counted} by the stricter rule (>= {check['required_ratio']:.2f}x): the "
-                f"previous run's file is gone ({check['reason']})")
+        return (f"{counted} by the stricter rule (>= {check['required_ratio']:.2f}x): not "
+                f"timed side by side ({check['reason']})")
     figures = (f"side by side in {check['rounds']} alternating rounds: previous "
                f"{check['previous_p50_ms']:.4f} ms ({check['previous_interval'][0]:.4f}-"
                f"{check['previous_interval'][1]:.4f}), this run's {check['current_p50_ms']:.4f} "
