@@ -27,6 +27,7 @@ buys in 20 epochs what scratch needs 100 for.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -364,7 +365,7 @@ def distill_model(
         teacher, translation = load_keras_model(model.path), None
         students = small_students(teacher, model, cfg, data)
     student = students.student
-    fitted = distill(teacher, student, cfg, data)
+    fitted = distill(teacher, student, cfg, student_share(data, students))
     budget = epochs_run(fitted)  # the controls train as long as the student did
     accuracies = {"scratch": _trained_on_labels(students.scratch(), cfg, data, budget)}
     if students.same_start is not None:
@@ -402,6 +403,19 @@ def distill_model(
                          (distilled_accuracy - accuracies["same_start"]) * 100.0}
                     if "same_start" in accuracies else {})},
     )
+
+
+def student_share(data: TrainingData, students: Students) -> TrainingData:
+    """`data` with the distilled student's share of the time left to its deadline.
+
+    Its controls then train as many epochs as it did, with no deadline of their own (their
+    comparison needs the same epochs), so the student ends early enough for them to fit.
+    """
+    if data.deadline is None:
+        return data
+    trainings = 2 if students.same_start is None else 3
+    now = time.time()
+    return data.model_copy(update={"deadline": now + (data.deadline - now) / trainings})
 
 
 def _trained_on_labels(student: keras.Model, cfg: DistillConfig, data: TrainingData,

@@ -282,6 +282,24 @@ def test_qat_converts_to_int8_that_agrees_with_the_float_qat_model(
     assert np.mean(float_top1 == int8_top1) >= 0.85
 
 
+def test_the_distilled_student_leaves_its_controls_their_time_before_the_deadline(tiny_data):
+    # configs/bench.yaml: the student stopped at the compression deadline, then its two controls
+    # trained its 3 epochs each and the phase ended 2 minutes late.
+    import time
+
+    from techniques.distill import Students, student_share
+
+    assert student_share(tiny_data, None).deadline is None  # type: ignore[arg-type]
+    deadline = time.time() + 90.0
+    timed = tiny_data.model_copy(update={"deadline": deadline})
+    both = Students(student=None, inherited=[], architecture="thinner", scratch=lambda: None,
+                    same_start=lambda: None)  # type: ignore[arg-type]
+    assert student_share(timed, both).deadline == pytest.approx(time.time() + 30.0, abs=1.0)
+    one = Students(student=None, inherited=[], architecture="small", scratch=lambda: None,
+                   same_start=None)  # type: ignore[arg-type]
+    assert student_share(timed, one).deadline == pytest.approx(time.time() + 45.0, abs=1.0)
+
+
 def test_distillation_loss_decreases_and_the_control_is_reported(tiny_baseline, tiny_data,
                                                                  tmp_path):
     before = sha256_file(tiny_baseline.path)
