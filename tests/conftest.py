@@ -20,6 +20,26 @@ from tfopt.services import ServiceSettings
 # (tests/tasks/test_model_sources.py checks a folder it does not allow is refused).
 os.environ.setdefault("TFOPT_CODE_DIRS", tempfile.gettempdir())
 
+DURATIONS = Path(__file__).with_name("durations.json")
+"""Seconds each test file took in a CI log (``--durations=0``, summed by file)."""
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """Longest test files first, so the workers' last files are short ones.
+
+    Files go to test workers whole and in this order (``--dist loadfile
+    --no-loadscope-reorder``); by default xdist puts the files with most tests first, which
+    left the one-test pipelines (the outages, the failing variant: 3-4 minutes each) to start
+    last while the other workers idled. A file missing from `DURATIONS` goes last; the order
+    within a file is kept.
+    """
+    import json
+
+    seconds = json.loads(DURATIONS.read_text())
+    position = {item: index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 0), position[item]))
+
 
 def write_digit_folder(root: Path, classes: int = 3, per_class: int = 20, size: int = 16) -> Path:
     """Write `per_class` real digit JPEGs for each of the first `classes` digits."""
