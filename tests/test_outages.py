@@ -31,6 +31,7 @@ def _outage_command(tmp_path: Path, *settings: str) -> list[str]:
         "--set", "input.measure_layouts=false", "--set", "input.sweep_batch_sizes=[32]",
         "--set", "input.measure_passes=1", "--set", "train.epochs=3",
         "--set", "runtimes.openvino.precisions=[]", "--set", "benchmark.profile=false",
+        "--set", "input.sweep_steps=2", "--set", "convert.selective_int8=false",
         *[arg for setting in settings for arg in ("--set", setting)]])
 
 

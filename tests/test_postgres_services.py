@@ -41,7 +41,8 @@ LIGHT_PIPELINE = {
     "input.sweep_batch_sizes": "[32]", "input.measure_layouts": "false", "train.epochs": 3,
     "train.stop": "fixed",
     "compress.qat.epochs": 1, "input.measure_passes": 1, "convert.bfloat16": "false",
-    "runtimes.openvino.precisions": "[]", "benchmark.profile": "false",
+    "runtimes.openvino.precisions": "[]", "benchmark.profile": "false", "input.sweep_steps": 2,
+    "convert.onnx_quantize": "[]", "convert.selective_int8": "false",
 }
 
 

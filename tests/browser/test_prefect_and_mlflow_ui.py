@@ -68,7 +68,7 @@ def smoke_parameters(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "compress.prune.enabled": False, "compress.distill.enabled": False,
         "compress.qat.epochs": 1, "train.epochs": 3, "train.stop": "fixed",
         "input.measure_passes": 1, "benchmark.profile": False,
-        "input.sweep_batch_sizes": [32], "input.measure_layouts": False,
+        "input.sweep_batch_sizes": [32], "input.measure_layouts": False, "input.sweep_steps": 2,
         "runtimes.openvino.precisions": [],
     })
     return {"config": config.model_dump(mode="json")}
