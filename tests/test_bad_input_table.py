@@ -42,7 +42,7 @@ def place(tmp_path_factory) -> Path:
     inputs = keras.Input((SIZE, SIZE, 3))
     left = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(3, 3)(inputs))
     right = keras.layers.GlobalMaxPooling2D()(keras.layers.Conv2D(3, 3)(inputs))
-    keras.Model(inputs, keras.layers.Add()([left, right])).save(root / "two-heads.keras")
+    keras.Model(inputs, keras.layers.Add(name="add")([left, right])).save(root / "two-heads.keras")
     (root / "text.keras").write_text("I am not a model")
     (root / "empty.h5").write_bytes(b"")
     (root / "text.tflite").write_text("not a flatbuffer")
