@@ -150,9 +150,9 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         summary = _summarize(config, run, measured, results, run_ids,
                              [baseline, *technique_models], runoff, read_record(crashes),
                              held.note)
-        summary = _with_time_used(_since_last_run(
-            config, run, _with_plan(summary, compressed, budget, cuts), run_dir,
-            (results, inputs), budget), budget)
+        summary = _with_budget(_since_last_run(
+            config, run, {**summary, "search": compressed.searches}, run_dir,
+            (results, inputs), budget), budget, cuts)
         _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
@@ -383,14 +383,6 @@ def _baseline_holds(
     return _Held(further, savedmodel, _benchmark_inputs(savedmodel, data, run_dir), variants)
 
 
-def _with_plan(summary: dict[str, Any], compressed: Compressed, budget: Budget,
-               cuts: list[str]) -> dict[str, Any]:
-    """The summary with the searches' trials and the budget: planned, used, what it cut."""
-    cuts = [*budget_cuts(summary["baseline_training"], summary["techniques"],
-                         compressed.searches, summary["variants"]), *cuts]
-    return {**summary, "search": compressed.searches, "budget": budget.summary(cuts)}
-
-
 def _benchmark_all(
     variants: list[VariantSpec], inputs: BenchmarkInputs, cfg: BenchmarkConfig, budget: Budget,
     cuts: list[str],
@@ -471,9 +463,14 @@ def _summarize(
     )
 
 
-def _with_time_used(summary: dict[str, Any], budget: Budget) -> dict[str, Any]:
-    """The summary with the budget's use taken at the end, the checks since the last run in."""
-    cuts = [*summary["budget"]["cuts"], *confirmation_cuts(summary.get("since_last_run"))]
+def _with_budget(summary: dict[str, Any], budget: Budget, cuts: list[str]) -> dict[str, Any]:
+    """The summary with the budget: planned, used and what it cut (the measurements' `cuts` too).
+
+    Its use is taken here, at the end: the checks since the last run are inside the budget.
+    """
+    cuts = [*budget_cuts(summary["baseline_training"], summary["techniques"], summary["search"],
+                         summary["variants"]),
+            *cuts, *confirmation_cuts(summary.get("since_last_run"))]
     return {**summary, "budget": budget.summary(cuts)}
 
 
