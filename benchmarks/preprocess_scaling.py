@@ -30,7 +30,7 @@ import tfopt  # noqa: F401
 from tasks.write_tfrecords import write_tfrecords
 from tfopt.config import DataConfig, ScaleConfig
 from tfopt.demo_data import write_varied_digit_jpegs
-from tfopt.scaling import local_cluster_kwargs
+from tfopt.scaling import local_cluster
 
 
 def timed_write(cfg: DataConfig, work: Path, scale: ScaleConfig | None) -> tuple[float, str]:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="shard size: small enough that every worker gets shards")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args(argv)
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
     with ExitStack() as stack:
@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = DataConfig(source_dir=source, image_size=args.size, shard_size_mb=args.shard_mb)
         modes: dict[str, ScaleConfig | None] = {"sequential": None}
         for workers in (1, 2):
-            cluster = stack.enter_context(LocalCluster(
-                dashboard_address=None, **local_cluster_kwargs(workers)))
+            cluster = stack.enter_context(local_cluster(workers))
             client = stack.enter_context(Client(cluster))
             client.run(importlib.import_module, "tasks.write_tfrecords")
             client.run(importlib.import_module, "tensorflow")

@@ -51,14 +51,15 @@ def run_search(config: PipelineConfig, baseline, data: TrainingData, workers: in
     Each trial's int8 file is timed with the bare loop and judged on the test split as the
     pipeline judges it (`judged_on_test`).
     """
-    from distributed import Client, LocalCluster
+    from distributed import Client
+
+    from tfopt.scaling import local_cluster
 
     cfg = config.compress.channel_prune.model_copy(update={"enabled": True, "fraction": "auto"})
     search = Search(KNOB, folder, f"search-{workers}", data.recover_to, data.recover_test_to)
     singles = [image[None] for image in test[0][:64]]
     started = time.perf_counter()
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True) as cluster, \
-            Client(cluster) as client:
+    with local_cluster(workers) as cluster, Client(cluster) as client:
         while values := search.next_values(workers):
             futures = {value: client.submit(
                 make_trial, "channel_prune", value, baseline, cfg,

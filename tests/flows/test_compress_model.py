@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 
 import pytest
@@ -15,11 +16,12 @@ from tfopt.scaling import task_runner
 def test_dask_runs_every_technique_and_conversion_on_worker_processes(
     live_services, tiny_data, tiny_baseline, tmp_path
 ):
-    from distributed import Client, LocalCluster
+    from distributed import Client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           dashboard_address=None)
+    from tfopt.scaling import local_cluster
+
+    cluster = local_cluster(2)
 
     config = PipelineConfig.model_validate({
         "name": "dask-test",
@@ -37,7 +39,8 @@ def test_dask_runs_every_technique_and_conversion_on_worker_processes(
         with Client(cluster) as client:
             ran = client.run_on_scheduler(
                 lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
-            worker_pids = set(client.run(lambda: __import__("os").getpid()).values())
+            worker_pids = set(client.run(os.getpid).values())
+            daemonic = set(client.run(lambda: multiprocessing.current_process().daemon).values())
     finally:
         cluster.close()
 
@@ -51,6 +54,7 @@ def test_dask_runs_every_technique_and_conversion_on_worker_processes(
     }
     assert all(v.status == "ok" and v.path.exists() for v in variants), variants
     assert os.getpid() not in worker_pids
+    assert daemonic == {False}, "native steps fork from a fork server there, not a fresh Python"
     assert by_name["pqat-tflite-int8"].derived_from == "pruned-80-tflite-int8"
     sparse, dense = by_name["pruned-80-tflite-sparse"], by_name["pruned-80-tflite-fp32"]
     assert sparse.derived_from == dense.name and sparse.params["sparsity_encoding"] is True

@@ -96,11 +96,11 @@ def test_rerun_rewrites_a_damaged_shard_resume(tiny_data_cfg, tmp_path):
 def test_dask_workers_write_the_sequential_writers_shards_and_resume(
     tiny_data_cfg, tiny_dataset, tmp_path, caplog
 ):
-    from distributed import LocalCluster
+    from tfopt.scaling import local_cluster
 
     sequential = tiny_dataset.manifest_path.read_text()
     caplog.set_level(logging.INFO, logger="tfopt")
-    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+    with local_cluster(2) as cluster:
         running = ScaleConfig(task_runner="dask", dask_address=cluster.scheduler_address)
         on_dask = write_tfrecords.fn(tiny_data_cfg, tmp_path, running)
     assert on_dask.manifest_path.read_text() == sequential, "same shards, same checksums"
