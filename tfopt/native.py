@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import logging
@@ -370,6 +371,7 @@ next step gets a fresh one."""
 def worker_main(conn: Any) -> None:
     """A worker's life: run each request it is sent, answer, wait for the next."""
     _die_with_parent()
+    gc.freeze()  # what the fork server imported: never garbage, and its pages stay shared
     while True:
         try:
             paths = conn.recv()
