@@ -379,6 +379,8 @@ def worker_main(conn: Any) -> None:
             return
         child_main(*paths)
         _forget_models()
+        gc.collect()
+        gc.freeze()  # what this step imported (tfmot, the converters) for the steps after it
         if _resident_mb() > WORKER_MAX_RSS_MB:
             conn.send("retiring")
             return

@@ -131,10 +131,11 @@ def _info(node: object) -> TensorInfo:
     return TensorInfo(node.name, shape, _NUMPY_TYPES.get(node.type, "float32"))
 
 
-_TF2ONNX_MAIN = ("import tfopt, runpy; "
+_TF2ONNX_MAIN = ("import gc, runpy, tfopt, tf2onnx.convert; gc.collect(); gc.freeze(); "
                  "runpy.run_module('tf2onnx.convert', run_name='__main__', alter_sys=True)")
 """``python -m tf2onnx.convert`` after ``import tfopt`` (its environment and garbage-collector
-settings: 1.3 of tf2onnx's ~5 CPU-s were collections while it imported TensorFlow)."""
+settings) with what it imported frozen: 1.3 of tf2onnx's ~5 CPU-s were collections walking
+TensorFlow's objects."""
 
 
 def run_tf2onnx(savedmodel_dir: Path, output: Path, opset: int) -> None:
