@@ -1,7 +1,8 @@
 """tfopt: make TensorFlow models fast in production, measured on your own hardware.
 
 Importing this package sets the process-wide environment that TensorFlow, Keras and Prefect
-read at import time, so every entry point (CLI, flows, tasks, tests) imports it first.
+read at import time, and the garbage collector's thresholds, so every entry point (CLI, flows,
+tasks, tests) imports it first.
 """
 
 import gc
