@@ -26,13 +26,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spawn(script: str, *args: str, capture: bool = False) -> subprocess.Popen:
-    """Run `script` in a fresh interpreter; with `capture`, its output and logs as text."""
+    """Run `script` in a fresh interpreter, its own process group (`_kill` ends all of it);
+    with `capture`, its output and logs as text."""
     if capture:
         return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+                                text=True, start_new_session=True)
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """SIGKILL the whole job at once, as a lost machine or a cancelled CI job does.
+
+    Killing only the script left its native step's worker (a child of the fork server) running
+    until the fork server noticed its client gone: in ci17 it finished the training it was to
+    leave half done.
+    """
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def _wait_for(condition, timeout_s: float = 120.0) -> None:
@@ -62,8 +75,7 @@ def test_preprocessing_killed_mid_way_resumes_to_the_same_manifest_fault(tmp_pat
     process = _spawn(script)
     sidecars = lambda: list(work.glob("datasets/*/*.tfrecord.json"))  # noqa: E731
     _wait_for(lambda: len(sidecars()) >= kill_after_shards or process.poll() is not None)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    _kill(process)
     for shard in work.glob("datasets/*/*.tfrecord"):
         meta = shard.with_name(shard.name + ".json")
         assert meta.exists(), f"{shard.name} visible under its final name without its sidecar"
@@ -100,8 +112,7 @@ def test_training_killed_mid_way_resumes_from_its_last_epoch(tiny_dataset, tmp_p
         return max(0, len(history.read_text().splitlines()) - 1) if history.exists() else 0
 
     _wait_for(lambda: epochs_done() >= 3 or process.poll() is not None, timeout_s=300)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    _kill(process)
     done_before = epochs_done()
     assert 3 <= done_before < epochs, "the kill should land mid-training"
     first_rows = history.read_text().splitlines()[: done_before + 1]
