@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from tfopt.config import DataConfig, TrainConfig
 from tfopt.models.baseline_fit import BEST_NAME
 from tfopt.models.config import ModelConfig
 from tfopt.models.training import HISTORY_NAME, KeepBestWeights, read_history
+from tfopt.processes import terminate_group
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,9 +42,9 @@ def _kill(process: subprocess.Popen) -> None:
 
     Killing only the script left its native step's worker (a child of the fork server) running
     until the fork server noticed its client gone: in ci17 it finished the training it was to
-    leave half done.
+    leave half done. Returns once every process of the group is gone, so nothing writes after.
     """
-    os.killpg(process.pid, signal.SIGKILL)
+    terminate_group(process.pid, timeout_s=30, first=signal.SIGKILL)
     process.wait()
 
 
