@@ -19,7 +19,7 @@ from flows.common import build_forms, build_sources, error_of, final_state
 from flows.parameters import PipelineConfig
 from tasks.export_savedmodel import export_savedmodel
 from tasks.run_trial import run_trial
-from techniques import Planned, contained, open_search, plan
+from techniques import Planned, contained, finishing, open_search, plan
 from techniques.base import NotApplicable
 from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
 from tfopt.budget import CUT_BY_BUDGET
@@ -41,9 +41,10 @@ def compress_model(
     (`Planned.starts_from`) gets that technique's future as its input, so it waits for it. A
     technique whose strength is ``auto`` is searched first (`tfopt.search`: trials fanned out
     on the task runner, each a Prefect task run and a nested MLflow run), and its chosen
-    trial's model is its model. A technique that fails marks its planned variants failed (and
-    those of the techniques continuing from it), one that does not apply to the model
-    (`NotApplicable`, or no setting within the budget) skipped with its reason; the others go on.
+    trial's model is its model (after the technique's `Technique.after_search`, if any). A
+    technique that fails marks its planned variants failed (and those of the techniques
+    continuing from it), one that does not apply to the model (`NotApplicable`, or no setting
+    within the budget) skipped with its reason; the others go on.
 
     Args:
         config: The pipeline configuration (compress, convert and scale sections).
@@ -127,7 +128,11 @@ def _search(search: Search, planned: Planned, config: PipelineConfig, start: Mod
     if chosen is None or chosen.model is None:
         return Failed(data=NotApplicable(f"no {search.knob.field} tried kept the accuracy within "
                                          f"the budget ({search_line(search)})"))
-    return Completed(data=chosen.model)
+    if planned.technique.after_search is None:
+        return Completed(data=chosen.model)
+    return final_state(finishing(name).submit(
+        start, planned.technique.at(planned.cfg, chosen.value), data,
+        search.folder / f"trial-{chosen.value:g}", chosen.model))
 
 
 def _state_of(outcome: Any) -> State:

@@ -343,6 +343,33 @@ def contained(name: str) -> Task:
     return task(run_technique, name=technique.apply.name, tags=sorted(technique.apply.tags))
 
 
+def after_search_here(name: str, model: ModelArtifact, cfg: TechniqueSection,
+                      data: TrainingData, out_dir: Path, made: ModelArtifact) -> ModelArtifact:
+    """Technique `name`'s step after its search, in this process (`finishing` runs it)."""
+    step = registry()[name].after_search
+    assert step is not None
+    return step.fn(model, cfg, data, out_dir, made)
+
+
+@cache
+def finishing(name: str) -> Task:
+    """Technique `name`'s `Technique.after_search` as the flows run it: in a child process."""
+    technique = registry()[name]
+    assert technique.after_search is not None
+    step = NativeStep(technique.after_search.name,
+                      f"the {name} technique's last step after its search",
+                      "the other techniques go on; this one's variants are reported failed")
+
+    def after_search(model: ModelArtifact, cfg: TechniqueSection, data: TrainingData,
+                     out_dir: Path, made: ModelArtifact) -> ModelArtifact:
+        return run_native(step, after_search_here, name, model, cfg, data, out_dir, made)
+
+    after_search.__doc__ = technique.after_search.fn.__doc__
+    after_search.__name__ = after_search.__qualname__ = technique.after_search.fn.__name__
+    return task(after_search, name=technique.after_search.name,
+                tags=sorted(technique.after_search.tags))
+
+
 def planned_counts(config: Any) -> tuple[int, int]:
     """How many baseline and compressed variants a run of `config` plans (its time budget's)."""
     from tfopt.runtimes import plan_forms

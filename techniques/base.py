@@ -163,6 +163,11 @@ class Technique:
             continues from the pruned model). The run order follows from it.
         knob: The strength ``auto`` searches (its field and candidates, weakest first), if
             any: the compression flow tries settings and keeps the fastest within the budget.
+        after_search: A searched technique's last step, on the chosen trial's model: the
+            Prefect task ``(model, cfg, data, out_dir, made) -> ModelArtifact`` (`cfg` at
+            the chosen strength, `made` that trial's model). Distillation trains its controls
+            there, once, where each trial trained its student alone. None: the chosen
+            trial's model is the technique's.
     """
 
     name: str
@@ -175,6 +180,7 @@ class Technique:
     sparse_tflite: bool = False
     starts_from: str | Callable[[Any], str | None] | None = None
     knob: Knob | None = None
+    after_search: Task | None = None
 
     def searched(self, cfg: TechniqueSection) -> bool:
         """Whether its strength is ``auto`` in `cfg`: a search finds it (`tfopt.search`)."""

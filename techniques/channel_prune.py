@@ -26,7 +26,7 @@ from techniques.base import (
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
-from tfopt.models.channel_pruning import ChannelPruningError, thin_model
+from tfopt.models.channel_pruning import SEARCHED_SHARES, ChannelPruningError, thin_model
 from tfopt.models.flops import keras_flops
 from tfopt.models.keras_io import keras_model_path, save_keras_model
 from tfopt.models.training import (
@@ -70,7 +70,7 @@ class ChannelPruneConfig(TechniqueSection):
     )
 
 
-KNOB = Knob("fraction", (0.25, 0.375, 0.5, 0.625, 0.75, 0.875), unit="%")
+KNOB = Knob("fraction", SEARCHED_SHARES, unit="%")
 """What ``fraction: auto`` searches, weakest first."""
 
 

@@ -31,13 +31,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 from prefect import task
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from techniques.base import (
     KERAS_ONLY,
@@ -45,11 +45,17 @@ from techniques.base import (
     Technique,
     TechniqueSection,
     derived_model,
+    resolved,
     tfmot_model,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
-from tfopt.models.channel_pruning import ChannelPruningError, filter_scores, thin_model
+from tfopt.models.channel_pruning import (
+    SEARCHED_SHARES,
+    ChannelPruningError,
+    filter_scores,
+    thin_model,
+)
 from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras_model
 from tfopt.models.training import (
     Fitted,
@@ -62,6 +68,10 @@ from tfopt.models.training import (
     scheduled_learning_rate,
 )
 from tfopt.models.zoo import build_model
+from tfopt.search import Knob
+
+if TYPE_CHECKING:
+    from tfopt.models.translate import Translation
 
 
 class DistillConfig(TechniqueSection):
@@ -99,9 +109,12 @@ class DistillConfig(TechniqueSection):
             "teacher can pass its most important filters on)."
         ),
     )
-    thinner: float = Field(
-        0.5, ge=0.05, le=0.9,
-        description="With student thinner: the share of the teacher's filters it lacks.",
+    thinner: Annotated[float, Field(ge=0.05, le=0.9)] | Literal["auto"] = Field(
+        0.5,
+        description="With student thinner: the share of the teacher's filters it lacks; auto: "
+                    "the largest share whose distilled student stays within the accuracy "
+                    "budget, searched among 25% to 87.5% (tfopt.search; its controls are "
+                    "trained once, for the share chosen).",
     )
     student_init: Literal["teacher", "random"] = Field(
         "teacher",
@@ -120,6 +133,17 @@ class DistillConfig(TechniqueSection):
             "automatic plan's choice)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _auto_width_needs_the_thinner_student(self) -> DistillConfig:
+        if self.thinner == "auto" and self.student != "thinner":
+            raise ValueError("thinner: auto searches the thinner student's width: set "
+                             "student: thinner")
+        return self
+
+
+KNOB = Knob("thinner", SEARCHED_SHARES, unit="%")
+"""What ``thinner: auto`` searches, weakest first."""
 
 STUDENT_ARCHITECTURE = "small_student"
 
@@ -266,7 +290,8 @@ def student_name(cfg: DistillConfig) -> str:
     ``distilled-small``, or ``distilled-thinner-<percent of filters removed>``.
     """
     if cfg.student == "thinner":
-        return f"distilled-thinner-{round(cfg.thinner * 100)}"
+        share = "auto" if cfg.thinner == "auto" else round(cfg.thinner * 100)
+        return f"distilled-thinner-{share}"
     return "distilled-small"
 
 
@@ -337,6 +362,16 @@ def thinner_students(teacher: keras.Model, cfg: DistillConfig, data: TrainingDat
                     "removed)", random_start, same_start if inherited else None)
 
 
+def teacher_and_students(model: ModelArtifact, cfg: DistillConfig,
+                         data: TrainingData) -> tuple[keras.Model, Translation | None, Students]:
+    """The teacher as distillation takes it, its translation (a Keras 3 teacher) and students."""
+    if cfg.student == "thinner":
+        teacher, translation = tfmot_model(model, data)
+        return teacher, translation, thinner_students(teacher, cfg, data)
+    teacher = load_keras_model(model.path)
+    return teacher, None, small_students(teacher, model, cfg, data)
+
+
 @task(name="distill_model", tags=["compression"])
 def distill_model(
     model: ModelArtifact, cfg: DistillConfig, data: TrainingData, out_dir: Path
@@ -345,7 +380,8 @@ def distill_model(
 
     The distilled student starts from the teacher's filters (`cfg.student_init` teacher, where
     the two share convolutions); the control is the same student from random weights, trained
-    with the same budget on labels alone.
+    with the same budget on labels alone. A search trial (`data.trial`) trains the student
+    alone: the controls of the width chosen are trained after the search (`distill_controls`).
 
     Args:
         model: The trained teacher (left unchanged).
@@ -356,30 +392,19 @@ def distill_model(
 
     Returns:
         The distilled student, with both students' test accuracy and the gain in points.
+
+    Raises:
+        NotApplicable: `cfg.require_gain` and the student does not beat its control, or a
+            teacher that cannot be made thinner.
     """
-    logger = step_logger()
-    if cfg.student == "thinner":
-        teacher, translation = tfmot_model(model, data)
-        students = thinner_students(teacher, cfg, data)
-    else:
-        teacher, translation = load_keras_model(model.path), None
-        students = small_students(teacher, model, cfg, data)
+    resolved(cfg, KNOB)
+    teacher, translation, students = teacher_and_students(model, cfg, data)
     student = students.student
-    fitted = distill(teacher, student, cfg, student_share(data, students))
-    budget = epochs_run(fitted)  # the controls train as long as the student did
-    accuracies = {"scratch": _trained_on_labels(students.scratch(), cfg, data, budget)}
-    if students.same_start is not None:
-        accuracies["same_start"] = _trained_on_labels(students.same_start(), cfg, data, budget)
+    trial = data.trial is not None
+    fitted = distill(teacher, student, cfg, data if trial else student_share(data, students))
     distilled_accuracy = evaluate_test_accuracy(student, data)
-    gain = (distilled_accuracy - accuracies["scratch"]) * 100.0
-    logger.info("student test accuracy: distilled %.4f, from scratch %.4f (%+.2f points)%s",
-                distilled_accuracy, accuracies["scratch"], gain,
-                f", same start on labels alone {accuracies['same_start']:.4f}"
-                if "same_start" in accuracies else "")
-    if cfg.require_gain and gain <= 0.0:
-        raise NotApplicable(f"distillation does not pay here: the distilled student reached "
-                            f"{distilled_accuracy:.4f}, its control trained on labels alone "
-                            f"{accuracies['scratch']:.4f} ({gain:+.2f} points)")
+    judged = {} if trial else against_controls(students, distilled_accuracy, cfg, data,
+                                               epochs_run(fitted))
     name = student_name(cfg)
     path = keras_model_path(out_dir, name)
     save_keras_model(student, path)
@@ -391,18 +416,70 @@ def distill_model(
                 "learning_rate": cfg.learning_rate,
                 "learning_rate_schedule": cfg.learning_rate_schedule,
                 "student_init": cfg.student_init,
+                **({"thinner": cfg.thinner} if cfg.student == "thinner" else {}),
                 "inherited_layers": ",".join(students.inherited)[:5000] or "none",
                 "student_parameters": int(student.count_params()),
                 "teacher_parameters": int(teacher.count_params())},
         translation=translation,
-        metrics={"test_accuracy": distilled_accuracy,
-                 "scratch_test_accuracy": accuracies["scratch"],
-                 "distillation_gain_points": gain,
-                 **({"same_start_test_accuracy": accuracies["same_start"],
-                     "teacher_outputs_gain_points":
-                         (distilled_accuracy - accuracies["same_start"]) * 100.0}
-                    if "same_start" in accuracies else {})},
+        metrics={"test_accuracy": distilled_accuracy, **judged},
     )
+
+
+@task(name="distill_controls", tags=["compression"])
+def distill_controls(model: ModelArtifact, cfg: DistillConfig, data: TrainingData,
+                     out_dir: Path, made: ModelArtifact) -> ModelArtifact:
+    """The controls of the width a search chose, trained as long as its student was.
+
+    A search's trials train the distilled student alone; this trains the chosen one's controls
+    once (`against_controls`), so it is judged as an unsearched student is.
+
+    Args:
+        model: The trained teacher (left unchanged).
+        cfg: The settings at the chosen width.
+        data: The run's training data (the controls have no deadline of their own).
+        out_dir: The technique's folder (the controls leave no file).
+        made: The chosen trial's distilled student.
+
+    Returns:
+        `made` with its controls' test accuracies and the gains in points.
+
+    Raises:
+        NotApplicable: `cfg.require_gain` and the student does not beat its control.
+    """
+    del out_dir
+    _, _, students = teacher_and_students(model, cfg, data)
+    judged = against_controls(students, made.metrics["test_accuracy"], cfg, data,
+                              int(made.params["epochs_run"]))
+    return made.model_copy(update={"metrics": {**made.metrics, **judged}})
+
+
+def against_controls(students: Students, distilled_accuracy: float, cfg: DistillConfig,
+                     data: TrainingData, epochs: int) -> dict[str, float]:
+    """Train the distilled student's controls for its `epochs`; their accuracies and the gains.
+
+    Raises:
+        NotApplicable: `cfg.require_gain` and the student does not beat its scratch control.
+    """
+    accuracies = {"scratch": _trained_on_labels(students.scratch(), cfg, data, epochs)}
+    if students.same_start is not None:
+        accuracies["same_start"] = _trained_on_labels(students.same_start(), cfg, data, epochs)
+    gain = (distilled_accuracy - accuracies["scratch"]) * 100.0
+    step_logger().info(
+        "student test accuracy: distilled %.4f, from scratch %.4f (%+.2f points)%s",
+        distilled_accuracy, accuracies["scratch"], gain,
+        f", same start on labels alone {accuracies['same_start']:.4f}"
+        if "same_start" in accuracies else "")
+    if cfg.require_gain and gain <= 0.0:
+        raise NotApplicable(f"distillation does not pay here: the distilled student reached "
+                            f"{distilled_accuracy:.4f}, its control trained on labels alone "
+                            f"{accuracies['scratch']:.4f} ({gain:+.2f} points)")
+    judged = {"scratch_test_accuracy": accuracies["scratch"],
+              "distillation_gain_points": gain}
+    if "same_start" in accuracies:
+        judged |= {"same_start_test_accuracy": accuracies["same_start"],
+                   "teacher_outputs_gain_points":
+                       (distilled_accuracy - accuracies["same_start"]) * 100.0}
+    return judged
 
 
 def student_share(data: TrainingData, students: Students) -> TrainingData:
@@ -427,5 +504,5 @@ def _trained_on_labels(student: keras.Model, cfg: DistillConfig, data: TrainingD
 
 TECHNIQUE = Technique(
     name="distill", section=DistillConfig, accepts=KERAS_ONLY, source_name=student_name,
-    apply=distill_model,
+    apply=distill_model, knob=KNOB, after_search=distill_controls,
 )

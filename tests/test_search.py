@@ -93,12 +93,13 @@ def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path):
     assert search.cut == "the fraction search stopped after 1 trials (time budget)"
 
 
-@pytest.mark.parametrize("technique", ["channel_prune", "prune", "cluster"])
-def test_auto_is_a_strength_each_searched_technique_declares(technique):
+@pytest.mark.parametrize("technique, settings", [
+    ("channel_prune", {}), ("prune", {}), ("cluster", {}), ("distill", {"student": "thinner"})])
+def test_auto_is_a_strength_each_searched_technique_declares(technique, settings):
     from techniques import registry
 
     declared = registry()[technique]
-    cfg = declared.section.model_validate({declared.knob.field: "auto"})
+    cfg = declared.section.model_validate({declared.knob.field: "auto", **settings})
     assert declared.searched(cfg)
     assert "auto" in declared.source_name(cfg)
     concrete = declared.at(cfg, declared.knob.values[2])
@@ -106,3 +107,11 @@ def test_auto_is_a_strength_each_searched_technique_declares(technique):
     assert isinstance(getattr(concrete, declared.knob.field), type(declared.knob.values[2]))
     with pytest.raises(ValueError, match="auto is set by the search"):
         declared.apply.fn(None, cfg, None, Path("."))
+
+
+def test_a_searched_width_needs_the_thinner_student():
+    from techniques.distill import DistillConfig
+
+    with pytest.raises(ValueError, match="set student: thinner"):
+        DistillConfig(thinner="auto")
+    assert DistillConfig(student="thinner", thinner="auto").thinner == "auto"

@@ -66,3 +66,46 @@ def test_dask_runs_every_technique_and_conversion_on_worker_processes(
     for step in ("prune_model", "distill_model", "quantize_aware_train", "build_variant",
                  "export_savedmodel", "prune_preserving_qat"):
         assert any(prefix.startswith(step) for prefix in ran), (step, ran)
+
+
+@pytest.mark.e2e
+def test_a_searched_student_width_is_distilled_per_trial_and_its_controls_trained_once(
+    live_services, tiny_data, tiny_baseline, tiny_dataset, tmp_path
+):
+    from mlflow import MlflowClient
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
+    from tfopt.tracking import RunRef
+
+    config = PipelineConfig.model_validate({
+        "name": "distill-search", "work_dir": str(tmp_path / "work"),
+        "compress": {"distill": {"student": "thinner", "thinner": "auto", "epochs": 2},
+                     "prune": {"enabled": False}, "qat": {"enabled": False},
+                     "cluster": {"enabled": False}, "tflite": ["int8"], "graph": False},
+        "convert": {"calibration_examples": 16},
+        "benchmark": {"min_runs": 10, "min_seconds": 0.1, "max_seconds": 0.5},
+    })
+    mlflow = MlflowClient(live_services.mlflow_url)
+    experiment = mlflow.create_experiment(f"distill-search-{tmp_path.name}")
+    parent = RunRef(tracking_uri=live_services.mlflow_url, experiment_id=experiment,
+                    run_id=mlflow.create_run(experiment).info.run_id)
+    inputs = prepare_benchmark_inputs.fn(None, tiny_dataset, tmp_path / "inputs")
+    with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
+        compressed = compress_model(config, tiny_baseline, tiny_data, tmp_path, inputs, parent)
+
+    search = compressed.searches["distill"]
+    assert search["knob"] == "thinner" and len(search["trials"]) >= 2, search
+    chosen = search["chosen"]
+    assert chosen is not None, search
+    (student,) = compressed.models
+    assert student.name == f"distilled-thinner-{round(chosen * 100)}"
+    assert student.params["thinner"] == chosen
+    assert {"scratch_test_accuracy", "same_start_test_accuracy",
+            "distillation_gain_points"} <= set(student.metrics), "its controls, after the search"
+    (variant,) = compressed.variants
+    assert variant.name == f"{student.name}-tflite-int8" and variant.status == "ok", variant
+    trials = mlflow.search_runs(
+        [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent.run_id}'")
+    assert sorted(float(run.data.params["thinner"]) for run in trials) == sorted(
+        trial["params"]["thinner"] for trial in search["trials"]), "each trial a nested run"

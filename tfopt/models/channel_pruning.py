@@ -22,6 +22,10 @@ from typing import Any
 
 import numpy as np
 
+SEARCHED_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
+"""The shares of each channel group's filters a search may remove, weakest first (channel
+pruning's ``fraction: auto`` and the thinner distillation student's ``thinner: auto``)."""
+
 SOURCE_CLASSES = ("Conv2D", "Dense")
 """Layers whose output channels are their own filters (a new channel group)."""
 
