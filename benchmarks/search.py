@@ -64,7 +64,7 @@ def run_search(config: PipelineConfig, baseline, data: TrainingData, workers: in
             futures = {value: client.submit(
                 make_trial, "channel_prune", value, baseline, cfg,
                 data.model_copy(update={"trial": search.start(value)}),
-                folder / f"trial-{value:g}", config.convert, data.recover_to, pure=False)
+                search.trial_folder(value), config.convert, data.recover_to, pure=False)
                 for value in values}
             for future in futures.values():
                 trial = future.result()

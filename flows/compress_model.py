@@ -119,7 +119,7 @@ def _search(search: Search, planned: Planned, config: PipelineConfig, start: Mod
         futures = {value: run_trial.submit(
             name, value, start, planned.cfg,
             data.model_copy(update={"trial": search.start(value)}),
-            search.folder / f"trial-{value:g}", config.convert, inputs, config.benchmark,
+            search.trial_folder(value), config.convert, inputs, config.benchmark,
             parent) for value in values}
         for value, future in futures.items():
             search.finish(trial_of(final_state(future), search, value))
@@ -132,7 +132,7 @@ def _search(search: Search, planned: Planned, config: PipelineConfig, start: Mod
         return Completed(data=chosen.model)
     return final_state(finishing(name).submit(
         start, planned.technique.at(planned.cfg, chosen.value), data,
-        search.folder / f"trial-{chosen.value:g}", chosen.model))
+        search.trial_folder(chosen.value), chosen.model))
 
 
 def _state_of(outcome: Any) -> State:

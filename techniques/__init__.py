@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -338,9 +339,14 @@ def contained(name: str) -> Task:
                                 f"{name} could start")
         return run_native(step, apply_here, name, model, cfg, data, out_dir)
 
-    run_technique.__doc__ = technique.apply.fn.__doc__
-    run_technique.__name__ = run_technique.__qualname__ = technique.apply.fn.__name__
-    return task(run_technique, name=technique.apply.name, tags=sorted(technique.apply.tags))
+    return _in_place_of(technique.apply, run_technique)
+
+
+def _in_place_of(declared: Task, body: Callable[..., ModelArtifact]) -> Task:
+    """`body` as a Prefect task with `declared`'s name, tags, function name and docstring."""
+    body.__doc__ = declared.fn.__doc__
+    body.__name__ = body.__qualname__ = declared.fn.__name__
+    return task(body, name=declared.name, tags=sorted(declared.tags))
 
 
 def after_search_here(name: str, model: ModelArtifact, cfg: TechniqueSection,
@@ -364,10 +370,7 @@ def finishing(name: str) -> Task:
                      out_dir: Path, made: ModelArtifact) -> ModelArtifact:
         return run_native(step, after_search_here, name, model, cfg, data, out_dir, made)
 
-    after_search.__doc__ = technique.after_search.fn.__doc__
-    after_search.__name__ = after_search.__qualname__ = technique.after_search.fn.__name__
-    return task(after_search, name=technique.after_search.name,
-                tags=sorted(technique.after_search.tags))
+    return _in_place_of(technique.after_search, after_search)
 
 
 def planned_counts(config: Any) -> tuple[int, int]:

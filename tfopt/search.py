@@ -161,6 +161,10 @@ class Search:
                         for k in range(count)})
         return [values[i] for i in picks]
 
+    def trial_folder(self, value: float) -> Path:
+        """Where the trial of one setting keeps its model and int8 file."""
+        return self.folder / f"trial-{value:g}"
+
     def start(self, value: float) -> TrialRef:
         """Open the Optuna trial of one setting; its fine-tuning reports to it."""
         self.study.enqueue_trial({self.knob.field: value})
