@@ -81,6 +81,7 @@ from tfopt.report.summary import baseline_training, build_summary, champion_card
 from tfopt.runtimes import plan_forms, plan_variant, registry, settings_of
 from tfopt.runtimes.base import BuildSources, PlanRequest
 from tfopt.scaling import task_runner
+from tfopt.search import speedup_reference
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         variants, budget = _baseline_variants(config, measured.data, baseline, savedmodel,
                                               run_dir, run, budget)
         compressed = _compressed_variants(config, measured.data, baseline, run_dir, run,
-                                          inputs, budget)
+                                          inputs, budget, variants)
         held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs,
                                                             variants), compressed, run_dir,
                                run, budget)
@@ -304,20 +305,24 @@ def _export_bundles(sources: BuildSources, config: PipelineConfig, run_dir: Path
 def _compressed_variants(
     config: PipelineConfig, data: TrainingData, baseline: ModelArtifact, run_dir: Path,
     run: tracking.TrackedRun, inputs: BenchmarkInputs, budget: Budget,
+    baseline_variants: list[VariantSpec],
 ) -> Compressed:
     """The compression subflow on the configured task runner, its models' metrics logged.
 
     Every fine-tuning stops once back within the accuracy budget of the baseline's validation
     accuracy, give or take two validation images (`recovery_target`); a search's trial must
     also keep its int8 file within the budget of the baseline's test accuracy, the champion's
-    rule. If the subflow fails as a whole (e.g. its Dask cluster), every planned compressed
-    variant is marked failed and the baseline variants still go on.
+    rule, and is timed side by side with the baseline's int8 file (`speedup_reference`). If the
+    subflow fails as a whole (e.g. its Dask cluster), every planned compressed variant is
+    marked failed and the baseline variants still go on.
     """
     budget_points = config.benchmark.accuracy_budget_points
     val_examples = data.dataset.splits["val"].examples
     tuning = data.model_copy(update={"recover_to": recovery_target(baseline, budget_points,
                                                                    val_examples),
                                      "recover_test_to": kept_test_accuracy(baseline, budget_points),
+                                     "speedup_reference": speedup_reference(
+                                         baseline_variants, baseline.name),
                                      "deadline": budget.compression_deadline})
     compressing = compress_model.with_options(task_runner=task_runner(config.scale))(
         config, baseline, tuning, run_dir, inputs, run.ref, return_state=True)

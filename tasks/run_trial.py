@@ -24,9 +24,9 @@ def run_trial(technique: str, value: float, start: ModelArtifact, cfg: Technique
 
     The model is made in a child process (`tfopt.native`: a crash fails this trial only),
     fine-tuned until back within the accuracy budget or stopped by the study's pruner
-    (`data.trial`); its int8 TFLite file is timed holding the machine's benchmark slot and
-    its test accuracy checked against `data.recover_test_to`; the trial is a nested MLflow run
-    of the pipeline's run.
+    (`data.trial`); its int8 TFLite file is timed holding the machine's benchmark slot (side by
+    side with `data.speedup_reference`) and its test accuracy checked against
+    `data.recover_test_to`; the trial is a nested MLflow run of the pipeline's run.
 
     Args:
         technique: The technique searched.
@@ -48,7 +48,7 @@ def run_trial(technique: str, value: float, start: ModelArtifact, cfg: Technique
                       "the search goes on without this setting")
     made = run_native(step, make_trial, technique, value, start, cfg, data, out_dir, convert,
                       data.recover_to)
-    timed = time_int8(made, inputs, protocol, data.recover_test_to)
+    timed = time_int8(made, inputs, protocol, data.recover_test_to, data.speedup_reference)
     log_trial(parent, f"{technique} {timed.field}={timed.value:g}",
               {"technique": technique, **timed.summary()})
     return timed

@@ -86,6 +86,10 @@ class TrainingData(_Frozen):
     """The test-split accuracy a search trial's int8 file must keep: the baseline's test
     accuracy less the budget, the champion's rule (`tfopt.search.time_int8`). None: not
     checked."""
+    speedup_reference: VariantSpec | None = None
+    """The baseline's int8 TFLite file: a search trial's int8 file is timed side by side with it
+    in one process, and the search chooses by that speed-up (`tfopt.search.time_int8`). None:
+    by the trial's own p50."""
     trial: TrialRef | None = None
     """The search trial this fine-tuning is (its validation curve goes to the study, whose
     pruner may stop a hopeless one)."""

@@ -70,12 +70,13 @@ def test_dask_runs_every_technique_and_conversion_on_worker_processes(
 
 @pytest.mark.e2e
 def test_a_searched_student_width_is_distilled_per_trial_and_its_controls_trained_once(
-    live_services, tiny_data, tiny_baseline, tiny_dataset, tmp_path
+    live_services, tiny_data, tiny_baseline, tiny_savedmodel, tiny_dataset, tmp_path
 ):
     from mlflow import MlflowClient
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
+    from tests.steps import to_tflite
     from tfopt.tracking import RunRef
 
     config = PipelineConfig.model_validate({
@@ -91,13 +92,17 @@ def test_a_searched_student_width_is_distilled_per_trial_and_its_controls_traine
     parent = RunRef(tracking_uri=live_services.mlflow_url, experiment_id=experiment,
                     run_id=mlflow.create_run(experiment).info.run_id)
     inputs = prepare_benchmark_inputs.fn(None, tiny_dataset, tmp_path / "inputs")
+    reference = to_tflite(tiny_savedmodel, "int8", tiny_dataset, config.convert, tmp_path / "int8")
+    data = tiny_data.model_copy(update={"speedup_reference": reference})
     with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
-        compressed = compress_model(config, tiny_baseline, tiny_data, tmp_path, inputs, parent)
+        compressed = compress_model(config, tiny_baseline, data, tmp_path, inputs, parent)
 
     search = compressed.searches["distill"]
     assert search["knob"] == "thinner" and len(search["trials"]) >= 2, search
     chosen = search["chosen"]
     assert chosen is not None, search
+    assert all(trial["speedup"] > 0 for trial in search["trials"] if trial["status"] == "ok"), (
+        "each trial within the budget timed side by side with the baseline's int8 file")
     (student,) = compressed.models
     assert student.name == f"distilled-thinner-{round(chosen * 100)}"
     assert student.params["thinner"] == chosen

@@ -247,6 +247,9 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     for trial in searched:
         if trial["status"] == "ok":
             assert trial["test_accuracy"] >= tested, trial
+            assert trial["speedup"] > 0, "timed side by side with baseline-tflite-int8"
+    assert {t.data.metrics.get("speedup") for t in trials} == {
+        t["speedup"] for t in searched}, "each trial's speed-up is its run's metric"
     for child in children:
         assert child.data.params["format"] in known_formats()
         if child.data.tags["tfopt.status"] != "ok":

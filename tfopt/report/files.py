@@ -162,7 +162,7 @@ def _budget_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def _search_lines(summary: dict[str, Any]) -> list[str]:
-    """Each searched technique's trials: setting, accuracies, int8 p50, verdict."""
+    """Each searched technique's trials: setting, accuracies, int8 p50 and speed-up, verdict."""
     lines = []
     for technique, search in (summary.get("search") or {}).items():
         target = search.get("target_val_accuracy")
@@ -172,8 +172,8 @@ def _search_lines(summary: dict[str, Any]) -> list[str]:
                   f"{_fmt(search['chosen'], 'g')}"
                   + (f"; {search['cut']}" if search.get("cut") else "") + "):", "",
                   f"| {search['knob']} | status | val accuracy | int8 test accuracy "
-                  "| int8 p50 ms | epochs | s |",
-                  "|---:|---|---:|---:|---:|---:|---:|"]
+                  "| int8 p50 ms | speed-up (x, side by side) | epochs | s |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|"]
         for trial in search["trials"]:
             value = next(iter(trial["params"].values()))
             star = "★ " if value == search["chosen"] else ""
@@ -181,6 +181,7 @@ def _search_lines(summary: dict[str, Any]) -> list[str]:
                          f"| {_fmt(trial['val_accuracy'], '.4f')} "
                          f"| {_fmt(trial.get('test_accuracy'), '.4f')} "
                          f"| {_fmt(trial['p50_ms'], '.4f')} "
+                         f"| {_fmt(trial.get('speedup'), '.2f')} "
                          f"| {trial['epochs_run']} | {trial['seconds']:g} |")
     return lines
 

@@ -350,7 +350,8 @@ def log_trial(parent: RunRef, name: str, trial: Mapping[str, Any]) -> str:
               **({"tfopt.error": str(trial["error"])[:5000]} if trial.get("error") else {})},
         parent_run_id=parent.run_id)
     log_metrics(mlflow, run_id, {key: trial[key] for key in ("val_accuracy", "test_accuracy",
-                                                             "p50_ms", "epochs_run", "seconds")
+                                                             "p50_ms", "speedup", "epochs_run",
+                                                             "seconds")
                                  if trial.get(key) is not None})
     end_run(mlflow, run_id, "FAILED" if trial["status"] == "failed" else "FINISHED")
     return run_id
