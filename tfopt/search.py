@@ -269,6 +269,8 @@ def time_int8(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtoc
                 runoff = side_by_side_in_worker([timed.int8, reference], inputs, quick)
                 timed = timed.model_copy(update={"speedup": round(
                     runoff.p50(reference.name) / runoff.p50(timed.int8.name), 4)})
+                step_logger().info("%s: %.2fx %s's speed, side by side", timed.int8.name,
+                                   timed.speedup, reference.name)
     except (RuntimeError, OSError, ValueError) as error:
         return trial.model_copy(update={"status": "failed",
                                         "error": f"{type(error).__name__}: {error}"[:500]})
@@ -313,6 +315,8 @@ def search_line(search: Search) -> str:
         if trial.test_accuracy is not None:
             accuracy += f" test {trial.test_accuracy:.4f}"
         timing = f" {trial.p50_ms:.4f} ms" if trial.p50_ms is not None else ""
+        if trial.speedup is not None:
+            timing += f" ({trial.speedup:.2f}x side by side)"
         parts.append(f"{knob.label(trial.value)} {trial.status}{accuracy}{timing}")
     chosen = search.chosen()
     return (f"{knob.field}: " + ", ".join(parts or ["no trial"])
