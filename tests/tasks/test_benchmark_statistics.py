@@ -296,3 +296,32 @@ def test_the_champions_speedup_is_measured_side_by_side_with_what_it_was_made_fr
     assert champion_speedup(None, results) is None
     gone = [fp32, reference.model_copy(update={"status": "failed", "latency_ms": None}), student]
     assert runoff_contenders(gone, cfg) == [] and champion_speedup(student.name, gone) is None
+
+
+def test_every_near_contender_brings_its_speed_up_reference_into_the_runoff():
+    """bench.yaml: channels-88's fp32 file was fastest on its turn, its int8 file won the tie."""
+    from tfopt.measurement.runoff import MAX_CONTENDERS, runoff_contenders
+
+    base_fp32 = _timed("baseline-tflite-fp32", 0.988, 2.4, (2.3, 2.5))
+    base_int8 = _timed("baseline-tflite-int8", 0.988, 1.02, (1.0, 1.05), precision="int8")
+    thin_fp32 = _timed("channels-88-tflite-fp32", 0.982, 0.211, (0.20, 0.22))
+    thin_int8 = _timed("channels-88-tflite-int8", 0.982, 0.214, (0.20, 0.23), size=50,
+                       precision="int8")
+    base_int8 = base_int8.model_copy(update={"derived_from": base_fp32.name, "source": "baseline"})
+    base_fp32 = base_fp32.model_copy(update={"source": "baseline"})
+    thin_fp32 = thin_fp32.model_copy(update={"derived_from": base_fp32.name,
+                                             "source": "channels-88"})
+    thin_int8 = thin_int8.model_copy(update={"derived_from": base_int8.name,
+                                             "source": "channels-88"})
+    results = [r.model_copy(update={"path": Path(f"{r.name}.tflite")})
+               for r in (base_fp32, base_int8, thin_fp32, thin_int8)]
+    cfg = BenchmarkConfig(runoff_margin=0.25)
+    assert [r.name for r in runoff_contenders(results, cfg)] == [
+        thin_fp32.name, thin_int8.name, base_fp32.name, base_int8.name]
+
+    crowded = [*results, *(r.model_copy(update={"name": f"{r.name}-again"})
+                           for r in results[2:])]
+    contenders = [r.name for r in runoff_contenders(crowded, cfg)]
+    assert len(contenders) <= MAX_CONTENDERS and contenders[0] == thin_fp32.name
+    assert all(r.derived_from in contenders for r in crowded if r.name in contenders
+               and r.source != "baseline"), "the slowest near ones give way to references"

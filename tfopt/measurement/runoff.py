@@ -7,7 +7,7 @@ and two int8 files of the same network 0.057 and 0.078 ms on their turns but 0.0
 by side. Each turn's interval is narrow, so such a drift picks the champion. The run-off takes the
 variants whose runtime can share a process (`Runtime.shares_process`: LiteRT and ONNX Runtime)
 within `benchmark.runoff_margin` of the fastest eligible one (at most `MAX_CONTENDERS`, the
-fastest's speed-up reference among them: `tfopt.measurement.champion.speedup_reference`), loads
+contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`), loads
 them all in one fresh process, warms them all in an untimed round and times them in 6 rounds that
 alternate between them (the order rotates each round), so a drift reaches all of them alike. A
 contender's run-off p50 is the median of its round p50s and its interval their range, the same
@@ -35,12 +35,14 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
     """The variants of runtimes that share a process near the fastest eligible one, fastest first.
 
     Near: a p50 within the margin of the upper end of the fastest's p50 interval, so an
-    unsettled fastest (a wide interval) draws its likely rivals into the run-off. A technique's
-    variant fastest, the baseline's same form (`speedup_reference`) takes part too, last: the
-    speed-up the run reports is then measured side by side, not across turns minutes apart (a
-    measuring process now and then runs slow its whole life: one turn of a LiteRT file read
-    0.69 ms where ten others read 0.36-0.44). None (an empty list) unless the objective is p50,
-    a margin is set and at least two variants qualify.
+    unsettled fastest (a wide interval) draws its likely rivals into the run-off. For each
+    technique's variant among them, the baseline's same form (`speedup_reference`) takes part
+    too, after them: the speed-up the run reports is then measured side by side, not across
+    turns minutes apart (a measuring process now and then runs slow its whole life: one turn
+    of a LiteRT file read 0.69 ms where ten others read 0.36-0.44), whichever of the near ones
+    wins (on bench.yaml the fastest was ``channels-88-tflite-fp32`` and the champion, tied with
+    it, ``channels-88-tflite-int8``). None (an empty list) unless the objective is p50, a
+    margin is set and at least two variants qualify.
     """
     reference = baseline_accuracy(results)
     if cfg.objective != "p50" or cfg.runoff_margin is None or reference is None:
@@ -54,11 +56,22 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
     fastest = eligible[0].latency_ms
     upper = fastest.p50_ci95[1] if fastest.p50_ci95 else fastest.p50
     limit = max(fastest.p50, upper) * (1.0 + cfg.runoff_margin)
-    near = [r for r in eligible if r.latency_ms.p50 <= limit][:MAX_CONTENDERS]
-    reference = speedup_reference(eligible[0], results)
-    if reference is not None and reference not in near:
-        near = [*near[:MAX_CONTENDERS - 1], reference]
+    near = _with_references([r for r in eligible if r.latency_ms.p50 <= limit], results)
     return near if len(near) >= 2 else []
+
+
+def _with_references(near: list[VariantResult],
+                     results: list[VariantResult]) -> list[VariantResult]:
+    """`near` and their speed-up references, at most `MAX_CONTENDERS`: the slowest give way."""
+    while True:
+        references: list[VariantResult] = []
+        for result in near:
+            reference = speedup_reference(result, results)
+            if reference is not None and reference not in near + references:
+                references.append(reference)
+        if len(near) + len(references) <= MAX_CONTENDERS or len(near) == 1:
+            return [*near, *references][:MAX_CONTENDERS]
+        near = near[:-1]
 
 
 def _spec_of(result: VariantResult) -> VariantSpec:
