@@ -251,7 +251,6 @@ def time_int8(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtoc
     """
     from tfopt.logs import step_logger
     from tfopt.measurement.isolation import measure
-    from tfopt.measurement.runoff import side_by_side_in_worker
     from tfopt.orchestration import benchmark_slot
 
     if trial.status == "pruned" or trial.int8 is None:
@@ -266,14 +265,32 @@ def time_int8(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtoc
                 "p50_ms": measured.latency_ms.p50, "test_accuracy": measured.accuracy}),
                 test_target)
             if timed.status == "ok" and reference is not None:
-                runoff = side_by_side_in_worker([timed.int8, reference], inputs, quick)
-                timed = timed.model_copy(update={"speedup": round(
-                    runoff.p50(reference.name) / runoff.p50(timed.int8.name), 4)})
-                step_logger().info("%s: %.2fx %s's speed, side by side", timed.int8.name,
-                                   timed.speedup, reference.name)
+                timed = with_speedup(timed, reference, inputs, quick)
     except (RuntimeError, OSError, ValueError) as error:
         return trial.model_copy(update={"status": "failed",
                                         "error": f"{type(error).__name__}: {error}"[:500]})
+    return timed
+
+
+def with_speedup(trial: Trial, reference: VariantSpec, inputs: BenchmarkInputs,
+                  protocol: MeasurementProtocol) -> Trial:
+    """`trial` with its speed-up over `reference`, the two timed in one process.
+
+    A failure to time them leaves it without one (the search then compares p50s).
+    """
+    from tfopt.logs import step_logger
+    from tfopt.measurement.runoff import side_by_side_in_worker
+
+    try:
+        runoff = side_by_side_in_worker([trial.int8, reference], inputs, protocol)
+    except (RuntimeError, OSError, ValueError) as error:
+        step_logger().warning("%s could not be timed side by side with %s: %s",
+                              trial.int8.name, reference.name, error)
+        return trial
+    timed = trial.model_copy(update={"speedup": round(
+        runoff.p50(reference.name) / runoff.p50(trial.int8.name), 4)})
+    step_logger().info("%s: %.2fx %s's speed, side by side", trial.int8.name, timed.speedup,
+                       reference.name)
     return timed
 
 
