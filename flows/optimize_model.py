@@ -81,7 +81,7 @@ from tfopt.report.summary import baseline_training, build_summary, champion_card
 from tfopt.runtimes import plan_forms, plan_variant, registry, settings_of
 from tfopt.runtimes.base import BuildSources, PlanRequest
 from tfopt.scaling import task_runner
-from tfopt.search import speedup_reference
+from tfopt.search import baseline_int8
 
 
 @dataclass(frozen=True)
@@ -312,7 +312,7 @@ def _compressed_variants(
     Every fine-tuning stops once back within the accuracy budget of the baseline's validation
     accuracy, give or take two validation images (`recovery_target`); a search's trial must
     also keep its int8 file within the budget of the baseline's test accuracy, the champion's
-    rule, and is timed side by side with the baseline's int8 file (`speedup_reference`). If the
+    rule, and is timed side by side with the baseline's int8 file (`baseline_int8`). If the
     subflow fails as a whole (e.g. its Dask cluster), every planned compressed variant is
     marked failed and the baseline variants still go on.
     """
@@ -321,8 +321,8 @@ def _compressed_variants(
     tuning = data.model_copy(update={"recover_to": recovery_target(baseline, budget_points,
                                                                    val_examples),
                                      "recover_test_to": kept_test_accuracy(baseline, budget_points),
-                                     "speedup_reference": speedup_reference(
-                                         baseline_variants, baseline.name),
+                                     "speedup_reference": baseline_int8(baseline_variants,
+                                                                        baseline.name),
                                      "deadline": budget.compression_deadline})
     compressing = compress_model.with_options(task_runner=task_runner(config.scale))(
         config, baseline, tuning, run_dir, inputs, run.ref, return_state=True)

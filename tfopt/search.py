@@ -273,7 +273,7 @@ def time_int8(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtoc
 
 
 def with_speedup(trial: Trial, reference: VariantSpec, inputs: BenchmarkInputs,
-                  protocol: MeasurementProtocol) -> Trial:
+                 protocol: MeasurementProtocol) -> Trial:
     """`trial` with its speed-up over `reference`, the two timed in one process.
 
     A failure to time them leaves it without one (the search then compares p50s).
@@ -294,7 +294,7 @@ def with_speedup(trial: Trial, reference: VariantSpec, inputs: BenchmarkInputs,
     return timed
 
 
-def speedup_reference(variants: Sequence[VariantSpec], baseline: str) -> VariantSpec | None:
+def baseline_int8(variants: Sequence[VariantSpec], baseline: str) -> VariantSpec | None:
     """The baseline's int8 TFLite file among its built `variants` (None: not built)."""
     name = plan_variant(baseline, "tflite", "int8").name
     return next((v for v in variants if v.name == name and v.status == "ok"
