@@ -231,6 +231,18 @@ def test_a_runoff_decides_among_its_contenders_instead_of_their_own_turns():
     assert choose_champion([qat, int8, fp32], 1.0, "p50", apart).name == "baseline-tflite-int8"
     assert equal.p50("qat-tflite-int8") == 0.076 and equal.interval("qat-tflite-int8") == (
         0.075, 0.078)
+    slow = Runoff(rounds=6, round_p50_ms={"qat-tflite-int8": [0.31] * 6,
+                                          "baseline-tflite-int8": [0.30] * 6})
+    fp32_beats_a_slow_process = fp32.model_copy(update={"latency_ms": fp32.latency_ms.model_copy(
+        update={"p50": 0.2, "p50_ci95": (0.19, 0.21)})})
+    choice = choose_champion([qat, int8, fp32_beats_a_slow_process], 1.0, "p50", slow)
+    assert choice.name == "baseline-tflite-int8", "a run-off figure is not compared with a turn's"
+    assert "the others were slower on their own turns" in choice.reason
+    faster_graph = graph.model_copy(update={"latency_ms": graph.latency_ms.model_copy(
+        update={"p50": 0.03, "p50_ci95": (0.029, 0.031)})})
+    on_turns = choose_champion([qat, int8, fp32, faster_graph], 1.0, "p50", slow)
+    assert on_turns.name == "baseline-graph" and "run-off" not in on_turns.reason, (
+        "faster on its turn than every contender on theirs: all compared on their turns")
 
 
 def test_the_summary_lists_each_tied_variant_with_the_others():

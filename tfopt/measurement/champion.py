@@ -2,11 +2,11 @@
 
 Variants the measurement cannot tell apart are tied: on the p50 objective, those whose p50
 intervals (`latency_ms.p50_ci95`) overlap the fastest one's. Where a run-off timed the
-contenders again side by side (`tasks.runoff`), their run-off p50s and intervals decide instead
-of the figures each got on its own turn. A tie is broken by a stated order,
-never by the noise between them: higher accuracy, then smaller size, then the simpler variant
-(the baseline before a technique's model, fp32 before float16, dynamic and int8, no XLA before
-XLA), then the lower p50.
+contenders again side by side (`tasks.runoff`), their run-off p50s and intervals decide among
+them instead of the figures each got on its own turn (`runoff_pool`). A tie is broken by a
+stated order, never by the noise between them: higher accuracy, then smaller size, then the
+simpler variant (the baseline before a technique's model, fp32 before float16, dynamic and
+int8, no XLA before XLA), then the lower p50.
 """
 
 from __future__ import annotations
@@ -130,6 +130,24 @@ def _tie_break_key(result: VariantResult) -> tuple[float, int, tuple[int, int, i
     return (-result.accuracy, result.size_bytes, simplicity(result))
 
 
+def runoff_pool(eligible: list[VariantResult],
+                runoff: Runoff) -> tuple[list[VariantResult], Runoff | None]:
+    """The variants the run-off decides among, or all of them on their own turns.
+
+    A run-off p50 and a turn's p50 come from different processes minutes apart: compared with
+    each other, a run-off process that ran slow its whole life lets a variant it never timed
+    win (on bench.yaml ``channels-50-tflite-fp32``, outside the margin on its turn, beat the
+    four contenders' run-off figures). So the contenders are compared only with each other,
+    unless a variant outside the run-off (a runtime that cannot share its process) was faster
+    on its own turn than every contender on theirs: then all are compared on their own turns.
+    """
+    timed_again = [r for r in eligible if r.name in runoff.round_p50_ms]
+    fastest_on_turns = min(eligible, key=lambda r: r.latency_ms.p50)
+    if not timed_again or fastest_on_turns not in timed_again:
+        return eligible, None
+    return timed_again, runoff
+
+
 _OBJECTIVE_WORDS = {"p50": "batch-1 p50 latency", "p90": "batch-1 p90 latency",
                     "p99": "batch-1 p99 latency", "mean": "batch-1 mean latency",
                     "throughput": "-throughput", "size": "size",
@@ -149,7 +167,8 @@ def choose_champion(
             better), ``throughput`` (higher is better), ``size`` (smaller is better) or
             ``throughput_under_budget`` (the highest Server-scenario rate whose p99 met the
             latency budget; a variant that met it at no rate does not qualify).
-        runoff: The contenders' side-by-side p50s, which replace their own on ``p50``.
+        runoff: The contenders' side-by-side p50s, which decide among them on ``p50``
+            (`runoff_pool`).
 
     Returns:
         The champion's name, or None with the reason when no variant qualifies.
@@ -175,13 +194,18 @@ def choose_champion(
             baseline_accuracy=reference,
         )
     runoff = runoff if objective == "p50" else None
+    within = len(eligible)
+    if runoff is not None:
+        eligible, runoff = runoff_pool(eligible, runoff)
     fastest = min(eligible, key=lambda r: objective_value(r, objective, runoff))
     reason = (f"best {_OBJECTIVE_WORDS[objective].lstrip('-')} "
-              f"({abs(objective_value(fastest, objective, runoff)):,.3f}) among {len(eligible)} "
+              f"({abs(objective_value(fastest, objective, runoff)):,.3f}) among {within} "
               f"ok variants within {budget_points} accuracy points of the baseline")
     if runoff is not None:
         reason += (f" (run-off: {', '.join(runoff.round_p50_ms)} timed again side by side in "
-                   f"{runoff.rounds} alternating rounds)")
+                   f"{runoff.rounds} alternating rounds"
+                   + ("; the others were slower on their own turns)" if within > len(eligible)
+                      else ")"))
     tied = tied_with_best(fastest, eligible, runoff) if objective == "p50" else []
     if not tied:
         return ChampionChoice(name=fastest.name, reason=reason, baseline_accuracy=reference)
