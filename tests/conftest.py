@@ -8,6 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+# Prefect configures logging when first imported (dictConfig), closing the handlers already
+# there: absl's, made when TensorFlow was imported, writes to the sys.stderr of that moment,
+# pytest's capture file, and closing it broke every later test of a file run alone that
+# imports TensorFlow before Prefect (tests/test_bad_input_table.py). Prefect goes first.
+import prefect.main  # noqa: F401
 import pytest
 from sklearn.datasets import load_digits
 
