@@ -61,7 +61,7 @@ from tfopt.artifacts import (
 from tfopt.budget import Budget, budget_cuts, confirmation_cuts
 from tfopt.config import BenchmarkConfig, resolve_cpus
 from tfopt.fileio import atomic_write_json, path_size_bytes
-from tfopt.measurement.champion import champion_speedup
+from tfopt.measurement.champion import champion_speedup, champion_speedup_over_int8
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
 from tfopt.models.baseline import children_beating, kept_test_accuracy, recovery_target
@@ -455,6 +455,8 @@ def _summarize(
             "environment": environment(bench.threads, tf_threads, resolve_cpus(bench.cpus)),
             "champion_model": champion_model,
             "champion_speedup": speedup,
+            "champion_speedup_over_int8": champion_speedup_over_int8(choice.name, results,
+                                                                     runoff),
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),
             "training_batch_size": measured.data.batch_size,
             "model_facts": measured.facts.params(),
@@ -505,7 +507,8 @@ def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: d
         history.append({"run_id": run.run_id, "champion": champion["name"],
                         "p50_ms": champion["latency_ms"]["p50"],
                         "accuracy": champion["accuracy"]})
-    tracking.log_comparison(run, since, champion, summary.get("champion_speedup"))
+    tracking.log_comparison(run, since, champion, summary.get("champion_speedup"),
+                            summary.get("champion_speedup_over_int8"))
     if since is not None:
         emit_regression_event(config.name, run.url, since)
     publish_comparison(since)

@@ -158,6 +158,14 @@ def test_summary_has_the_contract_keys(smoke_run):
             reference["runoff_p50_ms"] / champion["runoff_p50_ms"], rel=1e-2)
     else:
         assert speedup is None, "a baseline form or a graph: no other model's form to beat"
+    over_int8 = summary["champion_speedup_over_int8"]
+    if summary["champion"] == int8["name"]:
+        assert over_int8 is None
+    else:
+        assert over_int8["reference"] == int8["name"], over_int8
+        if champion["runoff_p50_ms"] is not None:
+            assert over_int8["side_by_side"], "the int8 file is in every run-off"
+            assert over_int8["reference_p50_ms"] == int8["runoff_p50_ms"]
     assert summary["environment"]["tf_intra_op_threads"] == 2, "smoke's benchmark.threads"
     assert by_name["pruned-80-tflite-int8"]["derived_from"] == "baseline-tflite-int8"
     assert by_name["baseline-openvino"]["runner"] == {"inference_precision": "f32"}

@@ -212,12 +212,16 @@ def test_a_runoff_decides_among_its_contenders_instead_of_their_own_turns():
     cfg = BenchmarkConfig(runoff_margin=0.5)
     assert [r.name for r in runoff_contenders([graph, qat, int8, fp32], cfg)] == [
         "qat-tflite-int8", "baseline-tflite-int8"], "TFLite/ONNX within the margin, fastest first"
-    assert runoff_contenders([qat, int8, fp32], BenchmarkConfig(runoff_margin=0.25)) == []
+    assert [r.name for r in runoff_contenders([qat, int8, fp32],
+                                              BenchmarkConfig(runoff_margin=0.25))] == [
+        "qat-tflite-int8", "baseline-tflite-int8"], "not near, but the yardstick"
+    rival = int8.model_copy(update={"name": "pruned-tflite-int8", "source": "pruned"})
+    assert runoff_contenders([qat, rival, fp32], BenchmarkConfig(runoff_margin=0.25)) == []
     unsettled = qat.model_copy(update={"latency_ms": qat.latency_ms.model_copy(
         update={"p50_ci95": (0.041, 0.064)})})
-    assert [r.name for r in runoff_contenders([unsettled, int8, fp32],
+    assert [r.name for r in runoff_contenders([unsettled, rival, fp32],
                                               BenchmarkConfig(runoff_margin=0.25))] == [
-        "qat-tflite-int8", "baseline-tflite-int8"], "a wide interval draws its rivals in"
+        "qat-tflite-int8", "pruned-tflite-int8"], "a wide interval draws its rivals in"
     equal = Runoff(rounds=6, round_p50_ms={"qat-tflite-int8": [0.076, 0.075, 0.077, 0.076,
                                                                 0.078, 0.075],
                                            "baseline-tflite-int8": [0.073, 0.074, 0.072, 0.076,
@@ -308,6 +312,34 @@ def test_the_champions_speedup_is_measured_side_by_side_with_what_it_was_made_fr
     assert champion_speedup(None, results) is None
     gone = [fp32, reference.model_copy(update={"status": "failed", "latency_ms": None}), student]
     assert runoff_contenders(gone, cfg) == [] and champion_speedup(student.name, gone) is None
+
+
+def test_every_champion_is_also_quoted_against_the_baselines_int8_file_side_by_side():
+    """On an Intel Xeon with AMX a thinner network's fp32 file beat its int8 one (0.51/0.59 ms)."""
+    from tfopt.artifacts import Runoff
+    from tfopt.measurement.champion import champion_speedup, champion_speedup_over_int8
+    from tfopt.measurement.runoff import runoff_contenders
+
+    fp32 = _timed("baseline-tflite-fp32", 0.98, 1.6, (1.5, 1.7)).model_copy(
+        update={"source": "baseline"})
+    int8 = _timed("baseline-tflite-int8", 0.98, 1.0, (0.99, 1.01), precision="int8").model_copy(
+        update={"source": "baseline", "derived_from": fp32.name})
+    thin = _timed("channels-62-tflite-fp32", 0.98, 0.51, (0.50, 0.52)).model_copy(
+        update={"source": "channels-62", "derived_from": fp32.name})
+    fp32, int8, thin = (r.model_copy(update={"path": Path(f"{r.name}.tflite")})
+                        for r in (fp32, int8, thin))
+    results = [fp32, int8, thin]
+    assert [r.name for r in runoff_contenders(results, BenchmarkConfig(runoff_margin=0.25))] == [
+        thin.name, fp32.name, int8.name], "its own form's reference and the int8 file"
+    runoff = Runoff(rounds=6, round_p50_ms={thin.name: [0.52] * 6, fp32.name: [1.56] * 6,
+                                            int8.name: [1.04] * 6})
+    assert champion_speedup(thin.name, results, runoff)["ratio"] == pytest.approx(3.0)
+    over_int8 = champion_speedup_over_int8(thin.name, results, runoff)
+    assert over_int8["reference"] == int8.name and over_int8["side_by_side"]
+    assert over_int8["ratio"] == pytest.approx(2.0)
+    assert not champion_speedup_over_int8(thin.name, results)["side_by_side"]
+    assert champion_speedup_over_int8(int8.name, results, runoff) is None, "the file itself"
+    assert champion_speedup_over_int8(thin.name, [fp32, thin], runoff) is None, "no int8 file"
 
 
 def test_every_near_contender_brings_its_speed_up_reference_into_the_runoff():

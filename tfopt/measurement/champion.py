@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tfopt.artifacts import Runoff, VariantResult
 from tfopt.runtimes import runtime_of
+from tfopt.variants import plan_variant
 
 
 class ChampionChoice(BaseModel):
@@ -82,6 +83,17 @@ def speedup_reference(result: VariantResult,
     return reference
 
 
+def plain_int8(results: list[VariantResult]) -> VariantResult | None:
+    """The baseline's int8 TFLite file, timed and able to share a process (None: not here).
+
+    What a user gets without tfopt's techniques: the yardstick of "2x faster within a point".
+    """
+    name = plan_variant("baseline", "tflite", "int8").name
+    return next((r for r in results if r.name == name and r.status == "ok"
+                 and r.latency_ms is not None and r.path is not None
+                 and runtime_of(r.format).shares_process), None)
+
+
 def champion_speedup(champion: str | None, results: list[VariantResult],
                      runoff: Runoff | None = None) -> dict[str, Any] | None:
     """How many times faster (batch-1 p50) the champion is than its `speedup_reference`.
@@ -90,8 +102,29 @@ def champion_speedup(champion: str | None, results: list[VariantResult],
     None without a champion or a reference.
     """
     best = next((r for r in results if r.name == champion), None)
-    reference = None if best is None else speedup_reference(best, results)
-    if best is None or reference is None:
+    return None if best is None else speedup_over(best, speedup_reference(best, results),
+                                                   runoff)
+
+
+def champion_speedup_over_int8(champion: str | None, results: list[VariantResult],
+                               runoff: Runoff | None = None) -> dict[str, Any] | None:
+    """How many times faster (batch-1 p50) the champion is than the baseline's int8 TFLite file.
+
+    Whatever the champion's runtime and precision (on an Intel Xeon with AMX a thinner
+    network's fp32 file ran faster than its int8 one), so runs and machines compare on one
+    yardstick. None without a champion, without that file, or when it is the champion.
+    """
+    best = next((r for r in results if r.name == champion), None)
+    reference = plain_int8(results)
+    if best is None or reference is None or reference.name == best.name:
+        return None
+    return speedup_over(best, reference, runoff)
+
+
+def speedup_over(best: VariantResult, reference: VariantResult | None,
+                 runoff: Runoff | None = None) -> dict[str, Any] | None:
+    """`reference`'s batch-1 p50 over `best`'s: side by side when both were in the run-off."""
+    if reference is None:
         return None
     side_by_side = runoff is not None and {best.name, reference.name} <= set(runoff.round_p50_ms)
     ours, theirs = ((runoff.p50(best.name), runoff.p50(reference.name)) if side_by_side

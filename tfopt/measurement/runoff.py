@@ -7,7 +7,8 @@ and two int8 files of the same network 0.057 and 0.078 ms on their turns but 0.0
 by side. Each turn's interval is narrow, so such a drift picks the champion. The run-off takes the
 variants whose runtime can share a process (`Runtime.shares_process`: LiteRT and ONNX Runtime)
 within `benchmark.runoff_margin` of the fastest eligible one (at most `MAX_CONTENDERS`, the
-contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`), loads
+contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`, and
+the baseline's int8 TFLite file every champion is also quoted against), loads
 them all in one fresh process, warms them all in an untimed round and times them in 6 rounds that
 alternate between them (the order rotates each round), so a drift reaches all of them alike. A
 contender's run-off p50 is the median of its round p50s and its interval their range, the same
@@ -23,12 +24,17 @@ import logging
 
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
 from tfopt.config import BenchmarkConfig, MeasurementProtocol
-from tfopt.measurement.champion import baseline_accuracy, speedup_reference, within_budget
+from tfopt.measurement.champion import (
+    baseline_accuracy,
+    plain_int8,
+    speedup_reference,
+    within_budget,
+)
 from tfopt.measurement.isolation import run_worker, worker_env
 from tfopt.measurement.worker import measure_runoff
 from tfopt.runtimes import runtime_of
 
-MAX_CONTENDERS = 4
+MAX_CONTENDERS = 5
 
 
 def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> list[VariantResult]:
@@ -37,7 +43,8 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
     Near: a p50 within the margin of the upper end of the fastest's p50 interval, so an
     unsettled fastest (a wide interval) draws its likely rivals into the run-off. For each
     technique's variant among them, the baseline's same form (`speedup_reference`) takes part
-    too, after them: the speed-up the run reports is then measured side by side, not across
+    too, after them, and so does the baseline's int8 TFLite file (`plain_int8`): the speed-ups
+    the run reports are then measured side by side, not across
     turns minutes apart (a measuring process now and then runs slow its whole life: one turn
     of a LiteRT file read 0.69 ms where ten others read 0.36-0.44), whichever of the near ones
     wins (on bench.yaml the fastest was ``channels-88-tflite-fp32`` and the champion, tied with
@@ -62,11 +69,14 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
 
 def _with_references(near: list[VariantResult],
                      results: list[VariantResult]) -> list[VariantResult]:
-    """`near` and their speed-up references, at most `MAX_CONTENDERS`: the slowest give way."""
+    """`near` and their references, at most `MAX_CONTENDERS`: the slowest near ones give way.
+
+    The references: each one's `speedup_reference` and the baseline's int8 TFLite file
+    (`plain_int8`).
+    """
     while True:
         references: list[VariantResult] = []
-        for result in near:
-            reference = speedup_reference(result, results)
+        for reference in [*(speedup_reference(r, results) for r in near), plain_int8(results)]:
             if reference is not None and reference not in near + references:
                 references.append(reference)
         if len(near) + len(references) <= MAX_CONTENDERS or len(near) == 1:

@@ -64,7 +64,9 @@ def _markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"# tfopt benchmark: {summary.get('config_name', '')}",
         "",
         f"Champion: **{summary['champion'] or 'none'}** ({summary['champion_reason']}).",
-        speedup_sentence(summary.get("champion_speedup")),
+        " ".join(dict.fromkeys(filter(None, (  # one sentence when the two share a reference
+            speedup_sentence(summary.get(key))
+            for key in ("champion_speedup", "champion_speedup_over_int8"))))),
         f"MLflow run: {summary.get('mlflow_run_url', summary['mlflow_run_id'])}",
         "",
         "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()),

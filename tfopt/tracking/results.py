@@ -286,14 +286,16 @@ def log_variants(
 
 def log_comparison(run: TrackedRun, since: dict[str, Any] | None,
                    champion: dict[str, Any] | None,
-                   speedup: dict[str, Any] | None = None) -> None:
+                   speedup: dict[str, Any] | None = None,
+                   speedup_over_int8: dict[str, Any] | None = None) -> None:
     """Tag the run with its regressions since the last run; log its champion's figures.
 
     ``tfopt.regression`` is ``true`` when a variant got slower or less accurate beyond the
     noise or started failing (``tfopt.regression.variants`` names them), else ``false``;
     ``champion_p50_ms`` and ``champion_accuracy`` are what the next run's history plots;
     ``champion_speedup`` how many times faster the champion is than `speedup`'s reference
-    (tag ``tfopt.champion.speedup_over``).
+    (tag ``tfopt.champion.speedup_over``), ``champion_speedup_over_int8`` than the baseline's
+    int8 TFLite file (`speedup_over_int8`).
     """
     regressions = (since or {}).get("regressions") or []
     set_tags(run.client, run.run_id, {
@@ -311,6 +313,9 @@ def log_comparison(run: TrackedRun, since: dict[str, Any] | None,
         how = "side by side" if speedup["side_by_side"] else "own turns"
         set_tags(run.client, run.run_id,
                  {"tfopt.champion.speedup_over": f"{speedup['reference']} ({how})"})
+    if speedup_over_int8 and speedup_over_int8.get("ratio") is not None:
+        log_metrics(run.client, run.run_id,
+                    {"champion_speedup_over_int8": speedup_over_int8["ratio"]})
 
 
 def log_native_crashes(run: TrackedRun, crashes: list[dict[str, Any]]) -> None:
