@@ -58,7 +58,7 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.budget import Budget, budget_cuts, confirmation_cuts
+from tfopt.budget import Budget, MeasurementCosts, budget_cuts, confirmation_cuts
 from tfopt.config import BenchmarkConfig, resolve_cpus
 from tfopt.fileio import atomic_write_json, path_size_bytes
 from tfopt.measurement.champion import champion_speedup, champion_speedup_over_int8
@@ -396,20 +396,20 @@ def _benchmark_all(
 
     The harness's floor of each runner is timed with the first variant that goes through it
     and handed on to the others (`BenchmarkInputs.floor_ms`). Within a time budget each
-    measurement's protocol is sized to what is left, from what the ones before cost.
+    measurement's protocol is sized to what is left, from what the ones before cost by format
+    (`MeasurementCosts`).
     """
     release_workers()  # the trainings' memory back before the measurements
     progress = StepProgress("benchmark-variants", "variants benchmarked")
     results: list[VariantResult] = []
-    overheads: list[float] = []
+    costs = MeasurementCosts()
     for index, spec in enumerate(variants):
-        protocol = budget.measurement_protocol(
-            cfg, sum(1 for s in variants[index:] if s.status == "ok"),
-            sum(overheads) / len(overheads) if overheads else None, cuts)
+        left = [s.format for s in variants[index:] if s.status == "ok"]
+        protocol = budget.measurement_protocol(cfg, len(left), costs.expected(left), cuts)
         started = time.monotonic()
         result = benchmark_one(spec, inputs, protocol)
         if spec.status == "ok":
-            overheads.append(time.monotonic() - started - protocol.min_seconds)
+            costs.add(spec.format, time.monotonic() - started - protocol.min_seconds)
         inputs = inputs.with_floor(floor_key(result.format, cfg.threads), result.harness_floor_ms)
         results.append(result)
         progress.update(len(results), len(variants))

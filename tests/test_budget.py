@@ -2,7 +2,7 @@
 
 import time
 
-from tfopt.budget import FINISH_S, MIN_TIMING_S, Budget
+from tfopt.budget import FINISH_S, MIN_TIMING_S, Budget, MeasurementCosts
 from tfopt.config import MeasurementProtocol
 
 PROTOCOL = MeasurementProtocol(min_seconds=1.0, max_seconds=4.0)
@@ -17,14 +17,14 @@ def test_without_a_budget_or_with_time_to_spare_the_protocol_is_kept():
     cuts: list[str] = []
     assert Budget(minutes=None).measurement_protocol(PROTOCOL, 30, None, cuts) == PROTOCOL
     roomy = _budget_ending_in(FINISH_S + 30 * (4.0 + 5.0))
-    assert roomy.measurement_protocol(PROTOCOL, 30, 1.0, cuts) == PROTOCOL
+    assert roomy.measurement_protocol(PROTOCOL, 30, 30.0, cuts) == PROTOCOL
     assert cuts == []
 
 
 def test_short_of_time_the_timing_is_cut_to_the_share_left_and_said_once():
     budget, cuts = _budget_ending_in(FINISH_S + 10 * (2.0 + 1.0)), []
-    first = budget.measurement_protocol(PROTOCOL, 10, 1.0, cuts)
-    second = budget.measurement_protocol(PROTOCOL, 9, 1.0, cuts)
+    first = budget.measurement_protocol(PROTOCOL, 10, 10.0, cuts)
+    second = budget.measurement_protocol(PROTOCOL, 9, 9.0, cuts)
     assert MIN_TIMING_S <= first.max_seconds < 2.0 + 1e-6
     assert first.min_seconds <= first.max_seconds and not first.thread_sweep
     assert first.profile and second.max_seconds >= first.max_seconds - 0.1
@@ -36,6 +36,25 @@ def test_out_of_time_the_profiles_go_too():
     protocol = budget.measurement_protocol(PROTOCOL, 10, None, cuts)
     assert protocol.max_seconds == MIN_TIMING_S and not protocol.profile
     assert any("profiles" in cut for cut in cuts)
+
+
+def test_cheap_files_are_not_sized_by_the_dear_tensorflow_measurements_before_them():
+    # The EfficientNetB0 minimal config (Intel Xeon): the baseline's TensorFlow variants cost
+    # 30-40 s each beside their timing, its LiteRT files 5-7 s; sized by the mean of the first
+    # ones, every file after them was timed 0.3 s and the run ended 8 minutes early.
+    costs = MeasurementCosts()
+    assert costs.expected(["tflite"]) is None
+    for seconds in (38.0, 36.0, 37.0):
+        costs.add("graph", seconds)
+    assert costs.expected(["tflite", "graph"]) == 2 * costs.expected(["graph"])
+    costs.add("tflite", 5.0)
+    costs.add("tflite", 7.0)
+    left = ["graph", *["tflite"] * 12, *["onnx"] * 4]
+    assert costs.expected(left) == 37.0 + 12 * 6.0 + 4 * 37.0
+    budget, cuts = _budget_ending_in(FINISH_S + 17 * (1.0 + 4.0) + costs.expected(left)), []
+    assert budget.measurement_protocol(PROTOCOL, 17, costs.expected(left), cuts) == PROTOCOL
+    mean_of_all = sum((38.0, 36.0, 37.0, 5.0, 7.0)) / 5
+    assert budget.measurement_protocol(PROTOCOL, 17, 17 * mean_of_all, cuts) != PROTOCOL
 
 
 def test_the_sweep_and_layout_end_early_in_the_baselines_share():

@@ -12,6 +12,7 @@ recorded, and the run says at its start what it plans and at its end what was cu
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -157,19 +158,20 @@ class Budget(BaseModel):
                 f"conversions and benchmarks by {_clock(self._seconds)}")
 
     def measurement_protocol(self, protocol: MeasurementProtocol, remaining: int,
-                             overhead_s: float | None, cuts: list[str]) -> MeasurementProtocol:
+                             overheads_s: float | None, cuts: list[str]) -> MeasurementProtocol:
         """The protocol for the next measurement, so the `remaining` ones fit the time left.
 
-        `overhead_s` is what a measurement has cost beside its timing so far (None: none yet,
-        `MEASURE_S` is assumed). Short of time, the timing is shortened to what is left per
-        variant (at least `MIN_TIMING_S`), then the profiles and other APIs are left out; the
-        first of each cut is recorded in `cuts`.
+        `overheads_s` is what the `remaining` measurements are expected to cost beside their
+        timing, all together (`MeasurementCosts.expected`; None: `MEASURE_S` each). Short of
+        time, the timing is shortened to what is left per variant (at least `MIN_TIMING_S`),
+        then the profiles and other APIs are left out; the first of each cut is recorded in
+        `cuts`.
         """
         end = self.deadline(1.0)
         if end is None or remaining <= 0:
             return protocol
-        overhead = MEASURE_S if overhead_s is None else overhead_s
-        per_variant = (end - time.time() - self.finish_s) / remaining - overhead
+        overheads = MEASURE_S * remaining if overheads_s is None else overheads_s
+        per_variant = (end - time.time() - self.finish_s - overheads) / remaining
         if per_variant >= protocol.max_seconds:
             return protocol
         timing = max(MIN_TIMING_S, per_variant)
@@ -191,6 +193,35 @@ class Budget(BaseModel):
         return {"minutes": self.minutes, "used_minutes": round(used, 2),
                 "within": self.minutes is None or used <= self.minutes,
                 "plan": self.plan_line(), "cuts": cuts}
+
+
+class MeasurementCosts:
+    """What the measurements so far cost beside their timing, by format.
+
+    A TensorFlow variant's measuring process costs far more than a LiteRT file's (the
+    EfficientNetB0 minimal config on an Intel Xeon: 30-40 s against 5-7 s): sized by the mean of
+    the first ones, which are the baseline's TensorFlow variants, the LiteRT, ONNX and OpenVINO
+    files after them had their timing cut to 0.3 s each, and the run ended 8 minutes early.
+    """
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, list[float]] = {}
+
+    def add(self, variant_format: str, seconds: float) -> None:
+        """Record one measurement of a `variant_format` variant: its cost beside its timing."""
+        self._seconds.setdefault(variant_format, []).append(max(0.0, seconds))
+
+    def expected(self, formats: Sequence[str]) -> float | None:
+        """What measurements of `formats` will cost beside their timing, all together.
+
+        Each by its own format's mean so far; a format not measured yet by the dearest mean
+        measured (None: nothing measured yet).
+        """
+        if not self._seconds:
+            return None
+        means = {name: sum(seconds) / len(seconds) for name, seconds in self._seconds.items()}
+        unseen = max(means.values())
+        return sum(means.get(name, unseen) for name in formats)
 
 
 def _say_once(cuts: list[str], key: str, line: str) -> None:
