@@ -39,7 +39,7 @@ from tfopt.demo_data import write_demo_images
 from tfopt.models.baseline import kept_test_accuracy, recovery_target
 from tfopt.runtimes.base import predict_batched
 from tfopt.runtimes.litert import TFLiteRunner
-from tfopt.search import Search, choose, judged_on_test, search_line
+from tfopt.search import Search, TimedFile, choose, search_line, with_timed_files
 
 RUNS = 200
 
@@ -48,8 +48,8 @@ def run_search(config: PipelineConfig, baseline, data: TrainingData, workers: in
                folder: Path, test: tuple[np.ndarray, np.ndarray]) -> tuple[Search, float]:
     """The search on a Dask cluster of `workers` processes; its wall time in seconds.
 
-    Each trial's int8 file is timed with the bare loop and judged on the test split as the
-    pipeline judges it (`judged_on_test`).
+    Each trial's files (int8 and fp32) are timed with the bare loop and judged on the test split
+    as the pipeline judges them (`with_timed_files`).
     """
     from distributed import Client
 
@@ -68,12 +68,12 @@ def run_search(config: PipelineConfig, baseline, data: TrainingData, workers: in
                 for value in values}
             for future in futures.values():
                 trial = future.result()
-                if trial.int8 is not None and trial.int8.status == "ok":
-                    call = bare_tflite(Path(trial.int8.path), config.benchmark.threads)
-                    trial = judged_on_test(trial.model_copy(update={
-                        "p50_ms": bare_p50(call, singles, RUNS, warmup=30),
-                        "test_accuracy": test_accuracy(Path(trial.int8.path), *test)}),
-                        data.recover_test_to)
+                timed = [TimedFile(name=spec.name, p50_ms=bare_p50(
+                    bare_tflite(Path(spec.path), config.benchmark.threads), singles, RUNS,
+                    warmup=30), test_accuracy=test_accuracy(Path(spec.path), *test))
+                    for spec in trial.files if spec.status == "ok" and spec.path is not None]
+                if timed and trial.status != "pruned":
+                    trial = with_timed_files(trial, timed, data.recover_test_to)
                 search.finish(trial)
     return search, time.perf_counter() - started
 
@@ -109,8 +109,11 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int, ha
         print(f"seed {seed}, {count} Dask worker(s): {search_line(search)}; wall "
               f"{walls[count]:.0f} s, {len(search.trials())} trials", flush=True)
         chosen = choose(search.trials(), KNOB)
-        if chosen is not None and chosen.int8 is not None:
-            files[f"searched {chosen.value:g} ({count}w)"] = Path(chosen.int8.path)
+        chosen_file = next((spec for spec in chosen.files if spec.name == chosen.file), None) if (
+            chosen is not None) else None
+        if chosen_file is not None:
+            files[f"searched {chosen.value:g} {chosen_file.precision} ({count}w)"] = Path(
+                chosen_file.path)
     float_accuracy = baseline.metrics["test_accuracy"]
     for name, path in files.items():
         accuracy = test_accuracy(path, images, labels)

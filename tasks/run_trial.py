@@ -1,4 +1,4 @@
-"""Prefect task: one trial of a technique's search (its model, its int8 file's p50)."""
+"""Prefect task: one trial of a technique's search (its model, its files' p50s)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from techniques.base import TechniqueSection
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
 from tfopt.config import MeasurementProtocol
 from tfopt.native import NativeStep, run_native
-from tfopt.search import Trial, time_int8
+from tfopt.search import Trial, time_files
 from tfopt.tracking import RunRef, log_trial
 
 
@@ -20,13 +20,14 @@ from tfopt.tracking import RunRef, log_trial
 def run_trial(technique: str, value: float, start: ModelArtifact, cfg: TechniqueSection,
               data: TrainingData, out_dir: Path, convert: Any, inputs: BenchmarkInputs,
               protocol: MeasurementProtocol, parent: RunRef) -> Trial:
-    """Make the technique's model at `value`, fine-tune, convert to int8, time it, log it.
+    """Make the technique's model at `value`, fine-tune, convert to TFLite, time it, log it.
 
     The model is made in a child process (`tfopt.native`: a crash fails this trial only),
     fine-tuned until back within the accuracy budget or stopped by the study's pruner
-    (`data.trial`); its int8 TFLite file is timed holding the machine's benchmark slot (side by
-    side with `data.speedup_reference`) and its test accuracy checked against
-    `data.recover_test_to`; the trial is a nested MLflow run of the pipeline's run.
+    (`data.trial`); its int8 and fp32 TFLite files are timed holding the machine's benchmark
+    slot (those within the budget side by side with `data.speedup_reference`) and their test
+    accuracy checked against `data.recover_test_to`; the trial is a nested MLflow run of the
+    pipeline's run.
 
     Args:
         technique: The technique searched.
@@ -34,21 +35,21 @@ def run_trial(technique: str, value: float, start: ModelArtifact, cfg: Technique
         start: The model it starts from.
         cfg: The technique's settings (its knob ``auto``).
         data: The run's training data, with the recovery target and the trial to report to.
-        out_dir: The trial's folder (its model and int8 file).
+        out_dir: The trial's folder (its model and files).
         convert: The ``convert`` section (int8 calibration).
         inputs: The benchmark inputs (the run's test split).
         protocol: The run's benchmark protocol (shortened for a trial).
         parent: The pipeline's MLflow run.
 
     Returns:
-        The trial: its model, validation accuracy, int8 p50 and status.
+        The trial: its model, validation accuracy, its fastest file's p50 and status.
     """
     step = NativeStep(f"search_trial ({technique} {value:g})",
                       f"the {technique} trial's fine-tuning and conversion",
                       "the search goes on without this setting")
     made = run_native(step, make_trial, technique, value, start, cfg, data, out_dir, convert,
                       data.recover_to)
-    timed = time_int8(made, inputs, protocol, data.recover_test_to, data.speedup_reference)
+    timed = time_files(made, inputs, protocol, data.recover_test_to, data.speedup_reference)
     log_trial(parent, f"{technique} {timed.field}={timed.value:g}",
               {"technique": technique, **timed.summary()})
     return timed

@@ -263,11 +263,12 @@ def apply_here(name: str, model: ModelArtifact, cfg: TechniqueSection, data: Tra
 
 def make_trial(name: str, value: float, start: ModelArtifact, cfg: TechniqueSection,
                data: TrainingData, out_dir: Path, convert: Any, target: float | None) -> Trial:
-    """One search trial in this process (what its child process runs): model, then int8 file.
+    """One search trial in this process (what its child process runs): model, then its files.
 
     The technique's model at `value` is fine-tuned until back within the budget (or stopped
-    by the study's pruner), then exported and converted to int8 TFLite, the file the search
-    times. Its timing is the parent's (`tfopt.search.time_int8`), holding the benchmark slot.
+    by the study's pruner), then exported and converted to TFLite in each of
+    `tfopt.search.TRIAL_FORMS`, the files the search times. Their timing is the parent's
+    (`tfopt.search.time_files`), holding the benchmark slot.
 
     Args:
         name: The technique.
@@ -282,7 +283,7 @@ def make_trial(name: str, value: float, start: ModelArtifact, cfg: TechniqueSect
     from tfopt.models.serving_export import export_serving_savedmodel
     from tfopt.runtimes import build_here, plan_variant
     from tfopt.runtimes.base import BuildSources
-    from tfopt.search import trial_status
+    from tfopt.search import TRIAL_FORMS, trial_status
 
     technique = registry()[name]
     started = time.monotonic()
@@ -299,9 +300,10 @@ def make_trial(name: str, value: float, start: ModelArtifact, cfg: TechniqueSect
                   else export_serving_savedmodel(model, out_dir))
     sources = BuildSources(model=model, savedmodel=savedmodel, dataset=data.dataset,
                            out_dir=out_dir, calibration_examples=convert.calibration_examples)
-    int8 = build_here(plan_variant(model.name, "tflite", "int8"), sources, convert)
+    files = tuple(build_here(plan_variant(model.name, "tflite", precision), sources, convert)
+                  for precision in TRIAL_FORMS)
     return Trial(field=technique.knob.field, value=value, status=status, val_accuracy=val,
-                 epochs_run=ran, seconds=time.monotonic() - started, model=model, int8=int8)
+                 epochs_run=ran, seconds=time.monotonic() - started, model=model, files=files)
 
 
 def open_search(planned: Planned, config: Any, start: ModelArtifact,

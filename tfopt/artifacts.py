@@ -83,12 +83,12 @@ class TrainingData(_Frozen):
     no longer improving (`tfopt.models.training.recovery`). None: every fine-tuning runs its
     epochs."""
     recover_test_to: float | None = None
-    """The test-split accuracy a search trial's int8 file must keep: the baseline's test
-    accuracy less the budget, the champion's rule (`tfopt.search.time_int8`). None: not
+    """The test-split accuracy one of a search trial's files must keep: the baseline's test
+    accuracy less the budget, the champion's rule (`tfopt.search.time_files`). None: not
     checked."""
     speedup_reference: VariantSpec | None = None
-    """The baseline's int8 TFLite file: a search trial's int8 file is timed side by side with it
-    in one process, and the search chooses by that speed-up (`tfopt.search.time_int8`). None:
+    """The baseline's int8 TFLite file: a search trial's files are timed side by side with it
+    in one process, and the search chooses by that speed-up (`tfopt.search.time_files`). None:
     by the trial's own p50."""
     trial: TrialRef | None = None
     """The search trial this fine-tuning is (its validation curve goes to the study, whose

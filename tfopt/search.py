@@ -4,14 +4,16 @@ A technique declares the knob ``auto`` searches (`Knob`: its config field and it
 values, weakest first). A study (Optuna, kept in SQLite in the work folder: a killed run that is
 started again resumes it) bisects the candidates: a trial makes the technique's model at one
 value, fine-tunes it until it is back within the accuracy budget or hopeless (Optuna's
-`ThresholdPruner` reads its validation curve), converts it to int8 TFLite, and times that file
-holding the machine's benchmark slot. A setting is within the budget when its fine-tuned model
-is on the validation split and its int8 file on the test split, where the champion is judged (a
-small validation split can pass a setting the test split then refuses). Assuming that a
-stronger setting is faster and less accurate, a setting that stays within the budget moves the
-lower end up, one that does not the upper end down; with several workers each round tries as
-many settings at once. The chosen setting is the fastest trial within the budget, by its int8
-file's speed-up over the baseline's timed side by side with it (within 3%, the stronger one).
+`ThresholdPruner` reads its validation curve), converts it to int8 and fp32 TFLite, and times
+both files holding the machine's benchmark slot (int8 is not faster everywhere: `TRIAL_FORMS`).
+A setting is within the budget when its fine-tuned model is on the validation split and one of
+its files on the test split, where the champion is judged (a small validation split can pass a
+setting the test split then refuses). Assuming that a stronger setting is faster and less
+accurate, a setting that stays within the budget moves the lower end up, one that does not the
+upper end down; with several workers each round tries as many settings at once. A trial's
+figures are those of its fastest file within the budget, by its speed-up over the baseline's
+int8 file timed side by side with it; the chosen setting is the fastest trial (within 3%, the
+stronger one).
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ HOPELESS_POINTS = 10.0
 stopped (pruned): more fine-tuning would not bring it back."""
 WARMUP_EPOCHS = 2
 """Epochs every trial gets before the pruner may stop it."""
+TRIAL_FORMS = ("int8", "fp32")
+"""The TFLite precisions a trial converts its model to and times. int8 is usually the faster,
+not everywhere: on an Intel Xeon with AMX a MobileNetV2 without 62.5% of its filters ran its fp32
+file 1.16x faster than its int8 one (bare loop, 2 threads), and a MobileNetV3Small's (64 px)
+int8 file was 2.4x slower than its fp32 one; timed in int8 alone, both of its channel-pruning
+trials fell 0.8 points short on the test split, and a thinner network's fp32 file became the
+champion."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,24 @@ class Knob:
         return f"{value:g}"
 
 
+class TimedFile(BaseModel):
+    """One of a trial's files as timed: its p50, its test accuracy, its speed-up if measured."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    p50_ms: float
+    test_accuracy: float | None = None
+    speedup: float | None = None
+    """The baseline's int8 p50 over this file's, the two timed side by side in one process."""
+
+
 class Trial(BaseModel):
-    """One setting tried: its fine-tuned model, its validation accuracy, its int8 file's p50."""
+    """One setting tried: its fine-tuned model, its validation accuracy, its files' timings.
+
+    Its `p50_ms`, `test_accuracy` and `speedup` are those of `file`, its fastest file within the
+    budget (none within: its most accurate).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -72,30 +97,39 @@ class Trial(BaseModel):
     val_accuracy: float | None = None
     p50_ms: float | None = None
     test_accuracy: float | None = None
-    """Its int8 file's accuracy on the benchmark inputs (the test split), measured when timed."""
+    """Its file's accuracy on the benchmark inputs (the test split), measured when timed."""
     speedup: float | None = None
-    """The baseline's int8 p50 over its int8 file's, the two timed side by side in one process
+    """The baseline's int8 p50 over its file's, the two timed side by side in one process
     (None: no reference, or not within the budget)."""
+    file: str | None = None
+    """The file these figures are of (``channels-62-tflite-fp32``)."""
     epochs_run: int = 0
     seconds: float = 0.0
     model: ModelArtifact | None = None
-    int8: VariantSpec | None = None
+    files: tuple[VariantSpec, ...] = ()
+    """Its TFLite files, one per `TRIAL_FORMS` precision."""
+    timed: tuple[TimedFile, ...] = ()
     error: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """The trial as the summary lists it (``search.<technique>.trials``)."""
         return {"params": {self.field: self.value}, "val_accuracy": self.val_accuracy,
                 "test_accuracy": self.test_accuracy, "p50_ms": self.p50_ms,
-                "speedup": self.speedup, "status": self.status, "epochs_run": self.epochs_run,
-                "seconds": round(self.seconds, 1), "error": self.error}
+                "speedup": self.speedup, "file": self.file, "status": self.status,
+                "epochs_run": self.epochs_run, "seconds": round(self.seconds, 1),
+                "files": [timed.model_dump() for timed in self.timed], "error": self.error}
 
 
 def study_key(technique: str, knob: Knob, baseline: ModelArtifact, settings: dict[str, Any],
               targets: tuple[float | None, float | None]) -> str:
-    """The study's name: the same baseline file, settings and targets resume the same study."""
+    """The study's name: the same baseline file, settings and targets resume the same study.
+
+    `TRIAL_FORMS` is part of it: a study whose trials timed other files is not resumed.
+    """
     digest = hashlib.sha256(baseline.path.read_bytes() if baseline.path.is_file()
                             else str(baseline.path).encode()).hexdigest()[:12]
-    parts = json.dumps([technique, knob.field, knob.values, digest, settings, *targets],
+    parts = json.dumps([technique, knob.field, knob.values, digest, settings, *targets,
+                        TRIAL_FORMS],
                        sort_keys=True, default=str)
     return f"{technique}-{hashlib.sha256(parts.encode()).hexdigest()[:16]}"
 
@@ -108,7 +142,7 @@ class Search:
         folder: Where the study (``study.db``) and the trials' models are kept.
         key: The study's name (`study_key`).
         target: The validation accuracy a setting must keep (None: every setting does).
-        test_target: The test accuracy its int8 file must keep (None: not checked).
+        test_target: The test accuracy one of its files must keep (None: not checked).
     """
 
     def __init__(self, knob: Knob, folder: Path, key: str, target: float | None,
@@ -166,7 +200,7 @@ class Search:
         return [values[i] for i in picks]
 
     def trial_folder(self, value: float) -> Path:
-        """Where the trial of one setting keeps its model and int8 file."""
+        """Where the trial of one setting keeps its model and files."""
         return self.folder / f"trial-{value:g}"
 
     def start(self, value: float) -> TrialRef:
@@ -236,62 +270,100 @@ def trial_protocol(protocol: MeasurementProtocol) -> MeasurementProtocol:
         "thread_sweep": False, "scenarios": ["single_stream"]})
 
 
-def time_int8(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtocol,
-              test_target: float | None = None, reference: VariantSpec | None = None) -> Trial:
-    """A trial with its int8 file's p50 and test accuracy, timed holding the benchmark slot.
+def time_files(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtocol,
+               test_target: float | None = None, reference: VariantSpec | None = None) -> Trial:
+    """A trial with its files' p50s and test accuracies, timed holding the benchmark slot.
 
     Training may overlap another trial's; timing may not (`tfopt.orchestration.benchmark_slot`).
-    A file that cannot be timed leaves the trial failed with the reason; one whose accuracy on
-    the test split is below `test_target` is over the budget, however its validation read.
-    Within the budget and given the baseline's int8 file (`reference`), the two are then timed
-    side by side in one process (`tfopt.measurement.runoff`) for its speed-up: measured on
-    bench.yaml, one trial's own turn read 0.49 ms where its file reads 0.28 ms in a bare loop
-    (a measuring process now and then runs slow its whole life), which made a stronger setting
-    look slower than a weaker one.
+    No file that can be timed leaves the trial failed with the reason. A file is within the
+    budget when its accuracy on the test split keeps `test_target`, however its model's
+    validation read; given the baseline's int8 file (`reference`), the trial's files within the
+    budget are then timed side by side with it in one process (`tfopt.measurement.runoff`) for
+    their speed-ups: measured on bench.yaml, one trial's own turn read 0.49 ms where its file
+    reads 0.28 ms in a bare loop (a measuring process now and then runs slow its whole life),
+    which made a stronger setting look slower than a weaker one. The trial's figures are then
+    its fastest file's (`with_timed_files`).
     """
     from tfopt.logs import step_logger
     from tfopt.measurement.isolation import measure
     from tfopt.orchestration import benchmark_slot
 
-    if trial.status == "pruned" or trial.int8 is None:
+    if trial.status == "pruned" or not trial.files:
         return trial
-    if trial.int8.status != "ok":
-        return trial.model_copy(update={"status": "failed", "error": trial.int8.error})
+    built = [spec for spec in trial.files if spec.status == "ok" and spec.path is not None]
+    if not built:
+        return trial.model_copy(update={"status": "failed", "error": "; ".join(
+            f"{spec.name}: {spec.error}" for spec in trial.files)[:500]})
     quick = trial_protocol(protocol)
     try:
-        with benchmark_slot(trial.int8.name):
-            measured = measure(trial.int8, inputs, quick, step_logger())
-            timed = judged_on_test(trial.model_copy(update={
-                "p50_ms": measured.latency_ms.p50, "test_accuracy": measured.accuracy}),
-                test_target)
-            if timed.status == "ok" and reference is not None:
-                timed = with_speedup(timed, reference, inputs, quick)
+        with benchmark_slot(built[0].name):
+            timed = []
+            for spec in built:
+                measured = measure(spec, inputs, quick, step_logger())
+                timed.append(TimedFile(name=spec.name, p50_ms=measured.latency_ms.p50,
+                                       test_accuracy=measured.accuracy))
+            kept = [spec for spec, figures in zip(built, timed, strict=True)
+                    if keeps(figures, test_target)]
+            if trial.status == "ok" and kept and reference is not None:
+                timed = with_speedups(timed, kept, reference, inputs, quick)
     except (RuntimeError, OSError, ValueError) as error:
         return trial.model_copy(update={"status": "failed",
                                         "error": f"{type(error).__name__}: {error}"[:500]})
-    return timed
+    return with_timed_files(trial, timed, test_target)
 
 
-def with_speedup(trial: Trial, reference: VariantSpec, inputs: BenchmarkInputs,
-                 protocol: MeasurementProtocol) -> Trial:
-    """`trial` with its speed-up over `reference`, the two timed in one process.
+def keeps(timed: TimedFile, test_target: float | None) -> bool:
+    """Whether a timed file's test accuracy keeps `test_target` (not measured: nothing to judge)."""
+    return test_target is None or timed.test_accuracy is None or (
+        timed.test_accuracy >= test_target)
 
-    A failure to time them leaves it without one (the search then compares p50s).
+
+def with_speedups(timed: list[TimedFile], specs: list[VariantSpec], reference: VariantSpec,
+                  inputs: BenchmarkInputs, protocol: MeasurementProtocol) -> list[TimedFile]:
+    """`timed` with the speed-ups of `specs` over `reference`, all timed in one process.
+
+    A failure to time them leaves them without one (the search then compares p50s).
     """
     from tfopt.logs import step_logger
     from tfopt.measurement.runoff import side_by_side_in_worker
 
     try:
-        runoff = side_by_side_in_worker([trial.int8, reference], inputs, protocol)
+        runoff = side_by_side_in_worker([*specs, reference], inputs, protocol)
     except (RuntimeError, OSError, ValueError) as error:
         step_logger().warning("%s could not be timed side by side with %s: %s",
-                              trial.int8.name, reference.name, error)
-        return trial
-    timed = trial.model_copy(update={"speedup": round(
-        runoff.p50(reference.name) / runoff.p50(trial.int8.name), 4)})
-    step_logger().info("%s: %.2fx %s's speed, side by side", trial.int8.name, timed.speedup,
-                       reference.name)
-    return timed
+                              ", ".join(spec.name for spec in specs), reference.name, error)
+        return timed
+    speedups = {spec.name: round(runoff.p50(reference.name) / runoff.p50(spec.name), 4)
+                for spec in specs}
+    step_logger().info("%s, side by side", "; ".join(
+        f"{name}: {speedup:.2f}x {reference.name}'s speed" for name, speedup in speedups.items()))
+    return [figures.model_copy(update={"speedup": speedups.get(figures.name)})
+            for figures in timed]
+
+
+def with_timed_files(trial: Trial, timed: Sequence[TimedFile],
+                     test_target: float | None) -> Trial:
+    """`trial` with its files' figures; its own, those of its fastest file within the budget.
+
+    Fastest by the speed-up over the baseline's int8 file when every file within the budget has
+    one, else by p50. With no file within the budget on the test split, a trial its validation
+    had kept is over the budget, and its figures are its most accurate file's.
+    """
+    kept = [figures for figures in timed if keeps(figures, test_target)]
+    if kept and all(figures.speedup for figures in kept):
+        best = max(kept, key=lambda figures: figures.speedup or 0.0)
+    elif kept:
+        best = min(kept, key=lambda figures: figures.p50_ms)
+    else:
+        best = max(timed, key=lambda figures: figures.test_accuracy or 0.0)
+    update: dict[str, Any] = {"timed": tuple(timed), "file": best.name, "p50_ms": best.p50_ms,
+                              "test_accuracy": best.test_accuracy, "speedup": best.speedup}
+    if not kept and trial.status == "ok":
+        accuracies = ", ".join(f"{figures.name} {figures.test_accuracy:.4f}" for figures in timed)
+        update |= {"status": "over_budget",
+                   "error": f"its files' test accuracy ({accuracies}) is below {test_target:.4f} "
+                            "(the baseline's test accuracy less the budget)"}
+    return trial.model_copy(update=update)
 
 
 def baseline_int8(variants: Sequence[VariantSpec], baseline: str) -> VariantSpec | None:
@@ -299,18 +371,6 @@ def baseline_int8(variants: Sequence[VariantSpec], baseline: str) -> VariantSpec
     name = plan_variant(baseline, "tflite", "int8").name
     return next((v for v in variants if v.name == name and v.status == "ok"
                  and v.path is not None), None)
-
-
-def judged_on_test(trial: Trial, test_target: float | None) -> Trial:
-    """`trial` over the budget when its int8 file's test accuracy is below `test_target`."""
-    accuracy = trial.test_accuracy
-    if trial.status != "ok" or test_target is None or accuracy is None or (
-            accuracy >= test_target):
-        return trial
-    return trial.model_copy(update={
-        "status": "over_budget",
-        "error": f"its int8 file's test accuracy {accuracy:.4f} is below {test_target:.4f} "
-                 "(the baseline's test accuracy less the budget)"})
 
 
 def trial_of(state: Any, search: Search, value: float) -> Trial:
@@ -334,6 +394,8 @@ def search_line(search: Search) -> str:
         timing = f" {trial.p50_ms:.4f} ms" if trial.p50_ms is not None else ""
         if trial.speedup is not None:
             timing += f" ({trial.speedup:.2f}x side by side)"
+        if trial.file is not None and trial.p50_ms is not None:
+            timing += f" {trial.file.rsplit('-', 1)[-1]}"
         parts.append(f"{knob.label(trial.value)} {trial.status}{accuracy}{timing}")
     chosen = search.chosen()
     return (f"{knob.field}: " + ", ".join(parts or ["no trial"])

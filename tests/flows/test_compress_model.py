@@ -103,6 +103,9 @@ def test_a_searched_student_width_is_distilled_per_trial_and_its_controls_traine
     assert chosen is not None, search
     assert all(trial["speedup"] > 0 for trial in search["trials"] if trial["status"] == "ok"), (
         "each trial within the budget timed side by side with the baseline's int8 file")
+    assert all(len(trial["files"]) == 2 and trial["file"] in {f["name"] for f in trial["files"]}
+               for trial in search["trials"] if trial["p50_ms"] is not None), (
+        "each trial's int8 and fp32 files timed; its figures one of theirs")
     (student,) = compressed.models
     assert student.name == f"distilled-thinner-{round(chosen * 100)}"
     assert student.params["thinner"] == chosen

@@ -256,6 +256,10 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
         if trial["status"] == "ok":
             assert trial["test_accuracy"] >= tested, trial
             assert trial["speedup"] > 0, "timed side by side with baseline-tflite-int8"
+        if trial["p50_ms"] is not None:
+            files = {timed["name"]: timed for timed in trial["files"]}
+            assert {name.rsplit("-", 1)[-1] for name in files} == {"int8", "fp32"}, trial
+            assert files[trial["file"]]["p50_ms"] == trial["p50_ms"], "its figures: one file's"
     assert {t.data.metrics.get("speedup") for t in trials} == {
         t["speedup"] for t in searched}, "each trial's speed-up is its run's metric"
     for child in children:

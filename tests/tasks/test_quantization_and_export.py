@@ -337,22 +337,24 @@ def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
     assert runoff_contenders(results, cfg.model_copy(update={"objective": "size"})) == []
 
 
-def test_a_search_trial_is_timed_side_by_side_with_the_baselines_int8_file(
+def test_a_search_trials_files_are_timed_side_by_side_with_the_baselines_int8_file(
     tiny_savedmodel, tiny_dataset, tmp_path
 ):
-    from tfopt.search import Trial, with_speedup
+    from tfopt.search import TimedFile, with_speedups
 
     inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset,
                                          tmp_path / "inputs")
     cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, min_seconds=0.3, max_seconds=2)
     reference = to_tflite(tiny_savedmodel, "int8", tiny_dataset, ConvertConfig(), tmp_path)
     same_file = reference.model_copy(update={"name": "channels-50-tflite-int8"})
-    trial = Trial(field="fraction", value=0.5, status="ok", p50_ms=0.05, int8=same_file)
-    timed = with_speedup(trial, reference, inputs, cfg)
-    assert 0.5 < timed.speedup < 2.0, "one file against itself, in one process"
+    fp32 = to_tflite(tiny_savedmodel, "fp32", tiny_dataset, ConvertConfig(), tmp_path)
+    timed = [TimedFile(name=same_file.name, p50_ms=0.05), TimedFile(name=fp32.name, p50_ms=0.05)]
+    paired = with_speedups(timed, [same_file, fp32], reference, inputs, cfg)
+    assert 0.5 < paired[0].speedup < 2.0, "one file against itself, in one process"
+    assert paired[1].speedup > 0, "the fp32 file in the same process"
     missing = reference.model_copy(update={"path": tmp_path / "gone.tflite"})
-    assert with_speedup(trial, missing, inputs, cfg).speedup is None, (
-        "a reference that cannot be timed leaves the trial as it was")
+    assert with_speedups(timed, [same_file], missing, inputs, cfg) == timed, (
+        "a reference that cannot be timed leaves the files as they were")
 
 
 _LOGITS_OF = """

@@ -164,23 +164,24 @@ def _budget_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def _search_lines(summary: dict[str, Any]) -> list[str]:
-    """Each searched technique's trials: setting, accuracies, int8 p50 and speed-up, verdict."""
+    """Each searched technique's trials: setting, accuracies, its file's p50, speed-up, verdict."""
     lines = []
     for technique, search in (summary.get("search") or {}).items():
         target = search.get("target_val_accuracy")
         tested = search.get("target_test_accuracy")
         lines += ["", f"Search of {technique}.{search['knob']} (accuracy to keep: validation "
-                  f"{_fmt(target, '.4f')}, int8 on test {_fmt(tested, '.4f')}; chosen: "
+                  f"{_fmt(target, '.4f')}, a TFLite file on test {_fmt(tested, '.4f')}; chosen: "
                   f"{_fmt(search['chosen'], 'g')}"
                   + (f"; {search['cut']}" if search.get("cut") else "") + "):", "",
-                  f"| {search['knob']} | status | val accuracy | int8 test accuracy "
-                  "| int8 p50 ms | speed-up (x, side by side) | epochs | s |",
-                  "|---:|---|---:|---:|---:|---:|---:|---:|"]
+                  f"| {search['knob']} | status | val accuracy | file (fastest within) "
+                  "| test accuracy | p50 ms | speed-up (x, side by side) | epochs | s |",
+                  "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
         for trial in search["trials"]:
             value = next(iter(trial["params"].values()))
             star = "★ " if value == search["chosen"] else ""
             lines.append(f"| {star}{value:g} | {trial['status']} "
                          f"| {_fmt(trial['val_accuracy'], '.4f')} "
+                         f"| {trial.get('file') or '-'} "
                          f"| {_fmt(trial.get('test_accuracy'), '.4f')} "
                          f"| {_fmt(trial['p50_ms'], '.4f')} "
                          f"| {_fmt(trial.get('speedup'), '.2f')} "
@@ -391,7 +392,7 @@ def _history_plot(history: list[dict[str, Any]], path: Path) -> Path:
 
 
 def _search_plot(searches: dict[str, Any], path: Path) -> Path:
-    """Every search's trials: validation accuracy against int8 p50, the target and the choice."""
+    """Every search's trials: validation accuracy against p50, the target and the choice."""
     import matplotlib.pyplot as plt
 
     fig, axis = plt.subplots(figsize=(8, 4.5))
@@ -410,7 +411,7 @@ def _search_plot(searches: dict[str, Any], path: Path) -> Path:
         if search.get("target_val_accuracy") is not None:
             axis.axhline(search["target_val_accuracy"], linestyle="--", linewidth=0.8,
                          color=points.get_facecolor()[0])
-    axis.set_xlabel("int8 TFLite p50 (ms, batch 1)")
+    axis.set_xlabel("the trial's fastest TFLite file within the budget: p50 (ms, batch 1)")
     axis.set_ylabel("validation accuracy")
     axis.set_title("Search trials: accuracy against latency (dashed: within the budget above)")
     axis.legend()

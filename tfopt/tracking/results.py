@@ -337,6 +337,8 @@ def log_native_crashes(run: TrackedRun, crashes: list[dict[str, Any]]) -> None:
 def log_trial(parent: RunRef, name: str, trial: Mapping[str, Any]) -> str:
     """A search trial as a nested run of the pipeline's run: its setting, accuracy, p50, status.
 
+    Its figures are its fastest file's within the budget (tag ``tfopt.file``).
+
     Args:
         parent: The pipeline's run.
         name: The run's name (``channel_prune fraction=0.625``).
@@ -352,6 +354,7 @@ def log_trial(parent: RunRef, name: str, trial: Mapping[str, Any]) -> str:
         params={"technique": trial["technique"], **trial["params"]},
         tags={"tfopt.role": "search-trial", "tfopt.technique": trial["technique"],
               "tfopt.status": trial["status"],
+              **({"tfopt.file": trial["file"]} if trial.get("file") else {}),
               **({"tfopt.error": str(trial["error"])[:5000]} if trial.get("error") else {})},
         parent_run_id=parent.run_id)
     log_metrics(mlflow, run_id, {key: trial[key] for key in ("val_accuracy", "test_accuracy",
