@@ -44,9 +44,8 @@ TRIAL_FORMS = ("int8", "fp32")
 """The TFLite precisions a trial converts its model to and times. int8 is usually the faster,
 not everywhere: on an Intel Xeon with AMX a MobileNetV2 without 62.5% of its filters ran its fp32
 file 1.16x faster than its int8 one (bare loop, 2 threads), and a MobileNetV3Small's (64 px)
-int8 file was 2.4x slower than its fp32 one; timed in int8 alone, both of its channel-pruning
-trials fell 0.8 points short on the test split, and a thinner network's fp32 file became the
-champion."""
+int8 file was 2.5x slower than its fp32 one side by side; timed in int8 alone, both of its
+channel-pruning trials fell 0.8 points short on the test split and the search chose nothing."""
 
 
 @dataclass(frozen=True)
