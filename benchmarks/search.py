@@ -7,10 +7,11 @@ Per seed, with tfopt's own steps (plain functions, no servers): train the baseli
 plateau), channel-prune it at the hand-set share (``--hand``, what the config used before
 ``fraction: auto``) and fine-tune it until back within the accuracy budget, then run the search
 (`tfopt.search`: Optuna study, bisection, pruned hopeless trials) with its trials on a Dask cluster
-of 1, then 2 worker processes, timing each trial's int8 file in this process one at a time (as the
-pipeline holds the benchmark slot) and judging it on the test split as the pipeline does. Every int8
-file (baseline, hand-set, searched) is then evaluated on the test split and timed with a bare LiteRT
-loop in alternating rounds, so the speed-ups are measured side by side in one run. Prints per seed:
+of 1, then 2 worker processes, timing each trial's int8 and fp32 files in this process one at a
+time (as the pipeline holds the benchmark slot) and judging them on the test split as the pipeline
+does. The baseline's and the hand-set int8 files and each search's chosen file are then evaluated
+on the test split and timed with a bare LiteRT loop in alternating rounds, so the speed-ups are
+measured side by side in one run. Prints per seed:
 each choice's share, accuracy against the float baseline (points) and speed-up over ``baseline-
 tflite-int8``; the search's trials, and its wall time per worker count.
 """
@@ -33,13 +34,13 @@ from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from techniques import make_trial
 from techniques.channel_prune import KNOB, channel_prune_model
-from tfopt.artifacts import DatasetArtifact, TrainingData
+from tfopt.artifacts import DatasetArtifact, TrainingData, VariantSpec
 from tfopt.data.pipeline import load_split
 from tfopt.demo_data import write_demo_images
 from tfopt.models.baseline import kept_test_accuracy, recovery_target
 from tfopt.runtimes.base import predict_batched
 from tfopt.runtimes.litert import TFLiteRunner
-from tfopt.search import Search, TimedFile, choose, search_line, with_timed_files
+from tfopt.search import Search, TimedFile, Trial, choose, search_line, with_timed_files
 
 RUNS = 200
 
@@ -78,6 +79,13 @@ def run_search(config: PipelineConfig, baseline, data: TrainingData, workers: in
     return search, time.perf_counter() - started
 
 
+def chosen_file_of(chosen: Trial | None) -> VariantSpec | None:
+    """The file whose figures a chosen trial reports (its fastest within the budget)."""
+    if chosen is None:
+        return None
+    return next((spec for spec in chosen.files if spec.name == chosen.file), None)
+
+
 def test_accuracy(path: Path, images: np.ndarray, labels: np.ndarray) -> float:
     logits = predict_batched(TFLiteRunner(path, threads=2), images)
     return float(np.mean(np.argmax(logits, 1) == labels))
@@ -109,8 +117,7 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int, ha
         print(f"seed {seed}, {count} Dask worker(s): {search_line(search)}; wall "
               f"{walls[count]:.0f} s, {len(search.trials())} trials", flush=True)
         chosen = choose(search.trials(), KNOB)
-        chosen_file = next((spec for spec in chosen.files if spec.name == chosen.file), None) if (
-            chosen is not None) else None
+        chosen_file = chosen_file_of(chosen)
         if chosen_file is not None:
             files[f"searched {chosen.value:g} {chosen_file.precision} ({count}w)"] = Path(
                 chosen_file.path)

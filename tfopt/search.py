@@ -274,41 +274,78 @@ def time_files(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProto
     """A trial with its files' p50s and test accuracies, timed holding the benchmark slot.
 
     Training may overlap another trial's; timing may not (`tfopt.orchestration.benchmark_slot`).
-    No file that can be timed leaves the trial failed with the reason. A file is within the
-    budget when its accuracy on the test split keeps `test_target`, however its model's
-    validation read; given the baseline's int8 file (`reference`), the trial's files within the
-    budget are then timed side by side with it in one process (`tfopt.measurement.runoff`) for
-    their speed-ups: measured on bench.yaml, one trial's own turn read 0.49 ms where its file
-    reads 0.28 ms in a bare loop (a measuring process now and then runs slow its whole life),
-    which made a stronger setting look slower than a weaker one. The trial's figures are then
-    its fastest file's (`with_timed_files`).
+    A file that cannot be timed is left out with the reason (none left: the trial failed). A
+    file is within the budget when its accuracy on the test split keeps `test_target`, however
+    its model's validation read; given the baseline's int8 file (`reference`), the trial's files
+    within the budget are then timed side by side with it in one process
+    (`tfopt.measurement.runoff`) for their speed-ups: measured on bench.yaml, one trial's own
+    turn read 0.49 ms where its file reads 0.28 ms in a bare loop (a measuring process now and
+    then runs slow its whole life), which made a stronger setting look slower than a weaker
+    one. The trial's figures are then its fastest file's (`with_timed_files`).
     """
     from tfopt.logs import step_logger
-    from tfopt.measurement.isolation import measure
-    from tfopt.orchestration import benchmark_slot
 
     if trial.status == "pruned" or not trial.files:
         return trial
     built = [spec for spec in trial.files if spec.status == "ok" and spec.path is not None]
-    if not built:
-        return trial.model_copy(update={"status": "failed", "error": "; ".join(
-            f"{spec.name}: {spec.error}" for spec in trial.files)[:500]})
-    quick = trial_protocol(protocol)
+    errors = [f"{spec.name}: {spec.error}" for spec in trial.files if spec not in built]
+    timed: list[TimedFile] = []
+    if built:
+        try:
+            timed, untimed = _timed_in_slot(trial, built, inputs, trial_protocol(protocol),
+                                            test_target, reference)
+            errors += untimed
+        except (RuntimeError, OSError, ValueError) as error:
+            errors.append(f"{type(error).__name__}: {error}")
+    if not timed:
+        return trial.model_copy(update={"status": "failed", "error": "; ".join(errors)[:500]})
+    result = with_timed_files(trial, timed, test_target)
+    if errors:
+        step_logger().warning("%s=%g: not timed: %s", trial.field, trial.value, "; ".join(errors))
+        result = result.model_copy(update={"error": "; ".join(
+            [*filter(None, [result.error]), *(f"not timed: {e}" for e in errors)])[:500]})
+    return result
+
+
+def _timed_in_slot(trial: Trial, built: list[VariantSpec], inputs: BenchmarkInputs,
+                   protocol: MeasurementProtocol, test_target: float | None,
+                   reference: VariantSpec | None) -> tuple[list[TimedFile], list[str]]:
+    """`built` timed holding the benchmark slot, those within the budget beside `reference`.
+
+    Returns:
+        The files timed, and why the others could not be.
+    """
+    from tfopt.orchestration import benchmark_slot
+
+    timed: list[TimedFile] = []
+    kept: list[VariantSpec] = []
+    errors: list[str] = []
+    with benchmark_slot(built[0].name):
+        for spec in built:
+            figures = _timed_file(spec, inputs, protocol)
+            if isinstance(figures, str):
+                errors.append(figures)
+                continue
+            timed.append(figures)
+            if keeps(figures, test_target):
+                kept.append(spec)
+        if trial.status == "ok" and kept and reference is not None:
+            timed = with_speedups(timed, kept, reference, inputs, protocol)
+    return timed, errors
+
+
+def _timed_file(spec: VariantSpec, inputs: BenchmarkInputs,
+                protocol: MeasurementProtocol) -> TimedFile | str:
+    """One file's p50 and test accuracy, or why it could not be timed."""
+    from tfopt.logs import step_logger
+    from tfopt.measurement.isolation import measure
+
     try:
-        with benchmark_slot(built[0].name):
-            timed = []
-            for spec in built:
-                measured = measure(spec, inputs, quick, step_logger())
-                timed.append(TimedFile(name=spec.name, p50_ms=measured.latency_ms.p50,
-                                       test_accuracy=measured.accuracy))
-            kept = [spec for spec, figures in zip(built, timed, strict=True)
-                    if keeps(figures, test_target)]
-            if trial.status == "ok" and kept and reference is not None:
-                timed = with_speedups(timed, kept, reference, inputs, quick)
+        measured = measure(spec, inputs, protocol, step_logger())
     except (RuntimeError, OSError, ValueError) as error:
-        return trial.model_copy(update={"status": "failed",
-                                        "error": f"{type(error).__name__}: {error}"[:500]})
-    return with_timed_files(trial, timed, test_target)
+        return f"{spec.name}: {type(error).__name__}: {error}"
+    return TimedFile(name=spec.name, p50_ms=measured.latency_ms.p50,
+                     test_accuracy=measured.accuracy)
 
 
 def keeps(timed: TimedFile, test_target: float | None) -> bool:

@@ -357,6 +357,29 @@ def test_a_search_trials_files_are_timed_side_by_side_with_the_baselines_int8_fi
         "a reference that cannot be timed leaves the files as they were")
 
 
+def test_a_trial_file_that_cannot_be_timed_is_left_out_and_the_other_counts(
+    tiny_savedmodel, tiny_dataset, tmp_path, live_services
+):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tfopt.search import Trial, time_files
+
+    inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset,
+                                         tmp_path / "inputs")
+    cfg = BenchmarkConfig(warmup_runs=2, min_runs=12, min_seconds=0.3, max_seconds=2)
+    fp32 = to_tflite(tiny_savedmodel, "fp32", tiny_dataset, ConvertConfig(), tmp_path)
+    gone = fp32.model_copy(update={"name": "channels-50-tflite-int8", "precision": "int8",
+                                   "path": tmp_path / "gone.tflite"})
+    trial = Trial(field="fraction", value=0.5, status="ok", files=(gone, fp32))
+    with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
+        timed = time_files(trial, inputs, cfg)
+        nothing = time_files(trial.model_copy(update={"files": (gone,)}), inputs, cfg)
+    assert timed.status == "ok" and timed.file == fp32.name and timed.p50_ms > 0, timed
+    assert "not timed: channels-50-tflite-int8" in timed.error
+    assert [figures.name for figures in timed.timed] == [fp32.name]
+    assert nothing.status == "failed" and "channels-50-tflite-int8" in nothing.error
+
+
 _LOGITS_OF = """
 import sys
 import numpy as np
