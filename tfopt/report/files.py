@@ -173,7 +173,7 @@ def _search_lines(summary: dict[str, Any]) -> list[str]:
                   f"{_fmt(target, '.4f')}, a TFLite file on test {_fmt(tested, '.4f')}; chosen: "
                   f"{_fmt(search['chosen'], 'g')}"
                   + (f"; {search['cut']}" if search.get("cut") else "") + "):", "",
-                  f"| {search['knob']} | status | val accuracy | file (fastest within) "
+                  f"| {search['knob']} | status | val accuracy | file "
                   "| test accuracy | p50 ms | speed-up (x, side by side) | epochs | s |",
                   "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
         for trial in search["trials"]:
