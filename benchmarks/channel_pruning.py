@@ -2,11 +2,14 @@
 
 Usage: .venv/bin/python benchmarks/channel_pruning.py [--config configs/bench.yaml]
                                                       [--seeds 1,2,3] [--fractions 0.5]
-                                                      [--distill] [--work DIR]
+                                                      [--depths 0.5,1.0] [--distill]
+                                                      [--work DIR]
 
 Runs tfopt's own steps (plain functions, no servers) per seed: train the baseline, channel-prune
-it at each fraction (`compress.channel_prune`'s epochs and learning rate from the config), and
-convert both to TFLite full-integer int8 as the pipeline does. Every file is evaluated on the
+it at each fraction (`compress.channel_prune`'s epochs and learning rate from the config), with
+``--depths`` depth-prune the baseline and the first fraction's model at each share of their
+residual blocks (`compress.depth_prune`'s budget: ``depth-50`` and ``channels-50+depth-50``),
+and convert each to TFLite full-integer int8 as the pipeline does. Every file is evaluated on the
 same test split, and timed with a bare LiteRT loop (batch 1, `benchmark.threads`) in rounds that
 alternate with the seed's ``baseline-tflite-int8``, so a drifting machine moves both alike.
 Prints per seed and, over seeds, the mean and range of: accuracy against the float baseline
@@ -34,6 +37,7 @@ from tasks.export_savedmodel import export_savedmodel
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from techniques.channel_prune import channel_prune_model
+from techniques.depth_prune import depth_prune_model
 from techniques.distill import distill_model
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, TrainingData, VariantSpec
 from tfopt.data.pipeline import load_split
@@ -72,11 +76,13 @@ def speedup(path: Path, reference: Path, singles: list[np.ndarray], threads: int
 def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
                  fractions: list[float], work: Path, distill: bool = False,
                  teachers: dict[int, dict[str, float]] | None = None,
+                 depths: tuple[float, ...] = (),
                  ) -> dict[str, dict[str, float]]:
     """One seed's rows: accuracy delta (points), FLOPs ratio and speed-up per variant.
 
     With `distill`, the teacher made thinner by the first fraction is also distilled (with its
-    two controls, whose test accuracies go to `teachers[seed]`).
+    two controls, whose test accuracies go to `teachers[seed]`). Each of `depths` removes that
+    share of the residual blocks of the baseline and of the first fraction's model.
     """
     teachers = {} if teachers is None else teachers
     data = TrainingData(dataset=dataset, batch_size=config.train.batch_size or 64, seed=seed,
@@ -85,12 +91,22 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
     baseline = train_model.fn(data, config.model, config.train, out)
     files = {"baseline-tflite-int8": int8_file(baseline, config, dataset, out)}
     flops = {"baseline-tflite-int8": 1.0}
+    starts = [(baseline, 1.0)]
     for fraction in fractions:
         cfg = config.compress.channel_prune.model_copy(update={"enabled": True,
                                                                "fraction": fraction})
         thinner = channel_prune_model.fn(baseline, cfg, data, out)
         files[f"{thinner.name}-tflite-int8"] = int8_file(thinner, config, dataset, out)
         flops[f"{thinner.name}-tflite-int8"] = thinner.metrics["flops_ratio"]
+        if len(starts) == 1:
+            starts.append((thinner, thinner.metrics["flops_ratio"]))
+    for share in depths:
+        for start, start_flops in starts:
+            cfg = config.compress.depth_prune.model_copy(update={"enabled": True, "share": share})
+            shallower = depth_prune_model.fn(start, cfg, data, out / start.name)
+            name = shallower.name if start is baseline else f"{start.name}+{shallower.name}"
+            files[f"{name}-tflite-int8"] = int8_file(shallower, config, dataset, out / name)
+            flops[f"{name}-tflite-int8"] = start_flops * shallower.metrics["flops_ratio"]
     if distill:
         cfg = config.compress.distill.model_copy(update={
             "enabled": True, "student": "thinner", "thinner": fractions[0]})
@@ -127,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=Path("configs/bench.yaml"))
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated training seeds")
     parser.add_argument("--fractions", default="0.5", help="comma-separated shares removed")
+    parser.add_argument("--depths", default="",
+                        help="comma-separated shares of residual blocks removed (depth pruning)")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--distill", action="store_true",
                         help="also distill the thinner teacher (compress.distill's budget)")
@@ -138,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     dataset = write_tfrecords.fn(config.data, work)
     fractions = [float(f) for f in args.fractions.split(",")]
     students: dict[int, dict[str, float]] = {}
-    per_seed = [measure_seed(config, dataset, int(seed), fractions, work, args.distill, students)
-                for seed in args.seeds.split(",")]
+    depths = tuple(float(share) for share in args.depths.split(",") if share)
+    per_seed = [measure_seed(config, dataset, int(seed), fractions, work, args.distill, students,
+                             depths) for seed in args.seeds.split(",")]
     print(f"\n{len(per_seed)} seeds, {args.config}: mean [range]")
     print(f"{'variant':28s} {'accuracy Δ pts':>24s} {'FLOPs ratio':>12s} {'speed-up':>22s}")
     for name in per_seed[0]:

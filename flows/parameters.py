@@ -44,6 +44,7 @@ def _auto_or_format(value: str) -> str:
 AUTOMATIC_PLAN: dict[str, Any] = {
     "compress": {
         "channel_prune": {"enabled": True, "fraction": "auto"},
+        "depth_prune": {"enabled": True, "share": "auto"},
         "distill": {"enabled": True, "student": "thinner", "require_gain": True},
         "qat": {"enabled": True},
         "prune": {"enabled": False}, "cluster": {"enabled": False},
@@ -54,9 +55,9 @@ AUTOMATIC_PLAN: dict[str, Any] = {
     "runtimes": {"openvino": {"compressed": ["int8"]}},
 }
 """What a config without a ``compress`` section gets: the techniques that buy time, the
-strength of channel pruning searched, distillation kept only where it pays, int8 of every
-compressed model on every runtime (``convert`` and ``runtimes`` only where the config does not
-set them)."""
+strengths of channel and depth pruning searched, distillation kept only where it pays, int8
+of every compressed model on every runtime (``convert`` and ``runtimes`` only where the config
+does not set them)."""
 
 
 class PipelineConfig(Section):

@@ -142,7 +142,8 @@ def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path):
 
 
 @pytest.mark.parametrize("technique, settings", [
-    ("channel_prune", {}), ("prune", {}), ("cluster", {}), ("distill", {"student": "thinner"})])
+    ("channel_prune", {}), ("depth_prune", {}), ("prune", {}), ("cluster", {}),
+    ("distill", {"student": "thinner"})])
 def test_auto_is_a_strength_each_searched_technique_declares(technique, settings):
     from techniques import registry
 

@@ -1,0 +1,155 @@
+"""Depth pruning: remove whole residual blocks, rebuild a shallower model, fine-tune it.
+
+Channel pruning makes every layer thinner; where a network's time goes to its number of layers
+(EfficientNetB0 at 64 px), removing residual blocks buys what thinning cannot
+(`tfopt.models.depth_pruning`). It starts from the baseline, or from channel pruning's model
+(``after_channel_prune``: width, then depth).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import tf_keras as keras
+from prefect import task
+from pydantic import Field
+
+from techniques.base import (
+    KERAS_ONLY,
+    NotApplicable,
+    Technique,
+    TechniqueSection,
+    derived_model,
+    resolved,
+    tfmot_model,
+)
+from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.logs import step_logger
+from tfopt.models.depth_pruning import DEPTH_SHARES, DepthPruningError, shallower_model
+from tfopt.models.flops import keras_flops
+from tfopt.models.keras_io import keras_model_path, save_keras_model
+from tfopt.models.training import (
+    KeepBestWeights,
+    evaluate_test_accuracy,
+    fit,
+    recovery,
+    scheduled_learning_rate,
+)
+from tfopt.search import Knob
+
+CRITERION = "block influence: 1 - cos(block input, block output) on training images (ShortGPT)"
+INFLUENCE_IMAGES = 64
+"""Training images each block's influence is measured on."""
+
+
+class DepthPruneConfig(TechniqueSection):
+    """Depth pruning: the least influential residual blocks removed, fine-tuned."""
+
+    enabled: bool = Field(
+        False,
+        description="Remove whole residual blocks (an Add whose one input feeds the other) "
+                    "and fine-tune the shallower model.")
+    share: Annotated[float, Field(gt=0.0, le=1.0)] | Literal["auto"] = Field(
+        0.5,
+        description="Share of the model's removable residual blocks to remove, the least "
+                    "influential first; auto: the fastest share whose fine-tuned model stays "
+                    "within the accuracy budget, searched among 25% to 100% (tfopt.search).")
+    after_channel_prune: bool = Field(
+        False,
+        description="Start from channel pruning's model (compress.channel_prune enabled): "
+                    "width, then depth. Else from the baseline.")
+    epochs: int = Field(
+        12, ge=1, le=1000,
+        description="Most fine-tuning epochs of the shallower model: it stops sooner once back "
+                    "within the accuracy budget and no longer improving (best epoch kept).")
+    learning_rate: float = Field(
+        1e-3, gt=0.0, le=1.0, description="Adam learning rate of the fine-tuning (its start).")
+    learning_rate_schedule: Literal["cosine", "constant"] = Field(
+        "cosine", description="The fine-tuning's learning rate over its epochs: cosine (decays "
+                              "to zero) or constant.")
+
+
+KNOB = Knob("share", DEPTH_SHARES, unit="%")
+"""What ``share: auto`` searches, weakest first."""
+
+
+def depth_name(cfg: DepthPruneConfig) -> str:
+    """``depth-<percent of blocks removed>`` (``depth-auto`` before a search)."""
+    return "depth-auto" if cfg.share == "auto" else f"depth-{round(cfg.share * 100)}"
+
+
+def _start(cfg: DepthPruneConfig) -> str | None:
+    return "channel_prune" if cfg.after_channel_prune else None
+
+
+@task(name="depth_prune_model", tags=["compression"])
+def depth_prune_model(
+    model: ModelArtifact, cfg: DepthPruneConfig, data: TrainingData, out_dir: Path
+) -> ModelArtifact:
+    """Remove `cfg.share` of the model's residual blocks and fine-tune the shallower model.
+
+    Args:
+        model: The trained Keras model (left unchanged): the baseline, or channel pruning's.
+        cfg: The share of blocks removed, fine-tuning epochs and rate.
+        data: The run's training data; its training split ranks the blocks, its test split
+            measures accuracy.
+        out_dir: Folder for ``depth-<percent>.keras``.
+
+    Returns:
+        The shallower model, with the blocks removed, FLOPs and parameters before and after,
+        and its test accuracy before and after fine-tuning.
+
+    Raises:
+        NotApplicable: Not a functional model, a shared layer, or no removable residual block.
+    """
+    from tfopt.data.pipeline import load_split
+
+    logger = step_logger()
+    resolved(cfg, KNOB)
+    keras.utils.set_random_seed(data.seed)
+    base, translation = tfmot_model(model, data)
+    images, _ = load_split(data.dataset, "train", INFLUENCE_IMAGES, scale=data.input_scale)
+    try:
+        shallower = shallower_model(base, cfg.share, images)
+    except DepthPruningError as error:
+        raise NotApplicable(str(error)) from error
+    before, after = keras_flops(base), keras_flops(shallower.model)
+    name = depth_name(cfg)
+    logger.info("%s: %d of %d residual blocks removed (%s); layers %d -> %d, FLOPs %.3g -> %.3g",
+                name, len(shallower.removed), shallower.blocks, ", ".join(shallower.removed),
+                len(base.layers), len(shallower.model.layers), before, after)
+    accuracy_before_tuning = evaluate_test_accuracy(shallower.model, data)
+    learning_rate = scheduled_learning_rate(data, cfg.epochs, cfg.learning_rate,
+                                            cfg.learning_rate_schedule)
+    fitted = fit(shallower.model, data, epochs=cfg.epochs, learning_rate=learning_rate,
+                 callbacks=recovery(data), best=KeepBestWeights())
+    path = keras_model_path(out_dir, name)
+    save_keras_model(shallower.model, path)
+    return derived_model(
+        model, name, path, fitted,
+        params={"technique": "depth pruning", "share": cfg.share, "criterion": CRITERION,
+                "starts_from": model.name, "epochs": cfg.epochs,
+                "learning_rate": cfg.learning_rate,
+                "learning_rate_schedule": cfg.learning_rate_schedule,
+                "removed_blocks": ",".join(shallower.removed)[:5000]},
+        translation=translation,
+        metrics={
+            "blocks_removed": float(len(shallower.removed)),
+            "blocks_removable": float(shallower.blocks),
+            "layers_before": float(len(base.layers)),
+            "layers_after": float(len(shallower.model.layers)),
+            "flops_before": before, "flops_after": after,
+            "flops_ratio": after / before if before else 1.0,
+            "params_before": float(base.count_params()),
+            "params_after": float(shallower.model.count_params()),
+            "test_accuracy_before_fine_tuning": accuracy_before_tuning,
+            "test_accuracy": evaluate_test_accuracy(shallower.model, data),
+        },
+    )
+
+
+TECHNIQUE = Technique(
+    name="depth_prune", section=DepthPruneConfig, accepts=KERAS_ONLY, source_name=depth_name,
+    apply=depth_prune_model, knob=KNOB, starts_from=_start,
+)

@@ -1,0 +1,161 @@
+"""Depth pruning: residual blocks found right, the least influential removed, the rest kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tf_keras as keras
+
+from tfopt.models.depth_pruning import (
+    DepthPruningError,
+    blocks_to_remove,
+    residual_blocks,
+    shallower_model,
+)
+
+
+def _residual_stack(blocks: int = 3) -> keras.Model:
+    """A stem and `blocks` residual blocks in a row, then a projection shortcut and a head."""
+    inputs = keras.Input((10, 10, 3))
+    x = keras.layers.Conv2D(8, 3, padding="same", name="stem")(inputs)
+    for index in range(blocks):
+        branch = keras.layers.Conv2D(8, 3, padding="same", activation="relu",
+                                     name=f"b{index}_conv")(x)
+        branch = keras.layers.Conv2D(8, 1, name=f"b{index}_project")(branch)
+        x = keras.layers.Add(name=f"b{index}_add")([x, branch])
+    shortcut = keras.layers.Conv2D(16, 1, name="shortcut")(x)
+    widened = keras.layers.Conv2D(16, 3, padding="same", name="widen")(x)
+    x = keras.layers.Add(name="projected_add")([shortcut, widened])
+    x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
+    return keras.Model(inputs, keras.layers.Dense(4, name="logits")(x))
+
+
+def _images(model: keras.Model, count: int = 6) -> np.ndarray:
+    return np.random.default_rng(1).random((count, *model.input_shape[1:]), dtype=np.float32)
+
+
+def _silence(model: keras.Model, block: int) -> None:
+    """Block `block`'s branch adds nothing: its last convolution's weights are zero."""
+    project = model.get_layer(f"b{block}_project")
+    project.set_weights([np.zeros_like(weight) for weight in project.get_weights()])
+
+
+def test_residual_blocks_are_the_adds_whose_skip_feeds_their_branch_not_projections():
+    blocks = residual_blocks(_residual_stack())
+    assert [block.add for block in blocks] == ["b0_add", "b1_add", "b2_add"]
+    assert blocks[0].skip == "stem" and blocks[1].skip == "b0_add"
+    assert blocks[1].branch == {"b1_conv", "b1_project"}
+
+
+def test_a_block_that_adds_nothing_goes_first_and_the_outputs_stay_the_same():
+    model = _residual_stack()
+    _silence(model, 1)
+    images = _images(model)
+    shallower = shallower_model(model, 1 / 3, images)
+    assert shallower.removed == ["b1_add"] and shallower.blocks == 3
+    assert shallower.influence["b1_add"] == pytest.approx(0.0, abs=1e-6)
+    assert min(shallower.influence["b0_add"], shallower.influence["b2_add"]) > 1e-4
+    names = {layer.name for layer in shallower.model.layers}
+    assert not names & {"b1_add", "b1_conv", "b1_project"}
+    np.testing.assert_allclose(shallower.model(images), model(images), rtol=1e-5, atol=1e-5)
+
+
+def test_blocks_in_a_row_removed_together_pass_the_first_ones_input_on():
+    model = _residual_stack()
+    for block in range(3):
+        _silence(model, block)
+    images = _images(model)
+    shallower = shallower_model(model, 1.0, images)
+    assert sorted(shallower.removed) == ["b0_add", "b1_add", "b2_add"]
+    assert len(shallower.model.layers) == len(model.layers) - 9
+    np.testing.assert_allclose(shallower.model(images), model(images), rtol=1e-5, atol=1e-5)
+
+
+def test_shares_round_to_whole_blocks_and_remove_at_least_one():
+    assert [blocks_to_remove(share, 9) for share in (0.05, 0.25, 0.5, 0.875, 1.0)] == [
+        1, 2, 5, 8, 9]
+
+
+def test_a_model_without_residual_blocks_is_refused_with_the_reason():
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(4, 3, name="conv")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(x)))
+    with pytest.raises(DepthPruningError, match="no residual block"):
+        shallower_model(model, 0.5, _images(model, 2))
+
+
+@pytest.mark.parametrize(("build", "count"), [
+    (lambda: keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=4), 10),
+    (lambda: keras.applications.EfficientNetB0(input_shape=(32, 32, 3), weights=None,
+                                               classes=4), 9),
+])
+def test_the_zoos_residual_blocks_are_found_and_the_shallower_network_runs(build, count):
+    model = build()
+    assert len(residual_blocks(model)) == count
+    shallower = shallower_model(model, 0.5, _images(model, 2))
+    assert len(shallower.removed) == blocks_to_remove(0.5, count)
+    assert shallower.model.count_params() < model.count_params()
+    assert shallower.model(_images(model, 2)).shape == (2, 4)
+
+
+def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
+        tiny_data, tmp_path):
+    from flows.parameters import PipelineConfig
+    from techniques import plan, registry
+    from techniques.base import NotApplicable
+    from techniques.depth_prune import DepthPruneConfig, depth_prune_model
+    from tfopt.artifacts import ModelArtifact
+    from tfopt.models.keras_io import keras_model_path, save_keras_model
+
+    dataset = tiny_data.dataset
+    inputs = keras.Input((dataset.image_size, dataset.image_size, dataset.channels))
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="stem")(inputs)
+    for index in range(4):
+        branch = keras.layers.Conv2D(8, 3, padding="same", activation="relu",
+                                     name=f"b{index}_conv")(x)
+        x = keras.layers.Add(name=f"b{index}_add")([x, branch])
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    net = keras.Model(inputs, keras.layers.Dense(dataset.num_classes, name="logits")(x))
+    path = keras_model_path(tmp_path, "residual")
+    save_keras_model(net, path)
+    start = ModelArtifact(name="baseline", path=path, format="keras",
+                          image_size=dataset.image_size, num_classes=dataset.num_classes,
+                          channels=dataset.channels)
+
+    made = depth_prune_model.fn(start, DepthPruneConfig(enabled=True, share=0.5, epochs=1),
+                                tiny_data, tmp_path)
+    assert made.name == "depth-50" and made.path.exists()
+    assert made.metrics["blocks_removed"] == 2 and made.metrics["blocks_removable"] == 4
+    assert made.metrics["layers_after"] == made.metrics["layers_before"] - 4
+    assert made.metrics["flops_ratio"] < 1.0 and 0.0 <= made.metrics["test_accuracy"] <= 1.0
+    assert made.params["epochs_run"] == 1 and made.params["starts_from"] == "baseline"
+
+    flat = ModelArtifact(name="flat", path=path, format="keras", image_size=dataset.image_size,
+                         num_classes=dataset.num_classes, channels=dataset.channels)
+    flat_inputs = keras.Input(net.input_shape[1:])
+    save_keras_model(keras.Model(flat_inputs, keras.layers.Dense(dataset.num_classes)(
+        keras.layers.Flatten()(flat_inputs))), path)
+    with pytest.raises(NotApplicable, match="no residual block"):
+        depth_prune_model.fn(flat, DepthPruneConfig(enabled=True, epochs=1), tiny_data, tmp_path)
+
+    chained = PipelineConfig.model_validate({"compress": {
+        "channel_prune": {"enabled": True, "fraction": 0.5},
+        "depth_prune": {"enabled": True, "share": "auto", "after_channel_prune": True},
+        "tflite": ["int8"]}})
+    planned = {p.technique.name: p for p in plan(chained, start)}
+    assert planned["depth_prune"].starts_from == "channel_prune"
+    assert planned["depth_prune"].variants[0].derived_from.startswith("channels-50-")
+    assert list(registry()).index("depth_prune") > list(registry()).index("channel_prune")
+    alone = chained.model_copy(update={"compress": chained.compress.model_copy(update={
+        "channel_prune": chained.compress.channel_prune.model_copy(update={"enabled": False})})})
+    refused = {p.technique.name: p for p in plan(alone, start)}["depth_prune"]
+    assert "enable compress.channel_prune" in str(refused.refusal)
+
+
+def test_a_config_naming_no_technique_searches_depth_beside_width():
+    from flows.parameters import PipelineConfig
+
+    compress = PipelineConfig.model_validate({"name": "minimal"}).compress
+    assert compress.depth_prune.enabled and compress.depth_prune.share == "auto"
+    assert compress.channel_prune.fraction == "auto"
+    assert not compress.depth_prune.after_channel_prune, "from the baseline: width or depth"
