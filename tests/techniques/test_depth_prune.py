@@ -84,18 +84,39 @@ def test_a_model_without_residual_blocks_is_refused_with_the_reason():
         shallower_model(model, 0.5, _images(model, 2))
 
 
+def _silence_branches(model: keras.Model) -> None:
+    """Each block's branch ends in a batch norm made to output zero: it passes its input on."""
+    for block in residual_blocks(model):
+        end = next(name for name in _inbound_names(model, block.add) if name in block.branch)
+        layer = model.get_layer(end)
+        while not isinstance(layer, keras.layers.BatchNormalization):
+            layer = layer.inbound_nodes[0].inbound_layers
+        gamma, beta, mean, var = layer.get_weights()
+        layer.set_weights([gamma * 0.0, beta * 0.0, mean, var])
+
+
+def _inbound_names(model: keras.Model, name: str) -> list[str]:
+    return [layer.name for layer in model.get_layer(name).inbound_nodes[0].inbound_layers]
+
+
 @pytest.mark.parametrize(("build", "count"), [
     (lambda: keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=4), 10),
+    (lambda: keras.applications.MobileNetV3Small(input_shape=(32, 32, 3), weights=None, classes=4,
+                                                 include_preprocessing=False), 6),
     (lambda: keras.applications.EfficientNetB0(input_shape=(32, 32, 3), weights=None,
                                                classes=4), 9),
-])
-def test_the_zoos_residual_blocks_are_found_and_the_shallower_network_runs(build, count):
+], ids=["mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0"])
+def test_the_zoos_residual_blocks_are_found_and_removed_exactly(build, count):
     model = build()
+    images = _images(model, 2)
     assert len(residual_blocks(model)) == count
-    shallower = shallower_model(model, 0.5, _images(model, 2))
-    assert len(shallower.removed) == blocks_to_remove(0.5, count)
-    assert shallower.model.count_params() < model.count_params()
-    assert shallower.model(_images(model, 2)).shape == (2, 4)
+    half = shallower_model(model, 0.5, images)
+    assert len(half.removed) == blocks_to_remove(0.5, count)
+    assert half.model.count_params() < model.count_params()
+    _silence_branches(model)
+    none_left = shallower_model(model, 1.0, images)
+    assert len(none_left.removed) == count
+    np.testing.assert_allclose(none_left.model(images), model(images), rtol=1e-4, atol=1e-5)
 
 
 def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
@@ -152,10 +173,10 @@ def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
     assert "enable compress.channel_prune" in str(refused.refusal)
 
 
-def test_a_config_naming_no_technique_searches_depth_beside_width():
+
+def test_a_config_naming_no_technique_leaves_depth_pruning_off():
     from flows.parameters import PipelineConfig
 
     compress = PipelineConfig.model_validate({"name": "minimal"}).compress
-    assert compress.depth_prune.enabled and compress.depth_prune.share == "auto"
-    assert compress.channel_prune.fraction == "auto"
-    assert not compress.depth_prune.after_channel_prune, "from the baseline: width or depth"
+    assert compress.channel_prune.enabled and compress.channel_prune.fraction == "auto"
+    assert not compress.depth_prune.enabled, "opt-in: the budget has no time for its search"
