@@ -78,6 +78,21 @@ def derived_model(
     ))
 
 
+def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData) -> Fitted:
+    """Fine-tune a rebuilt model (thinner, shallower) in place, as channel and depth pruning do.
+
+    `cfg`'s ``epochs`` are the cap, its ``learning_rate`` follows its
+    ``learning_rate_schedule``; it stops once back within the budget
+    (`tfopt.models.training.recovery`), keeping its best validation epoch.
+    """
+    from tfopt.models.training import KeepBestWeights, fit, recovery, scheduled_learning_rate
+
+    learning_rate = scheduled_learning_rate(data, cfg.epochs, cfg.learning_rate,
+                                            cfg.learning_rate_schedule)
+    return fit(model, data, epochs=cfg.epochs, learning_rate=learning_rate,
+               callbacks=recovery(data), best=KeepBestWeights())
+
+
 TRANSLATION_CHECK_EXAMPLES = 256
 """Test images a Keras 3 model's tf_keras translation is checked on."""
 

@@ -21,6 +21,7 @@ from techniques.base import (
     Technique,
     TechniqueSection,
     derived_model,
+    fine_tune_rebuilt,
     resolved,
     tfmot_model,
 )
@@ -29,13 +30,7 @@ from tfopt.logs import step_logger
 from tfopt.models.channel_pruning import SEARCHED_SHARES, ChannelPruningError, thin_model
 from tfopt.models.flops import keras_flops
 from tfopt.models.keras_io import keras_model_path, save_keras_model
-from tfopt.models.training import (
-    KeepBestWeights,
-    evaluate_test_accuracy,
-    fit,
-    recovery,
-    scheduled_learning_rate,
-)
+from tfopt.models.training import evaluate_test_accuracy
 from tfopt.search import Knob
 
 CRITERION = "|batch-norm scale| x filter L1 norm (Network Slimming, Li et al.)"
@@ -114,10 +109,7 @@ def channel_prune_model(
                 len(thinned.kept) + len(thinned.frozen), before, after,
                 before / after if after else float("nan"), params_before, params_after)
     accuracy_before_tuning = evaluate_test_accuracy(thinned.model, data)
-    learning_rate = scheduled_learning_rate(data, cfg.epochs, cfg.learning_rate,
-                                            cfg.learning_rate_schedule)
-    fitted = fit(thinned.model, data, epochs=cfg.epochs, learning_rate=learning_rate,
-                 callbacks=recovery(data), best=KeepBestWeights())
+    fitted = fine_tune_rebuilt(thinned.model, cfg, data)
     name = channels_name(cfg)
     path = keras_model_path(out_dir, name)
     save_keras_model(thinned.model, path)

@@ -21,6 +21,7 @@ from techniques.base import (
     Technique,
     TechniqueSection,
     derived_model,
+    fine_tune_rebuilt,
     resolved,
     tfmot_model,
 )
@@ -29,13 +30,7 @@ from tfopt.logs import step_logger
 from tfopt.models.depth_pruning import DEPTH_SHARES, DepthPruningError, shallower_model
 from tfopt.models.flops import keras_flops
 from tfopt.models.keras_io import keras_model_path, save_keras_model
-from tfopt.models.training import (
-    KeepBestWeights,
-    evaluate_test_accuracy,
-    fit,
-    recovery,
-    scheduled_learning_rate,
-)
+from tfopt.models.training import evaluate_test_accuracy
 from tfopt.search import Knob
 
 CRITERION = "block influence: 1 - cos(block input, block output) on training images (ShortGPT)"
@@ -120,10 +115,7 @@ def depth_prune_model(
                 name, len(shallower.removed), shallower.blocks, ", ".join(shallower.removed),
                 len(base.layers), len(shallower.model.layers), before, after)
     accuracy_before_tuning = evaluate_test_accuracy(shallower.model, data)
-    learning_rate = scheduled_learning_rate(data, cfg.epochs, cfg.learning_rate,
-                                            cfg.learning_rate_schedule)
-    fitted = fit(shallower.model, data, epochs=cfg.epochs, learning_rate=learning_rate,
-                 callbacks=recovery(data), best=KeepBestWeights())
+    fitted = fine_tune_rebuilt(shallower.model, cfg, data)
     path = keras_model_path(out_dir, name)
     save_keras_model(shallower.model, path)
     return derived_model(
