@@ -22,6 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from tfopt.models.functional_graph import (
+    LayerGraphError,
+    functional_config,
+    layer_inputs,
+    output_names,
+)
+
 SEARCHED_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
 """The shares of each channel group's filters a search may remove, weakest first (channel
 pruning's ``fraction: auto`` and the thinner distillation student's ``thinner: auto``)."""
@@ -51,7 +58,7 @@ MERGE_CLASSES = ("Add", "Subtract", "Maximum", "Minimum", "Average", "Multiply")
 """Layers whose inputs' channels must agree, one for one (one group)."""
 
 
-class ChannelPruningError(ValueError):
+class ChannelPruningError(LayerGraphError):
     """The model cannot be channel-pruned (the message names the layer and why)."""
 
 
@@ -102,38 +109,14 @@ class ChannelGraph:
         return {group: layers for group, layers in merged.items() if group not in frozen}
 
 
-def _inbound(layer_config: dict[str, Any]) -> list[str]:
-    """The names of the layers feeding one layer (tf_keras functional config)."""
-    nodes = layer_config.get("inbound_nodes") or []
-    if len(nodes) > 1:
-        raise ChannelPruningError(
-            f"layer {layer_config['name']} is called {len(nodes)} times (a shared layer): "
-            "its filters cannot be removed for one call only")
-    if not nodes:
-        return []
-    node = nodes[0]
-    if isinstance(node, dict):  # Keras 3 configs: translate to tf_keras first
-        raise ChannelPruningError("a Keras 3 model: channel pruning reads tf_keras models "
-                                  "(tfopt translates Keras 3 models first)")
-    entries = [node] if node and isinstance(node[0], str) else node  # a TFOpLambda's: flat
-    names = [entry[0] for entry in entries]
-    for entry in entries:  # tensors passed as keyword arguments (``tf.math.add(x, y=t)``)
-        for value in (entry[3] if len(entry) > 3 else {}).values():
-            if isinstance(value, list) and len(value) == 3 and isinstance(value[0], str):
-                names.append(value[0])
-    return names
-
-
 def channel_graph(model: Any) -> ChannelGraph:
     """Trace how channels flow through a functional tf_keras model.
 
     Raises:
-        ChannelPruningError: The model is not functional, or a layer is shared.
+        ChannelPruningError: Not a functional tf_keras model, or a shared layer
+            (`tfopt.models.functional_graph.functional_config`).
     """
-    config = model.get_config()
-    if "layers" not in config or "output_layers" not in config:
-        raise ChannelPruningError(f"{type(model).__name__} is not a functional model: channel "
-                                  "pruning rebuilds the model from its layer graph")
+    config = functional_config(model, "channel pruning", ChannelPruningError)
     by_name = {layer.name: layer for layer in model.layers}
     if any(getattr(layer, "data_format", None) == "channels_first" for layer in model.layers):
         raise ChannelPruningError("a channels-first (NCHW) model: the pruner follows channels on "
@@ -153,7 +136,7 @@ def channel_graph(model: Any) -> ChannelGraph:
         name = layer_config["name"]
         layer = by_name[name]
         kind = type(layer).__name__
-        inputs[name] = _inbound(layer_config)
+        inputs[name] = layer_inputs(layer_config)
         incoming = [channels[source] for source in inputs[name]]
         width = int(_output_channels(layer))
         if kind == "InputLayer" or not incoming:
@@ -178,9 +161,9 @@ def channel_graph(model: Any) -> ChannelGraph:
                     frozen.setdefault(group, name)
             channels[name] = new_group(width)
             frozen[channels[name][0][0]] = name
-    for output in config["output_layers"]:
-        for group, _ in channels[output[0]]:
-            frozen.setdefault(group, f"{output[0]} (the model's output)")
+    for output in output_names(config):
+        for group, _ in channels[output]:
+            frozen.setdefault(group, f"{output} (the model's output)")
     return ChannelGraph(channels, inputs, sources, frozen, sizes, groups)
 
 

@@ -19,11 +19,19 @@ from typing import Any
 
 import numpy as np
 
+from tfopt.models.functional_graph import (
+    LayerGraphError,
+    functional_config,
+    layer_inputs,
+    output_names,
+    references,
+)
+
 DEPTH_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 """The shares of a model's removable residual blocks a search may remove, weakest first."""
 
 
-class DepthPruningError(ValueError):
+class DepthPruningError(LayerGraphError):
     """The model cannot be depth-pruned (the message says why)."""
 
 
@@ -43,38 +51,6 @@ class ResidualBlock:
     branch: frozenset[str]
 
 
-def _refs(value: Any) -> list[list[Any]]:
-    """Every ``[layer, node, tensor, ...]`` reference in an inbound-node structure."""
-    if isinstance(value, list) and len(value) >= 3 and isinstance(value[0], str) and (
-            isinstance(value[1], int) and isinstance(value[2], int)):
-        return [value, *_refs(value[3] if len(value) > 3 else None)]
-    if isinstance(value, list):
-        return [ref for item in value for ref in _refs(item)]
-    if isinstance(value, dict):
-        return [ref for item in value.values() for ref in _refs(item)]
-    return []
-
-
-def _inputs_of(layer_config: dict[str, Any]) -> list[str]:
-    return [ref[0] for ref in _refs(layer_config.get("inbound_nodes") or [])]
-
-
-def _functional_config(model: Any) -> dict[str, Any]:
-    config = model.get_config()
-    if "layers" not in config or "output_layers" not in config:
-        raise DepthPruningError(f"{type(model).__name__} is not a functional model: depth "
-                                "pruning rebuilds functional tf_keras models")
-    for layer_config in config["layers"]:
-        nodes = layer_config.get("inbound_nodes") or []
-        if nodes and isinstance(nodes[0], dict):
-            raise DepthPruningError("a Keras 3 model: depth pruning reads tf_keras models "
-                                    "(tfopt translates Keras 3 models first)")
-        if len(nodes) > 1:
-            raise DepthPruningError(f"layer {layer_config['name']} is called {len(nodes)} "
-                                    "times (a shared layer)")
-    return config
-
-
 def _ancestors(inputs: dict[str, list[str]], name: str) -> set[str]:
     found: set[str] = set()
     stack = [name]
@@ -87,12 +63,12 @@ def _ancestors(inputs: dict[str, list[str]], name: str) -> set[str]:
 
 
 def _blocks_of(config: dict[str, Any]) -> list[ResidualBlock]:
-    inputs = {layer["name"]: _inputs_of(layer) for layer in config["layers"]}
+    inputs = {layer["name"]: layer_inputs(layer) for layer in config["layers"]}
     consumers: dict[str, set[str]] = {name: set() for name in inputs}
     for name, parents in inputs.items():
         for parent in parents:
             consumers[parent].add(name)
-    outputs = {ref[0] for ref in _refs(config["output_layers"])}
+    outputs = set(output_names(config))
     blocks = []
     for layer in config["layers"]:
         parents = inputs[layer["name"]]
@@ -121,7 +97,7 @@ def residual_blocks(model: Any) -> list[ResidualBlock]:
     Raises:
         DepthPruningError: Not a functional tf_keras model, or a shared layer.
     """
-    return _blocks_of(_functional_config(model))
+    return _blocks_of(functional_config(model, "depth pruning", DepthPruningError))
 
 
 def block_influence(model: Any, blocks: list[ResidualBlock],
@@ -155,8 +131,8 @@ def block_influence(model: Any, blocks: list[ResidualBlock],
 
 def _rewire(config: dict[str, Any], old: str, new: str) -> None:
     """Point every reference to layer `old`'s output at layer `new`'s."""
-    for ref in _refs([layer.get("inbound_nodes") for layer in config["layers"]]) + _refs(
-            config["output_layers"]):
+    for ref in references([layer.get("inbound_nodes") for layer in config["layers"]]) + (
+            references(config["output_layers"])):
         if ref[0] == old:
             ref[0] = new
 
@@ -202,7 +178,7 @@ def shallower_model(model: Any, share: float, images: np.ndarray) -> ShallowerMo
 
     if not 0.0 < share <= 1.0:
         raise DepthPruningError(f"share {share} is not in (0, 1]")
-    config = _functional_config(model)
+    config = functional_config(model, "depth pruning", DepthPruningError)
     blocks = _blocks_of(config)
     if not blocks:
         raise DepthPruningError("no residual block can be removed: no Add whose one input "
