@@ -58,7 +58,13 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.budget import Budget, MeasurementCosts, budget_cuts, confirmation_cuts
+from tfopt.budget import (
+    Budget,
+    MeasurementCosts,
+    ModelSizes,
+    budget_cuts,
+    confirmation_cuts,
+)
 from tfopt.config import BenchmarkConfig, resolve_cpus
 from tfopt.fileio import atomic_write_json, path_size_bytes
 from tfopt.measurement.champion import champion_speedup, champion_speedup_over_int8
@@ -78,7 +84,7 @@ from tfopt.preflight import check_paths
 from tfopt.provenance import environment, mlflow_tracking_uri
 from tfopt.report.compare import compare, settle, to_confirm
 from tfopt.report.summary import baseline_training, build_summary, champion_card
-from tfopt.runtimes import plan_forms, plan_variant, registry, settings_of
+from tfopt.runtimes import plan_forms, plan_variant, registry, runtime_of, settings_of
 from tfopt.runtimes.base import BuildSources, PlanRequest
 from tfopt.scaling import task_runner
 from tfopt.search import baseline_int8
@@ -131,8 +137,8 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         measured = _prepare_data(config, work_dir, run_dir, run, budget)
         baseline, savedmodel = _baseline(config, measured.data, work_dir, run_dir, run, budget)
         inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
-        variants, budget = _baseline_variants(config, measured.data, baseline, savedmodel,
-                                              run_dir, run, budget)
+        variants, budget = _baseline_variants(config, measured.data, (baseline, savedmodel),
+                                              inputs, run_dir, run, budget)
         compressed = _compressed_variants(config, measured.data, baseline, run_dir, run,
                                           inputs, budget, variants)
         held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs,
@@ -266,26 +272,36 @@ def _benchmark_inputs(
 
 
 def _baseline_variants(
-    config: PipelineConfig, data: TrainingData, baseline: ModelArtifact,
-    savedmodel: ModelArtifact | None, run_dir: Path, run: tracking.TrackedRun, budget: Budget,
+    config: PipelineConfig, data: TrainingData,
+    models: tuple[ModelArtifact, ModelArtifact | None], inputs: BenchmarkInputs, run_dir: Path,
+    run: tracking.TrackedRun, budget: Budget,
 ) -> tuple[list[VariantSpec], Budget]:
     """Every runtime's forms of the baseline (`tfopt.runtimes.plan_forms`), built in plan order.
 
     What a model kind cannot give (a Keras graph from a plain SavedModel, anything but itself
     from a .tflite or .onnx file) is listed as skipped with the reason. Runtimes that ship a
     bundle (TensorRT's ONNX + trtexec) then export it as an artifact. The conversions' time
-    resizes the budget's plan (`Budget.with_builds`).
+    resizes the budget's plan (`Budget.with_builds`), with the sizes its measurements take.
     """
+    baseline, savedmodel = models
     planned = plan_forms(PlanRequest(source=baseline.name, kind=baseline.format,
                                      precision=baseline.precision), config)
     sources = build_sources(baseline, savedmodel, data, config, run_dir / "variants")
     started = time.monotonic()
     variants = build_forms(planned, sources, config)
-    budget = budget.with_builds(time.monotonic() - started, len(planned),
-                                path_size_bytes(baseline.path))
+    budget = budget.with_builds(time.monotonic() - started, len(planned), ModelSizes(
+        model_bytes=path_size_bytes((savedmodel or baseline).path),
+        input_bytes=_file_bytes(inputs.images or inputs.feeds),
+        tensorflow_variants=sum(runtime_of(spec.format).name == "tensorflow"
+                                for spec in planned)))
+    get_run_logger().info("resized by the baseline's conversions: %s", budget.plan_line())
     _export_bundles(sources.model_copy(update={"built": {v.name: v for v in variants}}),
                     config, run_dir, run)
     return variants, budget
+
+
+def _file_bytes(path: Path | None) -> int:
+    return path.stat().st_size if path is not None and path.is_file() else 0
 
 
 def _export_bundles(sources: BuildSources, config: PipelineConfig, run_dir: Path,

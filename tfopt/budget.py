@@ -27,17 +27,22 @@ BUILD_S = 1.5
 MEASURE_S = 3.2
 """Per variant, what a measurement costs besides its timing: its process, load, floor, profile
 (measured on the demo: 105-115 s for 34 variants timed 0.3 s each)."""
-MEASURE_S_PER_MB = 0.3
-"""Beside `MEASURE_S`, per MB of the baseline's file: a larger model's process loads, warms up
-and converts longer (configs/bench.yaml, a 27.6 MB MobileNetV2: 442 s for 24 measurements cut
-to at most 6.8 s of timing each, about 12 s each beside their timing)."""
+MEASURE_S_PER_INPUT_MB = 0.11
+"""Beside `MEASURE_S`, per MB of the test inputs every variant is fed: its accuracy pass runs
+them all (Intel Xeon, 2 cores, 329 test images: LiteRT, ONNX and OpenVINO files took 15-17 s
+each at 160 px, 101 MB, and 5.6-6.4 s at 64 px, 16 MB, whether MobileNetV2, MobileNetV3Small
+or EfficientNetB0)."""
+TENSORFLOW_MEASURE_S_PER_MB = 1.2
+"""Beside that, per MB of the baseline's SavedModel, for each TensorFlow variant (graph,
+SavedModel, XLA): its process loads and traces the model (the same runs: 11 s a variant for
+MobileNetV3Small's 3.3 MB, 28-33 s for MobileNetV2's 11.9 MB and EfficientNetB0's 20.9 MB)."""
 FINISH_S = 20.0
 """After the measurements: the run-off, the MLflow models and child runs, the report (the demo's
 took 15-20 s)."""
-FINISH_S_PER_MB = 0.15
-"""Beside `FINISH_S`, per variant and per MB of the baseline's file: packaging each variant as an
-MLflow model copies and loads it (configs/bench.yaml, a 27.6 MB MobileNetV2: 114 s from the last
-measurement to the end for 23 variants, when 20 s were planned)."""
+FINISH_S_PER_MB = 0.2
+"""Beside `FINISH_S`, per variant and per MB of the baseline's SavedModel: packaging each
+variant as an MLflow model copies and loads it (the same runs: 52-88 s for MobileNetV2's 23
+variants, 67 s for EfficientNetB0's 25, 33-40 s for MobileNetV3Small's 22-27)."""
 MIN_TIMING_S = 0.3
 CUT_BY_BUDGET = "cut by the time budget"
 """How a step the time budget left no time for is skipped (a technique's reason starts so)."""
@@ -58,6 +63,19 @@ class BudgetConfig(Section):
     )
 
 
+class ModelSizes(BaseModel):
+    """What sizes a run's measurements and finish: the baseline and the test inputs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_bytes: int = 0
+    """The baseline's SavedModel (its own file when it has none)."""
+    input_bytes: int = 0
+    """The test inputs every variant is fed (0: generated from the model's signature)."""
+    tensorflow_variants: int = 0
+    """The planned variants measured in TensorFlow itself (graph, SavedModel, XLA)."""
+
+
 class Budget(BaseModel):
     """A run's budget as planned at its start, and resized by what was measured since."""
 
@@ -68,6 +86,9 @@ class Budget(BaseModel):
     compressed_variants: int = 0
     build_s: float = BUILD_S
     measure_s: float = MEASURE_S + MIN_TIMING_S
+    tensorflow_variants: int = 0
+    tensorflow_measure_s: float = 0.0
+    """What each of the `tensorflow_variants` costs beside `measure_s`."""
     finish_s: float = FINISH_S
     started: float = Field(default_factory=time.time)
 
@@ -84,17 +105,20 @@ class Budget(BaseModel):
         return cls(minutes=minutes, baseline_variants=counts[0], compressed_variants=counts[1],
                    measure_s=MEASURE_S + timing + scenarios)
 
-    def with_builds(self, seconds: float, count: int, model_bytes: int = 0) -> Budget:
+    def with_builds(self, seconds: float, count: int, sizes: ModelSizes) -> Budget:
         """The budget with the conversion time measured on the baseline's variants.
 
-        The measurements and the finish are sized by the baseline's file (`model_bytes`): every
-        variant is loaded in its measuring process and packaged at the end.
+        The measurements and the finish are sized by the baseline and the test inputs
+        (`sizes`): every variant is fed all of them, loaded in its measuring process and
+        packaged at the end.
         """
         variants = self.baseline_variants + self.compressed_variants
-        megabytes = model_bytes / 1e6
+        model_mb, inputs_mb = sizes.model_bytes / 1e6, sizes.input_bytes / 1e6
         update: dict[str, float] = {
-            "finish_s": FINISH_S + FINISH_S_PER_MB * megabytes * variants,
-            "measure_s": self.measure_s + MEASURE_S_PER_MB * megabytes}
+            "finish_s": FINISH_S + FINISH_S_PER_MB * model_mb * variants,
+            "measure_s": self.measure_s + MEASURE_S_PER_INPUT_MB * inputs_mb,
+            "tensorflow_variants": sizes.tensorflow_variants,
+            "tensorflow_measure_s": TENSORFLOW_MEASURE_S_PER_MB * model_mb}
         if count > 0:
             update["build_s"] = seconds / count
         return self.model_copy(update=update)
@@ -112,7 +136,7 @@ class Budget(BaseModel):
         """What the conversions and measurements need after the compression."""
         variants = self.baseline_variants + self.compressed_variants
         return (self.compressed_variants * self.build_s + variants * self.measure_s
-                + self.finish_s)
+                + self.tensorflow_variants * self.tensorflow_measure_s + self.finish_s)
 
     @property
     def measuring_deadline(self) -> float | None:
