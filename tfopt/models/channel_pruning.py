@@ -24,6 +24,7 @@ import numpy as np
 
 from tfopt.models.functional_graph import (
     LayerGraphError,
+    as_functional,
     functional_config,
     layer_inputs,
     output_names,
@@ -117,6 +118,7 @@ def channel_graph(model: Any) -> ChannelGraph:
             (`tfopt.models.functional_graph.functional_config`).
     """
     config = functional_config(model, "channel pruning", ChannelPruningError)
+    model = as_functional(model)
     by_name = {layer.name: layer for layer in model.layers}
     if any(getattr(layer, "data_format", None) == "channels_first" for layer in model.layers):
         raise ChannelPruningError("a channels-first (NCHW) model: the pruner follows channels on "
@@ -272,7 +274,7 @@ def thin_model(model: Any, fraction: float, min_channels: int = 8) -> ThinnedMod
     """Remove `fraction` of each prunable group's filters and rebuild the model thinner.
 
     Args:
-        model: A functional tf_keras model (left unchanged).
+        model: A functional (or built Sequential) tf_keras model (left unchanged).
         fraction: The share of filters to remove per group, in [0, 1).
         min_channels: The fewest channels a group keeps.
 
@@ -287,6 +289,7 @@ def thin_model(model: Any, fraction: float, min_channels: int = 8) -> ThinnedMod
 
     if not 0.0 <= fraction < 1.0:
         raise ChannelPruningError(f"fraction {fraction} is not in [0, 1)")
+    model = as_functional(model)
     graph = channel_graph(model)
     if not graph.prunable_groups():
         reasons = sorted(set(graph.frozen.values()))

@@ -21,6 +21,7 @@ import numpy as np
 
 from tfopt.models.functional_graph import (
     LayerGraphError,
+    as_functional,
     functional_config,
     layer_inputs,
     output_names,
@@ -163,7 +164,7 @@ def shallower_model(model: Any, share: float, images: np.ndarray) -> ShallowerMo
     """Remove `share` of the model's residual blocks, the least influential first.
 
     Args:
-        model: A functional tf_keras model (left unchanged).
+        model: A functional (or built Sequential) tf_keras model (left unchanged).
         share: The share of its removable residual blocks to remove, in (0, 1].
         images: Training images the blocks' influence is measured on.
 
@@ -179,6 +180,7 @@ def shallower_model(model: Any, share: float, images: np.ndarray) -> ShallowerMo
     if not 0.0 < share <= 1.0:
         raise DepthPruningError(f"share {share} is not in (0, 1]")
     config = functional_config(model, "depth pruning", DepthPruningError)
+    model = as_functional(model)
     blocks = _blocks_of(config)
     if not blocks:
         raise DepthPruningError("no residual block can be removed: no Add whose one input "

@@ -19,18 +19,35 @@ class LayerGraphError(ValueError):
     """
 
 
+def as_functional(model: Any) -> Any:
+    """The model as a functional one: a built ``Sequential`` model's own layers on its input.
+
+    The layers are the model's (no copy): rebuilding from this view's config gives a functional
+    model with the same layer names, whose weights can be copied from the original's.
+    """
+    import tf_keras as keras
+
+    if isinstance(model, keras.Sequential) and getattr(model, "inputs", None):
+        return keras.Model(model.inputs, model.outputs, name=model.name)
+    return model
+
+
 def functional_config(model: Any, technique: str,
                       error: type[LayerGraphError] = LayerGraphError) -> dict[str, Any]:
     """The model's config, checked to be one `technique` can rebuild the model from.
 
+    A built ``Sequential`` model is read as its functional view (`as_functional`: callers that
+    look its layers up by name take that view too).
+
     Raises:
-        error: Not a functional model (a ``Sequential`` or subclassed one), a Keras 3 model's
-            config, or a layer called more than once (a shared layer).
+        error: Not a functional model (a subclassed one, or a ``Sequential`` one never built
+            on an input shape), a Keras 3 model's config, or a layer called more than once (a
+            shared layer).
     """
-    config = model.get_config()
+    config = as_functional(model).get_config()
     if "layers" not in config or "output_layers" not in config:
         raise error(f"{type(model).__name__} is not a functional model: {technique} rebuilds "
-                    "functional tf_keras models from their layer graph")
+                    "functional and built Sequential tf_keras models from their layer graph")
     for layer_config in config["layers"]:
         nodes = layer_config.get("inbound_nodes") or []
         if nodes and isinstance(nodes[0], dict):
