@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import tf_keras as keras
 
-from techniques.base import settling_epochs
 from tfopt.artifacts import ModelArtifact
 from tfopt.models.training import StopWhenDone
 
@@ -59,18 +58,6 @@ def test_a_fine_tuning_ends_once_back_within_the_budget_and_no_longer_improving(
     hopeless = StopWhenDone(target=0.9)
     _run(hopeless, [0.5, 0.6, 0.6, 0.7])
     assert not hopeless.outcome(cap=4)["recovered"], "never back within the budget"
-
-
-def test_a_rebuilt_model_settles_half_its_cosine_cap_before_recovery_may_end_it():
-    from techniques.channel_prune import ChannelPruneConfig
-    from techniques.depth_prune import DepthPruneConfig
-
-    settling = settling_epochs(DepthPruneConfig(epochs=12))
-    assert settling == 6
-    assert settling_epochs(ChannelPruneConfig(epochs=12, learning_rate_schedule="constant")) == 0
-    judge = StopWhenDone(target=0.9, recovered_from=settling)
-    _run(judge, [0.91, 0.92, 0.92, 0.93, 0.94, 0.95, 0.95, 0.96])
-    assert judge.outcome(cap=12)["epochs_run"] == 7, "back within at epoch 1, ended at epoch 7"
 
 
 def test_a_deadline_ends_a_training_before_an_epoch_would_pass_it():

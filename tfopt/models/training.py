@@ -138,8 +138,7 @@ class StopWhenDone(keras.callbacks.Callback):
       `patience` epochs; after half of them the learning rate is halved (a constant rate only:
       a schedule keeps its own course), so a plateau is tried at a finer step before it ends;
     - recovered (`target`): the validation accuracy reached `target` (a fine-tuning back within
-      the accuracy budget of its baseline) and the last epoch did not improve it, judged from
-      epoch `recovered_from` on (a rebuilt model's rate still high before it);
+      the accuracy budget of its baseline) and the last epoch did not improve it;
     - deadline (`deadline`, a `time.time()` value): the next epoch would end after it.
 
     Epochs before `from_epoch` (a pruning ramp) do not count. `train.epochs` (or a technique's
@@ -148,11 +147,10 @@ class StopWhenDone(keras.callbacks.Callback):
 
     def __init__(self, *, patience: int | None = None, min_delta: float = 0.0,
                  target: float | None = None, from_epoch: int = 0,
-                 deadline: float | None = None, recovered_from: int = 0) -> None:
+                 deadline: float | None = None) -> None:
         super().__init__()
         self._patience, self._min_delta, self._target = patience, min_delta, target
         self._from_epoch, self._deadline = from_epoch, deadline
-        self._recovered_from = recovered_from
         self._best, self._best_epoch, self._wait, self._reference = -1.0, -1, 0, -1.0
         self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
         self.reason = ""
@@ -182,8 +180,7 @@ class StopWhenDone(keras.callbacks.Callback):
             self._reference, self._wait = value, 0
         else:
             self._wait += 1
-        if (self._target is not None and self._best >= self._target and not improved
-                and epoch >= self._recovered_from):
+        if self._target is not None and self._best >= self._target and not improved:
             self.reason = (f"recovered: validation accuracy {self._best:.4f} within the budget "
                            f"(>= {self._target:.4f}) and no longer improving")
         elif self._patience is not None and self._wait >= self._patience:
@@ -246,19 +243,17 @@ class ReportToTrial(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def recovery(data: TrainingData, from_epoch: int = 0,
-             recovered_from: int = 0) -> list[keras.callbacks.Callback]:
+def recovery(data: TrainingData, from_epoch: int = 0) -> list[keras.callbacks.Callback]:
     """A compressed model's fine-tuning ends once back within the budget (`recover_to`).
 
-    Epochs before `from_epoch` (a pruning ramp) do not count, and being back within the budget
-    ends it from epoch `recovered_from` on; without a target, nothing stops it before its epochs
-    but the run's time budget (`TrainingData.deadline`). A search trial's fine-tuning also
-    reports to its study (`ReportToTrial`).
+    Epochs before `from_epoch` (a pruning ramp) do not count; without a target, nothing stops
+    it before its epochs but the run's time budget (`TrainingData.deadline`). A search trial's
+    fine-tuning also reports to its study (`ReportToTrial`).
     """
     callbacks: list[keras.callbacks.Callback] = []
     if data.recover_to is not None or data.deadline is not None:
         callbacks.append(StopWhenDone(target=data.recover_to, from_epoch=from_epoch,
-                                      deadline=data.deadline, recovered_from=recovered_from))
+                                      deadline=data.deadline))
     if data.trial is not None:
         callbacks.append(ReportToTrial(data.trial, from_epoch=from_epoch))
     return callbacks
