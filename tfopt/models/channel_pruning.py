@@ -117,8 +117,8 @@ def channel_graph(model: Any) -> ChannelGraph:
         ChannelPruningError: Not a functional tf_keras model, or a shared layer
             (`tfopt.models.functional_graph.functional_config`).
     """
-    config = functional_config(model, "channel pruning", ChannelPruningError)
     model = as_functional(model)
+    config = functional_config(model, "channel pruning", ChannelPruningError)
     by_name = {layer.name: layer for layer in model.layers}
     if any(getattr(layer, "data_format", None) == "channels_first" for layer in model.layers):
         raise ChannelPruningError("a channels-first (NCHW) model: the pruner follows channels on "

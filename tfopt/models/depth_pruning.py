@@ -179,8 +179,8 @@ def shallower_model(model: Any, share: float, images: np.ndarray) -> ShallowerMo
 
     if not 0.0 < share <= 1.0:
         raise DepthPruningError(f"share {share} is not in (0, 1]")
-    config = functional_config(model, "depth pruning", DepthPruningError)
     model = as_functional(model)
+    config = functional_config(model, "depth pruning", DepthPruningError)
     blocks = _blocks_of(config)
     if not blocks:
         raise DepthPruningError("no residual block can be removed: no Add whose one input "
