@@ -289,19 +289,16 @@ def _baseline_variants(
     sources = build_sources(baseline, savedmodel, data, config, run_dir / "variants")
     started = time.monotonic()
     variants = build_forms(planned, sources, config)
+    test_inputs = inputs.images or inputs.feeds  # feeds not written yet when generated
     budget = budget.with_builds(time.monotonic() - started, len(planned), ModelSizes(
         model_bytes=path_size_bytes((savedmodel or baseline).path),
-        input_bytes=_file_bytes(inputs.images or inputs.feeds),
+        input_bytes=path_size_bytes(test_inputs) if test_inputs else 0,
         tensorflow_variants=sum(runtime_of(spec.format).name == "tensorflow"
                                 for spec in planned)))
     get_run_logger().info("resized by the baseline's conversions: %s", budget.plan_line())
     _export_bundles(sources.model_copy(update={"built": {v.name: v for v in variants}}),
                     config, run_dir, run)
     return variants, budget
-
-
-def _file_bytes(path: Path | None) -> int:
-    return path.stat().st_size if path is not None and path.is_file() else 0
 
 
 def _export_bundles(sources: BuildSources, config: PipelineConfig, run_dir: Path,

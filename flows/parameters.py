@@ -56,9 +56,9 @@ AUTOMATIC_PLAN: dict[str, Any] = {
 """What a config without a ``compress`` section gets: the techniques that buy time, the
 strength of channel pruning searched, distillation kept only where it pays, int8 of every
 compressed model on every runtime (``convert`` and ``runtimes`` only where the config does not
-set them). Depth pruning (``compress.depth_prune``) is not in it: on EfficientNetB0 in 30
-minutes its search took the time QAT and distillation needed (the budget's estimate of the
-conversions and measurements after them is twice what they took there)."""
+set them). Depth pruning (``compress.depth_prune``) is not in it: in two EfficientNetB0 runs
+(30 minutes) its search, which the run order puts after the techniques it may start from, was
+cut after one trial while QAT and distillation held the cores."""
 
 
 class PipelineConfig(Section):

@@ -173,11 +173,9 @@ def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
     assert "enable compress.channel_prune" in str(refused.refusal)
 
 
-
 def test_a_config_naming_no_technique_leaves_depth_pruning_off():
     from flows.parameters import PipelineConfig
 
     compress = PipelineConfig.model_validate({"name": "minimal"}).compress
     assert compress.channel_prune.enabled and compress.channel_prune.fraction == "auto"
-    assert not compress.depth_prune.enabled, "opt-in: the budget has no time for its search"
-
+    assert not compress.depth_prune.enabled, "opt-in: its search has not paid in a run yet"
