@@ -85,9 +85,9 @@ def compress_model(
 def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: ModelArtifact,
                       data: TrainingData, run_dir: Path, inputs: BenchmarkInputs | None,
                       parent: RunRef | None, searches: dict[str, Search]) -> dict[str, Any]:
-    """Each technique in run order: submitted (a future), or searched (a final state)."""
+    """Each technique: submitted (a future), or searched (a final state), searches first."""
     outcomes: dict[str, Any] = {}
-    for planned in plans:
+    for planned in searches_first(plans):
         if planned.refusal is not None:
             continue
         start = baseline if planned.starts_from is None else outcomes[planned.starts_from]
@@ -104,6 +104,18 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
             outcomes[name] = contained(name).submit(start, planned.cfg, data,
                                                     run_dir / "models")
     return outcomes
+
+
+def searches_first(plans: list[Planned]) -> list[Planned]:
+    """`plans` in run order, with the searches that start from the baseline moved first.
+
+    A search runs its trials in this flow while submitted techniques train beside them: on
+    EfficientNetB0 (2 cores) depth pruning's search, run after distillation and QAT were
+    submitted, shared the cores with both and was cut after one trial.
+    """
+    def searched_from_baseline(planned: Planned) -> bool:
+        return planned.starts_from is None and planned.technique.searched(planned.cfg)
+    return sorted(plans, key=lambda planned: not searched_from_baseline(planned))
 
 
 def _search(search: Search, planned: Planned, config: PipelineConfig, start: ModelArtifact,

@@ -44,6 +44,7 @@ def _auto_or_format(value: str) -> str:
 AUTOMATIC_PLAN: dict[str, Any] = {
     "compress": {
         "channel_prune": {"enabled": True, "fraction": "auto"},
+        "depth_prune": {"enabled": True, "share": "auto"},
         "distill": {"enabled": True, "student": "thinner", "require_gain": True},
         "qat": {"enabled": True},
         "prune": {"enabled": False}, "cluster": {"enabled": False},
@@ -54,11 +55,9 @@ AUTOMATIC_PLAN: dict[str, Any] = {
     "runtimes": {"openvino": {"compressed": ["int8"]}},
 }
 """What a config without a ``compress`` section gets: the techniques that buy time, the
-strength of channel pruning searched, distillation kept only where it pays, int8 of every
-compressed model on every runtime (``convert`` and ``runtimes`` only where the config does not
-set them). Depth pruning (``compress.depth_prune``) is not in it: in two EfficientNetB0 runs
-(30 minutes) its search, which the run order puts after the techniques it may start from, was
-cut after one trial while QAT and distillation held the cores."""
+strengths of channel and depth pruning searched (each skipped where the network has nothing
+to remove), distillation kept only where it pays, int8 of every compressed model on every
+runtime (``convert`` and ``runtimes`` only where the config does not set them)."""
 
 
 class PipelineConfig(Section):

@@ -173,9 +173,15 @@ def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
     assert "enable compress.channel_prune" in str(refused.refusal)
 
 
-def test_a_config_naming_no_technique_leaves_depth_pruning_off():
+def test_a_config_naming_no_technique_searches_both_pruners_before_the_rest(tiny_baseline):
+    from flows.compress_model import searches_first
     from flows.parameters import PipelineConfig
+    from techniques import plan
 
-    compress = PipelineConfig.model_validate({"name": "minimal"}).compress
-    assert compress.channel_prune.enabled and compress.channel_prune.fraction == "auto"
-    assert not compress.depth_prune.enabled, "opt-in: its search has not paid in a run yet"
+    config = PipelineConfig.model_validate({"name": "minimal"})
+    assert config.compress.channel_prune.fraction == config.compress.depth_prune.share == "auto"
+    planned = [p.technique.name for p in plan(config, tiny_baseline)]
+    assert planned.index("depth_prune") > planned.index("qat"), "run order: its possible bases"
+    first = [p.technique.name for p in searches_first(plan(config, tiny_baseline))]
+    assert first[:2] == ["channel_prune", "depth_prune"]
+    assert sorted(first[2:]) == sorted(set(planned) - {"channel_prune", "depth_prune"})
