@@ -19,10 +19,11 @@ from flows.common import build_forms, build_sources, error_of, final_state
 from flows.parameters import PipelineConfig
 from tasks.export_savedmodel import export_savedmodel
 from tasks.run_trial import run_trial
-from techniques import Planned, contained, finishing, open_search, plan
+from techniques import Planned, contained, cut_short, finishing, open_search, plan
 from techniques.base import NotApplicable
 from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
 from tfopt.budget import CUT_BY_BUDGET
+from tfopt.models.baseline import validation_margin
 from tfopt.orchestration import claim_flow_run
 from tfopt.runtimes import runtime_of
 from tfopt.search import Search, search_line, search_summary, trial_of
@@ -44,7 +45,8 @@ def compress_model(
     trial's model is its model (after the technique's `Technique.after_search`, if any). A
     technique that fails marks its planned variants failed (and those of the techniques
     continuing from it), one that does not apply to the model (`NotApplicable`, or no setting
-    within the budget) skipped with its reason; the others go on.
+    within the budget) skipped with its reason, as are the forms of a model the time budget
+    stopped far from the accuracy it had to keep (`cut_short`); the others go on.
 
     Args:
         config: The pipeline configuration (compress, convert and scale sections).
@@ -64,6 +66,8 @@ def compress_model(
                                  searches)
     variants: list[VariantSpec] = []
     made: dict[str, ModelArtifact] = {}
+    margin = validation_margin(config.benchmark.accuracy_budget_points,
+                               data.dataset.splits["val"].examples)
     for planned in plans:
         if planned.refusal is not None:
             variants += planned.variants
@@ -73,8 +77,14 @@ def compress_model(
             variants += _not_built(planned, state, plans, outcomes)
             continue
         model = state.result()
-        forms = _forms_of(model, _replanned(planned, model, config, baseline, made), config,
-                          data, run_dir)
+        replanned = _replanned(planned, model, config, baseline, made)
+        short = cut_short(model, data, margin)
+        if short is not None:
+            get_run_logger().warning(short)
+            made[planned.technique.name] = model
+            variants += [skipped(spec, short) for spec in replanned.variants]
+            continue
+        forms = _forms_of(model, replanned, config, data, run_dir)
         made[planned.technique.name] = _with_read_back(model, forms)
         variants += forms
     return Compressed(variants=variants, models=list(made.values()),

@@ -230,6 +230,28 @@ def collapsed(model: ModelArtifact, data: TrainingData) -> str | None:
     return f"validation accuracy {best:.4f}, chance is {chance:.4f}"
 
 
+def cut_short(model: ModelArtifact, data: TrainingData, margin: float) -> str | None:
+    """Why `model`'s forms are not worth building: the time budget stopped it far from back.
+
+    Its fine-tuning stopped by the budget (``stop_reason`` budget) with its best validation
+    accuracy more than `margin` below the accuracy it had to keep (`TrainingData.recover_to`):
+    its files would be converted and measured for a verdict they cannot win (EfficientNetB0,
+    30 minutes: distillation stopped after 1 epoch at 0.73 with 0.97 to keep, its 5 files
+    built and timed while the run overran its budget).
+    """
+    curve = model.history.get("val_accuracy") or []
+    keep = data.recover_to
+    if (not curve or keep is None
+            or not str(model.params.get("stop_reason", "")).startswith("budget")):
+        return None
+    best = max(curve)
+    if best >= keep - margin:
+        return None
+    return (f"{model.name}'s fine-tuning, stopped by the time budget after "
+            f"{model.params.get('epochs_run')} epochs, reached validation accuracy {best:.4f}, "
+            f"more than the budget below {keep:.4f}: its forms were not built")
+
+
 def apply_here(name: str, model: ModelArtifact, cfg: TechniqueSection, data: TrainingData,
                out_dir: Path) -> ModelArtifact:
     """Apply technique `name` in this process (what its child process runs: `contained`).

@@ -528,3 +528,23 @@ def test_a_thinner_teacher_is_the_student_with_two_controls(tiny_baseline, tiny_
     assert student.params["inherited_layers"] != "none", "it starts from the teacher's filters"
     assert {"scratch_test_accuracy", "same_start_test_accuracy",
             "teacher_outputs_gain_points", "distillation_gain_points"} <= set(student.metrics)
+
+
+def test_a_model_the_budget_stopped_far_from_back_is_not_worth_building(tiny_baseline, tiny_data):
+    from techniques import cut_short
+
+    to_keep = tiny_data.model_copy(update={"recover_to": 0.95})
+    budget_stop = "budget: the time planned for this training was used"
+
+    def fine_tuned(stop_reason: str, curve: list[float]):
+        return tiny_baseline.model_copy(update={
+            "name": "distilled-thinner-50", "history": {"val_accuracy": curve},
+            "params": {"stop_reason": stop_reason, "epochs_run": len(curve)}})
+
+    why = cut_short(fine_tuned(budget_stop, [0.52, 0.73]), to_keep, 0.01)
+    assert why is not None and "stopped by the time budget after 2 epochs" in why
+    assert "0.7300" in why and "0.9500" in why
+    assert cut_short(fine_tuned(budget_stop, [0.73, 0.945]), to_keep, 0.01) is None, "near"
+    assert cut_short(fine_tuned("cap: 2 epochs run, still improving", [0.52, 0.73]), to_keep,
+                     0.01) is None, "its own recipe stopped it: judged like any other"
+    assert cut_short(fine_tuned(budget_stop, [0.73]), tiny_data, 0.01) is None, "no target"
