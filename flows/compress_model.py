@@ -147,6 +147,9 @@ def _search(search: Search, planned: Planned, config: PipelineConfig, start: Mod
             search.finish(trial_of(final_state(future), search, value))
     chosen = search.chosen()
     get_run_logger().info("%s search: %s", name, search_line(search))
+    if not search.trials():
+        return Failed(data=NotApplicable(f"{CUT_BY_BUDGET}: the fine-tunings' time was used "
+                                         f"before {name}'s search could start"))
     if chosen is None or chosen.model is None:
         return Failed(data=NotApplicable(f"no {search.knob.field} tried kept the accuracy within "
                                          f"the budget ({search_line(search)})"))

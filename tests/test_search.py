@@ -134,7 +134,9 @@ def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path):
     import time
 
     search = Search(KNOB, tmp_path / "study", "late", target=0.9)
-    assert search.next_values(deadline=time.time() - 1) == [0.5], "the first round always runs"
+    assert search.next_values(deadline=time.time() - 1) == []
+    assert search.cut == "the fraction search was not started (time budget)"
+    assert search.next_values(deadline=time.time() + 60) == [0.5], "a first round: no estimate"
     search.start(0.5)
     search.finish(_trial(0.5))
     assert search.next_values(deadline=time.time() - 1) == []

@@ -172,15 +172,18 @@ class Search:
 
         The candidates between the strongest setting known to keep the budget and the weakest
         known not to are split evenly. A round that would end after `deadline` (a
-        `time.time()` value), as long as the last one took, is not started (`cut` says so).
+        `time.time()` value), as long as the slowest one took, is not started, nor a first one
+        once it has passed (`cut` says so).
         """
         if self._round_started is not None:
             self._round_seconds = max(self._round_seconds,
                                       time.monotonic() - self._round_started)
-        if deadline is not None and self.trials() and (
-                time.time() + self._round_seconds > deadline):
-            self.cut = (f"the {self.knob.field} search stopped after {len(self.trials())} "
-                        "trials (time budget)")
+        tried = len(self.trials())
+        if deadline is not None and time.time() + (self._round_seconds if tried else 0.0) > (
+                deadline):
+            self.cut = (f"the {self.knob.field} search stopped after {tried} trials (time "
+                        "budget)" if tried else
+                        f"the {self.knob.field} search was not started (time budget)")
             return []
         self._round_started = time.monotonic()
         values = self.knob.values
