@@ -145,7 +145,12 @@ def test_a_baseline_its_children_beat_trains_further_from_its_weights(ten_digits
 def test_a_fine_tuning_is_back_within_two_validation_images_and_the_test_split_is_exact():
     # configs/bench.yaml: the baseline's best epoch read 1.0 on 157 validation images and 0.9909
     # on the test split; one image either way on validation is noise, not a verdict.
-    from tfopt.models.baseline import kept_test_accuracy, recovery_target, validation_margin
+    from tfopt.models.baseline import (
+        children_beating,
+        kept_test_accuracy,
+        recovery_target,
+        validation_margin,
+    )
 
     baseline = ModelArtifact(name="baseline", path=Path("unused"), format="keras",
                              image_size=16, num_classes=10,
@@ -161,3 +166,9 @@ def test_a_fine_tuning_is_back_within_two_validation_images_and_the_test_split_i
         "best_val_accuracy": float(np.float32(155 / 157)), "test_accuracy": 0.9909}})
     assert float(np.float32(153 / 157)) >= recovery_target(read_by_keras, 1.0, 157), (
         "two images below the baseline, both read in float32 as Keras reports them: within")
+    weaker = baseline.model_copy(update={"metrics": {
+        "best_val_accuracy": float(np.float32(142 / 157))}})
+    two_more = baseline.model_copy(update={"name": "thinner", "history": {"val_accuracy": [
+        float(np.float32(144 / 157))]}})
+    assert children_beating(weaker, [two_more], 1.0, 157) == [], (
+        "two images above the baseline, in float32, is not beyond the margin")
