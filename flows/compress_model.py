@@ -119,9 +119,10 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
 def searches_first(plans: list[Planned]) -> list[Planned]:
     """`plans` in run order, with the searches that start from the baseline moved first.
 
-    A search runs its trials in this flow while submitted techniques train beside them: on
-    EfficientNetB0 (2 cores) depth pruning's search, run after distillation and QAT were
-    submitted, shared the cores with both and was cut after one trial.
+    A search's trials go to the task runner the other techniques were submitted to; with one
+    worker (the default) those submitted before them run first: on EfficientNetB0 (30 minutes)
+    depth pruning's search, which the run order puts after distillation and QAT, started once
+    both were done and was cut after one trial.
     """
     def searched_from_baseline(planned: Planned) -> bool:
         return planned.starts_from is None and planned.technique.searched(planned.cfg)
