@@ -173,13 +173,19 @@ def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
     assert "enable compress.channel_prune" in str(refused.refusal)
 
 
-def test_a_config_naming_no_technique_searches_both_pruners_before_the_rest(tiny_baseline):
+def test_searches_from_the_baseline_run_before_the_techniques_submitted_beside_them(
+        tiny_baseline):
     from flows.compress_model import searches_first
     from flows.parameters import PipelineConfig
     from techniques import plan
 
-    config = PipelineConfig.model_validate({"name": "minimal"})
-    assert config.compress.channel_prune.fraction == config.compress.depth_prune.share == "auto"
+    minimal = PipelineConfig.model_validate({"name": "minimal"})
+    assert minimal.compress.channel_prune.fraction == "auto"
+    assert not minimal.compress.depth_prune.enabled, "opt-in: it starved distillation"
+    config = PipelineConfig.model_validate({"name": "both", "compress": {
+        **{name: {"enabled": True} for name in ("distill", "qat")},
+        "channel_prune": {"enabled": True, "fraction": "auto"},
+        "depth_prune": {"enabled": True, "share": "auto"}}})
     planned = [p.technique.name for p in plan(config, tiny_baseline)]
     assert planned.index("depth_prune") > planned.index("qat"), "run order: its possible bases"
     first = [p.technique.name for p in searches_first(plan(config, tiny_baseline))]
