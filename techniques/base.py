@@ -78,19 +78,46 @@ def derived_model(
     ))
 
 
-def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData) -> Fitted:
+def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
+                      teacher: Any | None = None) -> Fitted:
     """Fine-tune a rebuilt model (thinner, shallower) in place, as channel and depth pruning do.
 
     `cfg`'s ``epochs`` are the cap, its ``learning_rate`` follows its
     ``learning_rate_schedule``; it stops once back within the budget
-    (`tfopt.models.training.recovery`), keeping its best validation epoch.
+    (`tfopt.models.training.recovery`), keeping its best validation epoch. Given the model it
+    was rebuilt from (`teacher`) and a ``teacher_alpha`` below 1, it learns from the teacher's
+    outputs too (`tfopt.models.distillation.Distiller`, temperature 1), weighted
+    ``1 - teacher_alpha``. Rebuilt models are tf_keras models (`tfmot_model`).
     """
-    from tfopt.models.training import KeepBestWeights, fit, recovery, scheduled_learning_rate
+    import tf_keras as keras
+
+    from tfopt.models.distillation import Distiller
+    from tfopt.models.training import (
+        KeepBestWeights,
+        fit,
+        fit_compiled,
+        recovery,
+        scheduled_learning_rate,
+    )
 
     learning_rate = scheduled_learning_rate(data, cfg.epochs, cfg.learning_rate,
                                             cfg.learning_rate_schedule)
-    return fit(model, data, epochs=cfg.epochs, learning_rate=learning_rate,
-               callbacks=recovery(data), best=KeepBestWeights())
+    if teacher is None or cfg.teacher_alpha >= 1.0:
+        return fit(model, data, epochs=cfg.epochs, learning_rate=learning_rate,
+                   callbacks=recovery(data), best=KeepBestWeights())
+    distiller = Distiller(model, teacher, cfg.teacher_alpha, temperature=1.0)
+    distiller.compile(optimizer=keras.optimizers.Adam(learning_rate))
+    return fit_compiled(distiller, data, epochs=cfg.epochs, callbacks=recovery(data),
+                        best=KeepBestWeights())
+
+
+def teacher_alpha_field() -> Any:
+    """The ``teacher_alpha`` field of the techniques that rebuild the model and fine-tune it."""
+    return Field(
+        1.0, ge=0.0, le=1.0,
+        description="Weight of the labels in the fine-tuning; the model before the rebuild "
+                    "teaches the rest (knowledge distillation at temperature 1, as "
+                    "compress.distill). 1: labels alone.")
 
 
 TRANSLATION_CHECK_EXAMPLES = 256

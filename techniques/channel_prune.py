@@ -23,6 +23,7 @@ from techniques.base import (
     derived_model,
     fine_tune_rebuilt,
     resolved,
+    teacher_alpha_field,
     tfmot_model,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
@@ -63,6 +64,7 @@ class ChannelPruneConfig(TechniqueSection):
             "thinner model ends settled, not wherever its last epoch landed) or constant."
         ),
     )
+    teacher_alpha: float = teacher_alpha_field()
 
 
 KNOB = Knob("fraction", SEARCHED_SHARES, unit="%")
@@ -109,7 +111,7 @@ def channel_prune_model(
                 len(thinned.kept) + len(thinned.frozen), before, after,
                 before / after if after else float("nan"), params_before, params_after)
     accuracy_before_tuning = evaluate_test_accuracy(thinned.model, data)
-    fitted = fine_tune_rebuilt(thinned.model, cfg, data)
+    fitted = fine_tune_rebuilt(thinned.model, cfg, data, teacher=base)
     name = channels_name(cfg)
     path = keras_model_path(out_dir, name)
     save_keras_model(thinned.model, path)
@@ -119,6 +121,7 @@ def channel_prune_model(
                 "criterion": CRITERION, "min_channels": cfg.min_channels,
                 "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
                 "learning_rate_schedule": cfg.learning_rate_schedule,
+                "teacher_alpha": cfg.teacher_alpha,
                 "kept_filters": json.dumps({k: v[0] for k, v in thinned.kept.items()})[:5000],
                 "unpruned_layers": ";".join(sorted(thinned.frozen))[:5000]},
         translation=translation,

@@ -23,6 +23,7 @@ from techniques.base import (
     derived_model,
     fine_tune_rebuilt,
     resolved,
+    teacher_alpha_field,
     tfmot_model,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
@@ -63,6 +64,7 @@ class DepthPruneConfig(TechniqueSection):
     learning_rate_schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="The fine-tuning's learning rate over its epochs: cosine (decays "
                               "to zero) or constant.")
+    teacher_alpha: float = teacher_alpha_field()
 
 
 KNOB = Knob("share", DEPTH_SHARES, unit="%")
@@ -115,7 +117,7 @@ def depth_prune_model(
                 name, len(shallower.removed), shallower.blocks, ", ".join(shallower.removed),
                 len(base.layers), len(shallower.model.layers), before, after)
     accuracy_before_tuning = evaluate_test_accuracy(shallower.model, data)
-    fitted = fine_tune_rebuilt(shallower.model, cfg, data)
+    fitted = fine_tune_rebuilt(shallower.model, cfg, data, teacher=base)
     path = keras_model_path(out_dir, name)
     save_keras_model(shallower.model, path)
     return derived_model(
@@ -124,6 +126,7 @@ def depth_prune_model(
                 "starts_from": model.name, "epochs": cfg.epochs,
                 "learning_rate": cfg.learning_rate,
                 "learning_rate_schedule": cfg.learning_rate_schedule,
+                "teacher_alpha": cfg.teacher_alpha,
                 "removed_blocks": ",".join(shallower.removed)[:5000]},
         translation=translation,
         metrics={

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
-import tensorflow as tf
 import tf_keras as keras
 from prefect import task
 from pydantic import Field, model_validator
@@ -56,6 +55,7 @@ from tfopt.models.channel_pruning import (
     filter_scores,
     thin_model,
 )
+from tfopt.models.distillation import Distiller
 from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras_model
 from tfopt.models.training import (
     Fitted,
@@ -146,68 +146,6 @@ KNOB = Knob("thinner", SEARCHED_SHARES, unit="%")
 """What ``thinner: auto`` searches, weakest first."""
 
 STUDENT_ARCHITECTURE = "small_student"
-
-
-class Distiller(keras.Model):
-    """Trains `student` on labels and on the teacher's temperature-softened outputs."""
-
-    def __init__(self, student: keras.Model, teacher: keras.Model, alpha: float,
-                 temperature: float) -> None:
-        super().__init__()
-        self.student = student
-        self.teacher = teacher
-        self.teacher.trainable = False
-        self.alpha = alpha
-        self.temperature = temperature
-        self.student_loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        self.distillation_loss_fn = keras.losses.KLDivergence()
-        self.loss_tracker = keras.metrics.Mean(name="loss")
-        self.student_loss_tracker = keras.metrics.Mean(name="student_loss")
-        self.distillation_loss_tracker = keras.metrics.Mean(name="distillation_loss")
-        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-
-    @property
-    def metrics(self) -> list[keras.metrics.Metric]:
-        """Metrics reset at each epoch."""
-        return [self.loss_tracker, self.student_loss_tracker, self.distillation_loss_tracker,
-                self.accuracy]
-
-    def distillation_loss(self, teacher_logits: tf.Tensor, student_logits: tf.Tensor) -> tf.Tensor:
-        """KL divergence of the softened distributions, scaled by T^2 (Hinton et al.)."""
-        t = self.temperature
-        return self.distillation_loss_fn(
-            tf.nn.softmax(teacher_logits / t), tf.nn.softmax(student_logits / t)
-        ) * (t * t)
-
-    def train_step(self, data: tuple[tf.Tensor, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """One step on the combined label and distillation loss."""
-        images, labels = data
-        teacher_logits = self.teacher(images, training=False)
-        with tf.GradientTape() as tape:
-            student_logits = self.student(images, training=True)
-            student_loss = self.student_loss_fn(labels, student_logits)
-            distill_loss = self.distillation_loss(teacher_logits, student_logits)
-            loss = self.alpha * student_loss + (1.0 - self.alpha) * distill_loss
-        variables = self.student.trainable_variables
-        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
-        self.loss_tracker.update_state(loss)
-        self.student_loss_tracker.update_state(student_loss)
-        self.distillation_loss_tracker.update_state(distill_loss)
-        self.accuracy.update_state(labels, student_logits)
-        return {metric.name: metric.result() for metric in self.metrics}
-
-    def test_step(self, data: tuple[tf.Tensor, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """Validation judges the student alone, on labels."""
-        images, labels = data
-        student_logits = self.student(images, training=False)
-        self.student_loss_tracker.update_state(self.student_loss_fn(labels, student_logits))
-        self.accuracy.update_state(labels, student_logits)
-        return {"student_loss": self.student_loss_tracker.result(),
-                "accuracy": self.accuracy.result()}
-
-    def call(self, images: tf.Tensor, training: bool = False) -> tf.Tensor:
-        """The student's logits."""
-        return self.student(images, training=training)
 
 
 def students_learning_rate(cfg: DistillConfig, data: TrainingData) -> LearningRate:

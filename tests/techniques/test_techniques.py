@@ -520,6 +520,28 @@ def test_the_technique_thins_the_baseline_and_fine_tunes_it(tiny_baseline, tiny_
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops, ops
 
 
+def test_a_rebuilt_model_learns_from_the_model_before_it_when_asked(tiny_baseline, tiny_data,
+                                                                     tmp_path):
+    from techniques.channel_prune import ChannelPruneConfig, channel_prune_model
+    from techniques.depth_prune import DepthPruneConfig
+    from tfopt.models.keras_io import load_keras_model
+
+    assert DepthPruneConfig().teacher_alpha == ChannelPruneConfig().teacher_alpha
+    taught = {}
+    for alpha in (1.0, 0.5):
+        cfg = ChannelPruneConfig(enabled=True, fraction=0.5, min_channels=2, epochs=2,
+                                 teacher_alpha=alpha)
+        taught[alpha] = channel_prune_model.fn(tiny_baseline, cfg, tiny_data, tmp_path / str(alpha))
+    assert "distillation_loss" not in taught[1.0].history, "labels alone"
+    made = taught[0.5]
+    assert made.params["teacher_alpha"] == 0.5
+    assert len(made.history["distillation_loss"]) == made.params["epochs_run"] >= 1
+    assert len(made.history["val_accuracy"]) == made.params["epochs_run"], "judged on labels"
+    saved = load_keras_model(made.path)
+    assert saved.count_params() == made.metrics["params_after"], "the student, not its teacher"
+    assert 0.0 <= made.metrics["test_accuracy"] <= 1.0
+
+
 def test_a_thinner_teacher_is_the_student_with_two_controls(tiny_baseline, tiny_data, tmp_path):
     cfg = DistillConfig(student="thinner", thinner=0.5, epochs=2)
     student = distill_model.fn(tiny_baseline, cfg, tiny_data, tmp_path)
