@@ -3,7 +3,7 @@
 Usage: .venv/bin/python benchmarks/prune_recovery.py --config CONFIG [--work DIR]
                                                      [--technique channel_prune|depth_prune]
                                                      [--value 0.5] [--alphas 1.0,0.5]
-                                                     [--seeds 1,2,3]
+                                                     [--seeds 1,2,3] [--full-cap]
 
 Trains the config's baseline once (or reuses it: give the ``--work`` folder of a run of the same
 config, its checkpoint is taken as it is), then prunes it at ``--value`` and fine-tunes it as a
@@ -12,7 +12,8 @@ accuracy budget of the baseline's validation accuracy), once per ``teacher_alpha
 alone; below it the baseline's outputs teach the rest) and seed. The alphas share each seed's
 batches. Prints per seed and alpha whether it recovered, the epochs and seconds it took, its
 best validation and its test accuracy; then, per alpha, the mean and range over seeds and the
-paired difference to the first alpha.
+paired difference to the first alpha. With ``--full-cap`` every fine-tune runs its whole cap
+(best validation epoch kept), to see what stopping once back within the budget costs.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the reference")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--full-cap", action="store_true",
+                        help="no stop once back within the budget: the whole cap")
     args = parser.parse_args(argv)
     config = load_pipeline_config(args.config)
     dataset = write_tfrecords.fn(config.data, args.work)
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     alphas = [float(alpha) for alpha in args.alphas.split(",")]
     rows: dict[float, list[dict[str, float]]] = {alpha: [] for alpha in alphas}
     for seed in (int(seed) for seed in args.seeds.split(",")):
-        tuning = data.model_copy(update={"seed": seed, "recover_to": target})
+        tuning = data.model_copy(update={"seed": seed,
+                                         "recover_to": None if args.full_cap else target})
         for alpha in alphas:
             cfg = technique.at(section.model_copy(update={"teacher_alpha": alpha}), args.value)
             started = time.monotonic()

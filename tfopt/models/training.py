@@ -138,7 +138,7 @@ class StopWhenDone(keras.callbacks.Callback):
       `patience` epochs; after half of them the learning rate is halved (a constant rate only:
       a schedule keeps its own course), so a plateau is tried at a finer step before it ends;
     - recovered (`target`): the validation accuracy reached `target` (a fine-tuning back within
-      the accuracy budget of its baseline) and the last epoch did not improve it;
+      the accuracy budget of its baseline) and the last `settle` epochs did not improve it;
     - deadline (`deadline`, a `time.time()` value): the next epoch would end after it.
 
     Epochs before `from_epoch` (a pruning ramp) do not count. `train.epochs` (or a technique's
@@ -147,9 +147,10 @@ class StopWhenDone(keras.callbacks.Callback):
 
     def __init__(self, *, patience: int | None = None, min_delta: float = 0.0,
                  target: float | None = None, from_epoch: int = 0,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, settle: int = 1) -> None:
         super().__init__()
         self._patience, self._min_delta, self._target = patience, min_delta, target
+        self._settle = settle
         self._from_epoch, self._deadline = from_epoch, deadline
         self._best, self._best_epoch, self._wait, self._reference = -1.0, -1, 0, -1.0
         self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
@@ -180,9 +181,10 @@ class StopWhenDone(keras.callbacks.Callback):
             self._reference, self._wait = value, 0
         else:
             self._wait += 1
-        if self._target is not None and self._best >= self._target and not improved:
+        if self._target is not None and self._best >= self._target and (
+                self._wait >= self._settle):
             self.reason = (f"recovered: validation accuracy {self._best:.4f} within the budget "
-                           f"(>= {self._target:.4f}) and no longer improving")
+                           f"(>= {self._target:.4f}) and no gain for {self._wait} epochs")
         elif self._patience is not None and self._wait >= self._patience:
             self.reason = (f"plateau: no validation-accuracy gain of {self._min_delta:g} for "
                            f"{self._patience} epochs")
@@ -243,6 +245,10 @@ class ReportToTrial(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+SETTLE_EPOCHS = 3
+"""Epochs without a validation gain, once back within the budget, before a fine-tuning ends."""
+
+
 def recovery(data: TrainingData, from_epoch: int = 0) -> list[keras.callbacks.Callback]:
     """A compressed model's fine-tuning ends once back within the budget (`recover_to`).
 
@@ -253,7 +259,7 @@ def recovery(data: TrainingData, from_epoch: int = 0) -> list[keras.callbacks.Ca
     callbacks: list[keras.callbacks.Callback] = []
     if data.recover_to is not None or data.deadline is not None:
         callbacks.append(StopWhenDone(target=data.recover_to, from_epoch=from_epoch,
-                                      deadline=data.deadline))
+                                      deadline=data.deadline, settle=SETTLE_EPOCHS))
     if data.trial is not None:
         callbacks.append(ReportToTrial(data.trial, from_epoch=from_epoch))
     return callbacks
