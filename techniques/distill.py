@@ -1,9 +1,10 @@
 """Knowledge distillation: a small student learns from the baseline (the teacher).
 
-tensorflow-model-optimization has no distillation API, so this is a Keras model with its own
-`train_step`: the loss is ``alpha * CE(labels, student) + (1 - alpha) * T^2 *
-KL(softmax(teacher / T) || softmax(student / T))``. The same student trained from scratch with
-the same budget is the control, so the gain (or loss) from the teacher is visible.
+tensorflow-model-optimization has no distillation API, so the student trains in a Keras model
+with its own `train_step` (`tfopt.models.distillation.Distiller`): the loss is ``alpha *
+CE(labels, student) + (1 - alpha) * T^2 * KL(softmax(teacher / T) || softmax(student / T))``.
+The same student trained from scratch with the same budget is the control, so the gain (or
+loss) from the teacher is visible.
 
 The recipe was picked by measurement on the demo (gain = distilled - scratch test accuracy in
 points, figures in configs/demo.yaml). Both students' learning rate decays to zero along a
