@@ -89,9 +89,7 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
     outputs too (`tfopt.models.distillation.Distiller`, temperature 1), weighted
     ``1 - teacher_alpha``. Rebuilt models are tf_keras models (`tfmot_model`).
     """
-    import tf_keras as keras
-
-    from tfopt.models.distillation import Distiller
+    from tfopt.models.distillation import compiled_distiller
     from tfopt.models.training import (
         KeepBestWeights,
         fit,
@@ -105,8 +103,7 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
     if teacher is None or cfg.teacher_alpha >= 1.0:
         return fit(model, data, epochs=cfg.epochs, learning_rate=learning_rate,
                    callbacks=recovery(data), best=KeepBestWeights())
-    distiller = Distiller(model, teacher, cfg.teacher_alpha, temperature=1.0)
-    distiller.compile(optimizer=keras.optimizers.Adam(learning_rate))
+    distiller = compiled_distiller(model, teacher, cfg.teacher_alpha, 1.0, learning_rate)
     return fit_compiled(distiller, data, epochs=cfg.epochs, callbacks=recovery(data),
                         best=KeepBestWeights())
 

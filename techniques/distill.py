@@ -57,6 +57,7 @@ from tfopt.models.channel_pruning import (
     thin_model,
 )
 from tfopt.models.distillation import Distiller
+from tfopt.models.distillation import compiled_distiller as distiller_of
 from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras_model
 from tfopt.models.training import (
     Fitted,
@@ -158,9 +159,8 @@ def students_learning_rate(cfg: DistillConfig, data: TrainingData) -> LearningRa
 def compiled_distiller(teacher: keras.Model, student: keras.Model, cfg: DistillConfig,
                        data: TrainingData) -> Distiller:
     """A `Distiller` of `student` from `teacher`, compiled with the students' learning rate."""
-    distiller = Distiller(student, teacher, cfg.alpha, cfg.temperature)
-    distiller.compile(optimizer=keras.optimizers.Adam(students_learning_rate(cfg, data)))
-    return distiller
+    return distiller_of(student, teacher, cfg.alpha, cfg.temperature,
+                        students_learning_rate(cfg, data))
 
 
 def distill(

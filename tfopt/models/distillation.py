@@ -72,3 +72,13 @@ class Distiller(keras.Model):
     def call(self, images: tf.Tensor, training: bool = False) -> tf.Tensor:
         """The student's logits."""
         return self.student(images, training=training)
+
+
+def compiled_distiller(student: keras.Model, teacher: keras.Model, alpha: float,
+                       temperature: float,
+                       learning_rate: float | keras.optimizers.schedules.LearningRateSchedule,
+                       ) -> Distiller:
+    """A `Distiller` of `student` from `teacher`, compiled with Adam at `learning_rate`."""
+    distiller = Distiller(student, teacher, alpha, temperature)
+    distiller.compile(optimizer=keras.optimizers.Adam(learning_rate))
+    return distiller
