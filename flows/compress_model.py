@@ -92,14 +92,48 @@ def compress_model(
                                 searches.items()})
 
 
+def searches_first(plans: list[Planned]) -> list[Planned]:
+    """`plans` in run order, with the searches that start from the baseline moved first.
+
+    A search's trials go to the task runner the other techniques were submitted to; with one
+    worker (the default) those submitted before them run first: on EfficientNetB0 (30 minutes)
+    depth pruning's search, which the run order puts after distillation and QAT, started once
+    both were done and was cut after one trial. Among them, those that try their strongest
+    setting first (`Knob.strongest_first`) go first: on EfficientNetB0 channel pruning's
+    search, run first, took the 7 minutes the budget left for all searches and left depth
+    pruning's one trial a single epoch.
+    """
+    def order(planned: Planned) -> tuple[bool, bool]:
+        knob = planned.technique.knob
+        return (not searched_from_baseline(planned),
+                not (knob is not None and knob.strongest_first))
+    return sorted(plans, key=order)
+
+
+def searched_from_baseline(planned: Planned) -> bool:
+    """Whether a technique's strength is searched, starting from the baseline."""
+    return planned.starts_from is None and planned.technique.searched(planned.cfg)
+
+
 def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: ModelArtifact,
                       data: TrainingData, run_dir: Path, inputs: BenchmarkInputs | None,
                       parent: RunRef | None, searches: dict[str, Search]) -> dict[str, Any]:
-    """Each technique: submitted (a future), or searched (a final state), searches first."""
+    """Each technique: submitted (a future), or searched (a final state), searches first.
+
+    A search that tries its strongest setting first (`Knob.strongest_first`) and finds it over
+    the budget bisects below it only after the other searches from the baseline: its first
+    trial is one fine-tuning, its bisection several, and the budget's window is one for all.
+    """
     outcomes: dict[str, Any] = {}
+    deferred: list[Planned] = []
     for planned in searches_first(plans):
         if planned.refusal is not None:
             continue
+        if deferred and not searched_from_baseline(planned):
+            for late in deferred:
+                outcomes[late.technique.name] = _finish_search(
+                    searches[late.technique.name], late, config, baseline, data, inputs, parent)
+            deferred = []
         start = baseline if planned.starts_from is None else outcomes[planned.starts_from]
         name = planned.technique.name
         if planned.technique.searched(planned.cfg) and inputs is not None and parent:
@@ -107,38 +141,37 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
             if not start_state.is_completed():
                 outcomes[name] = start_state
                 continue
-            searches[name] = open_search(planned, config, start_state.result(), data)
-            outcomes[name] = _search(searches[name], planned, config, start_state.result(),
-                                     data, inputs, parent)
+            searches[name] = search = open_search(planned, config, start_state.result(), data)
+            first_round_only = (planned.technique.knob.strongest_first
+                                and searched_from_baseline(planned))
+            _run_rounds(search, planned, config, start_state.result(), data, inputs, parent,
+                        rounds=1 if first_round_only else None)
+            if first_round_only and search.chosen() is None:
+                deferred.append(planned)
+                continue
+            outcomes[name] = _searched(search, planned, start_state.result(), data)
         else:
             outcomes[name] = contained(name).submit(start, planned.cfg, data,
                                                     run_dir / "models")
+    for late in deferred:
+        outcomes[late.technique.name] = _finish_search(
+            searches[late.technique.name], late, config, baseline, data, inputs, parent)
     return outcomes
 
 
-def searches_first(plans: list[Planned]) -> list[Planned]:
-    """`plans` in run order, with the searches that start from the baseline moved first.
-
-    A search's trials go to the task runner the other techniques were submitted to; with one
-    worker (the default) those submitted before them run first: on EfficientNetB0 (30 minutes)
-    depth pruning's search, which the run order puts after distillation and QAT, started once
-    both were done and was cut after one trial.
-    """
-    def searched_from_baseline(planned: Planned) -> bool:
-        return planned.starts_from is None and planned.technique.searched(planned.cfg)
-    return sorted(plans, key=lambda planned: not searched_from_baseline(planned))
-
-
-def _search(search: Search, planned: Planned, config: PipelineConfig, start: ModelArtifact,
-            data: TrainingData, inputs: BenchmarkInputs, parent: RunRef) -> State:
-    """Bisect a technique's strength with trials on the task runner; the chosen model's state.
+def _run_rounds(search: Search, planned: Planned, config: PipelineConfig, start: ModelArtifact,
+                data: TrainingData, inputs: BenchmarkInputs, parent: RunRef,
+                rounds: int | None = None) -> None:
+    """Bisect a technique's strength with trials on the task runner, `rounds` rounds at most.
 
     A round tries as many settings as the runner has workers; each trial reports to the
     study, which is kept in the work folder (a killed run resumes it).
     """
     name = planned.technique.name
     workers = config.scale.dask_workers if config.scale.task_runner == "dask" else 1
-    while values := search.next_values(workers, data.deadline):
+    done = 0
+    while (rounds is None or done < rounds) and not refusal_of(search) and (
+            values := search.next_values(workers, data.deadline)):
         futures = {value: run_trial.submit(
             name, value, start, planned.cfg,
             data.model_copy(update={"trial": search.start(value)}),
@@ -146,11 +179,39 @@ def _search(search: Search, planned: Planned, config: PipelineConfig, start: Mod
             parent) for value in values}
         for value, future in futures.items():
             search.finish(trial_of(final_state(future), search, value))
+        done += 1
+
+
+def refusal_of(search: Search) -> str | None:
+    """Why the technique does not apply to the model, if a trial found it does not.
+
+    A model without what the technique works on (no residual block to remove) refuses every
+    setting alike: one such trial ends the search.
+    """
+    prefix = f"{NotApplicable.__name__}: "
+    return next((trial.error.removeprefix(prefix) for trial in search.trials()
+                 if trial.error and trial.error.startswith(prefix)), None)
+
+
+def _finish_search(search: Search, planned: Planned, config: PipelineConfig,
+                   start: ModelArtifact, data: TrainingData, inputs: BenchmarkInputs,
+                   parent: RunRef) -> State:
+    """A search's remaining rounds, then the chosen model's state."""
+    _run_rounds(search, planned, config, start, data, inputs, parent)
+    return _searched(search, planned, start, data)
+
+
+def _searched(search: Search, planned: Planned, start: ModelArtifact,
+              data: TrainingData) -> State:
+    """The state of a technique's search: its chosen trial's model, or why there is none."""
+    name = planned.technique.name
     chosen = search.chosen()
     get_run_logger().info("%s search: %s", name, search_line(search))
     if not search.trials():
         return Failed(data=NotApplicable(f"{CUT_BY_BUDGET}: the fine-tunings' time was used "
                                          f"before {name}'s search could start"))
+    if refusal := refusal_of(search):
+        return Failed(data=NotApplicable(refusal))
     if chosen is None or chosen.model is None:
         return Failed(data=NotApplicable(f"no {search.knob.field} tried kept the accuracy within "
                                          f"the budget ({search_line(search)})"))

@@ -44,6 +44,7 @@ def _auto_or_format(value: str) -> str:
 AUTOMATIC_PLAN: dict[str, Any] = {
     "compress": {
         "channel_prune": {"enabled": True, "fraction": "auto"},
+        "depth_prune": {"enabled": True, "share": "auto"},
         "distill": {"enabled": True, "student": "thinner", "require_gain": True},
         "qat": {"enabled": True},
         "prune": {"enabled": False}, "cluster": {"enabled": False},

@@ -48,6 +48,19 @@ def test_the_search_bisects_to_the_strongest_setting_within_the_budget(tmp_path)
     assert rounds[0] == [0.375, 0.625] and parallel.chosen().value == 0.625
 
 
+def test_a_knob_tried_strongest_first_ends_at_once_when_the_strongest_keeps_the_budget(tmp_path):
+    strongest_first = Knob("share", KNOB.values, unit="%", strongest_first=True)
+    kept = {value: ("ok", 1.0 - value) for value in KNOB.values}
+    search = Search(strongest_first, tmp_path / "kept", "kept", target=0.9)
+    assert _run(search, kept) == [[0.875]] and search.chosen().value == 0.875
+    lost = {**kept, 0.875: ("over_budget", 0.1), 0.75: ("over_budget", 0.2)}
+    below = Search(strongest_first, tmp_path / "lost", "lost", target=0.9)
+    assert _run(below, lost) == [[0.875], [0.5], [0.625], [0.75]], "then a bisection below it"
+    assert below.chosen().value == 0.625
+    two = Search(strongest_first, tmp_path / "two", "two", target=0.9)
+    assert _run(two, lost, at_once=2)[0] == [0.5, 0.875]
+
+
 def test_a_killed_search_resumes_its_study_from_the_work_folder(tmp_path):
     first = Search(KNOB, tmp_path / "study", "resume", target=0.9)
     first.start(0.5)

@@ -60,7 +60,9 @@ def smoke_run(live_services, tmp_path_factory):
          "--summary-json", str(summary_path),
          "--set", f"data.source_dir={demo}", "--set", f"work_dir={tmp / 'work'}",
          "--set", "compress.channel_prune.enabled=true",  # fraction: auto, a search
-         "--set", "compress.channel_prune.epochs=2"],
+         "--set", "compress.channel_prune.epochs=2",
+         # small_cnn has no residual block: one trial says so and ends depth pruning's search
+         "--set", "compress.depth_prune.enabled=true", "--set", "compress.depth_prune.share=auto"],
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-5000:]
     return live_services, json.loads(summary_path.read_text()), completed.stdout, demo
@@ -94,8 +96,13 @@ def test_summary_has_the_contract_keys(smoke_run):
     channels = ({f"channels-{round(search['chosen'] * 100)}-{form}"
                  for form in ("graph", "tflite-int8")} if search["chosen"] is not None
                 else {"channels-auto-graph", "channels-auto-tflite-int8"})
-    assert set(by_name) == EXPECTED_OK | EXPECTED_COMPRESSED | channels | {
+    depth = {"depth-auto-graph", "depth-auto-tflite-int8"}
+    assert set(by_name) == EXPECTED_OK | EXPECTED_COMPRESSED | channels | depth | {
         "baseline-tftrt-fp32", "baseline-graph-bfloat16", "baseline-tflite-selective-int8"}
+    for name in depth:
+        assert by_name[name]["status"] == "skipped", by_name[name]
+        assert "depth_prune does not apply: no residual block" in by_name[name]["error"]
+    assert len(summary["search"]["depth_prune"]["trials"]) == 1, "one refusal ends it"
     selective = by_name["baseline-tflite-selective-int8"]
     assert selective["status"] in ("ok", "skipped"), selective
     if selective["status"] == "skipped":

@@ -181,7 +181,7 @@ def test_searches_from_the_baseline_run_before_the_techniques_submitted_beside_t
 
     minimal = PipelineConfig.model_validate({"name": "minimal"})
     assert minimal.compress.channel_prune.fraction == "auto"
-    assert not minimal.compress.depth_prune.enabled, "opt-in: it starved distillation"
+    assert minimal.compress.depth_prune.share == "auto"
     config = PipelineConfig.model_validate({"name": "both", "compress": {
         **{name: {"enabled": True} for name in ("distill", "qat")},
         "channel_prune": {"enabled": True, "fraction": "auto"},
@@ -189,5 +189,23 @@ def test_searches_from_the_baseline_run_before_the_techniques_submitted_beside_t
     planned = [p.technique.name for p in plan(config, tiny_baseline)]
     assert planned.index("depth_prune") > planned.index("qat"), "run order: its possible bases"
     first = [p.technique.name for p in searches_first(plan(config, tiny_baseline))]
-    assert first[:2] == ["channel_prune", "depth_prune"]
+    assert first[:2] == ["depth_prune", "channel_prune"], "its strongest share tried first"
     assert sorted(first[2:]) == sorted(set(planned) - {"channel_prune", "depth_prune"})
+
+
+def test_a_model_the_technique_does_not_apply_to_ends_its_search_at_the_first_trial(tmp_path):
+    from flows.compress_model import refusal_of
+    from techniques.depth_prune import KNOB
+    from tfopt.search import Search, Trial
+
+    search = Search(KNOB, tmp_path / "study", "refused", target=0.9)
+    assert refusal_of(search) is None
+    search.start(1.0)
+    search.finish(Trial(field="share", value=1.0, status="failed",
+                        error="NotApplicable: no residual block to remove"))
+    assert refusal_of(search) == "no residual block to remove"
+    other = Search(KNOB, tmp_path / "other", "crashed", target=0.9)
+    other.start(1.0)
+    other.finish(Trial(field="share", value=1.0, status="failed",
+                       error="NativeCrashError: SIGSEGV"))
+    assert refusal_of(other) is None, "a crash is that setting's, not the model's"
