@@ -3,16 +3,18 @@
 Usage: .venv/bin/python benchmarks/prune_recovery.py --config CONFIG [--work DIR]
                                                      [--technique channel_prune|depth_prune]
                                                      [--value 0.5] [--alphas 1.0,0.5]
-                                                     [--seeds 1,2,3] [--full-cap]
+                                                     [--cool-downs 3] [--seeds 1,2,3]
+                                                     [--full-cap]
 
 Trains the config's baseline once (or reuses it: give the ``--work`` folder of a run of the same
 config, its checkpoint is taken as it is), then prunes it at ``--value`` and fine-tunes it as a
 search trial does (``compress.<technique>``'s epochs as the cap, stopping once back within the
 accuracy budget of the baseline's validation accuracy), once per ``teacher_alpha`` (1.0: labels
-alone; below it the baseline's outputs teach the rest) and seed. The alphas share each seed's
-batches. Prints per seed and alpha whether it recovered, the epochs and seconds it took, its
-best validation and its test accuracy; then, per alpha, the mean and range over seeds and the
-paired difference to the first alpha. With ``--full-cap`` every fine-tune runs its whole cap
+alone; below it the baseline's outputs teach the rest), ``cool_down_epochs`` (0: it ends after
+3 epochs without a gain instead) and seed. The settings share each seed's batches. Prints per
+seed and setting whether it recovered, the epochs and seconds it took, its best validation and
+its test accuracy; then, per setting, the mean and range over seeds and the paired difference
+to the first setting. With ``--full-cap`` every fine-tune runs its whole cap
 (best validation epoch kept), to see what stopping once back within the budget costs.
 """
 
@@ -38,6 +40,10 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{np.mean(values):{fmt}} [{min(values):{fmt}}, {max(values):{fmt}}]"
 
 
+def _label(alpha: float, cool: int) -> str:
+    return f"teacher_alpha {alpha:g}, cool_down_epochs {cool}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True)
@@ -47,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--value", type=float, default=0.5, help="the share pruned")
     parser.add_argument("--alphas", default="1.0,0.5", help="teacher_alpha values, first is "
                         "the reference")
+    parser.add_argument("--cool-downs", default="3", help="cool_down_epochs values")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--full-cap", action="store_true",
@@ -68,38 +75,41 @@ def main(argv: list[str] | None = None) -> int:
           f"split's budget {test_target:.4f}", flush=True)
     technique = registry()[args.technique]
     section = getattr(config.compress, args.technique).model_copy(update={"enabled": True})
-    alphas = [float(alpha) for alpha in args.alphas.split(",")]
-    rows: dict[float, list[dict[str, float]]] = {alpha: [] for alpha in alphas}
+    settings = [(float(alpha), int(cool)) for alpha in args.alphas.split(",")
+                for cool in args.cool_downs.split(",")]
+    rows: dict[str, list[dict[str, float]]] = {_label(*setting): [] for setting in settings}
+    first = _label(*settings[0])
     for seed in (int(seed) for seed in args.seeds.split(",")):
         tuning = data.model_copy(update={"seed": seed,
                                          "recover_to": None if args.full_cap else target})
-        for alpha in alphas:
-            cfg = technique.at(section.model_copy(update={"teacher_alpha": alpha}), args.value)
+        for alpha, cool in settings:
+            cfg = technique.at(section.model_copy(update={"teacher_alpha": alpha,
+                                                          "cool_down_epochs": cool}), args.value)
             started = time.monotonic()
             model = technique.apply.fn(baseline, cfg, tuning,
-                                       args.work / f"trial-{seed}-{alpha:g}")
+                                       args.work / f"trial-{seed}-{alpha:g}-{cool}")
             row = {"recovered": float(bool(model.params.get("recovered"))),
                    "epochs": float(model.params["epochs_run"]),
                    "seconds": time.monotonic() - started,
                    "val": max(model.history["val_accuracy"]),
                    "test": model.metrics["test_accuracy"]}
             row["test_within"] = float(row["test"] >= test_target)
-            rows[alpha].append(row)
-            print(f"seed {seed} teacher_alpha {alpha:g}: recovered {bool(row['recovered'])} "
+            rows[_label(alpha, cool)].append(row)
+            print(f"seed {seed} {_label(alpha, cool)}: recovered {bool(row['recovered'])} "
                   f"in {row['epochs']:.0f} epochs, {row['seconds']:.0f} s; val {row['val']:.4f} "
                   f"test {row['test']:.4f} ({'within' if row['test_within'] else 'over'} the "
                   "budget)", flush=True)
-    print(f"\n{args.technique} {args.value:g}, {args.config}, {len(rows[alphas[0]])} seeds: "
+    print(f"\n{args.technique} {args.value:g}, {args.config}, {len(rows[first])} seeds: "
           "mean [range]")
-    for alpha in alphas:
-        column = {key: [row[key] for row in rows[alpha]] for key in rows[alpha][0]}
-        paired = [row["test"] - first["test"] for row, first in zip(rows[alpha], rows[alphas[0]],
-                                                                     strict=True)]
-        print(f"teacher_alpha {alpha:g}: recovered {sum(column['recovered']):.0f}, test within "
+    for label, measured in rows.items():
+        column = {key: [row[key] for row in measured] for key in measured[0]}
+        paired = [row["test"] - reference["test"]
+                  for row, reference in zip(measured, rows[first], strict=True)]
+        print(f"{label}: recovered {sum(column['recovered']):.0f}, test within "
               f"{sum(column['test_within']):.0f} of {len(column['test'])}; epochs "
               f"{_spread(column['epochs'], '.1f')}, seconds {_spread(column['seconds'], '.0f')}, "
               f"val {_spread(column['val'], '.4f')}, test {_spread(column['test'], '.4f')}, "
-              f"test - alpha {alphas[0]:g} {_spread([p * 100 for p in paired], '+.2f')} points")
+              f"test - ({first}) {_spread([p * 100 for p in paired], '+.2f')} points")
     return 0
 
 

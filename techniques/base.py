@@ -84,28 +84,50 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
 
     `cfg`'s ``epochs`` are the cap, its ``learning_rate`` follows its
     ``learning_rate_schedule``; it stops once back within the budget
-    (`tfopt.models.training.recovery`), keeping its best validation epoch. Given the model it
+    (`tfopt.models.training.recovery`), keeping its best validation epoch: a cosine rate then
+    cools down to zero over its ``cool_down_epochs`` first (`CosineCoolDown`). Given the model it
     was rebuilt from (`teacher`) and a ``teacher_alpha`` below 1, it learns from the teacher's
     outputs too (`tfopt.models.distillation.Distiller`, temperature 1), weighted
     ``1 - teacher_alpha``. Rebuilt models are tf_keras models (`tfmot_model`).
     """
     from tfopt.models.distillation import compiled_distiller
     from tfopt.models.training import (
+        CosineCoolDown,
         KeepBestWeights,
         fit,
         fit_compiled,
         recovery,
         scheduled_learning_rate,
+        steps_per_epoch,
     )
 
     learning_rate = scheduled_learning_rate(data, cfg.epochs, cfg.learning_rate,
                                             cfg.learning_rate_schedule)
+    cool_down = None
+    if cfg.learning_rate_schedule == "cosine" and cfg.cool_down_epochs and (
+            data.recover_to is not None):
+        per_epoch = steps_per_epoch(data)
+        cool_down = CosineCoolDown(cfg.learning_rate, cfg.epochs * per_epoch, per_epoch,
+                                   cfg.cool_down_epochs)
+        learning_rate = cfg.learning_rate
+    callbacks = recovery(data, cool_down=cool_down)
     if teacher is None or cfg.teacher_alpha >= 1.0:
         return fit(model, data, epochs=cfg.epochs, learning_rate=learning_rate,
-                   callbacks=recovery(data), best=KeepBestWeights())
+                   callbacks=callbacks, best=KeepBestWeights())
     distiller = compiled_distiller(model, teacher, cfg.teacher_alpha, 1.0, learning_rate)
-    return fit_compiled(distiller, data, epochs=cfg.epochs, callbacks=recovery(data),
+    return fit_compiled(distiller, data, epochs=cfg.epochs, callbacks=callbacks,
                         best=KeepBestWeights())
+
+
+def cool_down_field() -> Any:
+    """The ``cool_down_epochs`` field of the techniques that rebuild the model and fine-tune it."""
+    from tfopt.models.training import COOL_DOWN_EPOCHS
+
+    return Field(
+        COOL_DOWN_EPOCHS, ge=0, le=100,
+        description="Once back within the accuracy budget, epochs a cosine learning rate takes "
+                    "straight down to zero before the fine-tuning ends. 0: it ends after "
+                    "3 epochs without a validation gain instead.")
 
 
 def teacher_alpha_field() -> Any:

@@ -20,6 +20,7 @@ from techniques.base import (
     NotApplicable,
     Technique,
     TechniqueSection,
+    cool_down_field,
     derived_model,
     fine_tune_rebuilt,
     resolved,
@@ -65,6 +66,7 @@ class ChannelPruneConfig(TechniqueSection):
         ),
     )
     teacher_alpha: float = teacher_alpha_field()
+    cool_down_epochs: int = cool_down_field()
 
 
 KNOB = Knob("fraction", SEARCHED_SHARES, unit="%")
@@ -121,7 +123,7 @@ def channel_prune_model(
                 "criterion": CRITERION, "min_channels": cfg.min_channels,
                 "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
                 "learning_rate_schedule": cfg.learning_rate_schedule,
-                "teacher_alpha": cfg.teacher_alpha,
+                "teacher_alpha": cfg.teacher_alpha, "cool_down_epochs": cfg.cool_down_epochs,
                 "kept_filters": json.dumps({k: v[0] for k, v in thinned.kept.items()})[:5000],
                 "unpruned_layers": ";".join(sorted(thinned.frozen))[:5000]},
         translation=translation,

@@ -20,6 +20,7 @@ from techniques.base import (
     NotApplicable,
     Technique,
     TechniqueSection,
+    cool_down_field,
     derived_model,
     fine_tune_rebuilt,
     resolved,
@@ -65,6 +66,7 @@ class DepthPruneConfig(TechniqueSection):
         "cosine", description="The fine-tuning's learning rate over its epochs: cosine (decays "
                               "to zero) or constant.")
     teacher_alpha: float = teacher_alpha_field()
+    cool_down_epochs: int = cool_down_field()
 
 
 KNOB = Knob("share", DEPTH_SHARES, unit="%", strongest_first=True)
@@ -130,7 +132,7 @@ def depth_prune_model(
                 "starts_from": model.name, "epochs": cfg.epochs,
                 "learning_rate": cfg.learning_rate,
                 "learning_rate_schedule": cfg.learning_rate_schedule,
-                "teacher_alpha": cfg.teacher_alpha,
+                "teacher_alpha": cfg.teacher_alpha, "cool_down_epochs": cfg.cool_down_epochs,
                 "removed_blocks": ",".join(shallower.removed)[:5000]},
         translation=translation,
         metrics={

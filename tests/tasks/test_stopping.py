@@ -3,6 +3,7 @@ its accuracy is back within the budget, any of them at its deadline."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,6 +39,34 @@ def test_a_plateau_halves_the_rate_then_ends_the_training_converged():
     outcome = judge.outcome(cap=50)
     assert outcome["converged"] and outcome["stop_reason"].startswith("plateau")
     assert (outcome["epochs_run"], outcome["best_epoch"]) == (7, 7)
+
+
+def test_back_within_the_budget_the_rate_cools_down_to_zero_then_the_training_ends():
+    from tfopt.models.training import CosineCoolDown
+
+    per_epoch = 4
+    cool = CosineCoolDown(1e-3, steps=10 * per_epoch, steps_per_epoch=per_epoch, epochs=2)
+    model = SimpleNamespace(stop_training=False,
+                            optimizer=SimpleNamespace(learning_rate=keras.backend.variable(1e-3)))
+    judge = StopWhenDone(target=0.9, settle=3, cool_down=cool)
+    cool.set_model(model)
+    judge.set_model(model)
+    rates = []
+    for epoch, value in enumerate([0.5, 0.92, 0.95, 0.96, 0.97, 0.98]):
+        judge.on_epoch_begin(epoch)
+        for batch in range(per_epoch):
+            cool.on_train_batch_begin(batch)
+            rates.append(float(keras.backend.get_value(model.optimizer.learning_rate)))
+        judge.on_epoch_end(epoch, {"val_accuracy": value})
+        if model.stop_training:
+            break
+    assert judge.outcome(cap=10)["epochs_run"] == 4, "back at epoch 2, then 2 epochs cooling"
+    assert judge.reason.endswith("then 2 epochs cooling down"), judge.reason
+    assert rates[:8] == pytest.approx([cool.rate(step) for step in range(8)])
+    assert rates[4] < rates[0] and rates[8] == pytest.approx(cool.rate(8)), "the cosine, then"
+    cooling = rates[8:]
+    assert all(later < earlier for earlier, later in itertools.pairwise(cooling))
+    assert cooling[-1] == pytest.approx(cooling[0] / (2 * per_epoch)), "straight down to zero"
 
 
 def test_the_cap_is_not_convergence():

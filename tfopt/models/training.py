@@ -147,10 +147,11 @@ class StopWhenDone(keras.callbacks.Callback):
 
     def __init__(self, *, patience: int | None = None, min_delta: float = 0.0,
                  target: float | None = None, from_epoch: int = 0,
-                 deadline: float | None = None, settle: int = 1) -> None:
+                 deadline: float | None = None, settle: int = 1,
+                 cool_down: CosineCoolDown | None = None) -> None:
         super().__init__()
         self._patience, self._min_delta, self._target = patience, min_delta, target
-        self._settle = settle
+        self._settle, self._cool_down, self._cooling_from = settle, cool_down, -1
         self._from_epoch, self._deadline = from_epoch, deadline
         self._best, self._best_epoch, self._wait, self._reference = -1.0, -1, 0, -1.0
         self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
@@ -181,7 +182,10 @@ class StopWhenDone(keras.callbacks.Callback):
             self._reference, self._wait = value, 0
         else:
             self._wait += 1
-        if self._target is not None and self._best >= self._target and (
+        if self._cool_down is not None and self._target is not None and (
+                self._best >= self._target):
+            self._cool(epoch)
+        elif self._target is not None and self._best >= self._target and (
                 self._wait >= self._settle):
             self.reason = (f"recovered: validation accuracy {self._best:.4f} within the budget "
                            f"(>= {self._target:.4f}) and no gain for {self._wait} epochs")
@@ -190,6 +194,17 @@ class StopWhenDone(keras.callbacks.Callback):
                            f"{self._patience} epochs")
         elif self._patience is not None and self._wait == max(1, self._patience // 2):
             self._halve_learning_rate()
+
+    def _cool(self, epoch: int) -> None:
+        """Once back within the budget: the rate decays to zero, then the training ends."""
+        assert self._cool_down is not None
+        if self._cooling_from < 0:
+            self._cooling_from = epoch
+            self._cool_down.start()
+        if epoch - self._cooling_from >= self._cool_down.epochs:
+            self.reason = (f"recovered: validation accuracy {self._best:.4f} within the budget "
+                           f"(>= {self._target:.4f}), then {self._cool_down.epochs} epochs "
+                           "cooling down")
 
     def _halve_learning_rate(self) -> None:
         rate = getattr(self.model.optimizer, "learning_rate", None)
@@ -213,6 +228,47 @@ class StopWhenDone(keras.callbacks.Callback):
                 "converged": reason.startswith(("plateau", "recovered")),
                 "recovered": self._target is not None and self._best >= self._target,
                 "stop_reason": reason, "best_val_accuracy": self._best}
+
+
+class CosineCoolDown(keras.callbacks.Callback):
+    """A cosine learning rate that, once back within the budget, cools down to zero.
+
+    Along a cosine to zero over `steps`; once `start` is called, from where it is straight down
+    to zero over `epochs` epochs (a warmup-stable-decay's decay). The compiled optimizer's rate
+    must be a constant: this sets it before every batch. Why: a fine-tuning stopped once back
+    within the budget kept the weights of an epoch at a high rate, where its whole cosine cap,
+    at rate zero by then, kept the budget more often (`SETTLE_EPOCHS`).
+    """
+
+    def __init__(self, learning_rate: float, steps: int, steps_per_epoch: int,
+                 epochs: int) -> None:
+        super().__init__()
+        self._initial, self._steps, self._per_epoch = learning_rate, max(1, steps), steps_per_epoch
+        self.epochs = epochs
+        self._step, self._from_step, self._from_rate = 0, -1, 0.0
+
+    def rate(self, step: int) -> float:
+        """The learning rate of batch `step` (0-based, over the whole training)."""
+        cosine = 0.5 * self._initial * (1.0 + math.cos(math.pi * min(step, self._steps)
+                                                       / self._steps))
+        if self._from_step < 0:
+            return cosine
+        left = 1.0 - (step - self._from_step) / max(1, self.epochs * self._per_epoch)
+        return min(cosine, self._from_rate * max(0.0, left))
+
+    def start(self) -> None:
+        """Decay from the next batch's rate to zero over `epochs` epochs."""
+        self._from_step, self._from_rate = self._step, self.rate(self._step)
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        """Set this batch's rate."""
+        rate = self.model.optimizer.learning_rate
+        value = self.rate(self._step)
+        try:
+            keras.backend.set_value(rate, value)
+        except (TypeError, ValueError, AttributeError):  # a Keras 3 optimizer's variable
+            rate.assign(value)
+        self._step += 1
 
 
 class ReportToTrial(keras.callbacks.Callback):
@@ -247,19 +303,25 @@ class ReportToTrial(keras.callbacks.Callback):
 
 SETTLE_EPOCHS = 3
 """Epochs without a validation gain, once back within the budget, before a fine-tuning ends."""
+COOL_DOWN_EPOCHS = 3
+"""Epochs a rebuilt model's fine-tuning takes its rate to zero once back within the budget."""
 
 
-def recovery(data: TrainingData, from_epoch: int = 0) -> list[keras.callbacks.Callback]:
+def recovery(data: TrainingData, from_epoch: int = 0,
+             cool_down: CosineCoolDown | None = None) -> list[keras.callbacks.Callback]:
     """A compressed model's fine-tuning ends once back within the budget (`recover_to`).
 
     Epochs before `from_epoch` (a pruning ramp) do not count; without a target, nothing stops
-    it before its epochs but the run's time budget (`TrainingData.deadline`). A search trial's
-    fine-tuning also reports to its study (`ReportToTrial`).
+    it before its epochs but the run's time budget (`TrainingData.deadline`). Back within the
+    budget, it ends after `SETTLE_EPOCHS` without a gain, or, given a `cool_down` (which then
+    sets the rate), once that has brought the rate down to zero. A search trial's fine-tuning
+    also reports to its study (`ReportToTrial`).
     """
-    callbacks: list[keras.callbacks.Callback] = []
+    callbacks: list[keras.callbacks.Callback] = [] if cool_down is None else [cool_down]
     if data.recover_to is not None or data.deadline is not None:
         callbacks.append(StopWhenDone(target=data.recover_to, from_epoch=from_epoch,
-                                      deadline=data.deadline, settle=SETTLE_EPOCHS))
+                                      deadline=data.deadline, settle=SETTLE_EPOCHS,
+                                      cool_down=cool_down))
     if data.trial is not None:
         callbacks.append(ReportToTrial(data.trial, from_epoch=from_epoch))
     return callbacks
