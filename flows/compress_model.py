@@ -121,19 +121,19 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
     """Each technique: submitted (a future), or searched (a final state), searches first.
 
     A search that tries its strongest setting first (`Knob.strongest_first`) and finds it over
-    the budget bisects below it only after the other searches from the baseline: its first
-    trial is one fine-tuning, its bisection several, and the budget's window is one for all.
+    the budget bisects below it last, after the other searches and the techniques submitted
+    beside them (its trials then wait for those on one worker): its first trial is one
+    fine-tuning, its bisection several, and the budget's window is one for all.
     """
     outcomes: dict[str, Any] = {}
     deferred: list[Planned] = []
     for planned in searches_first(plans):
         if planned.refusal is not None:
             continue
-        if deferred and not searched_from_baseline(planned):
-            for late in deferred:
-                outcomes[late.technique.name] = _finish_search(
-                    searches[late.technique.name], late, config, baseline, data, inputs, parent)
-            deferred = []
+        for late in [late for late in deferred if late.technique.name == planned.starts_from]:
+            deferred.remove(late)
+            outcomes[late.technique.name] = _finish_search(
+                searches[late.technique.name], late, config, baseline, data, inputs, parent)
         start = baseline if planned.starts_from is None else outcomes[planned.starts_from]
         name = planned.technique.name
         if planned.technique.searched(planned.cfg) and inputs is not None and parent:
