@@ -180,9 +180,6 @@ class Search:
         `time.time()` value), as long as the slowest one took, is not started, nor a first one
         once it has passed (`cut` says so).
         """
-        if self._round_started is not None:
-            self._round_seconds = max(self._round_seconds,
-                                      time.monotonic() - self._round_started)
         tried = len(self.trials())
         if deadline is not None and time.time() + (self._round_seconds if tried else 0.0) > (
                 deadline):
@@ -222,6 +219,11 @@ class Search:
         import optuna
 
         optuna_trial = self._running.pop(trial.value)
+        if not self._running and self._round_started is not None:
+            # A round lasts until its last trial is told: a search resumed after others ran
+            # (depth pruning's bisection) is not charged for their time.
+            self._round_seconds = max(self._round_seconds,
+                                      time.monotonic() - self._round_started)
         optuna_trial.set_user_attr("trial", trial.model_dump_json())
         if trial.status == "pruned":
             self.study.tell(optuna_trial, state=optuna.trial.TrialState.PRUNED)
