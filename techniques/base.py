@@ -121,13 +121,13 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
 
 def cool_down_field() -> Any:
     """The ``cool_down_epochs`` field of the techniques that rebuild the model and fine-tune it."""
-    from tfopt.models.training import COOL_DOWN_EPOCHS
+    from tfopt.models.training import COOL_DOWN_EPOCHS, SETTLE_EPOCHS
 
     return Field(
         COOL_DOWN_EPOCHS, ge=0, le=100,
         description="Once back within the accuracy budget, epochs a cosine learning rate takes "
-                    "straight down to zero before the fine-tuning ends. 0: it ends after "
-                    "3 epochs without a validation gain instead.")
+                    f"straight down to zero before the fine-tuning ends. 0: it ends after "
+                    f"{SETTLE_EPOCHS} epochs without a validation gain instead.")
 
 
 def teacher_alpha_field() -> Any:
