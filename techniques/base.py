@@ -126,7 +126,7 @@ def cool_down_field() -> Any:
     return Field(
         COOL_DOWN_EPOCHS, ge=0, le=100,
         description="Once back within the accuracy budget, epochs a cosine learning rate takes "
-                    f"straight down to zero before the fine-tuning ends. 0: it ends after "
+                    "straight down to zero before the fine-tuning ends. 0: it ends after "
                     f"{SETTLE_EPOCHS} epochs without a validation gain instead.")
 
 
