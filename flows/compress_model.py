@@ -127,13 +127,17 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
     """
     outcomes: dict[str, Any] = {}
     deferred: list[Planned] = []
+
+    def finish(late: Planned) -> None:
+        deferred.remove(late)
+        outcomes[late.technique.name] = _finish_search(
+            searches[late.technique.name], late, config, baseline, data, inputs, parent)
+
     for planned in searches_first(plans):
         if planned.refusal is not None:
             continue
         for late in [late for late in deferred if late.technique.name == planned.starts_from]:
-            deferred.remove(late)
-            outcomes[late.technique.name] = _finish_search(
-                searches[late.technique.name], late, config, baseline, data, inputs, parent)
+            finish(late)
         start = baseline if planned.starts_from is None else outcomes[planned.starts_from]
         name = planned.technique.name
         if planned.technique.searched(planned.cfg) and inputs is not None and parent:
@@ -153,9 +157,8 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
         else:
             outcomes[name] = contained(name).submit(start, planned.cfg, data,
                                                     run_dir / "models")
-    for late in deferred:
-        outcomes[late.technique.name] = _finish_search(
-            searches[late.technique.name], late, config, baseline, data, inputs, parent)
+    for late in list(deferred):
+        finish(late)
     return outcomes
 
 

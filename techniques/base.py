@@ -101,15 +101,14 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
         steps_per_epoch,
     )
 
-    learning_rate = scheduled_learning_rate(data, cfg.epochs, cfg.learning_rate,
-                                            cfg.learning_rate_schedule)
     cool_down = None
     if cfg.learning_rate_schedule == "cosine" and cfg.cool_down_epochs and (
             data.recover_to is not None):
         per_epoch = steps_per_epoch(data)
         cool_down = CosineCoolDown(cfg.learning_rate, cfg.epochs * per_epoch, per_epoch,
                                    cfg.cool_down_epochs)
-        learning_rate = cfg.learning_rate
+    learning_rate = cfg.learning_rate if cool_down else scheduled_learning_rate(
+        data, cfg.epochs, cfg.learning_rate, cfg.learning_rate_schedule)
     callbacks = recovery(data, cool_down=cool_down)
     if teacher is None or cfg.teacher_alpha >= 1.0:
         return fit(model, data, epochs=cfg.epochs, learning_rate=learning_rate,

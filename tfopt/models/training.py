@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -211,9 +212,10 @@ class StopWhenDone(keras.callbacks.Callback):
         if rate is None or isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
             return
         try:
-            keras.backend.set_value(rate, float(keras.backend.get_value(rate)) * 0.5)
+            value = float(keras.backend.get_value(rate))
         except (TypeError, ValueError, AttributeError):  # a Keras 3 optimizer's variable
-            rate.assign(float(rate.numpy()) * 0.5)
+            value = float(rate.numpy())
+        set_learning_rate(self.model.optimizer, value * 0.5)
 
     def outcome(self, cap: int) -> dict[str, str | int | bool | float]:
         """How the training ended: epochs run, best epoch (1-based), converged, stop reason.
@@ -262,13 +264,16 @@ class CosineCoolDown(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         """Set this batch's rate."""
-        rate = self.model.optimizer.learning_rate
-        value = self.rate(self._step)
-        try:
-            keras.backend.set_value(rate, value)
-        except (TypeError, ValueError, AttributeError):  # a Keras 3 optimizer's variable
-            rate.assign(value)
+        set_learning_rate(self.model.optimizer, self.rate(self._step))
         self._step += 1
+
+
+def set_learning_rate(optimizer: Any, value: float) -> None:
+    """Set a compiled optimizer's constant learning rate (tf_keras or Keras 3)."""
+    try:
+        keras.backend.set_value(optimizer.learning_rate, value)
+    except (TypeError, ValueError, AttributeError):  # a Keras 3 optimizer's variable
+        optimizer.learning_rate.assign(value)
 
 
 class ReportToTrial(keras.callbacks.Callback):
