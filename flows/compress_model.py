@@ -101,12 +101,14 @@ def searches_first(plans: list[Planned]) -> list[Planned]:
     both were done and was cut after one trial. Among them, those that try their strongest
     setting first (`Knob.strongest_first`) go first: on EfficientNetB0 channel pruning's
     search, run first, took the 7 minutes the budget left for all searches and left depth
-    pruning's one trial a single epoch.
+    pruning's one trial a single epoch. Then those whose first trial is not the middle of a
+    bisection (`Knob.first`).
     """
-    def order(planned: Planned) -> tuple[bool, bool]:
+    def order(planned: Planned) -> tuple[bool, bool, bool]:
         knob = planned.technique.knob
         return (not searched_from_baseline(planned),
-                not (knob is not None and knob.strongest_first))
+                not (knob is not None and knob.strongest_first),
+                knob is None or knob.first is None)
     return sorted(plans, key=order)
 
 
@@ -120,10 +122,10 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
                       parent: RunRef | None, searches: dict[str, Search]) -> dict[str, Any]:
     """Each technique: submitted (a future), or searched (a final state), searches first.
 
-    A search that tries its strongest setting first (`Knob.strongest_first`) and finds it over
-    the budget bisects below it last, after the other searches and the techniques submitted
-    beside them (its trials then wait for those on one worker): its first trial is one
-    fine-tuning, its bisection several, and the budget's window is one for all.
+    A search from the baseline that starts at a chosen setting (`Knob.first`) runs that first
+    trial, and bisects from it last, after the other searches' first trials and the techniques
+    submitted beside them (its trials then wait for those on one worker): its first trial is
+    one fine-tuning, its bisection several, and the budget's window is one for all.
     """
     outcomes: dict[str, Any] = {}
     deferred: list[Planned] = []
@@ -146,11 +148,11 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
                 outcomes[name] = start_state
                 continue
             searches[name] = search = open_search(planned, config, start_state.result(), data)
-            first_round_only = (planned.technique.knob.strongest_first
+            first_round_only = (planned.technique.knob.first is not None
                                 and searched_from_baseline(planned))
             _run_rounds(search, planned, config, start_state.result(), data, inputs, parent,
                         rounds=1 if first_round_only else None)
-            if first_round_only and search.chosen() is None:
+            if first_round_only and search.is_open() and not refusal_of(search):
                 deferred.append(planned)
                 continue
             outcomes[name] = _searched(search, planned, start_state.result(), data)

@@ -69,7 +69,7 @@ class DepthPruneConfig(TechniqueSection):
     cool_down_epochs: int = cool_down_field()
 
 
-KNOB = Knob("share", DEPTH_SHARES, unit="%", strongest_first=True)
+KNOB = Knob("share", DEPTH_SHARES, unit="%", first=DEPTH_SHARES[-1])
 """What ``share: auto`` searches, weakest first; its first trial removes every removable block.
 Depth's accuracy is not monotonic in the share: on EfficientNetB0 (64 px, demo data) 100% came
 back to a 0.9909 baseline's budget at its 12-epoch cap on 3 of 3 seeds, and cooling down once

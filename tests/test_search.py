@@ -49,7 +49,8 @@ def test_the_search_bisects_to_the_strongest_setting_within_the_budget(tmp_path)
 
 
 def test_a_knob_tried_strongest_first_ends_at_once_when_the_strongest_keeps_the_budget(tmp_path):
-    strongest_first = Knob("share", KNOB.values, unit="%", strongest_first=True)
+    strongest_first = Knob("share", KNOB.values, unit="%", first=0.875)
+    assert strongest_first.strongest_first and not KNOB.strongest_first
     kept = {value: ("ok", 1.0 - value) for value in KNOB.values}
     search = Search(strongest_first, tmp_path / "kept", "kept", target=0.9)
     assert _run(search, kept) == [[0.875]] and search.chosen().value == 0.875
@@ -59,6 +60,27 @@ def test_a_knob_tried_strongest_first_ends_at_once_when_the_strongest_keeps_the_
     assert below.chosen().value == 0.625
     two = Search(strongest_first, tmp_path / "two", "two", target=0.9)
     assert _run(two, lost, at_once=2)[0] == [0.5, 0.875]
+
+
+def test_a_knob_with_a_first_setting_starts_there_and_bisects_either_side(tmp_path):
+    from_75 = Knob("fraction", KNOB.values, unit="%", first=0.75)
+    assert not from_75.strongest_first
+    kept = {value: ("ok", 1.0 - value) for value in KNOB.values}
+    above = Search(from_75, tmp_path / "above", "above", target=0.9)
+    assert above.next_values() == [0.75]
+    above.start(0.75)
+    above.finish(_trial(0.75, "ok", 0.25))
+    assert above.is_open(), "87.5% may still keep the budget"
+    assert _run(above, {**kept, 0.875: ("over_budget", 0.1)}) == [[0.875]]
+    assert not above.is_open() and above.chosen().value == 0.75
+    lost = {**kept, 0.75: ("over_budget", 0.2), 0.625: ("over_budget", 0.3)}
+    below = Search(from_75, tmp_path / "below", "below", target=0.9)
+    assert _run(below, lost) == [[0.75], [0.375], [0.5], [0.625]], "then a bisection below it"
+    assert below.chosen().value == 0.5
+    two = Search(from_75, tmp_path / "two", "two", target=0.9)
+    assert two.next_values(2) == [0.5, 0.75]
+    with pytest.raises(ValueError, match="not a candidate"):
+        Knob("fraction", KNOB.values, first=0.6)
 
 
 def test_a_killed_search_resumes_its_study_from_the_work_folder(tmp_path):

@@ -56,15 +56,26 @@ class Knob:
         field: Its config field (``fraction``).
         values: The candidate values, weakest first.
         unit: How a value reads in a name or a line (``%`` for shares).
-        strongest_first: The first round tries the strongest value (then bisects below it
-            if that one is over the budget): for a knob whose strongest setting often keeps
-            the budget, one trial instead of a bisection's three.
+        first: The value the first round tries (None: the middle of a bisection), where the
+            measured runs most often found the answer: from there the search bisects below it
+            if it is over the budget, above it if not. A search's window on 2 cores fits one
+            or two trials, and a bisection from the middle spends its first on a setting that
+            is rarely the answer.
     """
 
     field: str
     values: tuple[float, ...]
     unit: str = ""
-    strongest_first: bool = False
+    first: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.first is not None and self.first not in self.values:
+            raise ValueError(f"{self.field}: the first value {self.first} is not a candidate")
+
+    @property
+    def strongest_first(self) -> bool:
+        """Whether the first round tries the strongest value (kept: nothing stronger to try)."""
+        return self.first is not None and self.first == self.values[-1]
 
     def label(self, value: float) -> str:
         """A value as people read it (``62%``, ``6``)."""
@@ -175,10 +186,9 @@ class Search:
         """The settings to try next (none: the search is over), up to `at_once` of them.
 
         The candidates between the strongest setting known to keep the budget and the weakest
-        known not to are split evenly (a `Knob.strongest_first` study's first round: its
-        strongest value among them). A round that would end after `deadline` (a
-        `time.time()` value), as long as the slowest one took, is not started, nor a first one
-        once it has passed (`cut` says so).
+        known not to are split evenly (a first round: the knob's `Knob.first` among them). A
+        round that would end after `deadline` (a `time.time()` value), as long as the slowest
+        one took, is not started, nor a first one once it has passed (`cut` says so).
         """
         tried = len(self.trials())
         if deadline is not None and time.time() + (self._round_seconds if tried else 0.0) > (
@@ -188,6 +198,19 @@ class Search:
                         f"the {self.knob.field} search was not started (time budget)")
             return []
         self._round_started = time.monotonic()
+        open_ = self._open()
+        if not open_:
+            return []
+        first = (self.knob.values.index(self.knob.first)
+                 if self.knob.first is not None and not tried else None)
+        return [self.knob.values[i] for i in _spread(open_, at_once, first)]
+
+    def is_open(self) -> bool:
+        """Whether settings are left that could still change the choice."""
+        return bool(self._open())
+
+    def _open(self) -> list[int]:
+        """The untried candidates' indices between the strongest kept and the weakest lost."""
         values = self.knob.values
         tried = {trial.value: trial for trial in self.trials()}
         good = [i for i, v in enumerate(values) if v in tried and tried[v].status == "ok"]
@@ -195,11 +218,7 @@ class Search:
         bad = [i for i, v in enumerate(values) if v in tried and i > low
                and tried[v].status != "ok"]
         high = min(bad, default=len(values))
-        open_ = [i for i in range(low + 1, high) if values[i] not in tried]
-        if not open_:
-            return []
-        return [values[i] for i in _spread(open_, at_once, self.knob.strongest_first and
-                                           not tried)]
+        return [i for i in range(low + 1, high) if values[i] not in tried]
 
     def trial_folder(self, value: float) -> Path:
         """Where the trial of one setting keeps its model and files."""
@@ -238,10 +257,10 @@ class Search:
         return choose(self.trials(), self.knob)
 
 
-def _spread(open_: list[int], count: int, strongest: bool) -> list[int]:
-    """`count` of the open candidates' indices, evenly apart (`strongest`: the last among them)."""
-    if strongest:
-        return [*_spread(open_[:-1], count - 1, False), open_[-1]]
+def _spread(open_: list[int], count: int, first: int | None = None) -> list[int]:
+    """`count` of the open candidates' indices, evenly apart (`first` among them, if given)."""
+    if first is not None and first in open_:
+        return sorted([*_spread([i for i in open_ if i != first], count - 1), first])
     count = min(count, len(open_))
     return sorted({open_[(k + 1) * (len(open_) + 1) // (count + 1) - 1] for k in range(count)})
 
