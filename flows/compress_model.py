@@ -122,10 +122,11 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
                       parent: RunRef | None, searches: dict[str, Search]) -> dict[str, Any]:
     """Each technique: submitted (a future), or searched (a final state), searches first.
 
-    A search from the baseline that starts at a chosen setting (`Knob.first`) runs that first
-    trial, and bisects from it last, after the other searches' first trials and the techniques
+    A search from the baseline that starts at its knob's `Knob.first` runs that first trial,
+    and bisects from it last, after the other searches' first trials and the techniques
     submitted beside them (its trials then wait for those on one worker): its first trial is
-    one fine-tuning, its bisection several, and the budget's window is one for all.
+    one fine-tuning, its bisection several, and the budget's window is one for all. A search
+    expects its rounds to take as long as the longest of the searches before it.
     """
     outcomes: dict[str, Any] = {}
     deferred: list[Planned] = []
@@ -147,8 +148,11 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
             if not start_state.is_completed():
                 outcomes[name] = start_state
                 continue
-            searches[name] = search = open_search(planned, config, start_state.result(), data)
-            first_round_only = (planned.technique.knob.first is not None
+            search = open_search(planned, config, start_state.result(), data)
+            search.expected_round_s = max(
+                filter(None, (done.round_seconds for done in searches.values())), default=None)
+            searches[name] = search
+            first_round_only = (search.starts_at_first(data.deadline)
                                 and searched_from_baseline(planned))
             _run_rounds(search, planned, config, start_state.result(), data, inputs, parent,
                         rounds=1 if first_round_only else None)

@@ -3,6 +3,7 @@ setting within the accuracy budget."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -62,23 +63,37 @@ def test_a_knob_tried_strongest_first_ends_at_once_when_the_strongest_keeps_the_
     assert _run(two, lost, at_once=2)[0] == [0.5, 0.875]
 
 
-def test_a_knob_with_a_first_setting_starts_there_and_bisects_either_side(tmp_path):
+def test_a_knob_with_a_first_setting_starts_there_when_time_is_short_and_bisects_either_side(
+        tmp_path):
     from_75 = Knob("fraction", KNOB.values, unit="%", first=0.75)
-    assert not from_75.strongest_first
+    assert not from_75.strongest_first and from_75.bisection_rounds == 3
+    soon = time.time() + 250.0
+    unknown = Search(from_75, tmp_path / "unknown", "unknown", target=0.9)
+    assert unknown.next_values(deadline=soon) == [0.5], "no round measured yet: the middle"
+    roomy = Search(from_75, tmp_path / "roomy", "roomy", target=0.9)
+    roomy.expected_round_s = 60.0
+    assert roomy.next_values(deadline=soon) == [0.5], "room for a bisection's three rounds"
     kept = {value: ("ok", 1.0 - value) for value in KNOB.values}
     above = Search(from_75, tmp_path / "above", "above", target=0.9)
-    assert above.next_values() == [0.75]
+    above.expected_round_s = 100.0
+    assert above.starts_at_first(soon) and above.next_values(deadline=soon) == [0.75]
     above.start(0.75)
     above.finish(_trial(0.75, "ok", 0.25))
+    assert above.round_seconds is not None
     assert above.is_open(), "87.5% may still keep the budget"
     assert _run(above, {**kept, 0.875: ("over_budget", 0.1)}) == [[0.875]]
     assert not above.is_open() and above.chosen().value == 0.75
     lost = {**kept, 0.75: ("over_budget", 0.2), 0.625: ("over_budget", 0.3)}
     below = Search(from_75, tmp_path / "below", "below", target=0.9)
-    assert _run(below, lost) == [[0.75], [0.375], [0.5], [0.625]], "then a bisection below it"
+    below.expected_round_s = 100.0
+    assert below.next_values(deadline=soon) == [0.75]
+    below.start(0.75)
+    below.finish(_trial(0.75, "over_budget", None))
+    assert _run(below, lost) == [[0.375], [0.5], [0.625]], "then a bisection below it"
     assert below.chosen().value == 0.5
     two = Search(from_75, tmp_path / "two", "two", target=0.9)
-    assert two.next_values(2) == [0.5, 0.75]
+    two.expected_round_s = 100.0
+    assert two.next_values(2, deadline=soon) == [0.5, 0.75]
     with pytest.raises(ValueError, match="not a candidate"):
         Knob("fraction", KNOB.values, first=0.6)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,11 +57,11 @@ class Knob:
         field: Its config field (``fraction``).
         values: The candidate values, weakest first.
         unit: How a value reads in a name or a line (``%`` for shares).
-        first: The value the first round tries (None: the middle of a bisection), where the
-            measured runs most often found the answer: from there the search bisects below it
-            if it is over the budget, above it if not. A search's window on 2 cores fits one
-            or two trials, and a bisection from the middle spends its first on a setting that
-            is rarely the answer.
+        first: Where the measured runs most often found the answer (None: nowhere in
+            particular): a first round tries it when the value is the strongest (nothing
+            stronger to find), or when the time left holds fewer rounds than a bisection
+            needs (`Search.starts_at_first`); from there the search bisects below it if it is
+            over the budget, above it if not.
     """
 
     field: str
@@ -76,6 +77,11 @@ class Knob:
     def strongest_first(self) -> bool:
         """Whether the first round tries the strongest value (kept: nothing stronger to try)."""
         return self.first is not None and self.first == self.values[-1]
+
+    @property
+    def bisection_rounds(self) -> int:
+        """The rounds of one trial a bisection from the middle takes to its answer."""
+        return math.ceil(math.log2(len(self.values) + 1))
 
     def label(self, value: float) -> str:
         """A value as people read it (``62%``, ``6``)."""
@@ -176,6 +182,8 @@ class Search:
         self._round_started: float | None = None
         self._round_seconds = 0.0
         self.cut: str | None = None
+        self.expected_round_s: float | None = None
+        """How long a round is expected to take before any has (the searches run before it)."""
 
     def trials(self) -> list[Trial]:
         """The finished trials, in the order they were made (a resumed study's included)."""
@@ -186,9 +194,10 @@ class Search:
         """The settings to try next (none: the search is over), up to `at_once` of them.
 
         The candidates between the strongest setting known to keep the budget and the weakest
-        known not to are split evenly (a first round: the knob's `Knob.first` among them). A
-        round that would end after `deadline` (a `time.time()` value), as long as the slowest
-        one took, is not started, nor a first one once it has passed (`cut` says so).
+        known not to are split evenly (a first round: with the knob's `Knob.first` among them
+        when `starts_at_first`). A round that would end after `deadline` (a `time.time()`
+        value), as long as the slowest one took, is not started, nor a first one once it has
+        passed (`cut` says so).
         """
         tried = len(self.trials())
         if deadline is not None and time.time() + (self._round_seconds if tried else 0.0) > (
@@ -202,8 +211,31 @@ class Search:
         if not open_:
             return []
         first = (self.knob.values.index(self.knob.first)
-                 if self.knob.first is not None and not tried else None)
+                 if not tried and self.starts_at_first(deadline) else None)
         return [self.knob.values[i] for i in _spread(open_, at_once, first)]
+
+    def starts_at_first(self, deadline: float | None) -> bool:
+        """Whether the first round tries the knob's `Knob.first` rather than the middle.
+
+        Always for the strongest value; for another, when the time left before `deadline`
+        holds fewer rounds than a bisection takes, each as long as `expected_round_s` (none
+        known: the middle). On bench.yaml (MobileNetV2, 160 px, 30 minutes) the searches'
+        window holds two trials of about 2.5 minutes, depth pruning's and one more: from the
+        middle that one was 50% of the filters (1.56x), from 75% 2.48x; on the demo's small
+        CNN three trials fit, and 75% is over the budget there.
+        """
+        knob = self.knob
+        if knob.first is None or knob.strongest_first:
+            return knob.strongest_first
+        if deadline is None or not self.expected_round_s:
+            return False
+        return deadline - time.time() < knob.bisection_rounds * self.expected_round_s
+
+    @property
+    def round_seconds(self) -> float | None:
+        """Its longest round, once a trial was fine-tuned to its end (None: none was)."""
+        trained = any(trial.status in ("ok", "over_budget") for trial in self.trials())
+        return self._round_seconds if trained and self._round_seconds else None
 
     def is_open(self) -> bool:
         """Whether settings are left that could still change the choice."""
