@@ -336,7 +336,8 @@ def _compressed_variants(
                                      "recover_test_to": kept_test_accuracy(baseline, budget_points),
                                      "speedup_reference": baseline_int8(baseline_variants,
                                                                         baseline.name),
-                                     "deadline": budget.compression_deadline})
+                                     "deadline": budget.compression_deadline,
+                                     "variant_reserve_s": budget.compressed_variant_s})
     compressing = compress_model.with_options(task_runner=task_runner(config.scale))(
         config, baseline, tuning, run_dir, inputs, run.ref, return_state=True)
     if not compressing.is_completed():

@@ -96,6 +96,10 @@ class TrainingData(_Frozen):
     deadline: float | None = None
     """When every fine-tuning must have ended (a `time.time()` value: the run's time budget,
     `tfopt.budget`); None: no limit."""
+    variant_reserve_s: float = 0.0
+    """What the end of the time budget holds for each compressed variant's conversion,
+    measurement and packaging (`tfopt.budget.Budget.compressed_variant_s`): a technique cut by
+    the budget frees it for a search (`flows.compress_model`)."""
 
 
 class InputPipelineResult(_Frozen):

@@ -123,6 +123,16 @@ class Budget(BaseModel):
             update["build_s"] = seconds / count
         return self.model_copy(update=update)
 
+    @property
+    def compressed_variant_s(self) -> float:
+        """What the end of the budget holds for each planned compressed variant.
+
+        Its conversion, its measurement and its packaging: a technique the time budget cuts
+        leaves this much per variant it would have made (`TrainingData.variant_reserve_s`).
+        """
+        variants = max(1, self.baseline_variants + self.compressed_variants)
+        return self.build_s + self.measure_s + (self.finish_s - FINISH_S) / variants
+
     def deadline(self, share: float) -> float | None:
         """When the phase ending at `share` of the budget must end (None: no budget)."""
         return None if self.minutes is None else self.started + share * self.minutes * 60.0
