@@ -120,50 +120,46 @@ def searched_from_baseline(planned: Planned) -> bool:
 def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: ModelArtifact,
                       data: TrainingData, run_dir: Path, inputs: BenchmarkInputs | None,
                       parent: RunRef | None, searches: dict[str, Search]) -> dict[str, Any]:
-    """Each technique: submitted (a future), or searched (a final state), searches first.
+    """Each technique: searched (a final state) or submitted (a future), searches first.
 
-    A search from the baseline that starts at its knob's `Knob.first` runs that first trial,
-    and bisects from it last, after the other searches' first trials and the techniques
-    submitted beside them (its trials then wait for those on one worker): its first trial is
-    one fine-tuning, its bisection several, and the budget's window is one for all. A search
-    expects its rounds to take as long as the longest of the searches before it.
+    The searches from the baseline run first (`searches_first`). One that starts at its knob's
+    `Knob.first` runs that first trial, and bisects from it after the other searches' first
+    trials: its first trial is one fine-tuning, its bisection several, and the budget's window
+    is one for all. A search expects its rounds to take as long as the longest of the
+    searches before it. Then the other techniques are submitted, in run order.
 
-    The searches from the baseline may run into the time the budget's end holds for the
-    variants of the techniques submitted after them (`reserve_after_searches`): past the
-    fine-tunings' deadline those start cut, and their variants are not built. A search
-    finished last gets the reserve of those that were cut (`reserve_freed`).
+    The searches may run into the time the budget's end holds for the variants of the
+    techniques after them (`reserve_after_searches`): those start cut past the fine-tunings'
+    deadline, and then, or when less time is left than the searches' shortest fine-tuning
+    (`TrainingData.least_fine_tune_s`), their variants are not built.
     """
     outcomes: dict[str, Any] = {}
-    deferred: list[Planned] = []
-    after = [planned for planned in plans
-             if planned.refusal is None and not searched_from_baseline(planned)]
-    searching = inputs is not None and parent is not None and any(
-        planned.refusal is None and searched_from_baseline(planned) for planned in plans)
-    reserve = reserve_after_searches(after, data) if searching else 0.0
+    searched = [planned for planned in searches_first(plans) if planned.refusal is None
+                and searched_from_baseline(planned) and inputs is not None and parent]
+    after = [planned for planned in plans if planned.refusal is None and planned not in searched]
+    reserve = reserve_after_searches(after, data) if searched else 0.0
     if reserve:
         get_run_logger().info(
             "the searches may run %.0f s past the fine-tunings' deadline, into the time kept for "
             "the variants of %s: started after them, those are then cut", reserve,
             ", ".join(planned.technique.name for planned in after))
     first_rounds = with_more_time(data, reserve)
-    one_worker = config.scale.task_runner != "dask"
-
-    def finish(late: Planned) -> None:
-        deferred.remove(late)
-        freed = reserve_freed(after, outcomes, data.variant_reserve_s, wait=one_worker)
-        if freed:
-            get_run_logger().info("%s's search may take the %.0f s kept for the variants of "
-                                  "the techniques the time budget cut", late.technique.name,
-                                  freed)
-        outcomes[late.technique.name] = _finish_search(
-            searches[late.technique.name], late, config, baseline, with_more_time(data, freed),
-            inputs, parent)
-
-    for planned in searches_first(plans):
-        if planned.refusal is not None:
+    deferred: list[Planned] = []
+    for planned in searched:
+        search = _opened(planned, config, baseline, data, searches)
+        first_round_only = search.starts_at_first(first_rounds.deadline)
+        _run_rounds(search, planned, config, baseline, first_rounds, inputs, parent,
+                    rounds=1 if first_round_only else None)
+        if first_round_only and search.is_open() and not refusal_of(search):
+            deferred.append(planned)
             continue
-        for late in [late for late in deferred if late.technique.name == planned.starts_from]:
-            finish(late)
+        outcomes[planned.technique.name] = _searched(search, planned, baseline, first_rounds)
+    for late in deferred:
+        outcomes[late.technique.name] = _finish_search(
+            searches[late.technique.name], late, config, baseline, first_rounds, inputs, parent)
+    rest = data.model_copy(update={"least_fine_tune_s": min(
+        filter(None, (search.round_seconds for search in searches.values())), default=0.0)})
+    for planned in after:
         start = baseline if planned.starts_from is None else outcomes[planned.starts_from]
         name = planned.technique.name
         if planned.technique.searched(planned.cfg) and inputs is not None and parent:
@@ -171,61 +167,38 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
             if not start_state.is_completed():
                 outcomes[name] = start_state
                 continue
-            search = open_search(planned, config, start_state.result(), data)
-            search.expected_round_s = max(
-                filter(None, (done.round_seconds for done in searches.values())), default=None)
-            searches[name] = search
-            rounds_data = first_rounds if searched_from_baseline(planned) else data
-            first_round_only = (search.starts_at_first(rounds_data.deadline)
-                                and searched_from_baseline(planned))
-            _run_rounds(search, planned, config, start_state.result(), rounds_data, inputs,
-                        parent, rounds=1 if first_round_only else None)
-            if first_round_only and search.is_open() and not refusal_of(search):
-                deferred.append(planned)
-                continue
-            outcomes[name] = _searched(search, planned, start_state.result(), data)
+            search = _opened(planned, config, start_state.result(), rest, searches)
+            _run_rounds(search, planned, config, start_state.result(), rest, inputs, parent)
+            outcomes[name] = _searched(search, planned, start_state.result(), rest)
         else:
-            outcomes[name] = contained(name).submit(start, planned.cfg, data,
-                                                    run_dir / "models")
-    for late in list(deferred):
-        finish(late)
+            outcomes[name] = contained(name).submit(start, planned.cfg, rest, run_dir / "models")
     return outcomes
+
+
+def _opened(planned: Planned, config: PipelineConfig, start: ModelArtifact, data: TrainingData,
+            searches: dict[str, Search]) -> Search:
+    """A technique's search, added to `searches`, its rounds expected as long as theirs."""
+    search = open_search(planned, config, start, data)
+    search.expected_round_s = max(
+        filter(None, (done.round_seconds for done in searches.values())), default=None)
+    searches[planned.technique.name] = search
+    return search
 
 
 def reserve_after_searches(after: list[Planned], data: TrainingData) -> float:
     """What the budget's end holds for the variants of the techniques run after the searches.
 
-    They start once the searches from the baseline have run their first rounds, and one that
-    starts past the fine-tunings' deadline is cut: a search running into this time cuts them
-    and frees what their variants' conversions and measurements would have taken. On bench.yaml
-    (MobileNetV2, 30 minutes) distillation and QAT were cut so in every run since the searches
-    ran first; channel pruning's 75% trial, stopped by the deadline after 7 epochs one
-    validation image short of the budget (it had needed 12 in the run before), left the run
-    3.5 minutes early.
+    They start once the searches from the baseline are over, and one that starts past the
+    fine-tunings' deadline is cut: a search running into this time cuts them and frees what
+    their variants' conversions and measurements would have taken. On bench.yaml (MobileNetV2,
+    30 minutes) distillation and QAT were cut so, or stopped after an epoch, in every run since
+    the searches ran first; channel pruning's 75% trial, stopped by the deadline after 7 epochs
+    one validation image short of the budget (it had needed 12 in the run before), left the
+    run 3.5 minutes early.
     """
     if data.deadline is None:
         return 0.0
     return data.variant_reserve_s * sum(_built(planned) for planned in after)
-
-
-def reserve_freed(after: list[Planned], outcomes: dict[str, Any], reserve_s: float,
-                  wait: bool) -> float:
-    """The reserve of the techniques in `after` that the time budget cut (or their bases).
-
-    With one worker the techniques submitted so far run before anything submitted next, so
-    they are waited for (`wait`); else only those already over count.
-    """
-    cut: set[str] = set()
-    for planned in after:
-        name, outcome = planned.technique.name, outcomes.get(planned.technique.name)
-        if outcome is None or not (wait or isinstance(outcome, State) or outcome.state.is_final()):
-            continue
-        refused = _state_of(outcome).result(raise_on_failure=False)
-        if planned.starts_from in cut or (isinstance(refused, NotApplicable)
-                                          and str(refused).startswith(CUT_BY_BUDGET)):
-            cut.add(name)
-    return reserve_s * sum(_built(planned) for planned in after
-                           if planned.technique.name in cut)
 
 
 def _built(planned: Planned) -> int:

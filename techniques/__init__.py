@@ -358,9 +358,12 @@ def contained(name: str) -> Task:
 
     def run_technique(model: ModelArtifact, cfg: TechniqueSection, data: TrainingData,
                       out_dir: Path) -> ModelArtifact:
-        if data.deadline is not None and time.time() > data.deadline:
-            raise NotApplicable(f"{CUT_BY_BUDGET}: the fine-tunings' time was used before "
-                                f"{name} could start")
+        left = None if data.deadline is None else data.deadline - time.time()
+        if left is not None and left < max(0.0, data.least_fine_tune_s):
+            raise NotApplicable(f"{CUT_BY_BUDGET}: " + (
+                f"the fine-tunings' time was used before {name} could start" if left < 0 else
+                f"{left:.0f} s were left for {name}'s fine-tuning, less than the searches' "
+                f"shortest ({data.least_fine_tune_s:.0f} s)"))
         return run_native(step, apply_here, name, model, cfg, data, out_dir)
 
     return _in_place_of(technique.apply, run_technique)

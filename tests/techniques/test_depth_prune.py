@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import tf_keras as keras
@@ -193,42 +195,33 @@ def test_searches_from_the_baseline_run_before_the_techniques_submitted_beside_t
     assert sorted(first[2:]) == sorted(set(planned) - {"channel_prune", "depth_prune"})
 
 
-def test_the_searches_may_take_the_time_kept_for_the_variants_of_techniques_cut_after_them(
-        tiny_baseline, tiny_data):
-    from prefect.states import Completed, Failed
-
-    from flows.compress_model import (
-        reserve_after_searches,
-        reserve_freed,
-        searched_from_baseline,
-        with_more_time,
-    )
+def test_the_searches_may_take_the_time_kept_for_the_variants_of_the_techniques_after_them(
+        tiny_baseline, tiny_data, tmp_path):
+    from flows.compress_model import reserve_after_searches, searched_from_baseline, with_more_time
     from flows.parameters import PipelineConfig
-    from techniques import plan
+    from techniques import contained, plan
     from techniques.base import NotApplicable
     from tfopt.budget import CUT_BY_BUDGET
 
     config = PipelineConfig.model_validate({"name": "reserve", "compress": {
-        **{name: {"enabled": True} for name in ("distill", "qat", "prune")},
-        "cluster": {"enabled": True, "preserve_sparsity": True},
+        **{name: {"enabled": True} for name in ("distill", "qat")},
         "channel_prune": {"enabled": True, "fraction": "auto"}}})
     plans = plan(config, tiny_baseline)
     after = [p for p in plans if p.refusal is None and not searched_from_baseline(p)]
     built = {p.technique.name: sum(s.status == "ok" for s in p.variants) for p in after}
-    assert {"distill", "qat", "prune", "cluster"} <= set(built) and all(built.values())
-    timed = tiny_data.model_copy(update={"deadline": 1000.0, "variant_reserve_s": 10.0})
+    assert {"distill", "qat"} <= set(built) and all(built.values())
+    timed = tiny_data.model_copy(update={"deadline": time.time() + 30.0,
+                                         "variant_reserve_s": 10.0})
     assert reserve_after_searches(after, tiny_data) == 0.0, "no budget: no deadline to move"
     assert reserve_after_searches(after, timed) == 10.0 * sum(built.values())
+    assert with_more_time(timed, 20.0).deadline == timed.deadline + 20.0
+    assert with_more_time(tiny_data, 20.0) == tiny_data
 
-    cut = Failed(data=NotApplicable(f"{CUT_BY_BUDGET}: the fine-tunings' time was used"))
-    outcomes = {"distill": cut, "qat": Completed(data=tiny_baseline), "prune": cut,
-                "cluster": Failed(data=RuntimeError("upstream prune failed"))}
-    freed = reserve_freed(after, outcomes, 10.0, wait=True)
-    assert freed == 10.0 * (built["distill"] + built["prune"] + built["cluster"]), (
-        "a technique continuing from a cut one is not built either")
-    assert reserve_freed(after, {"qat": outcomes["qat"]}, 10.0, wait=True) == 0.0
-    assert with_more_time(timed, freed).deadline == 1000.0 + freed
-    assert with_more_time(tiny_data, freed) == tiny_data
+    qat = next(p for p in after if p.technique.name == "qat")
+    short = timed.model_copy(update={"least_fine_tune_s": 60.0})
+    with pytest.raises(NotApplicable, match=f"{CUT_BY_BUDGET}: .* s were left for qat's "
+                                            r"fine-tuning, less than the searches' shortest"):
+        contained("qat").fn(tiny_baseline, qat.cfg, short, tmp_path)
 
 
 def test_a_model_the_technique_does_not_apply_to_ends_its_search_at_the_first_trial(tmp_path):
