@@ -193,6 +193,12 @@ def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path):
     assert search.cut == "the fraction search stopped after 1 trials (time budget)"
     time.sleep(1.0)  # other searches run meanwhile: the round's length stays its own
     assert search.next_values(deadline=time.time() + 0.9) == [0.75]
+    over = Search(Knob("fraction", KNOB.values, first=0.875), tmp_path / "over", "over",
+                  target=0.9)
+    over.start(0.875)
+    over.finish(_trial(0.875))
+    assert over.next_values(deadline=time.time() - 1) == [] and over.cut is None, (
+        "nothing left to try: over, not cut")
 
 
 @pytest.mark.parametrize("technique, settings", [

@@ -200,6 +200,9 @@ class Search:
         passed (`cut` says so).
         """
         tried = len(self.trials())
+        open_ = self._open()
+        if not open_:
+            return []
         if deadline is not None and time.time() + (self._round_seconds if tried else 0.0) > (
                 deadline):
             self.cut = (f"the {self.knob.field} search stopped after {tried} trials (time "
@@ -207,9 +210,6 @@ class Search:
                         f"the {self.knob.field} search was not started (time budget)")
             return []
         self._round_started = time.monotonic()
-        open_ = self._open()
-        if not open_:
-            return []
         first = (self.knob.values.index(self.knob.first)
                  if not tried and self.starts_at_first(deadline) else None)
         return [self.knob.values[i] for i in _spread(open_, at_once, first)]
