@@ -80,3 +80,17 @@ def test_the_measurements_are_sized_by_the_test_inputs_and_tensorflow_by_the_mod
     assert small_images.build_s == large_images.build_s == 2.0
     nothing = planned.with_builds(0.0, 0, ModelSizes())
     assert nothing.finish_s == FINISH_S and nothing.build_s == planned.build_s
+
+
+def test_the_cuts_say_which_trainings_the_deadline_ended_and_how():
+    from tfopt.budget import TRAINING_TIME_USED, budget_cuts
+
+    baseline = {"stop_reason": f"budget: {TRAINING_TIME_USED}", "epochs_run": 7}
+    cooled = {"params": {"stop_reason": "recovered: ..., then 2 epochs cooling down",
+                         "epochs_run": 5}}
+    cooling = {"params": {"stop_reason": f"plateau: ..., then 1 epochs cooling down "
+                                         f"({TRAINING_TIME_USED})", "epochs_run": 4}}
+    cuts = budget_cuts(baseline, {"cooled": cooled, "cooling": cooling}, {}, [])
+    assert cuts == ["the baseline's training stopped after 7 epochs (time budget)",
+                    "cooling's fine-tuning stopped after 4 epochs (time budget), before its "
+                    "rate had cooled down to zero"]

@@ -263,19 +263,31 @@ def _say_once(cuts: list[str], key: str, line: str) -> None:
         cuts.append(line)
 
 
+TRAINING_TIME_USED = "the time planned for this training was used"
+"""How a training's stop reason says its deadline ended it."""
+
+
+def _training_cut(who: str, params: dict[str, Any]) -> str | None:
+    """What the budget cut in one training (`params` with its stop reason), if anything."""
+    reason = str(params.get("stop_reason", ""))
+    if reason.startswith("budget"):
+        return f"{who} stopped after {params.get('epochs_run')} epochs (time budget)"
+    if TRAINING_TIME_USED in reason:
+        return (f"{who} stopped after {params.get('epochs_run')} epochs (time budget), "
+                "before its rate had cooled down to zero")
+    return None
+
+
 def budget_cuts(training: dict[str, Any], techniques: dict[str, Any],
                 searches: dict[str, Any], variants: list[dict[str, Any]]) -> list[str]:
     """What the time budget cut in the trainings, techniques and searches (from their results)."""
     cuts = sorted({f"{str(entry['error']).split(': ', 1)[0]} (not started: {CUT_BY_BUDGET})"
                    for entry in variants
                    if entry["status"] == "skipped" and CUT_BY_BUDGET in str(entry.get("error"))})
-    if str(training.get("stop_reason", "")).startswith("budget"):
-        cuts.append(f"the baseline's training stopped after {training['epochs_run']} epochs "
-                    "(time budget), not on its plateau")
-    for name, technique in techniques.items():
-        if str(technique["params"].get("stop_reason", "")).startswith("budget"):
-            cuts.append(f"{name}'s fine-tuning stopped after "
-                        f"{technique['params'].get('epochs_run')} epochs (time budget)")
+    trainings = [("the baseline's training", training),
+                 *((f"{name}'s fine-tuning", technique["params"])
+                   for name, technique in techniques.items())]
+    cuts += [cut for who, params in trainings if (cut := _training_cut(who, params))]
     cuts += [search["cut"] for search in searches.values() if search.get("cut")]
     return cuts
 

@@ -135,8 +135,9 @@ class TrainConfig(Section):
         "plateau",
         description=(
             "plateau: train until the validation accuracy stops improving (by min_delta for "
-            "patience epochs; the learning rate is halved after half of them), keeping the best "
-            "epoch, and further when a compressed child beats it; fixed: train all "
+            "patience epochs; the learning rate is halved after half of them), then take the "
+            "rate down to zero over cool_down_epochs, keeping the best epoch, and train further "
+            "when a compressed child beats it; fixed: train all "
             "train.epochs, and no further."
         ),
     )
@@ -148,6 +149,11 @@ class TrainConfig(Section):
         0.002, ge=0.0, le=1.0,
         description="stop: plateau: the smallest validation-accuracy gain that counts (0.002: "
                     "0.2 points).",
+    )
+    cool_down_epochs: int = Field(
+        3, ge=0, le=100,
+        description=("stop: plateau: epochs that take the learning rate straight down to zero "
+                     "once the plateau is reached, before training ends (0: it ends there)."),
     )
     head_epochs: int = Field(
         3, ge=0, le=1000,

@@ -69,6 +69,59 @@ def test_back_within_the_budget_the_rate_cools_down_to_zero_then_the_training_en
     assert cooling[-1] == pytest.approx(cooling[0] / (2 * per_epoch)), "straight down to zero"
 
 
+def _run_batches(callbacks: list, accuracies: list[float], per_epoch: int,
+                 rate: float = 1e-3) -> list[float]:
+    """Like `_run`, batch by batch: the learning rate of every batch."""
+    model = SimpleNamespace(stop_training=False,
+                            optimizer=SimpleNamespace(learning_rate=keras.backend.variable(rate)))
+    for callback in callbacks:
+        callback.set_model(model)
+    rates = []
+    for epoch, value in enumerate(accuracies):
+        for callback in callbacks:
+            callback.on_epoch_begin(epoch)
+        for batch in range(per_epoch):
+            for callback in callbacks:
+                callback.on_train_batch_begin(batch)
+            rates.append(float(keras.backend.get_value(model.optimizer.learning_rate)))
+        for callback in callbacks:
+            callback.on_epoch_end(epoch, {"val_accuracy": value})
+        if model.stop_training:
+            break
+    return rates
+
+
+def test_on_its_plateau_the_baseline_takes_its_rate_to_zero_before_it_ends():
+    from tfopt.models.training import CoolDown
+
+    per_epoch = 4
+    cool = CoolDown(per_epoch, epochs=2)
+    judge = StopWhenDone(patience=2, min_delta=0.01, cool_down=cool)
+    rates = _run_batches([cool, judge], [0.5, 0.8, 0.8, 0.8, 0.9, 0.8, 0.8], per_epoch)
+    outcome = judge.outcome(cap=50)
+    assert outcome["epochs_run"] == 6, "on the plateau after epoch 4, then 2 epochs cooling down"
+    assert outcome["converged"] and outcome["stop_reason"] == (
+        "plateau: no validation-accuracy gain of 0.01 for 2 epochs, then 2 epochs cooling down")
+    assert outcome["best_epoch"] == 5, "a gain while cooling counts for the kept epoch"
+    assert rates[:12] == pytest.approx([1e-3] * 12)
+    assert rates[12:16] == pytest.approx([5e-4] * 4), "halved after half the patience"
+    cooling = rates[16:]
+    assert cooling[0] == pytest.approx(5e-4), "from the rate it had"
+    assert all(later < earlier for earlier, later in itertools.pairwise(cooling))
+    assert cooling[-1] == pytest.approx(5e-4 / (2 * per_epoch)), "straight down to zero"
+
+    late = StopWhenDone(patience=2, min_delta=0.01, deadline=time.time() - 1,
+                        cool_down=CoolDown(per_epoch, epochs=5))
+    _run_batches([late], [0.5], per_epoch)
+    assert late.outcome(cap=50)["stop_reason"].startswith("budget"), "not yet on a plateau"
+    cut = StopWhenDone(patience=1, min_delta=0.01, cool_down=CoolDown(per_epoch, epochs=5))
+    _run_batches([cut], [0.5, 0.5], per_epoch)
+    cut._deadline = time.time() - 1  # the plateau reached, then the deadline while cooling
+    _run_batches([cut], [0.5, 0.5], per_epoch)
+    assert cut.outcome(cap=50)["converged"], cut.reason
+    assert cut.reason.endswith("cooling down (the time planned for this training was used)")
+
+
 def test_the_cap_is_not_convergence():
     judge = StopWhenDone(patience=3, min_delta=0.0)
     _run(judge, [0.5, 0.6, 0.7, 0.8])

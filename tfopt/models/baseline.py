@@ -193,7 +193,8 @@ def continue_baseline(baseline: ModelArtifact, data: TrainingData, train_cfg: Tr
     model = load_keras_model(baseline.path)
     before = baseline.metrics.get("best_val_accuracy", -1.0)
     fitted = fit(model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate / 4,
-                 callbacks=[stopping(train_cfg.model_copy(update={"stop": "plateau"}), deadline)],
+                 callbacks=stopping(train_cfg.model_copy(update={"stop": "plateau"}), data,
+                                    deadline),
                  best=KeepBestWeights())
     gained = best_validation(fitted.curves, model, data).get("best_val_accuracy", -1.0)
     ran = epochs_run(fitted)

@@ -21,6 +21,7 @@ from tfopt.models.keras_io import load_keras_model, save_keras_model
 from tfopt.models.sources import baseline_factory, build_configured
 from tfopt.models.training import (
     HISTORY_NAME,
+    CoolDown,
     Fitted,
     KeepBestWeights,
     StopWhenDone,
@@ -28,6 +29,7 @@ from tfopt.models.training import (
     precision_policy,
     read_history,
     resumable_callbacks,
+    steps_per_epoch,
 )
 from tfopt.orchestration import StepProgress
 
@@ -71,7 +73,7 @@ def train_in_scope(
                 callbacks=[*resumable_callbacks(checkpoint_dir, history=chief, model=model),
                            EpochProgress(StepProgress("train-baseline", "epochs trained"),
                                          train_cfg.epochs),
-                           stopping(train_cfg, deadline)],
+                           *stopping(train_cfg, data, deadline)],
                 best=KeepBestWeights(path=best_file),
             )
     curves = (read_history(checkpoint_dir / HISTORY_NAME)
@@ -90,12 +92,19 @@ def train_in_scope(
     return model, fitted, curves
 
 
-def stopping(train_cfg: TrainConfig, deadline: float | None = None) -> StopWhenDone:
-    """When the baseline's training ends: `train.stop`'s rule, within `deadline`."""
-    if train_cfg.stop == "plateau":
-        return StopWhenDone(patience=train_cfg.patience, min_delta=train_cfg.min_delta,
-                            deadline=deadline)
-    return StopWhenDone(deadline=deadline)
+def stopping(train_cfg: TrainConfig, data: TrainingData,
+             deadline: float | None = None) -> list[keras.callbacks.Callback]:
+    """When the baseline's training ends: `train.stop`'s rule, within `deadline`.
+
+    On its plateau, the rate first cools down to zero over ``train.cool_down_epochs``.
+    """
+    if train_cfg.stop == "fixed":
+        return [StopWhenDone(deadline=deadline)]
+    cool_down = (CoolDown(steps_per_epoch(data), train_cfg.cool_down_epochs)
+                 if train_cfg.cool_down_epochs else None)
+    judge = StopWhenDone(patience=train_cfg.patience, min_delta=train_cfg.min_delta,
+                         deadline=deadline, cool_down=cool_down)
+    return [judge] if cool_down is None else [cool_down, judge]
 
 
 def train_head(model: keras.Model, data: TrainingData, train_cfg: TrainConfig) -> Fitted:

@@ -21,6 +21,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tfopt.artifacts import TrainingData, TrialRef
+from tfopt.budget import TRAINING_TIME_USED
 from tfopt.data.pipeline import load_split, reader_options, tuned_dataset
 from tfopt.fileio import atomic_write_bytes
 from tfopt.models.keras_io import keras_of
@@ -142,21 +143,24 @@ class StopWhenDone(keras.callbacks.Callback):
       the accuracy budget of its baseline) and the last `settle` epochs did not improve it;
     - deadline (`deadline`, a `time.time()` value): the next epoch would end after it.
 
-    Epochs before `from_epoch` (a pruning ramp) do not count. `train.epochs` (or a technique's
-    ``epochs``) stays the cap. `outcome` says how it ended.
+    Given a `cool_down`, a plateau or a recovery (at once, without `settle`) does not end the
+    training yet: the cool-down takes the rate to zero over its epochs first, and a deadline met
+    meanwhile ends it as the plateau or recovery it was. Epochs before `from_epoch` (a pruning
+    ramp) do not count. `train.epochs` (or a technique's ``epochs``) stays the cap. `outcome`
+    says how it ended.
     """
 
     def __init__(self, *, patience: int | None = None, min_delta: float = 0.0,
                  target: float | None = None, from_epoch: int = 0,
                  deadline: float | None = None, settle: int = 1,
-                 cool_down: CosineCoolDown | None = None) -> None:
+                 cool_down: CoolDown | None = None) -> None:
         super().__init__()
         self._patience, self._min_delta, self._target = patience, min_delta, target
         self._settle, self._cool_down, self._cooling_from = settle, cool_down, -1
         self._from_epoch, self._deadline = from_epoch, deadline
         self._best, self._best_epoch, self._wait, self._reference = -1.0, -1, 0, -1.0
         self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
-        self.reason = ""
+        self._done_why, self.reason = "", ""
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """Time the epoch (the deadline check needs the next one's length)."""
@@ -171,7 +175,9 @@ class StopWhenDone(keras.callbacks.Callback):
             self._judge(epoch, float(value))
         if not self.reason and self._deadline is not None and (
                 time.time() + self._slowest_epoch > self._deadline):
-            self.reason = "budget: the time planned for this training was used"
+            self.reason = (f"{self._done_why}, then {epoch - self._cooling_from} epochs cooling "
+                           f"down ({TRAINING_TIME_USED})"
+                           if self._done_why else f"budget: {TRAINING_TIME_USED}")
         if self.reason:
             self.model.stop_training = True
 
@@ -183,39 +189,39 @@ class StopWhenDone(keras.callbacks.Callback):
             self._reference, self._wait = value, 0
         else:
             self._wait += 1
-        if self._cool_down is not None and self._target is not None and (
-                self._best >= self._target):
+        self._done_why = self._done_why or self._done()
+        if self._done_why and self._cool_down is not None:
             self._cool(epoch)
-        elif self._target is not None and self._best >= self._target and (
-                self._wait >= self._settle):
-            self.reason = (f"recovered: validation accuracy {self._best:.4f} within the budget "
-                           f"(>= {self._target:.4f}) and no gain for {self._wait} epochs")
-        elif self._patience is not None and self._wait >= self._patience:
-            self.reason = (f"plateau: no validation-accuracy gain of {self._min_delta:g} for "
-                           f"{self._patience} epochs")
+        elif self._done_why:
+            self.reason = self._done_why
         elif self._patience is not None and self._wait == max(1, self._patience // 2):
             self._halve_learning_rate()
 
+    def _done(self) -> str:
+        """Why more epochs would not pay ("" while they might)."""
+        if self._target is not None and self._best >= self._target and (
+                self._cool_down is not None or self._wait >= self._settle):
+            return (f"recovered: validation accuracy {self._best:.4f} within the budget "
+                    f"(>= {self._target:.4f})"
+                    + ("" if self._cool_down else f" and no gain for {self._wait} epochs"))
+        if self._patience is not None and self._wait >= self._patience:
+            return (f"plateau: no validation-accuracy gain of {self._min_delta:g} for "
+                    f"{self._patience} epochs")
+        return ""
+
     def _cool(self, epoch: int) -> None:
-        """Once back within the budget: the rate decays to zero, then the training ends."""
+        """Done: the rate decays to zero over the cool-down's epochs, then the training ends."""
         assert self._cool_down is not None
         if self._cooling_from < 0:
             self._cooling_from = epoch
             self._cool_down.start()
         if epoch - self._cooling_from >= self._cool_down.epochs:
-            self.reason = (f"recovered: validation accuracy {self._best:.4f} within the budget "
-                           f"(>= {self._target:.4f}), then {self._cool_down.epochs} epochs "
-                           "cooling down")
+            self.reason = f"{self._done_why}, then {self._cool_down.epochs} epochs cooling down"
 
     def _halve_learning_rate(self) -> None:
-        rate = getattr(self.model.optimizer, "learning_rate", None)
-        if rate is None or isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-            return
-        try:
-            value = float(keras.backend.get_value(rate))
-        except (TypeError, ValueError, AttributeError):  # a Keras 3 optimizer's variable
-            value = float(rate.numpy())
-        set_learning_rate(self.model.optimizer, value * 0.5)
+        rate = constant_learning_rate(self.model.optimizer)
+        if rate is not None:
+            set_learning_rate(self.model.optimizer, rate * 0.5)
 
     def outcome(self, cap: int) -> dict[str, str | int | bool | float]:
         """How the training ended: epochs run, best epoch (1-based), converged, stop reason.
@@ -232,40 +238,72 @@ class StopWhenDone(keras.callbacks.Callback):
                 "stop_reason": reason, "best_val_accuracy": self._best}
 
 
-class CosineCoolDown(keras.callbacks.Callback):
+class CoolDown(keras.callbacks.Callback):
+    """Once `start` is called, the learning rate straight down to zero over `epochs` epochs.
+
+    From the optimizer's constant rate at that moment (a warmup-stable-decay's decay); before,
+    it leaves the rate alone (a plateau may halve it). Why: a training stopped on its plateau or
+    once back within the budget kept the weights of an epoch at a high rate, where a rate
+    brought to zero settles them (the fine-tunings' `SETTLE_EPOCHS` evidence).
+    """
+
+    def __init__(self, steps_per_epoch: int, epochs: int) -> None:
+        super().__init__()
+        self._per_epoch, self.epochs = max(1, steps_per_epoch), epochs
+        self._step, self._from_step, self._from_rate = 0, -1, 0.0
+
+    def rate(self, step: int) -> float | None:
+        """The learning rate of batch `step` (0-based, over the whole training; None: as is)."""
+        if self._from_step < 0:
+            return None
+        left = 1.0 - (step - self._from_step) / max(1, self.epochs * self._per_epoch)
+        return self._from_rate * max(0.0, left)
+
+    def start(self) -> None:
+        """Decay from the next batch's rate to zero over `epochs` epochs."""
+        current = self.rate(self._step)
+        if current is None and self.model is not None:
+            current = constant_learning_rate(self.model.optimizer)
+        self._from_step, self._from_rate = self._step, current or 0.0
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        """Set this batch's rate."""
+        rate = self.rate(self._step)
+        if rate is not None:
+            set_learning_rate(self.model.optimizer, rate)
+        self._step += 1
+
+
+class CosineCoolDown(CoolDown):
     """A cosine learning rate that, once back within the budget, cools down to zero.
 
     Along a cosine to zero over `steps`; once `start` is called, from where it is straight down
-    to zero over `epochs` epochs (a warmup-stable-decay's decay). The compiled optimizer's rate
-    must be a constant: this sets it before every batch. Why: a fine-tuning stopped once back
-    within the budget kept the weights of an epoch at a high rate, where its whole cosine cap,
-    at rate zero by then, kept the budget more often (`SETTLE_EPOCHS`).
+    to zero over `epochs` epochs (`CoolDown`). The compiled optimizer's rate must be a
+    constant: this sets it before every batch.
     """
 
     def __init__(self, learning_rate: float, steps: int, steps_per_epoch: int,
                  epochs: int) -> None:
-        super().__init__()
-        self._initial, self._steps, self._per_epoch = learning_rate, max(1, steps), steps_per_epoch
-        self.epochs = epochs
-        self._step, self._from_step, self._from_rate = 0, -1, 0.0
+        super().__init__(steps_per_epoch, epochs)
+        self._initial, self._steps = learning_rate, max(1, steps)
 
     def rate(self, step: int) -> float:
         """The learning rate of batch `step` (0-based, over the whole training)."""
         cosine = 0.5 * self._initial * (1.0 + math.cos(math.pi * min(step, self._steps)
                                                        / self._steps))
-        if self._from_step < 0:
-            return cosine
-        left = 1.0 - (step - self._from_step) / max(1, self.epochs * self._per_epoch)
-        return min(cosine, self._from_rate * max(0.0, left))
+        decayed = super().rate(step)
+        return cosine if decayed is None else min(cosine, decayed)
 
-    def start(self) -> None:
-        """Decay from the next batch's rate to zero over `epochs` epochs."""
-        self._from_step, self._from_rate = self._step, self.rate(self._step)
 
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        """Set this batch's rate."""
-        set_learning_rate(self.model.optimizer, self.rate(self._step))
-        self._step += 1
+def constant_learning_rate(optimizer: Any) -> float | None:
+    """A compiled optimizer's constant learning rate (None: it follows a schedule)."""
+    rate = getattr(optimizer, "learning_rate", None)
+    if rate is None or isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        return None
+    try:
+        return float(keras.backend.get_value(rate))
+    except (TypeError, ValueError, AttributeError):  # a Keras 3 optimizer's variable
+        return float(rate.numpy())
 
 
 def set_learning_rate(optimizer: Any, value: float) -> None:
