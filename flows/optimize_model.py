@@ -416,7 +416,8 @@ def _benchmark_all(
     release_workers()  # the trainings' memory back before the measurements
     progress = StepProgress("benchmark-variants", "variants benchmarked")
     results: list[VariantResult] = []
-    costs = MeasurementCosts()
+    costs = MeasurementCosts(lambda variant_format: budget.planned_measurement_s(
+        runtime_of(variant_format).name == "tensorflow"))
     for index, spec in enumerate(variants):
         left = [s.format for s in variants[index:] if s.status == "ok"]
         protocol = budget.measurement_protocol(cfg, len(left), costs.expected(left), cuts)

@@ -94,3 +94,19 @@ def test_the_cuts_say_which_trainings_the_deadline_ended_and_how():
     assert cuts == ["the baseline's training stopped after 7 epochs (time budget)",
                     "cooling's fine-tuning stopped after 4 epochs (time budget), before its "
                     "rate had cooled down to zero"]
+
+
+def test_a_format_not_measured_yet_is_priced_by_its_plan_as_far_over_as_the_dearest_measured():
+    # bench.yaml on an AMD EPYC: the baseline's graph cost 46 s beside its timing (37 planned);
+    # priced as dear, every file after it was timed 0.3 s and the run ended 4.5 minutes early.
+    planned = Budget.planned(30.0, (15, 11), PROTOCOL).with_builds(30.0, 15, ModelSizes(
+        model_bytes=11_900_000, input_bytes=101_000_000, tensorflow_variants=4))
+    file_s, graph_s = planned.planned_measurement_s(False), planned.planned_measurement_s(True)
+    assert graph_s == file_s + planned.tensorflow_measure_s and 10.0 < file_s < graph_s
+    costs = MeasurementCosts(lambda variant_format: planned.planned_measurement_s(
+        variant_format in {"graph", "xla"}))
+    costs.add("graph", 1.25 * graph_s)
+    assert costs.expected(["xla", "tflite"]) == 1.25 * graph_s + 1.25 * file_s
+    costs.add("tflite", 0.5 * file_s)
+    assert costs.expected(["onnx"]) == 1.25 * file_s, "the dearest over its plan"
+    assert costs.expected(["tflite"]) == 0.5 * file_s, "measured: its own mean"
