@@ -69,12 +69,19 @@ def smoke_run(live_services, tmp_path_factory):
 
 
 def test_no_step_opens_the_deprecated_tflite_interpreter(smoke_run):
-    """Selective int8 here is not needed (full int8 within budget): LiteRT's debugger stays shut."""
-    _, _, stdout, demo = smoke_run
+    """Only selective int8 opens LiteRT's debugger (and its deprecated tf.lite.Interpreter).
+
+    It is built when full int8 misses the budget on validation, which on the smoke's 45 images
+    is one image's luck either way; when it is not needed, nothing opens that interpreter.
+    """
+    _, summary, stdout, demo = smoke_run
     (run_log,) = (demo.parent / "work" / "logs").glob("smoke-*.log")
     text = run_log.read_text()
     assert "oneDNN" in text, "the libraries' output is in the run's log"
-    assert "tf.lite.Interpreter is deprecated" not in text
+    selective = next(v for v in summary["variants"]
+                     if v["name"] == "baseline-tflite-selective-int8")
+    assert ("tf.lite.Interpreter is deprecated" in text) == (selective["status"] == "ok"), (
+        selective)
     assert "oneDNN" not in stdout and "is deprecated" not in stdout
 
 
