@@ -83,6 +83,7 @@ from tfopt.prefect_artifacts import (
 from tfopt.preflight import check_paths
 from tfopt.provenance import environment, mlflow_tracking_uri
 from tfopt.report.compare import compare, settle, to_confirm
+from tfopt.report.markdown import run_description
 from tfopt.report.summary import baseline_training, build_summary, champion_card
 from tfopt.runtimes import plan_forms, plan_variant, registry, runtime_of, settings_of
 from tfopt.runtimes.base import BuildSources, PlanRequest
@@ -540,8 +541,7 @@ def _write_outputs(
     """The report files and the summary JSON, to the run folder, MLflow and Prefect."""
     for path in write_report(summary, results, run_dir / "report"):
         tracking.log_file(run, path, "report")
-        if path.name == "report.md":
-            tracking.describe_run(run, path.read_text())
+    tracking.describe_run(run, run_description(summary, tracking.DESCRIPTION_LIMIT))
     publish_prefect_artifacts(summary)
     summary_path = run_dir / "summary.json"
     atomic_write_json(summary_path, summary)

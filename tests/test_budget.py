@@ -88,7 +88,7 @@ def test_the_cuts_say_which_trainings_the_deadline_ended_and_how():
     baseline = {"stop_reason": f"budget: {TRAINING_TIME_USED}", "epochs_run": 7}
     cooled = {"params": {"stop_reason": "recovered: ..., then 2 epochs cooling down",
                          "epochs_run": 5}}
-    cooling = {"params": {"stop_reason": f"plateau: ..., then 1 epochs cooling down "
+    cooling = {"params": {"stop_reason": f"plateau: ..., then 1 epoch cooling down "
                                          f"({TRAINING_TIME_USED})", "epochs_run": 4}}
     cuts = budget_cuts(baseline, {"cooled": cooled, "cooling": cooling}, {}, [])
     assert cuts == ["the baseline's training stopped after 7 epochs (time budget)",

@@ -13,7 +13,7 @@ from tfopt.artifacts import VariantSpec
 from tfopt.config import BenchmarkConfig
 from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.data.pipeline import load_split
-from tfopt.report.files import _api_lines, _runtime_lines
+from tfopt.report.markdown import api_lines, runtime_lines
 from tfopt.report.summary import variant_entry
 from tfopt.runtimes import (
     ConvertConfig,
@@ -153,7 +153,7 @@ def test_litert_times_both_apis_and_says_if_the_file_ran_fully_accelerated(
     assert result.runner_params["compiled_model.fully_accelerated"] in ("true", "false")
     entry = variant_entry(result, None, 1.0)
     assert entry["latency_ms_by_api"]["compiled_model"]["p50"] > 0
-    table = _api_lines({"variants": [entry]})
+    table = api_lines({"variants": [entry]})
     assert table and entry["name"] in table[-1]
 
 
@@ -171,7 +171,7 @@ def test_the_report_sets_runtimes_side_by_side_per_precision():
         _entry("baseline-onnx-int8", "onnxruntime", "int8", 0.81, (0.80, 0.83)),
         _entry("baseline-xla", "tensorflow", "fp32", 2.0, (1.9, 2.1)),
     ]}
-    rows = [line for line in _runtime_lines(summary) if line.startswith("| baseline |")]
+    rows = [line for line in runtime_lines(summary) if line.startswith("| baseline |")]
     assert [row.split(" | ")[2] for row in rows] == ["★ openvino", "= onnxruntime", "litert"]
 
 

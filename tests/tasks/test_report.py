@@ -130,3 +130,24 @@ def test_the_runoff_and_the_top_operators_get_their_tables(tmp_path):
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "| baseline-tflite-fp32 | 0.1000 | 0.1000 | 0.0900–0.1100 |" in markdown
     assert "block0_conv Conv 60%, 0.050 ms · fc Gemm 10%, 0.010 ms" in markdown
+
+
+def test_the_run_description_keeps_the_verdicts_and_whole_sections_within_mlflows_limit(
+        tmp_path):
+    from tfopt.report.markdown import run_description
+
+    summary = _summary(tmp_path, RESULTS, "baseline-tflite-int8")
+    whole = run_description(summary, 8000)
+    assert whole.startswith("# tfopt benchmark") and "Champion: **baseline-tflite-int8**" in whole
+    assert "| ★ baseline-tflite-int8 | ok | 0.9400 | -1.00 | 0.050 | 0.8 |" in whole
+    assert "| baseline-onnx | failed: boom | - | - | - | - |" in whole
+    assert "Runtimes side by side" in whole and "Left out" not in whole
+    assert whole.rstrip().endswith("report/ among this run's artifacts.")
+
+    crowd = [*RESULTS, *(_result(f"extra-{i}-tflite-int8", f"extra-{i}", "tflite", "int8", 0.04)
+                         for i in range(200))]
+    crowded = run_description(_summary(tmp_path, crowd, "baseline-tflite-int8"), 8000)
+    assert len(crowded) <= 8000
+    assert "Left out here for length: the variants." in crowded
+    assert "| extra-" not in crowded, "a section is kept whole or not at all"
+    assert "Runtimes side by side" in crowded, "the sections after it still fit"

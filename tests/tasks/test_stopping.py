@@ -120,6 +120,12 @@ def test_on_its_plateau_the_baseline_takes_its_rate_to_zero_before_it_ends():
     _run_batches([cut], [0.5, 0.5], per_epoch)
     assert cut.outcome(cap=50)["converged"], cut.reason
     assert cut.reason.endswith("cooling down (the time planned for this training was used)")
+    capped = StopWhenDone(patience=1, min_delta=0.01, cool_down=CoolDown(per_epoch, epochs=5))
+    _run_batches([capped], [0.5, 0.5, 0.5], per_epoch)  # train.epochs: 3 ends it while cooling
+    assert capped.outcome(cap=3)["converged"]
+    assert capped.outcome(cap=3)["stop_reason"] == (
+        "plateau: no validation-accuracy gain of 0.01 for 1 epoch, then 1 epoch cooling down "
+        "(cap: 3 epochs run)")
 
 
 def test_the_cap_is_not_convergence():

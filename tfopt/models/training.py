@@ -133,6 +133,10 @@ class KeepBestWeights(keras.callbacks.Callback):
             self._path.unlink(missing_ok=True)
 
 
+def _epochs(count: int) -> str:
+    return f"{count} epoch" if count == 1 else f"{count} epochs"
+
+
 class StopWhenDone(keras.callbacks.Callback):
     """Ends a training when more epochs would not pay: on its plateau, once recovered, or in time.
 
@@ -175,7 +179,7 @@ class StopWhenDone(keras.callbacks.Callback):
             self._judge(epoch, float(value))
         if not self.reason and self._deadline is not None and (
                 time.time() + self._slowest_epoch > self._deadline):
-            self.reason = (f"{self._done_why}, then {epoch - self._cooling_from} epochs cooling "
+            self.reason = (f"{self._done_why}, then {_epochs(epoch - self._cooling_from)} cooling "
                            f"down ({TRAINING_TIME_USED})"
                            if self._done_why else f"budget: {TRAINING_TIME_USED}")
         if self.reason:
@@ -203,10 +207,10 @@ class StopWhenDone(keras.callbacks.Callback):
                 self._cool_down is not None or self._wait >= self._settle):
             return (f"recovered: validation accuracy {self._best:.4f} within the budget "
                     f"(>= {self._target:.4f})"
-                    + ("" if self._cool_down else f" and no gain for {self._wait} epochs"))
+                    + ("" if self._cool_down else f" and no gain for {_epochs(self._wait)}"))
         if self._patience is not None and self._wait >= self._patience:
             return (f"plateau: no validation-accuracy gain of {self._min_delta:g} for "
-                    f"{self._patience} epochs")
+                    f"{_epochs(self._patience)}")
         return ""
 
     def _cool(self, epoch: int) -> None:
@@ -216,7 +220,7 @@ class StopWhenDone(keras.callbacks.Callback):
             self._cooling_from = epoch
             self._cool_down.start()
         if epoch - self._cooling_from >= self._cool_down.epochs:
-            self.reason = f"{self._done_why}, then {self._cool_down.epochs} epochs cooling down"
+            self.reason = f"{self._done_why}, then {_epochs(self._cool_down.epochs)} cooling down"
 
     def _halve_learning_rate(self) -> None:
         rate = constant_learning_rate(self.model.optimizer)
@@ -226,11 +230,14 @@ class StopWhenDone(keras.callbacks.Callback):
     def outcome(self, cap: int) -> dict[str, str | int | bool | float]:
         """How the training ended: epochs run, best epoch (1-based), converged, stop reason.
 
-        `converged` is true when it stopped on its plateau or once recovered, false when the
-        cap (`cap` epochs) or the deadline ended it.
+        `converged` is true when it stopped on its plateau or once recovered (cooling down
+        after it or not), false when the cap (`cap` epochs) or the deadline ended it first.
         """
         reason = self.reason or f"cap: {cap} epochs run, still improving"
-        if not self.reason and self._wait >= (self._patience or cap + 1):
+        if not self.reason and self._done_why:  # the cap met while cooling down
+            reason = (f"{self._done_why}, then {_epochs(self._epochs - 1 - self._cooling_from)} "
+                      f"cooling down (cap: {cap} epochs run)")
+        elif not self.reason and self._wait >= (self._patience or cap + 1):
             reason = f"cap: {cap} epochs run, the last {self._wait} without a gain"
         return {"epochs_run": self._epochs, "best_epoch": self._best_epoch + 1,
                 "converged": reason.startswith(("plateau", "recovered")),

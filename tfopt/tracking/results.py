@@ -40,7 +40,7 @@ from tfopt.tracking.client import (
 from tfopt.tracking.registry import log_variant_model
 from tfopt.tracking.runs import RunRef, TrackedRun, end_run, start_run
 
-_TAG_VALUE_LIMIT = 8000
+DESCRIPTION_LIMIT = 8000  # MLflow's longest tag value (MAX_TAG_VAL_LENGTH)
 
 
 def variant_metrics(result: object) -> dict[str, float]:
@@ -171,9 +171,12 @@ def log_dataset(run: TrackedRun, dataset: DatasetArtifact) -> None:
 
 
 def describe_run(run: TrackedRun, markdown: str) -> None:
-    """Set the run's description (the MLflow UI's Description box), cut to MLflow's limit."""
-    note = markdown if len(markdown) <= _TAG_VALUE_LIMIT else (
-        markdown[: _TAG_VALUE_LIMIT - 60] + "\n\n... (cut; the whole report is in report/)")
+    """Set the run's description (the MLflow UI's Description box), cut to MLflow's limit.
+
+    `tfopt.report.markdown.run_description` writes one that fits; the cut is the last resort.
+    """
+    note = markdown if len(markdown) <= DESCRIPTION_LIMIT else (
+        markdown[: DESCRIPTION_LIMIT - 60] + "\n\n... (cut; the whole report is in report/)")
     set_tags(run.client, run.run_id, {"mlflow.note.content": note})
 
 
