@@ -298,22 +298,48 @@ class OpProfile(_Frozen):
 
 
 class Runoff(_Frozen):
-    """The contenders for champion timed again side by side (see `tfopt.measurement.runoff`)."""
+    """The contenders for champion timed again side by side (see `tfopt.measurement.runoff`).
+
+    Figures are paired round by round: on a shared machine the speed can flip within seconds
+    (an AMD EPYC VM here ran every file about 2x slower for seconds at a time, flipping in the
+    middle of run-offs), and the median of each contender's rounds alone can then take one from
+    its fast rounds and the other from its slow ones. Twelve run-offs of the same two files
+    (EfficientNetB0 int8 and its depth-pruned child, 2 threads): the ratio of their medians
+    read 1.87-3.16x, the median of their per-round ratios 2.13-2.33x (LiteRT's own tool: 2.1-2.5x).
+    """
 
     rounds: int
     round_p50_ms: dict[str, list[float]] = Field(
         description="Per contender, its p50 in each round, in round order.")
+    anchor: str | None = None
+    """The contender the others' p50s are paired with (the baseline's int8 TFLite file when it
+    took part); None: each contender's own median."""
+
+    def ratio(self, name: str, to: str) -> float:
+        """`name`'s time over `to`'s: the median of their ratios round by round."""
+        return _median([mine / theirs for mine, theirs in
+                        zip(self.round_p50_ms[name], self.round_p50_ms[to], strict=True)])
 
     def p50(self, name: str) -> float:
-        """A contender's run-off p50: the median of its round p50s."""
-        ordered = sorted(self.round_p50_ms[name])
-        middle = len(ordered) // 2
-        return (ordered[middle] if len(ordered) % 2
-                else (ordered[middle - 1] + ordered[middle]) / 2.0)
+        """A contender's run-off p50: the anchor's median times `name`'s ratio to the anchor."""
+        if self.anchor is None or name == self.anchor or self.anchor not in self.round_p50_ms:
+            return _median(self.round_p50_ms[name])
+        return _median(self.round_p50_ms[self.anchor]) * self.ratio(name, self.anchor)
 
     def interval(self, name: str) -> tuple[float, float]:
-        """A contender's run-off p50 interval: its lowest and highest round p50."""
-        return min(self.round_p50_ms[name]), max(self.round_p50_ms[name])
+        """A contender's run-off p50 interval: its lowest and highest round, paired as `p50`."""
+        rounds = self.round_p50_ms[name]
+        if self.anchor is not None and name != self.anchor and self.anchor in self.round_p50_ms:
+            middle = _median(self.round_p50_ms[self.anchor])
+            rounds = [middle * mine / theirs for mine, theirs in
+                      zip(rounds, self.round_p50_ms[self.anchor], strict=True)]
+        return min(rounds), max(rounds)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
 
 
 RUNNER_PARAMS = ("xla_mode",)

@@ -436,7 +436,7 @@ def with_speedups(timed: list[TimedFile], specs: list[VariantSpec], reference: V
         step_logger().warning("%s could not be timed side by side with %s: %s",
                               ", ".join(spec.name for spec in specs), reference.name, error)
         return timed
-    speedups = {spec.name: round(runoff.p50(reference.name) / runoff.p50(spec.name), 4)
+    speedups = {spec.name: round(runoff.ratio(reference.name, spec.name), 4)
                 for spec in specs}
     step_logger().info("%s, side by side", "; ".join(
         f"{name}: {speedup:.2f}x {reference.name}'s speed" for name, speedup in speedups.items()))

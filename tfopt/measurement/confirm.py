@@ -6,8 +6,9 @@ interleaved on one machine. Here the previous run's file of the variant (from ML
 run's are loaded in one fresh process and timed in alternating rounds, as the run-off times its
 contenders (`tfopt.measurement.worker.measure_runoff`), holding the machine's benchmark slot. The
 slowdown is confirmed when this run's file was the slower of the two in every round (a paired
-sign test: 1 in 64 for two equal files over 6 rounds) and the ratio of their medians is beyond
-the minimum change; without the previous file, only a move beyond the stricter rule counts.
+sign test: 1 in 64 for two equal files over 6 rounds) and the median of their per-round ratios
+is beyond the minimum change; without the previous file, only a move beyond the stricter rule
+counts.
 The rounds are paired because a round slowed by the machine slows both files in it: in CI, one
 such round read 3.7 ms for a previous file that read 0.86-1.0 ms in the others, and its
 interval then overlapped a file 4.6 times slower.
@@ -56,7 +57,7 @@ def confirm_slowdown(move: dict[str, Any], current: VariantResult, previous_file
 def side_by_side_verdict(runoff: Runoff, old: str, new: str,
                          threshold: float) -> dict[str, Any]:
     """Whether `new` is slower than `old` in every round of `runoff`, by `threshold` overall."""
-    ratio = runoff.p50(new) / runoff.p50(old)
+    ratio = runoff.ratio(new, old)
     round_ratios = [after / before for after, before in
                     zip(runoff.round_p50_ms[new], runoff.round_p50_ms[old], strict=True)]
     slower_every_round = min(round_ratios) > 1.0

@@ -12,7 +12,9 @@ the baseline's int8 TFLite file every champion is also quoted against), loads
 them all in one fresh process, warms them all in an untimed round and times them in 6 rounds that
 alternate between them (the order rotates each round), so a drift reaches all of them alike. A
 contender's run-off p50 is the median of its round p50s and its interval their range, the same
-distribution-free 96.9% interval as a turn's windows.
+distribution-free 96.9% interval as a turn's windows; each round's p50 paired with the baseline's
+int8 file's in that round when it took part (`Runoff.anchor`: the machine's speed may flip between
+rounds), and speed-ups the median of two files' per-round ratios (`Runoff.ratio`).
 
 TensorFlow's variants stay out: a process cannot hold both XLA auto-clustering's flags and the
 others, and on CPU they are rarely near the fastest.
@@ -113,6 +115,9 @@ def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: Bench
     except (RuntimeError, OSError) as error:
         logger.warning("run-off of %s skipped: %s", ", ".join(s.name for s in specs), error)
         return None
+    anchor = plain_int8(results)
+    if anchor is not None and anchor in contenders:
+        runoff = runoff.model_copy(update={"anchor": anchor.name})
     logger.info("run-off, %d alternating rounds: %s", runoff.rounds, "; ".join(
         f"{name} p50 {runoff.p50(name):.4f} ms ({low:.4f}-{high:.4f}), on its turn "
         f"{result.latency_ms.p50:.4f}"
