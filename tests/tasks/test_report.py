@@ -151,3 +151,22 @@ def test_the_run_description_keeps_the_verdicts_and_whole_sections_within_mlflow
     assert "Left out here for length: the variants." in crowded
     assert "| extra-" not in crowded, "a section is kept whole or not at all"
     assert "Runtimes side by side" in crowded, "the sections after it still fit"
+
+
+def test_the_description_keeps_the_comparison_with_the_last_run_before_its_list_of_moves(
+        tmp_path):
+    from tfopt.report.markdown import run_description
+
+    moves = [{"what": "p50", "variant": f"extra-{i}", "before": 0.5, "after": 0.4,
+              "direction": "faster", "ratio": 0.8} for i in range(120)]
+    since = {"champion": {"changed": False, "before": "x", "after": "baseline-tflite-int8"},
+             "previous_run_id": "r0", "data_changed": False, "regressions": [], "moves": moves,
+             "accuracy_tolerance_points": 1.0, "status_changes": [], "new_variants": [],
+             "gone_variants": []}
+    summary = {**_summary(tmp_path, RESULTS, "baseline-tflite-int8"), "since_last_run": since}
+    text = run_description(summary, 8000)
+    assert len(text) <= 8000 and "Compared with run r0" in text
+    assert "- Champion: unchanged (baseline-tflite-int8)" in text
+    assert "| ★ baseline-tflite-int8 | ok |" in text and "Runtimes side by side" in text
+    assert "extra-0" not in text
+    assert "Left out here for length: the moves since the last run." in text

@@ -61,31 +61,40 @@ def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 def run_description(summary: dict[str, Any], limit: int) -> str:
     """The run's description (MLflow's Description box), at most `limit` characters.
 
-    The verdicts come first and always; then the changes since the last run, the variants, the
-    searches and the runtimes side by side, in short tables, each kept whole while it fits and
-    otherwise left out and named at the end. Cutting the text at the limit instead would lose
-    whichever section came last as the report grows.
+    The verdicts come first and always; then the comparison with the last run and its moves,
+    the variants, the searches and the runtimes side by side, in short tables, each kept whole
+    if it fits (in the order of `_KEPT_FIRST`) and otherwise left out and named at the end.
+    Cutting the text at the limit instead would lose whichever section came last as the report
+    grows.
     """
-    head = "\n".join([*_verdict_lines(summary), "", *_context_lines(summary)])
+    head = "\n".join([*_verdict_lines(summary), "", *_context_lines(summary)]).strip()
+    since = _since_lines(summary)
+    moves = next((i for i, line in enumerate(since) if line.startswith("Moves beyond")),
+                 len(since))
     sections = {
-        "the changes since the last run": "\n".join(_since_lines(summary)),
+        "the comparison with the last run": "\n".join(since[:moves]).strip(),
+        "the moves since the last run": "\n".join(since[moves:]).strip(),
         "the variants": _short_variant_table(summary),
-        "the searches": "\n".join(search_lines(summary)),
+        "the searches": "\n".join(search_lines(summary)).strip(),
         "the runtimes side by side": _short_runtime_table(summary),
     }
-    worst_footer = f"\nLeft out here for length: {', '.join(sections)}.\n{_WHOLE_REPORT}\n"
+    worst_footer = f"\n\nLeft out here for length: {', '.join(sections)}.\n{_WHOLE_REPORT}\n"
     room = limit - len(head) - len(worst_footer)
-    kept, left_out = [head], []
-    for title, text in sections.items():
-        if not text:
-            continue
-        if len(text) + 1 <= room:
-            kept.append(text)
-            room -= len(text) + 1
-        else:
-            left_out.append(title)
+    fitting = set()
+    for title in _KEPT_FIRST:
+        if sections[title] and len(sections[title]) + 2 <= room:  # with the blank line before
+            fitting.add(title)
+            room -= len(sections[title]) + 2
+    kept = [head, *(text for title, text in sections.items() if title in fitting)]
+    left_out = [title for title, text in sections.items() if text and title not in fitting]
     footer = [f"Left out here for length: {', '.join(left_out)}."] if left_out else []
-    return "\n".join([*kept, "", *footer, _WHOLE_REPORT]) + "\n"
+    return "\n\n".join(kept) + "\n\n" + "\n".join([*footer, _WHOLE_REPORT]) + "\n"
+
+
+_KEPT_FIRST = ("the comparison with the last run", "the variants", "the searches",
+               "the runtimes side by side", "the moves since the last run")
+"""The description's sections in the order they claim its room (shown in the report's order):
+the list of moves since the last run can run to thousands of characters on a noisy machine."""
 
 
 def _verdict_lines(summary: dict[str, Any]) -> list[str]:
