@@ -245,6 +245,11 @@ def regression_lines(since: dict[str, Any]) -> list[str]:
 
 def markdown(since: dict[str, Any] | None) -> list[str]:
     """The report's "Since the last run" section (a line saying there was none if None)."""
+    return markdown_overview(since) + markdown_moves(since)
+
+
+def markdown_overview(since: dict[str, Any] | None) -> list[str]:
+    """The section's heading and overview: the run compared with, champion, data, regressions."""
     lines = ["", "## Since the last run", ""]
     if since is None:
         return [*lines, "This is the first finished run of this config in the experiment."]
@@ -258,6 +263,14 @@ def markdown(since: dict[str, Any] | None) -> list[str]:
     lines.append(f"- Data: {'changed (another manifest)' if since['data_changed'] else 'same'}")
     regressions = since["regressions"]
     lines.append(f"- Regressions: {len(regressions)}" if regressions else "- Regressions: none")
+    return lines
+
+
+def markdown_moves(since: dict[str, Any] | None) -> list[str]:
+    """The section's details: each move beyond the noise, status changes, variants come and gone."""
+    if since is None:
+        return []
+    lines = []
     if since["moves"]:
         lines += ["", "Moves beyond the measurement's noise (latency: the two p50 intervals "
                   "apart, a slowdown a regression only beyond the run-to-run noise and "

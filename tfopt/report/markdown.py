@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfopt.report.compare import markdown as markdown_since
+from tfopt.report.compare import markdown_moves, markdown_overview
 from tfopt.report.summary import speedup_sentence
 
 _WHOLE_REPORT = ("The whole report (every table, the plots, CSV and JSON) is in report/ among "
@@ -68,12 +68,12 @@ def run_description(summary: dict[str, Any], limit: int) -> str:
     grows.
     """
     head = "\n".join([*_verdict_lines(summary), "", *_context_lines(summary)]).strip()
-    since = _since_lines(summary)
-    moves = next((i for i, line in enumerate(since) if line.startswith("Moves beyond")),
-                 len(since))
+    compared = "since_last_run" in summary
     sections = {
-        "the comparison with the last run": "\n".join(since[:moves]).strip(),
-        "the moves since the last run": "\n".join(since[moves:]).strip(),
+        "the comparison with the last run": "\n".join(
+            markdown_overview(summary["since_last_run"])).strip() if compared else "",
+        "the moves since the last run": "\n".join(
+            markdown_moves(summary["since_last_run"])).strip() if compared else "",
         "the variants": _short_variant_table(summary),
         "the searches": "\n".join(search_lines(summary)).strip(),
         "the runtimes side by side": _short_runtime_table(summary),
@@ -119,7 +119,8 @@ def _since_lines(summary: dict[str, Any]) -> list[str]:
     """What moved since the last run of this config, where one was compared."""
     if "since_last_run" not in summary:
         return []
-    return [*markdown_since(summary["since_last_run"])[1:], ""]
+    since = summary["since_last_run"]
+    return [*(markdown_overview(since) + markdown_moves(since))[1:], ""]
 
 
 def _name_cell(row: dict[str, Any], summary: dict[str, Any]) -> str:
