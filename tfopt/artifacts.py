@@ -321,19 +321,27 @@ class Runoff(_Frozen):
                         zip(self.round_p50_ms[name], self.round_p50_ms[to], strict=True)])
 
     def p50(self, name: str) -> float:
-        """A contender's run-off p50: the anchor's median times `name`'s ratio to the anchor."""
-        if self.anchor is None or name == self.anchor or self.anchor not in self.round_p50_ms:
-            return _median(self.round_p50_ms[name])
-        return _median(self.round_p50_ms[self.anchor]) * self.ratio(name, self.anchor)
+        """A contender's run-off p50: the median of its paired rounds (`paired_rounds`)."""
+        return _median(self.paired_rounds(name))
 
     def interval(self, name: str) -> tuple[float, float]:
-        """A contender's run-off p50 interval: its lowest and highest round, paired as `p50`."""
-        rounds = self.round_p50_ms[name]
-        if self.anchor is not None and name != self.anchor and self.anchor in self.round_p50_ms:
-            middle = _median(self.round_p50_ms[self.anchor])
-            rounds = [middle * mine / theirs for mine, theirs in
-                      zip(rounds, self.round_p50_ms[self.anchor], strict=True)]
+        """A contender's run-off p50 interval: its lowest and highest paired round."""
+        rounds = self.paired_rounds(name)
         return min(rounds), max(rounds)
+
+    def paired_rounds(self, name: str) -> list[float]:
+        """`name`'s round p50s, each paired with the anchor's round.
+
+        Each is its ratio to the anchor's p50 in that round times the anchor's median, so their
+        median is the anchor's median times `ratio`. As measured without an anchor, and for the
+        anchor itself.
+        """
+        rounds = self.round_p50_ms[name]
+        if self.anchor is None or name == self.anchor or self.anchor not in self.round_p50_ms:
+            return rounds
+        middle = _median(self.round_p50_ms[self.anchor])
+        return [middle * mine / theirs for mine, theirs in
+                zip(rounds, self.round_p50_ms[self.anchor], strict=True)]
 
 
 def _median(values: list[float]) -> float:
