@@ -126,6 +126,15 @@ def test_checks_the_time_budget_leaves_no_room_for_are_not_started_and_said_as_c
     assert confirmation_cuts(None) == [] and confirmation_cuts({"moves": moves}) == []
 
 
+def test_the_largest_slowdowns_are_timed_first_so_a_budget_cut_leaves_the_smallest():
+    before = _summary(*(_entry(name, 1.0, (0.98, 1.02)) for name in "abc"))
+    after = _summary(_entry("a", 1.2, (1.18, 1.22)), _entry("b", 1.9, (1.88, 1.92)),
+                     _entry("c", 1.5, (1.48, 1.52)))
+    since = compare(before, after)
+    assert [m["variant"] for m in since["moves"]] == ["a", "b", "c"]
+    assert [m["variant"] for m in to_confirm(since)] == ["b", "c", "a"]
+
+
 def test_the_side_by_side_check_opens_a_variant_folder_as_it_is_and_a_packaged_one_inside(
         tmp_path):
     from tfopt.artifacts import VariantResult
