@@ -405,15 +405,15 @@ class ChampionPolicy(Section):
     )
 
     runoff_margin: float | None = Field(
-        0.25, ge=0.0, le=10.0,
+        1.0, ge=0.0, le=10.0,
         description=(
             "On the p50 objective, the LiteRT and ONNX Runtime variants within this share of "
             "the fastest eligible one, with baseline-tflite-int8 and the baseline forms their "
-            "speed-ups are quoted against (at most 5), are timed again side by side, in 6 "
-            "rounds that alternate between them in one process, and the champion is chosen "
-            "among them on those figures: a machine whose speed drifts between variants' turns "
-            "cannot pick it. "
-            "null: no run-off."
+            "speed-ups are quoted against (at most 5, the slowest giving way), are timed again "
+            "side by side, in 6 rounds that alternate between them in one process, and the "
+            "champion is chosen among them on those figures: a machine whose speed drifts "
+            "between variants' turns cannot pick it. 1.0 (twice the fastest): a turn can read "
+            "nearly 2x slow on a VM whose second vCPU stalls. null: no run-off."
         ),
     )
 

@@ -43,7 +43,11 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
     """The variants of runtimes that share a process near the fastest eligible one, fastest first.
 
     Near: a p50 within the margin of the upper end of the fastest's p50 interval, so an
-    unsettled fastest (a wide interval) draws its likely rivals into the run-off. For each
+    unsettled fastest (a wide interval) draws its likely rivals into the run-off; by default
+    twice it, since a whole turn can run in a VM's slow state (effnet24 on the AMD EPYC:
+    ``depth-100-tflite-int8`` read 0.309 ms on its turn, 1.53x the fastest's, where its search
+    trial had read 0.167 ms side by side, 2.19x faster than ``baseline-tflite-int8``; with a
+    25% margin it was never timed again and a slower file won). For each
     technique's variant among them, the baseline's same form (`speedup_reference`) takes part
     too, after them, and so does the baseline's int8 TFLite file (`plain_int8`): the speed-ups
     the run reports are then measured side by side, not across
