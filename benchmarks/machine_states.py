@@ -13,12 +13,14 @@ medians' p10/p50/p90, and its median in the slow windows over its median in the 
 the slow state does not touch it). So a sceptic can tell a VM whose second vCPU stalls for
 seconds (only the multi-threaded workloads slow) from a busy or throttled machine (all slow).
 
-Measured (2026-11-28, AMD EPYC Firecracker VM, 2 vCPUs, EfficientNetB0 64 px int8 from a run):
-the file at 2 threads p10 0.357 / p50 0.383 / p90 0.556 ms, 2.25x between windows; the same
-file at 1 thread 1.03 in the slow windows, single-threaded probes 0.00-0.05 correlated with the
-2-thread file, OpenBLAS at 2 threads 1.53: the slow state hits work split across both vCPUs.
-Hence the run-off's paired rounds (README "Run-off"), and own turns that can differ ~2x
-between runs (README "Known limits").
+Measured (2026-11-28, AMD EPYC Firecracker VM, 2 vCPUs, 150 s each): EfficientNetB0 64 px int8
+from a run, 55 of 200 rounds slow: the file at 2 threads 1.93x in them (p50 0.358 ms, p90 0.693),
+at 1 thread 1.00 (0.532 ms: slower than 2 threads' fast state, faster than their slow one),
+OpenBLAS at 2 threads 1.17, at 1 thread 1.01, Python 1.00. Untrained MobileNetV2 160 px fp32,
+20 of 199 slow: 2 threads 1.40, 1 thread 1.02, OpenBLAS 1.15 and 1.07, Python 0.99. The slow
+state hits work split across both vCPUs (as if the second one stalled), not the machine as a
+whole: a probe on one thread cannot see it. Hence the run-off's paired rounds and its wide
+margin (README "Run-off"), and own turns that can differ ~2x between runs ("Known limits").
 """
 
 from __future__ import annotations
