@@ -7,6 +7,7 @@ from tfopt.report.compare import (
     accuracy_noise_points,
     compare,
     markdown,
+    markdown_moves,
     regression_lines,
     settle,
     to_confirm,
@@ -98,6 +99,35 @@ def test_a_previous_file_that_is_gone_leaves_the_stricter_rule():
                      "reason": "deleted"}
     assert confirm_slowdown({**move, "ratio": 1.3}, None, None, None, None)["verdict"] == \
         "stricter_rule"
+
+
+def test_without_a_file_a_move_no_larger_than_one_this_run_cleared_is_not_counted():
+    """effnet24 (AMD EPYC): six moves of 1.23-2.08x cleared side by side, one of 1.20x cut."""
+    from tfopt.measurement.confirm import _largest_cleared, confirm_slowdown
+
+    moves = [{"variant": name, "ratio": ratio, "minimum_change": 0.05, "verdict": "to_confirm",
+              "what": "p50", "direction": "slower", "before": 1.0, "after": ratio}
+             for name, ratio in (("onnx", 2.08), ("fp32", 1.79), ("onnx-int8", 1.20))]
+    checks = {"onnx": {"verdict": "not_confirmed"}, "fp32": {"verdict": "confirmed"}}
+    assert _largest_cleared(moves, checks) == 2.08
+    assert _largest_cleared(moves, {"fp32": {"verdict": "confirmed"}}) is None
+    cut = confirm_slowdown(moves[2], None, None, None, None, "cut", 2.08)  # type: ignore[arg-type]
+    assert cut == {"verdict": "within_stricter_rule", "required_ratio": 2.08, "reason": "cut",
+                   "cleared_ratio": 2.08}
+    alone = confirm_slowdown(moves[2], None, None, None, None, "cut")  # type: ignore[arg-type]
+    assert alone["verdict"] == "stricter_rule", "1.20x >= 1.10x with nothing cleared"
+    since = settle({"moves": moves, "status_changes": [], "new_variants": [],
+                    "gone_variants": [], "accuracy_tolerance_points": 0.5}, {
+        **checks, "fp32": {**checks["fp32"], "rounds": 6, "round_ratios": [1.8] * 6,
+                           "previous_p50_ms": 1.0, "current_p50_ms": 1.8, "ratio": 1.8,
+                           "previous_interval": [1.0, 1.0], "current_interval": [1.8, 1.8]},
+        "onnx": {**checks["onnx"], "rounds": 6, "round_ratios": [1.0] * 6,
+                 "previous_p50_ms": 1.0, "current_p50_ms": 1.0, "ratio": 1.0,
+                 "previous_interval": [1.0, 1.0], "current_interval": [1.0, 1.0]},
+        "onnx-int8": cut})
+    assert [r["variant"] for r in since["regressions"]] == ["fp32"]
+    assert ("not a regression by the stricter rule (>= 2.08x; this run cleared a 2.08x move "
+            "side by side)") in "\n".join(markdown_moves(since))
 
 
 def test_checks_the_time_budget_leaves_no_room_for_are_not_started_and_said_as_cut(tmp_path):

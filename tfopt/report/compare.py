@@ -13,8 +13,9 @@ within the variant's run-to-run spread over its last runs (`noise_band`, at leas
 `MIN_CHANGE`) is run-to-run noise. A larger one is a regression only once confirmed: the
 previous run's file and this run's timed side by side in alternating rounds
 (`tfopt.measurement.confirm`), this run's file the slower in every round and the ratio beyond
-the same minimum change (`settle`); without the previous file, only a move `STRICTER` times the
-minimum change counts, said as such.
+the same minimum change (`settle`); without the previous file (or the time to time it), only a
+move `STRICTER` times the minimum change counts, and none no larger than a move this run's checks
+cleared, said as such.
 """
 
 from __future__ import annotations
@@ -221,8 +222,10 @@ def _verdict(move: dict[str, Any]) -> str:
         return "not confirmed (no side-by-side timing was made)"
     if verdict in ("stricter_rule", "within_stricter_rule"):
         counted = "a regression" if verdict == "stricter_rule" else "not a regression"
-        return (f"{counted} by the stricter rule (>= {check['required_ratio']:.2f}x): not "
-                f"timed side by side ({check['reason']})")
+        cleared = (f"; this run cleared a {check['cleared_ratio']:.2f}x move side by side"
+                   if check.get("cleared_ratio") else "")
+        return (f"{counted} by the stricter rule (>= {check['required_ratio']:.2f}x{cleared}): "
+                f"not timed side by side ({check['reason']})")
     figures = (f"side by side in {check['rounds']} alternating rounds: previous "
                f"{check['previous_p50_ms']:.4f} ms ({check['previous_interval'][0]:.4f}-"
                f"{check['previous_interval'][1]:.4f}), this run's {check['current_p50_ms']:.4f} "
