@@ -81,3 +81,38 @@ def test_a_step_that_crashes_again_is_one_line_naming_the_step_and_signal(
                               "step's native code, and again with oneDNN off (SIGABRT)")
     assert message.endswith("try something else")
     assert read_record(tmp_path / "crashes.jsonl")[0]["recovered"] is False
+
+
+def test_names_mlflow_refuses_are_made_ones_it_takes():
+    from tfopt.tracking.client import mlflow_name
+
+    assert mlflow_name("native.train_model") == "native.train_model", "a valid name is kept"
+    assert mlflow_name("native.search_trial (channel_prune 0.75)") == \
+        "native.search_trial channel_prune 0.75"
+    assert mlflow_name("kept_filters.block_1/conv:0") == "kept_filters.block_1/conv:0"
+    assert mlflow_name("a/../b") == "a___b" and mlflow_name("/root") == "_root"
+    assert mlflow_name("()") == "_" and mlflow_name("..") == "_"
+
+
+def test_a_crash_contained_in_a_search_trial_is_logged_on_the_run(live_services):
+    """user25 (a Keras 3 ResNet nobody tuned): two trials' crashes failed the run at its end."""
+    import uuid
+
+    from mlflow.tracking import MlflowClient
+
+    from tfopt.tracking import TrackedRun
+    from tfopt.tracking.results import log_native_crashes
+
+    client = MlflowClient(live_services.mlflow_url)
+    experiment = client.create_experiment(f"native-crash-names-{uuid.uuid4().hex[:8]}")
+    run_id = client.create_run(experiment).info.run_id
+    crashes = [{"step": f"search_trial (channel_prune {value})", "signal": "SIGABRT",
+                "what": "the channel_prune trial's fine-tuning and conversion", "retried": True,
+                "recovered": True, "retry": "TF_ENABLE_ONEDNN_OPTS=0"}
+               for value in (0.75, 0.875)]
+    log_native_crashes(TrackedRun(client, live_services.mlflow_url, experiment, run_id), crashes)
+    params = client.get_run(run_id).data.params
+    assert params["native.search_trial channel_prune 0.875"] == (
+        "SIGABRT in the channel_prune trial's fine-tuning and conversion; retried with "
+        "TF_ENABLE_ONEDNN_OPTS=0: ok")
+    assert "native.search_trial channel_prune 0.75" in params

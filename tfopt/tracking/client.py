@@ -8,6 +8,8 @@ batches (`log_batch`), never one call per value.
 from __future__ import annotations
 
 import os
+import posixpath
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -98,6 +100,24 @@ def _is_transient(error: Exception) -> bool:
     return any(word in text for word in ("connection", "timed out", "max retries", "503", "502"))
 
 
+_NOT_IN_A_NAME = re.compile(r"[^/\w.\- :]")
+"""What MLflow refuses in a param, metric or tag name (its `validate_param_and_metric_name`)."""
+
+
+def mlflow_name(name: str) -> str:
+    """`name` as MLflow takes it: characters it refuses dropped, no path that resolves elsewhere.
+
+    Names carry what tfopt did not choose (a step's ``search_trial (channel_prune 0.75)``, a
+    user's layer names): one refused character in a batch fails the whole run at its end
+    (seen: a contained crash of a search trial, logged as ``native.<step>``).
+    """
+    kept = _NOT_IN_A_NAME.sub("", name)
+    normal = posixpath.normpath(kept) if kept else kept
+    if kept and normal == kept and not normal.startswith(("/", "..")) and normal != ".":
+        return kept
+    return kept.replace("/", "_").replace("..", "_") or "_"
+
+
 def flatten_params(tree: Mapping[str, object], prefix: str = "") -> dict[str, str]:
     """Flatten nested parameters to dotted keys with string values (MLflow's param shape)."""
     flat: dict[str, str] = {}
@@ -111,16 +131,16 @@ def flatten_params(tree: Mapping[str, object], prefix: str = "") -> dict[str, st
 
 
 def log_params(mlflow: MlflowClient, run_id: str, params: Mapping[str, object]) -> None:
-    """Log (nested) parameters in batches."""
-    items = [Param(key, value) for key, value in flatten_params(params).items()]
+    """Log (nested) parameters in batches, each name as MLflow takes it (`mlflow_name`)."""
+    items = [Param(mlflow_name(key), value) for key, value in flatten_params(params).items()]
     for start in range(0, len(items), _BATCH_PARAMS):
         chunk = items[start : start + _BATCH_PARAMS]
         with_retries(lambda chunk=chunk: mlflow.log_batch(run_id, params=chunk))
 
 
 def set_tags(mlflow: MlflowClient, run_id: str, tags: Mapping[str, str]) -> None:
-    """Set tags on a run in one batch."""
-    batch = [RunTag(key, str(value)) for key, value in tags.items()]
+    """Set tags on a run in one batch, each name as MLflow takes it (`mlflow_name`)."""
+    batch = [RunTag(mlflow_name(key), str(value)) for key, value in tags.items()]
     with_retries(lambda: mlflow.log_batch(run_id, tags=batch))
 
 
@@ -132,7 +152,8 @@ def log_metrics(
     now = int(time.time() * 1000)
     log_metric_points(
         mlflow, run_id,
-        (Metric(k, float(v), now, step, model_id=model_id) for k, v in metrics.items()))
+        (Metric(mlflow_name(k), float(v), now, step, model_id=model_id)
+         for k, v in metrics.items()))
 
 
 def log_metric_history(
@@ -141,7 +162,7 @@ def log_metric_history(
     """Log per-step series (e.g. training curves: one value per epoch) in batches."""
     now = int(time.time() * 1000)
     points = (
-        Metric(name, float(value), now, step)
+        Metric(mlflow_name(name), float(value), now, step)
         for name, values in history.items()
         for step, value in enumerate(values)
     )
