@@ -112,8 +112,10 @@ def test_without_a_file_a_move_no_larger_than_one_this_run_cleared_is_not_counte
     assert _largest_cleared(moves, checks) == 2.08
     assert _largest_cleared(moves, {"fp32": {"verdict": "confirmed"}}) is None
     cut = confirm_slowdown(moves[2], None, None, None, None, "cut", 2.08)  # type: ignore[arg-type]
-    assert cut == {"verdict": "within_stricter_rule", "required_ratio": 2.08, "reason": "cut",
+    assert cut == {"verdict": "within_stricter_rule", "required_ratio": 1.1, "reason": "cut",
                    "cleared_ratio": 2.08}
+    assert confirm_slowdown({**moves[2], "ratio": 2.09}, None, None, None, None, "cut",  # type: ignore[arg-type]
+                            2.08)["verdict"] == "stricter_rule", "larger than any cleared"
     alone = confirm_slowdown(moves[2], None, None, None, None, "cut")  # type: ignore[arg-type]
     assert alone["verdict"] == "stricter_rule", "1.20x >= 1.10x with nothing cleared"
     since = settle({"moves": moves, "status_changes": [], "new_variants": [],
@@ -126,8 +128,8 @@ def test_without_a_file_a_move_no_larger_than_one_this_run_cleared_is_not_counte
                  "previous_interval": [1.0, 1.0], "current_interval": [1.0, 1.0]},
         "onnx-int8": cut})
     assert [r["variant"] for r in since["regressions"]] == ["fp32"]
-    assert ("not a regression by the stricter rule (>= 2.08x; this run cleared a 2.08x move "
-            "side by side)") in "\n".join(markdown_moves(since))
+    assert ("not a regression by the stricter rule (>= 1.10x and above the 2.08x move this run "
+            "cleared side by side)") in "\n".join(markdown_moves(since))
 
 
 def test_checks_the_time_budget_leaves_no_room_for_are_not_started_and_said_as_cut(tmp_path):

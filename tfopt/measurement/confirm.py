@@ -8,8 +8,8 @@ contenders (`tfopt.measurement.worker.measure_runoff`), holding the machine's be
 slowdown is confirmed when this run's file was the slower of the two in every round (a paired
 sign test: 1 in 64 for two equal files over 6 rounds) and the median of their per-round ratios
 is beyond the minimum change; without the previous file (gone, or the time budget ran out),
-only a move beyond the stricter rule counts, and never one smaller than a move this run's checks
-found to be nothing (`confirm_all`: its own turns moved that far with no file slower).
+only a move beyond the stricter rule counts, and never one no larger than a move this run's
+checks found to be nothing (`confirm_all`: its own turns moved that far with no file slower).
 The rounds are paired because a round slowed by the machine slows both files in it: in CI, one
 such round read 3.7 ms for a previous file that read 0.86-1.0 ms in the others, and its
 interval then overlapped a file 4.6 times slower.
@@ -42,12 +42,13 @@ def confirm_slowdown(move: dict[str, Any], current: VariantResult, previous_file
         protocol: The benchmark protocol (each round is a short turn of it).
         why_gone: Why the previous file could not be had.
         cleared_ratio: The largest move since the last run that this run's side-by-side checks
-            found not slower: without a file, the stricter rule asks at least that much.
+            found not slower: without a file, only a larger one counts.
     """
     threshold = move["minimum_change"]
     if previous_file is None or current.path is None:
-        required = max(1.0 + STRICTER * threshold, cleared_ratio or 0.0)
-        counted = move["ratio"] is not None and move["ratio"] >= required
+        required = 1.0 + STRICTER * threshold
+        counted = (move["ratio"] is not None and move["ratio"] >= required
+                   and (cleared_ratio is None or move["ratio"] > cleared_ratio))
         check = {"verdict": "stricter_rule" if counted else "within_stricter_rule",
                  "required_ratio": required, "reason": why_gone or "no file"}
         return check if cleared_ratio is None else {**check, "cleared_ratio": cleared_ratio}
@@ -95,8 +96,8 @@ def confirm_all(moves: list[dict[str, Any]], previous_run_id: str, tracking_uri:
     gone (or does not load) leaves the stricter rule to judge the move, said as such. So does
     the run's time budget: a check that would end after `deadline` (`first_s` expected for the
     first, then the longest one so far) is not started (`CUT_BY_BUDGET` in its reason). A move
-    as large as one a check before it cleared is within what this run's own turns were seen to
-    move by with no file slower, so the stricter rule then asks more than that (`moves` come
+    no larger than one a check before it cleared is within what this run's own turns were seen
+    to move by with no file slower, so the stricter rule does not count it (`moves` come
     largest first, `tfopt.report.compare.to_confirm`: effnet24 on the AMD EPYC cleared six of
     1.23-2.08x, all ~1.0x side by side, and the budget left one of 1.20x, which the stricter
     rule alone had counted).

@@ -222,8 +222,8 @@ def _verdict(move: dict[str, Any]) -> str:
         return "not confirmed (no side-by-side timing was made)"
     if verdict in ("stricter_rule", "within_stricter_rule"):
         counted = "a regression" if verdict == "stricter_rule" else "not a regression"
-        cleared = (f"; this run cleared a {check['cleared_ratio']:.2f}x move side by side"
-                   if check.get("cleared_ratio") else "")
+        cleared = (f" and above the {check['cleared_ratio']:.2f}x move this run cleared side "
+                   "by side" if check.get("cleared_ratio") else "")
         return (f"{counted} by the stricter rule (>= {check['required_ratio']:.2f}x{cleared}): "
                 f"not timed side by side ({check['reason']})")
     figures = (f"side by side in {check['rounds']} alternating rounds: previous "
