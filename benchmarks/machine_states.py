@@ -39,13 +39,11 @@ SLOW = 1.25
 
 
 def _file_call(path: Path, threads: int) -> Callable[[int], object]:
-    """One LiteRT call on its own interpreter, feeding 16 fixed random inputs in turn."""
+    """`harness_overhead.bare_tflite` on the file, fed 16 fixed random inputs in turn."""
     from ai_edge_litert.interpreter import Interpreter
+    from harness_overhead import bare_tflite
 
-    interpreter = Interpreter(model_path=str(path), num_threads=threads)
-    interpreter.allocate_tensors()
-    entry = interpreter.get_input_details()[0]
-    exit_ = interpreter.get_output_details()[0]["index"]
+    entry = Interpreter(model_path=str(path)).get_input_details()[0]
     rng = np.random.default_rng(0)
     shape = [1, *entry["shape"][1:]]
     if np.issubdtype(entry["dtype"], np.integer):
@@ -54,13 +52,8 @@ def _file_call(path: Path, threads: int) -> Callable[[int], object]:
                  for _ in range(16)]
     else:
         feeds = [rng.random(shape, dtype=np.float32).astype(entry["dtype"]) for _ in range(16)]
-
-    def call(index: int) -> object:
-        interpreter.set_tensor(entry["index"], feeds[index % 16])
-        interpreter.invoke()
-        return interpreter.get_tensor(exit_)
-
-    return call
+    bare = bare_tflite(path, threads)
+    return lambda index: bare(feeds[index % 16])
 
 
 def _matmul_call(threads: int) -> Callable[[int], object]:
