@@ -410,7 +410,7 @@ class ChampionPolicy(Section):
             "On the p50 objective, the LiteRT and ONNX Runtime variants within this share of "
             "the fastest eligible one, with baseline-tflite-int8 and the baseline forms their "
             "speed-ups are quoted against (at most 5, the slowest giving way), are timed again "
-            "side by side, in 6 rounds that alternate between them in one process, and the "
+            "side by side, in 12 rounds that alternate between them in one process, and the "
             "champion is chosen among them on those figures: a machine whose speed drifts "
             "between variants' turns cannot pick it. 1.0 (twice the fastest): a turn can read "
             "nearly 2x slow on a VM whose second vCPU stalls. null: no run-off."

@@ -306,7 +306,7 @@ def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
 ):
     from tasks.runoff import run_off
     from tfopt.measurement.champion import choose_champion
-    from tfopt.measurement.runoff import runoff_contenders
+    from tfopt.measurement.runoff import RUNOFF_ROUNDS, runoff_contenders
 
     inputs = prepare_benchmark_inputs.fn(_reference(tiny_savedmodel), tiny_dataset,
                                          tmp_path / "inputs")
@@ -320,9 +320,9 @@ def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
         (r.name for r in results), key=lambda n: next(r.latency_ms.p50 for r in results
                                                       if r.name == n))
     runoff = run_off.fn(results, inputs, cfg)
-    assert runoff is not None and runoff.rounds == 6
+    assert runoff is not None and runoff.rounds == RUNOFF_ROUNDS == 12
     assert set(runoff.round_p50_ms) == {r.name for r in results}
-    assert all(len(p50s) == 6 and min(p50s) > 0 for p50s in runoff.round_p50_ms.values())
+    assert all(len(p50s) == 12 and min(p50s) > 0 for p50s in runoff.round_p50_ms.values())
     choice = choose_champion(results, 100.0, "p50", runoff)
     assert "run-off" in choice.reason and choice.name in runoff.round_p50_ms
     loaded, response = _worker_modules({

@@ -148,16 +148,28 @@ def simplicity(result: VariantResult) -> tuple[int, int, int]:
 
 def tied_with_best(best: VariantResult, candidates: list[VariantResult],
                    runoff: Runoff | None = None) -> list[VariantResult]:
-    """The candidates whose p50 interval overlaps `best`'s (best excluded)."""
+    """The candidates `best` was not told apart from (best excluded).
+
+    Two run-off contenders by their round-by-round ratio (`Runoff.ratio_interval` holds 1.0):
+    a round the VM's slow state hit one of them in is then one ratio of many, where it widened
+    that file's own range until it overlapped everything. Others by their p50 intervals
+    overlapping.
+    """
     best_interval = p50_interval(best, runoff)
     if best_interval is None:
         return []
     low, high = best_interval
     tied = []
     for result in candidates:
+        if result is best:
+            continue
+        if runoff is not None and {best.name, result.name} <= set(runoff.round_p50_ms):
+            ratio_low, ratio_high = runoff.ratio_interval(result.name, best.name)
+            if ratio_low <= 1.0 <= ratio_high:
+                tied.append(result)
+            continue
         interval = p50_interval(result, runoff)
-        if result is not best and interval is not None and interval[0] <= high \
-                and low <= interval[1]:
+        if interval is not None and interval[0] <= high and low <= interval[1]:
             tied.append(result)
     return tied
 
@@ -250,7 +262,7 @@ def choose_champion(
     champion, others = group[0], [r.name for r in group[1:]]
     return ChampionChoice(
         name=champion.name,
-        reason=(f"{reason}: {fastest.name}, tied on p50 (95% intervals overlap) with "
+        reason=(f"{reason}: {fastest.name}, tied on p50 (not told apart at 95%) with "
                 f"{', '.join(r.name for r in tied)}; the tie goes to higher accuracy, then "
                 f"smaller size, then the simpler variant: {champion.name}"),
         baseline_accuracy=reference, tied_with=tuple(others),

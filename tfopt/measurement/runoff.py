@@ -9,12 +9,14 @@ variants whose runtime can share a process (`Runtime.shares_process`: LiteRT and
 within `benchmark.runoff_margin` of the fastest eligible one (at most `MAX_CONTENDERS`, the
 contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`, and
 the baseline's int8 TFLite file every champion is also quoted against), loads
-them all in one fresh process, warms them all in an untimed round and times them in 6 rounds that
-alternate between them (the order rotates each round), so a drift reaches all of them alike. A
-contender's run-off p50 is the median of its round p50s and its interval their range, the same
-distribution-free 96.9% interval as a turn's windows; each round's p50 paired with the baseline's
-int8 file's in that round when it took part (`Runoff.anchor`: the machine's speed may flip between
-rounds), and speed-ups the median of two files' per-round ratios (`Runoff.ratio`).
+them all in one fresh process, warms them all in an untimed round and times them in
+`RUNOFF_ROUNDS` rounds that alternate between them (the order rotates each round), so a drift
+reaches all of them alike. A contender's run-off p50 is the median of its round p50s and its
+interval a distribution-free one of at least 95% (`tfopt.artifacts.median_interval`, as a turn's
+windows); each round's p50 paired with the baseline's int8 file's in that round when it took part
+(`Runoff.anchor`: the machine's speed may flip between rounds), speed-ups the median of two files'
+per-round ratios (`Runoff.ratio`), and two contenders are tied when the interval of their
+per-round ratio holds 1.0 (`tfopt.measurement.champion.tied_with_best`).
 
 TensorFlow's variants stay out: a process cannot hold both XLA auto-clustering's flags and the
 others, and on CPU they are rarely near the fastest.
@@ -33,10 +35,17 @@ from tfopt.measurement.champion import (
     within_budget,
 )
 from tfopt.measurement.isolation import run_worker, worker_env
-from tfopt.measurement.worker import measure_runoff
+from tfopt.measurement.worker import P50_WINDOWS, measure_runoff
 from tfopt.runtimes import runtime_of
 
 MAX_CONTENDERS = 5
+RUNOFF_ROUNDS = 12
+"""The champion's run-off rounds, in the time 6 took: a contender's interval is then its 3rd to
+10th round (`tfopt.artifacts.median_interval`), so one or two rounds a VM's slow state hit do
+not make a tie. bench.yaml on the AMD EPYC, 6 rounds: ``channels-62-tflite-int8`` was 1.30x
+faster than ``depth-100-tflite-int8`` in 5 rounds and 0.77x in the sixth (0.58 ms where its
+others read 0.34); its range overlapped, the tie went to the other's 0.3 points (one test
+image), and the champion was the 1.98x file where a 2.6x one was within the budget."""
 
 
 def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> list[VariantResult]:
@@ -97,10 +106,10 @@ def _spec_of(result: VariantResult) -> VariantSpec:
 
 
 def side_by_side_in_worker(specs: list[VariantSpec], inputs: BenchmarkInputs,
-                           protocol: MeasurementProtocol) -> Runoff:
+                           protocol: MeasurementProtocol, rounds: int = P50_WINDOWS) -> Runoff:
     """`specs` timed in alternating rounds in one fresh measuring process (one runtime's env)."""
     request = {"specs": [spec.model_dump(mode="json") for spec in specs],
-               "inputs": inputs.model_dump(mode="json"),
+               "inputs": inputs.model_dump(mode="json"), "rounds": rounds,
                "cfg": protocol.as_protocol().model_dump(mode="json")}
     return Runoff.model_validate_json(run_worker(
         "tfopt.measurement.worker", request, worker_env(specs[0]), protocol.time_limit_seconds))
@@ -114,8 +123,8 @@ def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: Bench
         return None
     specs = [_spec_of(result) for result in contenders]
     try:
-        runoff = (side_by_side_in_worker(specs, inputs, cfg) if cfg.isolate
-                  else measure_runoff(specs, inputs, cfg))
+        runoff = (side_by_side_in_worker(specs, inputs, cfg, RUNOFF_ROUNDS) if cfg.isolate
+                  else measure_runoff(specs, inputs, cfg, RUNOFF_ROUNDS))
     except (RuntimeError, OSError) as error:
         logger.warning("run-off of %s skipped: %s", ", ".join(s.name for s in specs), error)
         return None

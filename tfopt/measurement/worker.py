@@ -484,19 +484,20 @@ def _batch_throughput_if_batched(runner: Runner, feeds: dict[str, np.ndarray],
 
 
 def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
-                   cfg: MeasurementProtocol) -> Runoff:
-    """Time `specs` in alternating rounds in this process (see `tfopt.measurement.runoff`).
+                   cfg: MeasurementProtocol, rounds: int = P50_WINDOWS) -> Runoff:
+    """Time `specs` in `rounds` alternating rounds in this process (`tfopt.measurement.runoff`).
 
     A first, untimed round warms every contender with the run's warm-up (`warmup_runs`,
     `warmup_seconds`): measured on the demo, the first round read 1.3-1.7x the later ones for
     all four contenders even after each one's own warm-up, and its figures widened every
     interval until all of them overlapped. Then each turn is a short measurement with the
-    run's protocol: `warmup_runs` and windows for about `min_seconds` / 4.
+    run's protocol: `warmup_runs` and windows for about `min_seconds` / 4 over 6 rounds, the
+    same time in all over more rounds.
     """
     images = np.load(inputs.images)
     runners = {spec.name: load_runner(spec, cfg.threads) for spec in specs}
     prepared = {name: runner.prepare(images) for name, runner in runners.items()}
-    turn_seconds = max(cfg.min_seconds / 4.0, 0.05)
+    turn_seconds = max(cfg.min_seconds / 4.0 * P50_WINDOWS / rounds, 0.05)
     warm_up = cfg.model_copy(update={"min_seconds": turn_seconds, "max_seconds": turn_seconds,
                                      "min_runs": max(P50_WINDOWS, cfg.min_runs // 4)})
     turn = warm_up.model_copy(update={"warmup_seconds": 0.0})
@@ -504,12 +505,12 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     for name in names:
         time_runs(runners[name].invoke, prepared[name], warm_up)
     round_p50s: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(P50_WINDOWS):
+    for round_index in range(rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             samples = time_runs(runners[name].invoke, prepared[name], turn)
             round_p50s[name].append(float(np.median(samples)))
-    return Runoff(rounds=P50_WINDOWS, round_p50_ms=round_p50s)
+    return Runoff(rounds=rounds, round_p50_ms=round_p50s)
 
 
 def read_request(request_path: str) -> tuple[dict, MeasurementProtocol]:
@@ -528,7 +529,7 @@ def main(request_path: str, response_path: str) -> None:
     inputs = BenchmarkInputs.model_validate(request["inputs"])
     if "specs" in request:
         measured = measure_runoff([VariantSpec.model_validate(s) for s in request["specs"]],
-                                  inputs, cfg)
+                                  inputs, cfg, request.get("rounds", P50_WINDOWS))
     else:
         measured = measure_variant(VariantSpec.model_validate(request["spec"]), inputs, cfg)
     atomic_write_json(Path(response_path), measured.model_dump(mode="json"))
