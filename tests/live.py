@@ -47,6 +47,23 @@ def state_folder_for_postgres() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def postgres_query(settings: ServiceSettings, database: str, sql: str,
+                   *args: object) -> list[tuple]:
+    """The rows of `sql` in `database` of `settings`' PostgreSQL server."""
+    import contextlib
+
+    import psycopg2
+
+    from tfopt import postgres
+
+    connection = psycopg2.connect(host=postgres.LOOPBACK, port=settings.postgres_port,
+                                  user=postgres.SUPERUSER, dbname=database,
+                                  password=postgres.password(settings.state_dir))
+    with contextlib.closing(connection), connection.cursor() as cursor:
+        cursor.execute(sql, args)
+        return cursor.fetchall()
+
+
 def service_env(settings: ServiceSettings) -> dict[str, str]:
     """Environment for a `tfopt` subprocess that talks to `settings`' servers."""
     env = {k: v for k, v in os.environ.items()
@@ -110,14 +127,33 @@ def tfopt_process(
                 process.wait()
 
 
-def run_smoke_with(settings, summary_path, overrides: dict) -> dict:
-    """`tfopt run` on the smoke config with `--set` overrides; the summary it wrote."""
+def _smoke_command(summary_path: Path, overrides: dict) -> list[str]:
     command = ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path)]
     for key, value in overrides.items():
         command += ["--set", f"{key}={value}"]
-    completed = run_tfopt(settings, command)
+    return command
+
+
+def run_smoke_with(settings, summary_path, overrides: dict) -> dict:
+    """`tfopt run` on the smoke config with `--set` overrides; the summary it wrote."""
+    completed = run_tfopt(settings, _smoke_command(summary_path, overrides))
     summary_path.with_suffix(".log").write_text(completed.stdout + completed.stderr)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return json.loads(summary_path.read_text())
+
+
+def start_smoke_with(settings, summary_path: Path, overrides: dict) -> subprocess.Popen:
+    """`run_smoke_with` in the background, its output in the summary's ``.log``."""
+    with summary_path.with_suffix(".log").open("w") as out:
+        return subprocess.Popen(tfopt_command(_smoke_command(summary_path, overrides)),
+                                cwd=ROOT, env=service_env(settings), stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+def finish_smoke(process: subprocess.Popen, summary_path: Path) -> dict:
+    """Wait for a `start_smoke_with` run; the summary it wrote."""
+    code = process.wait(timeout=900)
+    assert code == 0, summary_path.with_suffix(".log").read_text()[-4000:]
     return json.loads(summary_path.read_text())
 
 

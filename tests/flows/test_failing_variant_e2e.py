@@ -6,12 +6,13 @@ import json
 import shutil
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.live import run_smoke_with
+from tests.live import finish_smoke, postgres_query, run_smoke_with, start_smoke_with
 from tfopt.demo_data import write_demo_images
 
 pytestmark = pytest.mark.e2e
@@ -27,11 +28,12 @@ def test_regressions_hold_only_side_by_side_and_a_failing_variant_is_isolated(
         live_services, tmp_path):
     """The same light config three times.
 
-    Twice as it is: the second run flags nothing (its moves are run-to-run noise or cleared
-    side by side). Then with a network four times as wide, whose ONNX check is impossible to
-    pass: that run completes with the ONNX variant failed and flags its slower variants, each
-    with the side-by-side figures that confirmed it; the variant whose previous file is gone is
-    judged by the stricter rule, said as such.
+    Twice as it is: the first beside a twin under another name, the two at once losing no run,
+    metric or task run on the PostgreSQL servers; the second flags nothing (its moves are
+    run-to-run noise or cleared side by side). Then with a network four times as wide, whose
+    ONNX check is impossible to pass: that run completes with the ONNX variant failed and flags
+    its slower variants, each with the side-by-side figures that confirmed it; the variant whose
+    previous file is gone is judged by the stricter rule, said as such.
     """
     demo = tmp_path / "demo"
     write_demo_images(demo)
@@ -45,8 +47,13 @@ def test_regressions_hold_only_side_by_side_and_a_failing_variant_is_isolated(
         "convert.onnx_quantize": "[]", "convert.selective_int8": "false", "train.epochs": 3,
         "benchmark.profile": "false",
     }
-    first = run_smoke_with(live_services, tmp_path / "first.json", overrides)
+    twin = {**overrides, "name": "failing-variant-twin", "work_dir": tmp_path / "twin"}
+    started = [start_smoke_with(live_services, tmp_path / "first.json", overrides),
+               start_smoke_with(live_services, tmp_path / "twin.json", twin)]
+    first, twin_summary = (finish_smoke(process, tmp_path / f"{name}.json")
+                           for process, name in zip(started, ("first", "twin"), strict=True))
     assert first["since_last_run"] is None, "the config's first run"
+    _two_at_once_lost_nothing(live_services, [first, twin_summary])
     same = run_smoke_with(live_services, tmp_path / "same.json", overrides)
     since = same["since_last_run"]
     assert since["previous_run_id"] == first["mlflow_run_id"]
@@ -145,3 +152,59 @@ def _regression_events(api_url: str, resource_id: str, wait_s: float = 60.0) -> 
         if mine or time.monotonic() > deadline:
             return mine
         time.sleep(1)
+
+
+def _two_at_once_lost_nothing(settings, summaries: list[dict]) -> None:
+    """Both runs' MLflow parents, children, metrics and Prefect task runs are all there."""
+    assert summaries[0]["mlflow_run_id"] != summaries[1]["mlflow_run_id"]
+    params = [_mlflow_holds(settings, summary) for summary in summaries]
+    assert params[0] == params[1], "both parents hold every parameter"
+    task_runs = [_task_runs(settings, s["prefect_flow_run_id"]) for s in summaries]
+    for runs in task_runs:
+        assert runs and {run["state_type"] for run in runs} == {"COMPLETED"}
+    names = [Counter(run["name"].rsplit("-", 1)[0] for run in runs) for runs in task_runs]
+    assert names[0] == names[1], "the same pipeline twice: the same task runs in each"
+
+
+def _post(url: str, body: dict) -> list[dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def _task_runs(settings, flow_run_id: str) -> list[dict]:
+    """The task runs of a flow run and of its subflow runs, read back from the Prefect API."""
+    api = settings.prefect_api_url
+    runs = [flow_run_id] + [run["id"] for run in _post(
+        f"{api}/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}})]
+    flow_runs = _post(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": runs}}})
+    assert {run["state_type"] for run in flow_runs} == {"COMPLETED"}
+    return _post(f"{api}/task_runs/filter", {"flow_runs": {"id": {"any_": runs}}})
+
+
+def _mlflow_holds(settings, summary: dict) -> set[str]:
+    """Assert MLflow has the parent run and each variant's child with the summary's figures.
+
+    Counted in PostgreSQL's own tables too; the parent's parameter names are returned.
+    """
+    client = MlflowClient(settings.mlflow_url)
+    parent = client.get_run(summary["mlflow_run_id"])
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    by_name = {child.info.run_name: child for child in children}
+    assert sorted(by_name) == sorted(v["name"] for v in summary["variants"])
+    for variant in summary["variants"]:
+        child = by_name[variant["name"]]
+        assert child.data.tags["tfopt.status"] == variant["status"]
+        if variant["status"] == "ok":
+            assert child.data.metrics["latency_p50_ms"] == pytest.approx(
+                variant["latency_ms"]["p50"], rel=1e-6)
+            assert child.data.metrics["accuracy"] == pytest.approx(variant["accuracy"])
+    stored = postgres_query(settings, "mlflow",
+                            "SELECT count(*) FROM runs WHERE run_uuid = ANY(%s)",
+                            [parent.info.run_id, *(c.info.run_id for c in children)])[0][0]
+    assert stored == 1 + len(children)
+    return set(parent.data.params)
