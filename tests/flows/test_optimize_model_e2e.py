@@ -39,10 +39,7 @@ EXPECTED_OK = {
     "baseline-tflite-int8", "baseline-onnx", "baseline-onnx-int8", "baseline-openvino",
     "baseline-openvino-int8",
 }
-EXPECTED_COMPRESSED = {
-    "pruned-80-graph", "pruned-80-tflite-int8", "distilled-small-graph",
-    "distilled-small-tflite-int8", "qat-tflite-int8",
-}
+EXPECTED_COMPRESSED = {"pruned-80-tflite-int8", "distilled-small-tflite-int8", "qat-tflite-int8"}
 LATENCY_KEYS = {"p50", "p90", "p99", "mean", "std"}
 VARIANT_KEYS = {"name", "format", "precision", "status", "error", "size_bytes", "gzip_bytes",
                 "accuracy", "latency_ms", "throughput_per_s"}
@@ -100,10 +97,11 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert all(pipeline[k] > 0 for k in pipeline if k != "cache")
     by_name = {v["name"]: v for v in summary["variants"]}
     search = summary["search"]["channel_prune"]
-    channels = ({f"channels-{round(search['chosen'] * 100)}-{form}"
-                 for form in ("graph", "tflite-int8")} if search["chosen"] is not None
-                else {"channels-auto-graph", "channels-auto-tflite-int8"})
-    depth = {"depth-auto-graph", "depth-auto-tflite-int8"}
+    channels = ({f"channels-{round(search['chosen'] * 100)}-tflite-int8"}
+                if search["chosen"] is not None else {"channels-auto-tflite-int8"})
+    depth = {"depth-auto-tflite-int8"}
+    assert not [name for name in by_name if name.endswith("-graph")
+                and not name.startswith("baseline")], "smoke's compress.graph: false"
     assert set(by_name) == EXPECTED_OK | EXPECTED_COMPRESSED | channels | depth | {
         "baseline-tftrt-fp32", "baseline-graph-bfloat16", "baseline-tflite-selective-int8"}
     for name in depth:

@@ -36,7 +36,7 @@ CANNOT = {
                    "pruned-80-tflite-int8": "prune works on keras models"},
     "tflite": {"baseline-onnx": "benchmarked as it is", "qat-tflite-int8": "qat works on keras"},
     "onnx": {"baseline-savedmodel": "benchmarked as it is",
-             "distilled-small-graph": "distill works on keras"},
+             "distilled-small-tflite-int8": "distill works on keras"},
 }
 # The variant that is the user's model itself (or its re-export with the serving contract).
 THEIRS = {"savedmodel": "baseline-savedmodel", "tflite": "baseline-tflite-fp32",
