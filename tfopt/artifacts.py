@@ -316,10 +316,14 @@ class Runoff(_Frozen):
     """The contender the others' p50s are paired with (the baseline's int8 TFLite file when it
     took part); None: each contender's own median."""
 
+    def round_ratios(self, name: str, to: str) -> list[float]:
+        """`name`'s time over `to`'s in each round, in round order."""
+        return [mine / theirs for mine, theirs in
+                zip(self.round_p50_ms[name], self.round_p50_ms[to], strict=True)]
+
     def ratio(self, name: str, to: str) -> float:
         """`name`'s time over `to`'s: the median of their ratios round by round."""
-        return _median([mine / theirs for mine, theirs in
-                        zip(self.round_p50_ms[name], self.round_p50_ms[to], strict=True)])
+        return _median(self.round_ratios(name, to))
 
     def p50(self, name: str) -> float:
         """A contender's run-off p50: the median of its paired rounds (`paired_rounds`)."""
@@ -335,9 +339,7 @@ class Runoff(_Frozen):
         Paired within each round, so a round both files ran slow in cancels out; the
         interval holds 1.0 when the rounds did not tell the two files apart.
         """
-        return median_interval([mine / theirs for mine, theirs in
-                                zip(self.round_p50_ms[name], self.round_p50_ms[to],
-                                    strict=True)])
+        return median_interval(self.round_ratios(name, to))
 
     def paired_rounds(self, name: str) -> list[float]:
         """`name`'s round p50s, each paired with the anchor's round.

@@ -63,8 +63,7 @@ def side_by_side_verdict(runoff: Runoff, old: str, new: str,
                          threshold: float) -> dict[str, Any]:
     """Whether `new` is slower than `old` in every round of `runoff`, by `threshold` overall."""
     ratio = runoff.ratio(new, old)
-    round_ratios = [after / before for after, before in
-                    zip(runoff.round_p50_ms[new], runoff.round_p50_ms[old], strict=True)]
+    round_ratios = runoff.round_ratios(new, old)
     slower_every_round = min(round_ratios) > 1.0
     return {"verdict": ("confirmed" if slower_every_round and ratio >= 1.0 + threshold
                         else "not_confirmed"),

@@ -27,6 +27,7 @@ from tfopt.artifacts import (
     Runoff,
     VariantResult,
     VariantSpec,
+    median_interval,
 )
 from tfopt.config import MeasurementProtocol, resolve_cpus
 from tfopt.fileio import atomic_write_json, gzip_size_bytes, path_size_bytes
@@ -69,7 +70,7 @@ def p50_interval(samples_ms: np.ndarray) -> tuple[float, float]:
     if len(samples_ms) < P50_WINDOWS:
         return float(np.min(samples_ms)), float(np.max(samples_ms))
     medians = [float(np.median(window)) for window in np.array_split(samples_ms, P50_WINDOWS)]
-    return min(medians), max(medians)
+    return median_interval(medians)
 
 
 def p50_settled(samples_ms: np.ndarray, width: float) -> bool:
