@@ -1,4 +1,5 @@
-# tfopt: `make run` sets everything up and runs the demo; `make test` sets up and runs the tests.
+# tfopt: `make run` sets everything up (servers, a worker, the deployments) and runs the demo;
+# `make test` sets up and runs the tests.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -38,6 +39,7 @@ db-deps:
 run: install
 	$(BIN)/tfopt up
 	$(BIN)/tfopt demo-data
+	$(BIN)/tfopt deploy
 	$(BIN)/tfopt run --config configs/demo.yaml --summary-json .tfopt/demo-summary.json
 
 test: install browser-deps db-deps
@@ -57,7 +59,7 @@ status: install
 	$(BIN)/tfopt status
 
 serve: install
-	$(BIN)/tfopt up
+	$(BIN)/tfopt up --no-worker
 	$(BIN)/tfopt demo-data
 	$(BIN)/tfopt serve
 

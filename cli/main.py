@@ -21,12 +21,15 @@ from tfopt import supervision
 from tfopt.config import ConfigError, load_config, resolve_cpus
 from tfopt.services import (
     DATABASES,
+    LOCAL_WORK_POOL,
     ServiceError,
     ServiceSettings,
     redact,
     service_status,
     start_services,
+    start_worker,
     stop_services,
+    worker_pid,
 )
 
 # Wide enough for the summary table when output goes to a file or a CI log.
@@ -38,6 +41,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     console.print(f"starting local services on {settings.db} (state in {settings.state_dir}) ...")
     for line in start_services(settings):
         console.print(line)
+    if args.worker:
+        console.print(start_worker(settings))
     _print_addresses(settings)
     os.environ["PREFECT_API_URL"] = settings.prefect_api_url
     supervision.point_at_services()  # the password a first start just made, for the clean-up
@@ -56,6 +61,8 @@ def _cmd_status(_: argparse.Namespace) -> int:
     status = service_status(settings)
     for name, healthy in status.items():
         console.print(f"{name}: {'up' if healthy else 'down'}")
+    pid = worker_pid(settings)
+    console.print(f"worker: {'down' if pid is None else f'up (pid {pid})'}")
     _print_addresses(settings)
     return 0 if all(status.values()) else 1
 
@@ -95,13 +102,19 @@ def _say(lines: list[str]) -> None:
 
 
 def _report(summary: dict, summary_json: Path | None) -> None:
-    """Write the summary JSON if asked and print the variants table."""
+    """Write the summary JSON if asked; print the measured variants and the ones not measured."""
     from tfopt.fileio import atomic_write_json
-    from tfopt.report.summary import summary_table
+    from tfopt.report.terminal import measured_table, not_measured_lines
 
     if summary_json:
         atomic_write_json(summary_json, summary)
-    console.print(summary_table(summary))
+    console.print(measured_table(summary))
+    lines = not_measured_lines(summary)
+    if lines:
+        count = sum(1 for entry in summary["variants"] if entry["status"] != "ok")
+        console.print(f"not measured ({count} variants):", highlight=False)
+        for line in lines:
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -131,20 +144,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     summary = supervision.supervised(lambda: optimize_model(config=config), api_url,
                                      config.work_dir, run_log)
-    _report(summary, args.summary_json)
     ip = summary["input_pipeline"]
     console.print(
         f"input pipeline: naive {ip['naive_examples_per_s']:,.0f} ex/s, tuned "
         f"{ip['tuned_examples_per_s']:,.0f} ex/s, cached {ip['cached_examples_per_s']:,.0f} ex/s"
     )
-    console.print(f"champion: {summary['champion'] or 'none'} ({summary['champion_reason']})")
-    prefect_ui = api_url.removesuffix("/api")
-    console.print(f"Prefect UI: {prefect_ui}/runs/flow-run/{summary['prefect_flow_run_id']}")
-    console.print(f"MLflow UI:  {summary['mlflow_run_url']}")
+    _report(summary, args.summary_json)
     if args.summary_json:
-        console.print(f"summary: {args.summary_json}")
+        console.print(f"summary JSON: {args.summary_json}", highlight=False)
     elif args.print_json:
         print(json.dumps(summary, indent=2))
+    from tfopt.report.terminal import verdict_lines
+
+    for line in verdict_lines(summary, api_url.removesuffix("/api")):
+        console.print(line, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -266,11 +279,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_deploy(args: argparse.Namespace) -> int:
     from deployments.serve import deploy_to_work_pool, load_deployment_specs, work_pool_names
 
-    supervision.connect_services()
+    api_url, _ = supervision.connect_services()
     for line in deploy_to_work_pool(source=args.source):
         console.print(line, highlight=False)
+    local = ServiceSettings.from_env()
     for pool in work_pool_names(load_deployment_specs()):
-        console.print(f"start a worker for them: tfopt worker --pool {pool}")
+        if pool == LOCAL_WORK_POOL and worker_pid(local) is not None:
+            console.print(f"the worker `tfopt up` started runs them: trigger one from "
+                          f"{api_url.removesuffix('/api')}/deployments", highlight=False)
+        else:
+            console.print(f"start a worker for them: tfopt worker --pool {pool}")
     return 0
 
 
@@ -286,21 +304,35 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     os.execv(prefect, [str(prefect), "worker", "start", "--pool", args.pool, "--type", "process"])
 
 
+def _cmd_docs(_: argparse.Namespace) -> int:
+    from cli.config_docs import write_configuration
+
+    console.print(f"wrote {write_configuration()}", highlight=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `tfopt` command."""
     parser = argparse.ArgumentParser(prog="tfopt", description=__doc__)
     parser.add_argument("--verbose", action="store_true",
                         help="on an error, show its traceback too (TFOPT_VERBOSE=1 does the same)")
     commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("up", help="start the local Prefect and MLflow servers")
+    up = commands.add_parser("up", help="start the local Prefect and MLflow servers and a "
+                             "Prefect worker for the deployments")
     up.add_argument("--db", choices=DATABASES, default=None,
                     help="their database: SQLite files (the default) or a local PostgreSQL "
                     "server started with them (TFOPT_DB sets the default)")
+    up.add_argument("--no-worker", dest="worker", action="store_false",
+                    help="do not start the Prefect worker of the local process work pool")
     up.set_defaults(handler=_cmd_up)
-    commands.add_parser("down", help="stop the local servers").set_defaults(handler=_cmd_down)
+    commands.add_parser("down", help="stop the local servers and the worker").set_defaults(
+        handler=_cmd_down)
     commands.add_parser("status", help="are the local servers answering?").set_defaults(
         handler=_cmd_status
     )
+    commands.add_parser(
+        "docs", help="write docs/configuration.md from the parameters' schema"
+    ).set_defaults(handler=_cmd_docs)
     demo = commands.add_parser("demo-data", help="write the built-in demo images")
     demo.add_argument("--out", type=Path, default=Path("data/demo"))
     demo.add_argument("--image-size", type=int, default=32)
@@ -383,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tfopt` console script."""
     args = build_parser().parse_args(argv)
     supervision.point_at_services()
-    if args.command in ("run", "benchmark") and not supervision.wants_verbose(args.verbose):
+    if (args.command in ("run", "benchmark", "deploy")
+            and not supervision.wants_verbose(args.verbose)):
         terminal = supervision.route_libraries_early()
         if terminal is not None:
             console.file = terminal

@@ -1,6 +1,6 @@
 """The main pipeline: image folder -> TFRecords -> training -> variants -> benchmarks -> summary.
 
-`optimize_model` reads like the README's diagram: prepare the data, train the baseline, build
+`optimize_model` reads like docs/pipeline.md's diagram: prepare the data, train the baseline, build
 its variants and the compressed ones, benchmark them all, pick a champion, report. Each step
 logs its result to MLflow through `tfopt.tracking`'s typed functions.
 """
@@ -104,7 +104,7 @@ class _Measured:
 
 @flow(
     name="optimize_model",
-    flow_run_name="{config.name}-{config.model.architecture}",
+    flow_run_name="{config.name}-{config.model.label}",
     log_prints=True,
 )
 def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
@@ -161,6 +161,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         summary = _with_budget(_since_last_run(
             config, run, {**summary, "search": compressed.searches}, run_dir,
             (results, inputs), budget), budget, cuts)
+        summary = {**summary, "report": str(run_dir / "report" / "report.md")}
         _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
@@ -467,6 +468,7 @@ def _summarize(
         runoff=runoff,
         extras={
             "config_name": config.name,
+            "accuracy_budget_points": bench.accuracy_budget_points,
             "mlflow_run_url": run.url,
             "environment": environment(bench.threads, tf_threads, resolve_cpus(bench.cpus)),
             "champion_model": champion_model,

@@ -58,9 +58,8 @@ AUTOMATIC_PLAN: dict[str, Any] = {
 strength of channel and depth pruning searched, distillation kept only where it pays, int8 of
 every compressed model on every runtime (``convert`` and ``runtimes`` only where the config does
 not set them). Depth pruning's search tries removing every residual block first, then bisects
-below only after the other searches (`flows.compress_model`): on EfficientNetB0 (30 minutes)
-its first trial is the 2x candidate; run after channel pruning's search, or bisecting from
-62.5%, it was cut or never tried 100% (2.19x once, then 1.0x twice)."""
+below only after the other searches (`flows.compress_model`): run after channel pruning's
+search, or bisecting from the middle, it was cut or never tried 100% (docs/measurements.md)."""
 
 
 class PipelineConfig(Section):

@@ -72,11 +72,8 @@ class ChannelPruneConfig(TechniqueSection):
 KNOB = Knob("fraction", SEARCHED_SHARES, unit="%", first=0.75)
 """What ``fraction: auto`` searches, weakest first; when the time left holds fewer rounds than a
 bisection takes (`tfopt.search.Search.starts_at_first`), its first trial removes 75% of the
-filters. Where the searches found the answer (2 cores, Intel): MobileNetV2 at 160 px kept the
-budget at 75% in 3 of 4 runs that tried it (1.84-2.55x baseline-tflite-int8's speed; 62.5% gave
-1.61x, 50% 1.49-1.63x), EfficientNetB0 at 64 px in 1 of 3 (2.38x); the demo's small CNN lost 4.9
-points there. From the middle (50%) a bisection needs a second trial to reach 75%, and on
-bench.yaml the window the searches get after depth pruning's trial holds one."""
+filters, where production-size networks most often kept the budget (docs/measurements.md): from
+the middle (50%) a bisection needs a second trial to reach it."""
 
 
 def channels_name(cfg: ChannelPruneConfig) -> str:

@@ -71,11 +71,8 @@ class DepthPruneConfig(TechniqueSection):
 
 KNOB = Knob("share", DEPTH_SHARES, unit="%", first=DEPTH_SHARES[-1])
 """What ``share: auto`` searches, weakest first; its first trial removes every removable block.
-Depth's accuracy is not monotonic in the share: on EfficientNetB0 (64 px, demo data) 100% came
-back to a 0.9909 baseline's budget at its 12-epoch cap on 3 of 3 seeds, and cooling down once
-back (``cool_down_epochs``) on 3 of 3 in 54 s (test 0.9838 [0.9818, 0.9848] both,
-`benchmarks/prune_recovery.py`), 62.5% on 2 of 3 stopped at its first epoch without a gain; a
-bisection from 62.5% never tried 100%."""
+Depth's accuracy is not monotonic in the share (every block removed can recover where a part
+does not: docs/measurements.md), and a bisection from the middle never tries 100%."""
 
 
 def depth_name(cfg: DepthPruneConfig) -> str:

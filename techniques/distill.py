@@ -6,24 +6,16 @@ CE(labels, student) + (1 - alpha) * T^2 * KL(softmax(teacher / T) || softmax(stu
 The same student trained from scratch with the same budget is the control, so the gain (or
 loss) from the teacher is visible.
 
-The recipe was picked by measurement on the demo (gain = distilled - scratch test accuracy in
-points, figures in configs/demo.yaml). Both students' learning rate decays to zero along a
-cosine by default: at a constant rate each ended wherever its last epochs happened to land, and
-the gain swung by up to 8 points between seeds (paired on identical batches, 5 seeds: T4 -1.09,
-range -7.90 to +3.34), so no recipe could be told from another. Decayed, temperature 1 beat 2
-and 4 every time: a student this small cannot follow the teacher's softened logits, only its
-plain probabilities. benchmarks/distillation.py reruns the paired comparison.
+The recipe was picked by measurement (benchmarks/distillation.py, figures in
+docs/measurements.md). Both students' learning rate decays to zero along a cosine by default:
+at a constant rate each ends wherever its last epochs happen to land, and no recipe can be
+told from another. Temperature 1: a small student cannot follow the teacher's softened logits,
+only its plain probabilities.
 
-What made the student beat its control is where it starts (`student_init: teacher`): from the
+What makes the student beat its control is where it starts (`student_init: teacher`): from the
 teacher's most important filters of each convolution the two share by name (width pruning of
-the teacher, then distillation, as NVIDIA's Minitron recipe does). benchmarks/distillation.py
-on the demo (width 8, 20 cosine epochs, 5 paired seeds, gain over scratch in points): from the
-teacher's filters T1 a0.75 +2.07 [+0.91, +3.34], a0.5 +2.01, T2 a0.5 +1.76, labels only (a1)
-+1.76; from random weights T1 a0.75 +0.18 [-0.30, +0.91], a0.5 +0.24, T2 a0.5 -0.36. What the
-student lacked was mostly in the teacher's weights, and its outputs add a little on top (a0.75
-over a1). Given enough epochs the student from scratch reaches the teacher and the start adds
-little (`--epochs 100`, 3 seeds: scratch 0.985-0.991, a0.75 +0.30 [-0.30, +0.91]): the start
-buys in 20 epochs what scratch needs 100 for.
+the teacher, then distillation, as NVIDIA's Minitron recipe does). What the student lacks is
+mostly in the teacher's weights; its outputs add a little on top.
 """
 
 from __future__ import annotations

@@ -96,3 +96,25 @@ def test_parameters_without_a_file_validate_into_any_flow_schema():
     assert config.model == "m.tflite" and config.benchmark.threads == 1
     with pytest.raises(ConfigError, match=r"benchmark\.threads"):
         load_config(None, {"benchmark.threads": 0}, BenchmarkOnlyConfig)
+
+
+@pytest.mark.parametrize(
+    ("model", "label"),
+    [
+        ({"architecture": "efficientnet_b0"}, "efficientnet_b0"),
+        ({"source": "file", "path": "models/mini_xception.hdf5"}, "mini_xception"),
+        ({"source": "file", "path": "exported/classifier"}, "classifier"),
+        ({"source": "builder", "builder": "resnetish.py:build_resnet"}, "resnetish-build_resnet"),
+        ({"source": "builder", "builder": "my_pkg.models:build"}, "models-build"),
+    ],
+)
+def test_run_names_name_the_model_that_ran(model, label):
+    config = PipelineConfig.model_validate({"name": "mine", "model": model})
+    assert config.model.label == label
+
+
+def test_the_configuration_reference_matches_the_schema():
+    from cli.config_docs import CONFIGURATION_MD, pipeline_configuration
+
+    assert CONFIGURATION_MD.read_text(encoding="utf-8") == pipeline_configuration(), (
+        "docs/configuration.md is out of date: run `tfopt docs`")

@@ -302,11 +302,10 @@ class Runoff(_Frozen):
     """The contenders for champion timed again side by side (see `tfopt.measurement.runoff`).
 
     Figures are paired round by round: on a shared machine the speed can flip within seconds
-    (an AMD EPYC VM here ran every file about 2x slower for seconds at a time, flipping in the
-    middle of run-offs), and the median of each contender's rounds alone can then take one from
-    its fast rounds and the other from its slow ones. Twelve run-offs of the same two files
-    (EfficientNetB0 int8 and its depth-pruned child, 2 threads): the ratio of their medians
-    read 1.87-3.16x, the median of their per-round ratios 2.13-2.33x (LiteRT's own tool: 2.1-2.5x).
+    (a virtual machine may run every file about 2x slower for seconds at a time), and the
+    median of each contender's rounds alone can then take one from its fast rounds and the
+    other from its slow ones; the median of per-round ratios agrees with the vendor's tool
+    where the ratio of medians does not (docs/measurements.md, "Run-off").
     """
 
     rounds: int

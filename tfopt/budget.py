@@ -1,12 +1,12 @@
 """A run within ``budget.minutes``: each phase's deadline, the benchmark sized to fit, the cuts.
 
 The plan reserves the end of the budget for the planned variants' conversions and measurements
-(`BUILD_S` and `MEASURE_S` each, measured on the demo) and the finish (`FINISH_S`, more for a larger
-model), and gives the rest to the work before them: the data and the baseline's training end by
-`BASELINE_SHARE` of it, the searches and fine-tunings at its end. Trainings stop at their phase's
-deadline (`tfopt.models.training.StopWhenDone`), a search starts no round it cannot finish, and the
-benchmark protocol is shortened to what the time left allows for the variants built. Every cut is
-recorded, and the run says at its start what it plans and at its end what was cut.
+(`BUILD_S` and `MEASURE_S` each, from the demo: docs/measurements.md) and the finish (`FINISH_S`,
+more for a larger model), and gives the rest to the work before them: the data and the baseline's
+training end by `BASELINE_SHARE` of it, the searches and fine-tunings at its end. Trainings stop at
+their phase's deadline (`tfopt.models.training.StopWhenDone`), a search starts no round it cannot
+finish, and the benchmark protocol is shortened to what the time left allows for the variants built.
+Every cut is recorded, and the run says at its start what it plans and at its end what was cut.
 """
 
 from __future__ import annotations
@@ -23,15 +23,12 @@ BASELINE_SHARE = 0.45
 """The share of the time before the compressed variants' conversions that the data, the
 baseline's training and its own variants' conversions get."""
 BUILD_S = 1.5
-"""Per planned variant, its conversion (measured on the demo: 59 s for 36)."""
+"""Per planned variant, its conversion."""
 MEASURE_S = 3.2
-"""Per variant, what a measurement costs besides its timing: its process, load, floor, profile
-(measured on the demo: 105-115 s for 34 variants timed 0.3 s each)."""
+"""Per variant, what a measurement costs besides its timing: its process, load, floor, profile."""
 MEASURE_S_PER_INPUT_MB = 0.11
 """Beside `MEASURE_S`, per MB of the test inputs every variant is fed: its accuracy pass runs
-them all (Intel Xeon, 2 cores, 329 test images: LiteRT, ONNX and OpenVINO files took 15-17 s
-each at 160 px, 101 MB, and 5.6-6.4 s at 64 px, 16 MB, whether MobileNetV2, MobileNetV3Small
-or EfficientNetB0)."""
+them all, whatever the network (docs/measurements.md, "Time budget costs")."""
 TENSORFLOW_MEASURE_S_PER_MB = 1.2
 """Beside that, per MB of the baseline's SavedModel, for each TensorFlow variant (graph,
 SavedModel, XLA): its process loads and traces the model (the same runs: 11 s a variant for
@@ -239,15 +236,12 @@ class Budget(BaseModel):
 class MeasurementCosts:
     """What the measurements so far cost beside their timing, by format.
 
-    A TensorFlow variant's measuring process costs far more than a LiteRT file's (the
-    EfficientNetB0 minimal config on an Intel Xeon: 30-40 s against 5-7 s): sized by the mean of
-    the first ones, which are the baseline's TensorFlow variants, the LiteRT, ONNX and OpenVINO
-    files after them had their timing cut to 0.3 s each, and the run ended 8 minutes early.
-    A format not measured yet is sized by the dearest one measured, or, given the `planned` cost
-    of each format (`Budget.planned_measurement_s`), by its own planned cost times the most any
-    measured format cost over its plan (bench.yaml on an AMD EPYC: the graph's 46 s against 37
-    planned; priced as dear, the files after it were timed 0.3 s and the run ended 4.5 minutes
-    early).
+    A TensorFlow variant's measuring process costs several times a LiteRT file's: sized by the
+    mean of the first ones (the baseline's TensorFlow variants), the files after them would
+    have their timing cut short and the run end minutes early. A format not measured yet is
+    sized by the dearest one measured, or, given the `planned` cost of each format
+    (`Budget.planned_measurement_s`), by its own planned cost times the most any measured
+    format cost over its plan.
     """
 
     def __init__(self, planned: Callable[[str], float] | None = None) -> None:

@@ -65,14 +65,17 @@ def use_run_temp_dir(work_dir: Path) -> Path:
     Returns:
         The folder.
     """
-    import atexit
+    from multiprocessing.util import Finalize
 
     root = work_dir / RUN_TEMP
     root.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f"tfopt-run-{os.getpid()}-", dir=root))
+    folder = Path(tempfile.mkdtemp(prefix=f"tfopt-run-{os.getpid()}-", dir=root)).resolve()
     os.environ["TMPDIR"] = str(folder)
     tempfile.tempdir = str(folder)
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    # After multiprocessing's own exit finalizers (its `pymp-*` folder lives in this one, removed
+    # at priority -100): removed before them, that removal would print a traceback at exit.
+    Finalize(None, shutil.rmtree, args=(folder,), kwargs={"ignore_errors": True},
+             exitpriority=-200)
     return folder
 
 

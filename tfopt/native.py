@@ -1,8 +1,8 @@
 """Steps that run a model natively, each in a child process: a crash ends the child, not the run.
 
 TensorFlow's kernels, its converters, ONNX Runtime's and OpenVINO's run a user's model in native
-code; a segfault there (seen: oneDNN's training kernels on a Keras 2-era model, on an AMD EPYC)
-would take the whole run down with no word. Every such step runs here instead:
+code; a segfault there (oneDNN's training kernels have crashed on a Keras 2-era model on some
+CPUs: docs/limits.md) would take the whole run down with no word. Every such step runs here instead:
 
 - in a child of a fork server that imported TensorFlow once (`multiprocessing`'s forkserver, so
   a step starts in milliseconds, not seconds), or in a fresh interpreter where a fork server

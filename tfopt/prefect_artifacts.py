@@ -55,7 +55,7 @@ REGRESSION_EVENT = "tfopt.regression"
 def emit_regression_event(config_name: str, run_url: str, since: dict[str, Any]) -> None:
     """Emit the Prefect event ``tfopt.regression`` when a run regressed since the last one.
 
-    A Prefect automation can notify on it (README: "Runs that compare themselves"); its
+    A Prefect automation can notify on it (docs/operations.md: "Since the last run"); its
     payload holds the regressions (variant, what moved, before, after) and the runs compared.
     """
     from prefect.events import emit_event

@@ -43,10 +43,8 @@ WARMUP_EPOCHS = 2
 """Epochs every trial gets before the pruner may stop it."""
 TRIAL_FORMS = ("int8", "fp32")
 """The TFLite precisions a trial converts its model to and times. int8 is usually the faster,
-not everywhere: on an Intel Xeon with AMX a MobileNetV2 without 62.5% of its filters ran its fp32
-file 1.16x faster than its int8 one (bare loop, 2 threads), and a MobileNetV3Small's (64 px)
-int8 file was 2.5x slower than its fp32 one side by side; timed in int8 alone, both of its
-channel-pruning trials fell 0.8 points short on the test split and the search chose nothing."""
+not on every CPU and network (a thinned network's fp32 file has run faster than its int8 one:
+docs/measurements.md), so a trial counts as its fastest file within the budget."""
 
 
 @dataclass(frozen=True)
@@ -219,10 +217,8 @@ class Search:
 
         Always for the strongest value; for another, when the time left before `deadline`
         holds fewer rounds than a bisection takes, each as long as `expected_round_s` (none
-        known: the middle). On bench.yaml (MobileNetV2, 160 px, 30 minutes) the searches'
-        window holds two trials of about 2.5 minutes, depth pruning's and one more: from the
-        middle that one was 50% of the filters (1.56x), from 75% 2.48x; on the demo's small
-        CNN three trials fit, and 75% is over the budget there.
+        known: the middle). A short window may hold one trial after the first, and the
+        middle is then all it tries.
         """
         knob = self.knob
         if knob.first is None or knob.strongest_first:
@@ -345,10 +341,9 @@ def time_files(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProto
     file is within the budget when its accuracy on the test split keeps `test_target`, however
     its model's validation read; given the baseline's int8 file (`reference`), the trial's files
     within the budget are then timed side by side with it in one process
-    (`tfopt.measurement.runoff`) for their speed-ups: measured on bench.yaml, one trial's own
-    turn read 0.49 ms where its file reads 0.28 ms in a bare loop (a measuring process now and
-    then runs slow its whole life), which made a stronger setting look slower than a weaker
-    one. The trial's figures are then its fastest file's (`with_timed_files`).
+    (`tfopt.measurement.runoff`) for their speed-ups: a measuring process now and then runs
+    slow its whole life, which would make a stronger setting look slower than a weaker one. The
+    trial's figures are then its fastest file's (`with_timed_files`).
     """
     from tfopt.logs import step_logger
 

@@ -3,8 +3,10 @@
 `tfopt up` starts both in the background (their own process groups, so they outlive the
 command), writes their pids and logs under the state folder, and waits until each answers its
 health check. Their stores are SQLite files by default; with `--db postgres` both use a local
-PostgreSQL server that `tfopt up` starts first (`tfopt.postgres`). Running it again while they
-are healthy does nothing; `tfopt down` stops all of them.
+PostgreSQL server that `tfopt up` starts first (`tfopt.postgres`). It then starts a Prefect
+worker on the local process work pool (`start_worker`), so deployments run from the Prefect UI
+with no second terminal. Running it again while they are healthy does nothing; `tfopt down`
+stops all of them, the worker first.
 """
 
 from __future__ import annotations
@@ -187,7 +189,11 @@ def _services(settings: ServiceSettings) -> list[_Service]:
     return [prefect, mlflow]
 
 
-SERVICE_NAMES = ("postgres", "prefect", "mlflow")
+SERVICE_NAMES = ("postgres", "prefect", "mlflow", "worker")
+"""In start order; `stop_services` stops them in reverse (the worker before its server)."""
+LOCAL_WORK_POOL = "tfopt-process"
+"""The process work pool of `deployments/prefect.yaml`, whose worker `tfopt up` starts."""
+PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
 def _database_file(state_dir: Path) -> Path:
@@ -322,6 +328,74 @@ def start_services(settings: ServiceSettings, timeout_s: float = 180.0) -> list[
     return messages
 
 
+def worker_env(settings: ServiceSettings) -> dict[str, str]:
+    """What a worker's flow runs need to find the servers of `settings` (and their password)."""
+    env = {
+        "PREFECT_API_URL": settings.prefect_api_url,
+        "TFOPT_HOME": str(settings.state_dir), "TFOPT_HOST": settings.host,
+        "TFOPT_PREFECT_PORT": str(settings.prefect_port),
+        "TFOPT_MLFLOW_PORT": str(settings.mlflow_port),
+        "TFOPT_POSTGRES_PORT": str(settings.postgres_port), "TFOPT_DB": settings.db,
+    }
+    if requires_auth(settings.host):
+        env["PREFECT_API_AUTH_STRING"] = f"{AUTH_USER}:{server_password(settings.state_dir)}"
+    return env
+
+
+def _worker_is_registered(settings: ServiceSettings, pool: str, name: str) -> bool:
+    """Whether the Prefect server lists a worker called `name` on `pool`."""
+    import json
+
+    request = urllib.request.Request(
+        f"{settings.prefect_api_url}/work_pools/{pool}/workers/filter", data=b"{}",
+        headers={"Content-Type": "application/json"}, method="POST")
+    if requires_auth(settings.host):
+        import base64
+
+        secret = f"{AUTH_USER}:{server_password(settings.state_dir)}"
+        request.add_header("Authorization",
+                           "Basic " + base64.b64encode(secret.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return any(worker.get("name") == name for worker in json.load(response))
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def worker_pid(settings: ServiceSettings) -> int | None:
+    """The pid of the worker `start_worker` started, while it runs."""
+    return _read_pid(_pid_file(settings, "worker"))
+
+
+def start_worker(settings: ServiceSettings, pool: str = LOCAL_WORK_POOL,
+                 timeout_s: float = 180.0) -> str:
+    """Start a Prefect worker on the process work `pool` unless one of ours runs already.
+
+    Its flow runs start in this checkout with the servers of `settings`, so a deployment
+    registered by `tfopt deploy` runs from the Prefect UI's Run button. The pool is created
+    if missing (a process pool).
+
+    Returns:
+        One line saying what happened.
+
+    Raises:
+        ServiceError: The worker exited or did not register with the server in time.
+    """
+    pid = worker_pid(settings)
+    if pid is not None:
+        return f"worker: already running (pid {pid}) on work pool {pool}"
+    name = f"tfopt-local-{secrets.token_hex(3)}"
+    worker = _Service(
+        name="worker", port=0, address=f"work pool {pool}",
+        ready=lambda: _worker_is_registered(settings, pool, name),
+        command=[_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process",
+                 "--name", name],
+        env=worker_env(settings))
+    process = _spawn(settings, worker, cwd=PROJECT_DIR)
+    _wait_healthy(settings, worker, process, timeout_s)
+    return f"worker: started (pid {process.pid}) on work pool {pool}"
+
+
 def _refuse_other_database(settings: ServiceSettings) -> None:
     running = running_database(settings.state_dir)
     if running and running != settings.db and any(service_status(settings).values()):
@@ -349,13 +423,14 @@ def _postgres_setup(settings: ServiceSettings) -> list[str]:
     return [created] if created else []
 
 
-def _spawn(settings: ServiceSettings, service: _Service) -> subprocess.Popen:
+def _spawn(settings: ServiceSettings, service: _Service,
+           cwd: Path | None = None) -> subprocess.Popen:
     log_path = _log_file(settings, service.name)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     (settings.state_dir / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
     (settings.state_dir / "prefect").mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **service.env}
-    env.pop("PREFECT_API_URL", None)
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    env.update(service.env)
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             service.command,
@@ -363,7 +438,7 @@ def _spawn(settings: ServiceSettings, service: _Service) -> subprocess.Popen:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            cwd=settings.state_dir,
+            cwd=cwd or settings.state_dir,
             start_new_session=True,
             user=service.user,
         )
@@ -395,7 +470,8 @@ def _wait_healthy(
 def stop_services(settings: ServiceSettings, timeout_s: float = 30.0) -> list[str]:
     """Stop the servers that `start_services` started (by their pid files); idempotent.
 
-    Prefect and MLflow go first, then the PostgreSQL server they used, if any.
+    The worker goes first, then Prefect and MLflow, then the PostgreSQL server they used, if
+    any.
 
     Args:
         settings: The same state folder the servers were started with.
@@ -409,7 +485,7 @@ def stop_services(settings: ServiceSettings, timeout_s: float = 30.0) -> list[st
         pid_path = _pid_file(settings, name)
         pid = _read_pid(pid_path)
         if pid is None:
-            if name != "postgres" or pid_path.exists():
+            if name not in ("postgres", "worker") or pid_path.exists():
                 messages.append(f"{name}: not running")
             pid_path.unlink(missing_ok=True)
             continue

@@ -1,8 +1,10 @@
 """The Prefect and MLflow UIs in headless Debian Chromium, driven by Playwright.
 
-A user opens the pipeline deployment that `tfopt serve` serves, fills the run form with the
-smoke configuration, runs it and waits for Completed; then opens MLflow and compares the run's
-variants. Screenshots land in ``.tfopt/screenshots/`` (or ``$TFOPT_SCREENSHOTS``).
+What `make run` leaves a user: `tfopt up` (servers and the local worker) and `tfopt deploy`. The
+user opens the Deployments page, the pipeline deployment's run form, fills it with the smoke
+configuration, runs it (the worker `tfopt up` started picks it up) and waits for Completed; then
+opens MLflow and compares the run's variants. `tfopt down` stops the worker with the servers.
+Screenshots land in ``.tfopt/screenshots/`` (or ``$TFOPT_SCREENSHOTS``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flows.parameters import load_pipeline_config
-from tests.live import ROOT
+from tests.live import ROOT, run_tfopt
 from tfopt.demo_data import write_demo_images
+from tfopt.processes import free_port, process_alive
+from tfopt.services import ServiceSettings, worker_pid
 from tfopt.tracking import experiment_url, flatten_params
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -55,6 +59,29 @@ def browser_page() -> Iterator:
             yield page
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def made_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceSettings]:
+    """What `make run` sets up before its run: `tfopt up` and `tfopt deploy`; `tfopt down` after.
+
+    The servers on SQLite in a state folder of their own, on free ports.
+    """
+    settings = ServiceSettings(state_dir=tmp_path_factory.mktemp("made-run"),
+                               prefect_port=free_port(), mlflow_port=free_port())
+    up = run_tfopt(settings, ["up"], timeout_s=400)
+    try:
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        assert "worker: started" in up.stdout, up.stdout
+        deployed = run_tfopt(settings, ["deploy"], timeout_s=300)
+        assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+        assert "the worker `tfopt up` started runs them" in deployed.stdout, deployed.stdout
+        yield settings
+    finally:
+        worker = worker_pid(settings)
+        down = run_tfopt(settings, ["down"], timeout_s=120)
+    assert down.returncode == 0 and "worker: stopped" in down.stdout, down.stdout
+    assert worker is not None and not process_alive(worker), "the worker went with the servers"
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +141,15 @@ def _wait_for_final_state(page, api_url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def ui_flow_run(served_deployments, browser_page, smoke_parameters) -> dict:
+def ui_flow_run(made_run, browser_page, smoke_parameters) -> dict:
     """Trigger the pipeline deployment from the Prefect UI's form and wait for Completed."""
     from playwright.sync_api import expect
 
-    page, settings = browser_page, served_deployments
+    page, settings = browser_page, made_run
     page.goto(f"{settings.prefect_url}/deployments")
+    for name in ("preprocess-hourly", "benchmark-champion-weekly"):
+        expect(page.get_by_role("link", name=name).first).to_be_visible()
+    page.screenshot(path=SCREENSHOTS / "prefect-0-deployments.png")
     page.get_by_role("link", name="optimize-nightly").first.click()
     page.get_by_role("button", name="Run", exact=True).click()
     page.get_by_text("Custom run").click()
@@ -156,9 +186,9 @@ def ui_flow_run(served_deployments, browser_page, smoke_parameters) -> dict:
 
 
 def test_a_run_from_the_ui_form_completes_and_logs_like_tfopt_run(
-    ui_flow_run, served_deployments, smoke_parameters
+    ui_flow_run, made_run, smoke_parameters
 ):
-    mlflow = MlflowClient(served_deployments.mlflow_url)
+    mlflow = MlflowClient(made_run.mlflow_url)
     experiment = mlflow.get_experiment_by_name("tfopt-ui")
     assert experiment is not None, "the UI run logged nothing to MLflow"
     parents = mlflow.search_runs([experiment.experiment_id],
@@ -178,13 +208,13 @@ def test_a_run_from_the_ui_form_completes_and_logs_like_tfopt_run(
     assert parent.data.tags.get("tfopt.champion") in {c.info.run_name for c in children}
 
 
-def test_the_mlflow_ui_compares_the_runs_variants(ui_flow_run, served_deployments, browser_page):
+def test_the_mlflow_ui_compares_the_runs_variants(ui_flow_run, made_run, browser_page):
     from playwright.sync_api import expect
 
     page = browser_page
-    experiment = MlflowClient(served_deployments.mlflow_url).get_experiment_by_name("tfopt-ui")
+    experiment = MlflowClient(made_run.mlflow_url).get_experiment_by_name("tfopt-ui")
     # The experiment's address as tfopt makes it opens on its runs, not on GenAI traces.
-    page.goto(experiment_url(served_deployments.mlflow_url, experiment.experiment_id))
+    page.goto(experiment_url(made_run.mlflow_url, experiment.experiment_id))
     expect(page.get_by_text("matching runs")).to_be_visible()
     page.locator("button[data-component-id*=runnamecellrenderer]").first.click()
     chosen = ["baseline-graph", "baseline-tflite-int8", "baseline-onnx"]
@@ -202,11 +232,11 @@ def test_the_mlflow_ui_compares_the_runs_variants(ui_flow_run, served_deployment
 
 
 def test_the_mlflow_models_tab_lists_every_variant_with_its_metrics(
-        ui_flow_run, served_deployments, browser_page):
+        ui_flow_run, made_run, browser_page):
     from playwright.sync_api import expect
 
     page = browser_page
-    mlflow = MlflowClient(served_deployments.mlflow_url)
+    mlflow = MlflowClient(made_run.mlflow_url)
     experiment = mlflow.get_experiment_by_name("tfopt-ui")
     models = mlflow.search_logged_models([experiment.experiment_id])
     ok_children = mlflow.search_runs(
@@ -218,7 +248,7 @@ def test_the_mlflow_models_tab_lists_every_variant_with_its_metrics(
     assert model.params["runtime"] == "litert" and model.params["precision"] == "int8"
     assert {metric.key for metric in model.metrics} >= {"accuracy", "latency_p50_ms",
                                                         "size_bytes"}
-    page.goto(f"{served_deployments.mlflow_url}/#/experiments/{experiment.experiment_id}/models")
+    page.goto(f"{made_run.mlflow_url}/#/experiments/{experiment.experiment_id}/models")
     expect(page.get_by_text("baseline-tflite-int8", exact=True).first).to_be_visible()
     expect(page.get_by_text("baseline-onnx", exact=True).first).to_be_visible()
     page.screenshot(path=SCREENSHOTS / "mlflow-3-models-tab.png", full_page=True)

@@ -61,7 +61,7 @@ def test_serve_registers_scheduled_deployments_with_a_parameter_form(
     assert set(EXPECTED) <= set(deployments)
     nightly = deployments["optimize-nightly"]
     assert nightly.schedules and nightly.schedules[0].schedule.cron == "0 2 * * *"
-    assert nightly.schedules[0].active
+    assert not nightly.schedules[0].active, "registered paused, resumed by the user"
     assert "pipeline" in nightly.tags and nightly.description.startswith("The full pipeline")
     schema = nightly.parameter_openapi_schema
     definitions = schema["definitions"]

@@ -54,7 +54,7 @@ def test_a_baseline_is_planned_from_every_runtime_and_a_given_file_by_its_own():
 
 
 FICTITIOUS_RUNTIME = '''
-"""ONNX's reference evaluator: the README's walk-through for adding a runtime, as a test writes it.
+"""ONNX's reference evaluator: the walk-through of docs/runtimes.md, as a test writes it.
 
 It runs the checked ONNX export with `onnx.reference.ReferenceEvaluator` (pure NumPy, slow):
 a runtime of its own, planned, built, opened and measured through the contract.

@@ -368,7 +368,7 @@ def test_both_students_learning_rate_decays_to_zero_over_their_epochs(tiny_data)
 
 
 NEW_TECHNIQUE = '''
-"""A technique that changes nothing: the README's walk-through, as a test writes it."""
+"""A technique that changes nothing: docs/techniques.md's walk-through, as a test writes it."""
 
 import shutil
 from pathlib import Path

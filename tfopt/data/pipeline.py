@@ -29,11 +29,10 @@ _BLOCK_SPEC = {
 }
 AUTOTUNE = tf.data.AUTOTUNE
 _RECORD_SHUFFLE = 1024
-# Decodes of one batch that may run at once (map_fn's parallel_iterations); measured on 2 cores:
-# 1 -> 1.5x naive, 10 (the default) -> 2.6x, 64 -> 3.0x.
+# Decodes of one batch that may run at once (map_fn's parallel_iterations): more than its default
+# of 10 keeps both cores decoding (docs/measurements.md).
 _DECODES_IN_FLIGHT = 64
-# Below this many examples the parallel readers' start-up costs more than they save
-# (measured on 2 cores: 1,257 32x32 JPEGs read at 6.0k/s in parallel, 7.2k/s sequentially).
+# Below this many examples the parallel readers' start-up costs more than they save.
 _PARALLEL_FILL_EXAMPLES = 4096
 _EXAMPLE_SHUFFLE = 10_000
 _FLOAT32_BYTES = 4

@@ -110,9 +110,9 @@ def champion_speedup_over_int8(champion: str | None, results: list[VariantResult
                                runoff: Runoff | None = None) -> dict[str, Any] | None:
     """How many times faster (batch-1 p50) the champion is than the baseline's int8 TFLite file.
 
-    Whatever the champion's runtime and precision (on an Intel Xeon with AMX a thinner
-    network's fp32 file ran faster than its int8 one), so runs and machines compare on one
-    yardstick. None without a champion, without that file, or when it is the champion.
+    Whatever the champion's runtime and precision (a thinner network's fp32 file can run faster than
+    its int8 one), so runs and machines compare on one yardstick. None without a champion, without
+    that file, or when it is the champion.
     """
     best = next((r for r in results if r.name == champion), None)
     reference = plain_int8(results)

@@ -97,9 +97,8 @@ def confirm_all(moves: list[dict[str, Any]], previous_run_id: str, tracking_uri:
     first, then the longest one so far) is not started (`CUT_BY_BUDGET` in its reason). A move
     no larger than one a check before it cleared is within what this run's own turns were seen
     to move by with no file slower, so the stricter rule does not count it (`moves` come
-    largest first, `tfopt.report.compare.to_confirm`: effnet24 on the AMD EPYC cleared six of
-    1.23-2.08x, all ~1.0x side by side, and the budget left one of 1.20x, which the stricter
-    rule alone had counted).
+    largest first, `tfopt.report.compare.to_confirm`: a machine whose speed flips moves a
+    variant's own turn by more than the stricter rule's threshold with no file slower).
     """
     from tfopt.tracking import previous_variant_file
 

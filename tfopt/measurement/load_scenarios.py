@@ -196,9 +196,8 @@ def server_search(clients: Sequence[Callable[[object], object]], prepared: Seque
 
     The rate doubles from `first_qps` until a trial misses the budget, or is quartered until
     one meets it, then the gap is bisected; at most 8 trials in all. The start comes from the
-    runtime's p50, and a tiny model's p50 can be far below what Python clients can dispatch
-    (measured: 0.02 ms, a 50,000/s start, every trial down to 6,250/s missed on a loaded
-    machine), so the way down must be long.
+    runtime's p50, and a tiny model's p50 can be far below what Python clients can dispatch,
+    so the way down must be long.
     """
     within: ServerTrial | None = None
     low, high = 0.0, None

@@ -2,21 +2,20 @@
 
 Each variant is timed on its own turn, minutes apart from the others. On a shared machine the speed
 moves between turns (a neighbour's load, the host's frequency, another VM on the sibling
-hyperthread): measured here, the same LiteRT file read 0.17 ms on one turn and 0.23 ms on the next,
-and two int8 files of the same network 0.057 and 0.078 ms on their turns but 0.076 and 0.073 ms side
-by side. Each turn's interval is narrow, so such a drift picks the champion. The run-off takes the
+hyperthread), and two files of the same network can swap places between their own turns and side by
+side. Each turn's interval is narrow, so such a drift would pick the champion. The run-off takes the
 variants whose runtime can share a process (`Runtime.shares_process`: LiteRT and ONNX Runtime)
 within `benchmark.runoff_margin` of the fastest eligible one (at most `MAX_CONTENDERS`, the
-contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`, and
-the baseline's int8 TFLite file every champion is also quoted against), loads
-them all in one fresh process, warms them all in an untimed round and times them in
-`RUNOFF_ROUNDS` rounds that alternate between them (the order rotates each round), so a drift
-reaches all of them alike. A contender's run-off p50 is the median of its round p50s and its
-interval a distribution-free one of at least 95% (`tfopt.artifacts.median_interval`, as a turn's
-windows); each round's p50 paired with the baseline's int8 file's in that round when it took part
-(`Runoff.anchor`: the machine's speed may flip between rounds), speed-ups the median of two files'
-per-round ratios (`Runoff.ratio`), and two contenders are tied when the interval of their
-per-round ratio holds 1.0 (`tfopt.measurement.champion.tied_with_best`).
+contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`, and the
+baseline's int8 TFLite file every champion is also quoted against), loads them all in one fresh
+process, warms them all in an untimed round and times them in `RUNOFF_ROUNDS` rounds that alternate
+between them (the order rotates each round), so a drift reaches all of them alike. A contender's
+run-off p50 is the median of its round p50s and its interval a distribution-free one of at least 95%
+(`tfopt.artifacts.median_interval`, as a turn's windows); each round's p50 paired with the
+baseline's int8 file's in that round when it took part (`Runoff.anchor`: the machine's speed may
+flip between rounds), speed-ups the median of two files' per-round ratios (`Runoff.ratio`), and two
+contenders are tied when the interval of their per-round ratio holds 1.0
+(`tfopt.measurement.champion.tied_with_best`).
 
 TensorFlow's variants stay out: a process cannot hold both XLA auto-clustering's flags and the
 others, and on CPU they are rarely near the fastest.
@@ -42,10 +41,7 @@ MAX_CONTENDERS = 5
 RUNOFF_ROUNDS = 12
 """The champion's run-off rounds, in the time 6 took: a contender's interval is then its 3rd to
 10th round (`tfopt.artifacts.median_interval`), so one or two rounds a VM's slow state hit do
-not make a tie. bench.yaml on the AMD EPYC, 6 rounds: ``channels-62-tflite-int8`` was 1.30x
-faster than ``depth-100-tflite-int8`` in 5 rounds and 0.77x in the sixth (0.58 ms where its
-others read 0.34); its range overlapped, the tie went to the other's 0.3 points (one test
-image), and the champion was the 1.98x file where a 2.6x one was within the budget."""
+not make a tie (with 6, one slow round did: docs/measurements.md, "Run-off")."""
 
 
 def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> list[VariantResult]:
@@ -53,17 +49,13 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
 
     Near: a p50 within the margin of the upper end of the fastest's p50 interval, so an
     unsettled fastest (a wide interval) draws its likely rivals into the run-off; by default
-    twice it, since a whole turn can run in a VM's slow state (effnet24 on the AMD EPYC:
-    ``depth-100-tflite-int8`` read 0.309 ms on its turn, 1.53x the fastest's, where its search
-    trial had read 0.167 ms side by side, 2.19x faster than ``baseline-tflite-int8``; with a
-    25% margin it was never timed again and a slower file won). For each
+    twice it, since a whole turn can run in a VM's slow state and read 1.5x its side-by-side
+    figure (with a 25% margin such a file was never timed again and a slower one won). For each
     technique's variant among them, the baseline's same form (`speedup_reference`) takes part
     too, after them, and so does the baseline's int8 TFLite file (`plain_int8`): the speed-ups
     the run reports are then measured side by side, not across
-    turns minutes apart (a measuring process now and then runs slow its whole life: one turn
-    of a LiteRT file read 0.69 ms where ten others read 0.36-0.44), whichever of the near ones
-    wins (on bench.yaml the fastest was ``channels-88-tflite-fp32`` and the champion, tied with
-    it, ``channels-88-tflite-int8``). None (an empty list) unless the objective is p50, a
+    turns minutes apart (a measuring process now and then runs slow its whole life), whichever
+    of the near ones wins. None (an empty list) unless the objective is p50, a
     margin is set and at least two variants qualify.
     """
     reference = baseline_accuracy(results)

@@ -241,9 +241,7 @@ def load_scenarios(spec: VariantSpec, runner: Runner, images: np.ndarray | dict[
     single-stream p50. A budget the single-stream p99 misses, or one client's p99 answering
     alone with its share of the threads, is met at no rate (a query alone takes longer), so the
     rate is 0 without a search, with the reason (`server_reason`): its way down to ever lower
-    rates would wait minutes for LoadGen's minimum query count (measured: 334 s for a 3.7 ms
-    model and a 1 ms budget; over 15 minutes for MobileNetV2's TensorFlow graph with two
-    one-thread clients and a 20 ms budget).
+    rates would wait minutes for LoadGen's minimum query count.
     """
     from tfopt.measurement.feeds import count_of
     from tfopt.measurement.load_scenarios import alone_p99_ms, offline_throughput, server_search
@@ -489,11 +487,10 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     """Time `specs` in `rounds` alternating rounds in this process (`tfopt.measurement.runoff`).
 
     A first, untimed round warms every contender with the run's warm-up (`warmup_runs`,
-    `warmup_seconds`): measured on the demo, the first round read 1.3-1.7x the later ones for
-    all four contenders even after each one's own warm-up, and its figures widened every
-    interval until all of them overlapped. Then each turn is a short measurement with the
-    run's protocol: `warmup_runs` and windows for about `min_seconds` / 4 over 6 rounds, the
-    same time in all over more rounds.
+    `warmup_seconds`): a first round reads slower than the later ones even after each contender's
+    own warm-up, and its figures would widen every interval until all overlap. Then each turn is a
+    short measurement with the run's protocol: `warmup_runs` and windows for about `min_seconds` / 4
+    over 6 rounds, the same time in all over more rounds.
     """
     images = np.load(inputs.images)
     runners = {spec.name: load_runner(spec, cfg.threads) for spec in specs}

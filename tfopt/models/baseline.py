@@ -147,8 +147,8 @@ def best_validation(curves: dict[str, list[float]], model: object,
 ROUNDING = 1e-6
 """Allowed in every comparison with an accuracy target or margin: Keras reports accuracies in
 float32, so a model exactly at its target (153 of 157 validation images against the baseline's
-155 less two images' margin) read 0.97452229 against 0.97452232 and a channel-pruning trial was
-refused (EfficientNetB0, 2026-11-27). Far below one image on any split."""
+155 less two images' margin) can read 0.97452229 against 0.97452232 and be refused. Far below
+one image on any split."""
 
 
 def children_beating(baseline: ModelArtifact, models: list[ModelArtifact],

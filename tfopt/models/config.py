@@ -38,7 +38,7 @@ class ModelConfig(Section):
         description=(
             "source=file: a trained model: a Keras .keras, .h5 or .hdf5 file (tf_keras or "
             "Keras 3: goes through everything), a SavedModel folder, a .tflite or an .onnx "
-            "file (see the README's table of what each kind gets)."
+            "file (docs/own-models.md: what each kind gets)."
         ),
     )
     builder: str | None = Field(
@@ -91,6 +91,17 @@ class ModelConfig(Section):
     def kind(self) -> str:
         """The kind of model the baseline is (a zoo network or a builder's is a Keras model)."""
         return model_kind(self.path) if self.source == "file" and self.path else "keras"
+
+    @property
+    def label(self) -> str:
+        """The model's name in run names: the zoo network, the file's or the builder's name."""
+        if self.source == "file" and self.path is not None:
+            return self.path.stem or self.path.name
+        if self.source == "builder" and self.builder:
+            module, _, function = self.builder.partition(":")
+            stem = Path(module).stem if module.endswith(".py") else module.rsplit(".", 1)[-1]
+            return f"{stem}-{function}"
+        return self.architecture
 
     @model_validator(mode="after")
     def _source_has_what_it_needs(self) -> ModelConfig:

@@ -2,10 +2,8 @@
 
 A residual block adds a branch to its input (``Add([branch, skip])``); without the branch the
 block passes its input on, so the model stays whole with fewer layers. Thinning buys little
-where a network's time goes to its number of layers rather than their width: EfficientNetB0 at
-64 px on 2 cores of an Intel Xeon (LiteRT's own benchmark tool, int8): half of each channel
-group's filters removed, 1.7x faster than the baseline; 5 of its 9 residual blocks removed on
-top, 2.2x (test accuracy back within a point after a fine-tune).
+where a network's time goes to its number of layers rather than their width (EfficientNetB0 at
+64 px: docs/measurements.md); removing blocks buys what thinning does not.
 
 The blocks removed first are those that change their input least on training images: block
 influence, ``1 - cos(input, output)`` averaged over the images (ShortGPT's measure; NVIDIA's

@@ -1,6 +1,6 @@
 """Take in a user's trained model that is not a tf_keras model: a SavedModel, .tflite or .onnx.
 
-What each kind can go through (the README's table says the same):
+What each kind can go through (docs/own-models.md's table says the same):
 
 - a tf_keras model (``.keras``, ``.h5``, a SavedModel folder written by tf_keras): everything;
   `tfopt.models.sources` loads it, nothing here.

@@ -4,7 +4,7 @@
 champion changed, which variants moved beyond the measurement's own noise, which started or
 stopped failing, and whether the data changed. A latency move is a move only when the two runs'
 p50 intervals do not overlap (each interval holds its run's true median with 97% probability,
-see the README's "Ties"); an accuracy move only beyond what two equally good models' accuracies
+see docs/runtimes.md, "Ties"); an accuracy move only beyond what two equally good models' accuracies
 on the same test split differ by (`accuracy_noise_points`, at least
 `ACCURACY_TOLERANCE_POINTS`): every run trains its models again.
 
@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 MIN_CHANGE = 0.05
-"""The smallest slowdown ever flagged: measured here, identical reruns moved by 1-8%."""
+"""The smallest slowdown ever flagged: identical reruns move by a few percent."""
 STRICTER = 2.0
 """Without the previous file to time beside this run's, a slowdown must be this many times the
 minimum change to count."""
@@ -163,8 +163,8 @@ def to_confirm(since: dict[str, Any]) -> list[dict[str, Any]]:
     """The slowdowns beyond the run-to-run noise, to time side by side before they count.
 
     Largest first: when the time budget cuts the checks, the slowdowns left to the stricter
-    rule are the smallest (effnet22 on the AMD EPYC had confirmed eight moves of 1.05-1.38x,
-    none real, when the budget left its three of 1.72-1.88x, the VM's slow state, to that rule).
+    rule are the smallest (the largest are the likeliest to be a machine's slow state rather
+    than a real slowdown, and only a check side by side tells).
     """
     moves = [move for move in since["moves"] if move.get("verdict") == "to_confirm"]
     return sorted(moves, key=lambda move: -(move.get("ratio") or 0.0))

@@ -68,26 +68,49 @@ def save_figure(fig: object, path: Path) -> Path:
 
 
 def _accuracy_plot(summary: dict[str, Any], ok: list[VariantResult], path: Path) -> Path:
-    """Accuracy against batch-1 p50 with the Pareto front (variants measured on labelled data)."""
+    """Accuracy against batch-1 p50 with the Pareto front (variants measured on labelled data).
+
+    Colours name the runtime; only the front, the champion and ``baseline-tflite-int8`` (the
+    yardstick of every speed-up) are labelled, so the names stay legible; the dotted line is the
+    lowest accuracy the champion rule accepts.
+    """
     import matplotlib.pyplot as plt
 
+    from tfopt.runtimes import runtime_of
+
     front = pareto_front([(r.name, r.latency_ms.p50, r.accuracy) for r in ok])
-    fig, axis = plt.subplots(figsize=(8, 5))
+    labelled = {*front, summary.get("champion"), "baseline-tflite-int8"}
+    fig, axis = plt.subplots(figsize=(9, 5.5))
+    for runtime in sorted({runtime_of(r.format).name for r in ok}):
+        members = [r for r in ok if runtime_of(r.format).name == runtime]
+        axis.scatter([r.latency_ms.p50 for r in members], [r.accuracy for r in members],
+                     s=[70 if r.name in front else 30 for r in members], label=runtime,
+                     edgecolors=["black" if r.name in front else "none" for r in members],
+                     zorder=3)
     for result in ok:
-        on_front = result.name in front
-        axis.scatter(result.latency_ms.p50, result.accuracy, s=60 if on_front else 30,
-                     color="tab:red" if on_front else "tab:gray", zorder=3)
-        axis.annotate(result.name, (result.latency_ms.p50, result.accuracy), fontsize=7,
-                      xytext=(4, 2), textcoords="offset points")
+        if result.name in labelled:
+            star = "★ " if result.name == summary.get("champion") else ""
+            axis.annotate(star + result.name, (result.latency_ms.p50, result.accuracy),
+                          fontsize=8, xytext=(5, -10 if result.name in front else 4),
+                          textcoords="offset points")
     front_points = sorted((r.latency_ms.p50, r.accuracy) for r in ok if r.name in front)
     axis.plot(*zip(*front_points, strict=True), color="tab:red", linestyle="--",
               label="Pareto front")
+    floor = _accuracy_floor(summary)
+    if floor is not None:
+        axis.axhline(floor, color="tab:gray", linestyle=":", label="accuracy budget")
     axis.set_xscale("log")
-    axis.set_xlabel("batch-1 p50 latency (ms, log)")
+    axis.set_xlabel("batch-1 p50 latency (ms, log): left is faster")
     axis.set_ylabel("test accuracy")
-    axis.set_title(f"Accuracy vs latency (champion: {summary['champion'] or 'none'})")
-    axis.legend()
+    axis.set_title(f"Accuracy vs latency (★ champion: {summary['champion'] or 'none'})")
+    axis.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def _accuracy_floor(summary: dict[str, Any]) -> float | None:
+    """The baseline's accuracy less the accuracy budget, if both are known."""
+    baseline, points = summary.get("baseline_accuracy"), summary.get("accuracy_budget_points")
+    return None if baseline is None or points is None else baseline - points / 100.0
 
 
 def _history_plot(history: list[dict[str, Any]], path: Path) -> Path:

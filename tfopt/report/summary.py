@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.table import Table
-
 from tfopt.artifacts import (
     DatasetArtifact,
     InputPipelineResult,
@@ -229,32 +227,6 @@ def benchmark_summary(
 
 def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else format(value, pattern)
-
-
-def summary_table(summary: dict[str, Any]) -> Table:
-    """A rich table of the variants, champion marked, failures with their error."""
-    table = Table(title="tfopt: variants benchmarked on the same test inputs")
-    for column in ("variant", "status", "accuracy", "Δ pts", "p50 ms", "p99 ms", "ex/s",
-                   "size KB", "gzip KB"):
-        table.add_column(column, justify="left" if column in ("variant", "status") else "right")
-    for entry in summary["variants"]:
-        latency = entry["latency_ms"]
-        name = ("★ " if entry["name"] == summary["champion"] else "") + entry["name"]
-        status = entry["status"]
-        if status != "ok":
-            status = f"{status}: {entry['error']}"
-        table.add_row(
-            name,
-            status[:60],
-            _fmt(entry["accuracy"], ".4f"),
-            _fmt(entry["accuracy_delta_points"], "+.2f"),
-            _fmt(latency["p50"], ".3f"),
-            _fmt(latency["p99"], ".3f"),
-            _fmt(entry["throughput_per_s"], ",.0f"),
-            _fmt(entry["size_bytes"] / 1024, ",.1f"),
-            _fmt(entry["gzip_bytes"] / 1024, ",.1f"),
-        )
-    return table
 
 
 def speedup_sentence(speedup: dict[str, Any] | None) -> str:

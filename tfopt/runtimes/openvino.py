@@ -206,9 +206,9 @@ class OpenVINORunner(Runner):
     def invoke(self, prepared: object) -> object:
         """Hand the input tensors to the request, infer, read the fetched outputs in place.
 
-        ``set_input_tensor`` + ``infer()`` + ``get_output_tensor`` costs ~40 us less per call
-        than ``infer(inputs)``, whose Python wrapper dispatches the inputs and builds a
-        dictionary of every output at each call (measured on a 0.2 ms model).
+        ``set_input_tensor`` + ``infer()`` + ``get_output_tensor`` costs less per call than
+        ``infer(inputs)``, whose Python wrapper dispatches the inputs and builds a dictionary of
+        every output at each call.
         """
         request = self.request
         for index, tensor in prepared:

@@ -1,0 +1,81 @@
+"""What `tfopt run` prints last: measured variants, the ones not measured, the verdict."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from tfopt.report.terminal import measured_table, not_measured_lines, verdict_lines
+
+LONG_REASON = ("distill: cut by the time budget: the fine-tunings' time was used before distill "
+               "could start, and this reason is longer than any table cell would show")
+
+
+def _variant(name: str, status: str = "ok", error: str | None = None, p50: float = 0.1,
+             delta: float | None = 0.0) -> dict:
+    return {"name": name, "status": status, "error": error, "accuracy": 0.98 if status == "ok"
+            else None, "accuracy_delta_points": delta if status == "ok" else None,
+            "latency_ms": {"p50": p50 if status == "ok" else None,
+                           "p99": p50 * 2 if status == "ok" else None},
+            "throughput_per_s": 1000.0, "size_bytes": 2048, "gzip_bytes": 1024}
+
+
+def _summary(**changes) -> dict:
+    summary = {
+        "variants": [
+            _variant("baseline-tflite-int8", p50=0.034),
+            _variant("channels-50-tflite-int8", p50=0.014, delta=-0.91),
+            _variant("distilled-small-tflite-fp32", "skipped", LONG_REASON),
+            _variant("distilled-small-tflite-int8", "skipped", LONG_REASON),
+            _variant("baseline-onnx", "failed", "ONNX check: max |Δp| 0.3 > 1e-4"),
+        ],
+        "champion": "channels-50-tflite-int8", "champion_reason": "fastest within the budget",
+        "accuracy_budget_points": 1.0,
+        "champion_speedup_over_int8": {"ratio": 2.455, "reference": "baseline-tflite-int8",
+                                       "champion_p50_ms": 0.0137, "reference_p50_ms": 0.0336,
+                                       "side_by_side": True},
+        "budget": {"minutes": 5.0, "used_minutes": 3.48,
+                   "cuts": ["distill (not started: cut by the time budget)"]},
+        "prefect_flow_run_id": "f1", "mlflow_run_url": "http://127.0.0.1:5000/#/r/1",
+        "report": "/w/runs/demo-1/report/report.md",
+    }
+    return {**summary, **changes}
+
+
+def _text(renderable) -> str:
+    console = Console(width=200, record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_the_table_holds_the_measured_variants_and_stars_the_champion():
+    text = _text(measured_table(_summary()))
+    assert "★ channels-50-tflite-int8" in text and "baseline-tflite-int8" in text
+    assert "distilled-small" not in text and "baseline-onnx" not in text
+    assert "-0.91" in text
+
+
+def test_variants_not_measured_share_one_line_per_reason_said_whole_failures_first():
+    lines = not_measured_lines(_summary())
+    assert lines == [
+        "failed: baseline-onnx: ONNX check: max |Δp| 0.3 > 1e-4",
+        f"skipped: distilled-small-tflite-fp32, distilled-small-tflite-int8: {LONG_REASON}",
+    ]
+
+
+def test_the_verdict_says_the_speedup_over_int8_the_points_the_cuts_and_where_to_look():
+    champion, budget, look = verdict_lines(_summary(), "http://127.0.0.1:4200")
+    assert champion.startswith("champion: channels-50-tflite-int8, 2.46x the speed of "
+                               "baseline-tflite-int8 (side by side")
+    assert "-0.91 points against the baseline (budget 1 point)" in champion
+    assert budget == ("time budget: 3.5 of 5 min used; cut: distill (not started: cut by the "
+                      "time budget)")
+    assert "Prefect UI http://127.0.0.1:4200/runs/flow-run/f1" in look
+    assert "MLflow UI http://127.0.0.1:5000/#/r/1" in look and "report.md" in look
+
+
+def test_the_verdict_without_a_champion_or_a_budget_says_so():
+    champion, budget, _ = verdict_lines(
+        _summary(champion="", champion_reason="no variant within 1.0 points", budget=None),
+        "http://x")
+    assert champion == "champion: none (no variant within 1.0 points)"
+    assert budget == "time budget: none set"

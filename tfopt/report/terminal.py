@@ -1,0 +1,114 @@
+"""What `tfopt run` and `tfopt benchmark` print at the end, the verdict last.
+
+The measured variants in a table, the ones not measured in a compact block, then the verdict in
+three lines. The table holds only variants that were measured; a skipped or failed variant is one
+line of the block with its whole reason (variants that share a reason share a line). The verdict
+says the champion and its speed-up over plain int8 within how many points, what the time budget cut,
+and where to look.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+COLUMNS = ("variant", "accuracy", "Δ pts", "p50 ms", "p99 ms", "ex/s", "size KB", "gzip KB")
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else format(value, pattern)
+
+
+def measured_table(summary: dict[str, Any]) -> Table:
+    """The ok variants: accuracy, its difference to the baseline, latency, throughput, sizes.
+
+    The champion is starred.
+    """
+    table = Table(title="tfopt: variants measured on the same test inputs (★ champion)")
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    for entry in summary["variants"]:
+        if entry["status"] != "ok":
+            continue
+        latency = entry["latency_ms"]
+        table.add_row(
+            ("★ " if entry["name"] == summary.get("champion") else "") + entry["name"],
+            _fmt(entry["accuracy"], ".4f"),
+            _fmt(entry["accuracy_delta_points"], "+.2f"),
+            _fmt(latency["p50"], ".3f"),
+            _fmt(latency["p99"], ".3f"),
+            _fmt(entry["throughput_per_s"], ",.0f"),
+            _fmt(entry["size_bytes"] / 1024, ",.1f"),
+            _fmt(entry["gzip_bytes"] / 1024, ",.1f"),
+        )
+    return table
+
+
+def not_measured_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per reason a variant was not measured: ``<status>: <names>: <reason>``.
+
+    Failed variants first; the reasons whole, variants of one reason on one line.
+    """
+    groups: dict[tuple[str, str], list[str]] = {}
+    for entry in summary["variants"]:
+        if entry["status"] != "ok":
+            key = (entry["status"], entry["error"] or "no reason recorded")
+            groups.setdefault(key, []).append(entry["name"])
+    order = sorted(groups, key=lambda key: (key[0] != "failed", _first(summary, groups[key])))
+    return [f"{status}: {', '.join(groups[(status, reason)])}: {reason}"
+            for status, reason in order]
+
+
+def _first(summary: dict[str, Any], names: list[str]) -> int:
+    """Where the first of `names` stands among the summary's variants."""
+    positions = {entry["name"]: index for index, entry in enumerate(summary["variants"])}
+    return min(positions[name] for name in names)
+
+
+def champion_line(summary: dict[str, Any]) -> str:
+    """The champion, its speed-up over ``baseline-tflite-int8`` and its accuracy difference."""
+    champion = summary.get("champion")
+    if not champion:
+        return f"champion: none ({summary.get('champion_reason') or 'no variant qualified'})"
+    entry = next(v for v in summary["variants"] if v["name"] == champion)
+    delta = entry.get("accuracy_delta_points")
+    budget = summary.get("accuracy_budget_points")
+    accuracy = ("" if delta is None else f", {delta:+.2f} points against the baseline"
+                + (f" (budget {budget:g} point{'' if budget == 1 else 's'})"
+                   if budget is not None else ""))
+    speedup = summary.get("champion_speedup_over_int8")
+    if speedup and speedup.get("ratio") is not None:
+        how = "side by side" if speedup["side_by_side"] else "each on its own turn"
+        faster = (f"{speedup['ratio']:.2f}x the speed of {speedup['reference']} ({how}: "
+                  f"{speedup['champion_p50_ms']:.4f} vs {speedup['reference_p50_ms']:.4f} ms)")
+    elif champion == "baseline-tflite-int8":
+        faster = "plain int8 itself: no compressed variant was faster within the budget"
+    else:
+        faster = f"batch-1 p50 {_fmt(entry['latency_ms']['p50'], '.4f')} ms"
+    return f"champion: {champion}, {faster}{accuracy}"
+
+
+def budget_line(summary: dict[str, Any]) -> str:
+    """How much of the time budget the run used and what it cut, every cut named."""
+    budget = summary.get("budget")
+    if not budget or budget.get("minutes") is None:
+        used = f" ({budget['used_minutes']:.1f} min)" if budget else ""
+        return f"time budget: none set{used}"
+    said = f"time budget: {budget['used_minutes']:.1f} of {budget['minutes']:g} min used"
+    cuts = budget.get("cuts") or []
+    return f"{said}; cut: {'; '.join(cuts)}" if cuts else f"{said}; nothing cut"
+
+
+def where_to_look_line(summary: dict[str, Any], prefect_ui: str) -> str:
+    """The run's Prefect flow run, MLflow run and report, on one line."""
+    parts = [f"Prefect UI {prefect_ui}/runs/flow-run/{summary['prefect_flow_run_id']}",
+             f"MLflow UI {summary['mlflow_run_url']}"]
+    if summary.get("report"):
+        parts.append(f"report {summary['report']}")
+    return "look: " + "  |  ".join(parts)
+
+
+def verdict_lines(summary: dict[str, Any], prefect_ui: str) -> list[str]:
+    """The run's last three lines: the champion, the budget's cuts, where to look."""
+    return [champion_line(summary), budget_line(summary), where_to_look_line(summary, prefect_ui)]
