@@ -71,6 +71,7 @@ from tfopt.measurement.champion import champion_speedup, champion_speedup_over_i
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
 from tfopt.models.baseline import children_beating, kept_test_accuracy, recovery_target
+from tfopt.models.health import verdicts_note
 from tfopt.models.sources import source_stamp
 from tfopt.models.step_timing import unswept
 from tfopt.native import contain_native_steps, read_record, release_workers
@@ -372,8 +373,10 @@ def _baseline_holds(
     When a compressed model beats the baseline on validation beyond the budget
     (`children_beating`), the baseline goes on training (its SavedModel, the benchmark inputs
     and its variants are made again) if the time budget leaves room for it and its epochs are
-    not fixed (``train.stop: fixed``); else every verdict is marked as judged against an
-    unconverged baseline.
+    not fixed (``train.stop: fixed``) and it was trained here at all (a model taken as it is,
+    ``train.epochs: 0``, never is); else every verdict is marked as judged against an
+    unconverged baseline. A failure while training it further keeps the baseline as it was,
+    with the failure in the note: the run's measurements are not lost for it.
     """
     baseline = made.baseline
     beating = children_beating(baseline, compressed.models,
@@ -381,27 +384,57 @@ def _baseline_holds(
                                data.dataset.splits["val"].examples)
     if not beating or baseline.format != "keras":
         return made
+    beaten = f"beaten by {'; '.join(beating)}"
+    why_not = _not_trained_further(config, baseline, budget)
+    if why_not is not None:
+        get_run_logger().warning("compressed models beat the baseline: %s; %s",
+                                 "; ".join(beating), why_not)
+        return replace(made, note=f"{beaten} ({why_not})")
+    get_run_logger().warning("compressed models beat the baseline on validation beyond the "
+                             "budget (%s): training it further", "; ".join(beating))
+    try:
+        return _trained_further(config, data, made, beaten, run_dir, run, budget)
+    except Exception as error:
+        reason = f"{type(error).__name__}: {error}"
+        get_run_logger().warning("training the baseline further failed (%s): the verdicts are "
+                                 "judged against it as it was", reason)
+        return replace(made, note=f"{beaten}; training it further failed: {reason}")
+
+
+def _not_trained_further(config: PipelineConfig, baseline: ModelArtifact,
+                         budget: Budget) -> str | None:
+    """Why a beaten baseline is not trained further (None: it is)."""
+    if config.train.epochs == 0:
+        return "taken as it is (train.epochs: 0): never trained further"
     if config.train.stop == "fixed":
-        get_run_logger().warning("compressed models beat the baseline: %s; train.stop: fixed "
-                                 "trains it no further", "; ".join(beating))
-        return replace(made, note=f"beaten by {'; '.join(beating)} (train.stop: fixed)")
+        return "train.stop: fixed trains it no further"
     deadline = budget.further_training_deadline
     if deadline is not None and deadline - time.time() < 2.0 * float(
             baseline.metrics.get("train_seconds", 0.0)):
-        get_run_logger().warning("compressed models beat the baseline: %s; no time left to "
-                                 "train it further", "; ".join(beating))
-        return replace(made, note=f"beaten by {'; '.join(beating)}")
-    get_run_logger().warning("compressed models beat the baseline on validation beyond the "
-                             "budget (%s): training it further", "; ".join(beating))
-    further = continue_training(baseline, data, config.train, run_dir / "models", deadline)
+        return "no time left to train it further"
+    return None
+
+
+def _trained_further(
+    config: PipelineConfig, data: TrainingData, made: _Held, beaten: str, run_dir: Path,
+    run: tracking.TrackedRun, budget: Budget,
+) -> _Held:
+    """The baseline trained further, with its SavedModel, benchmark inputs and variants anew.
+
+    Its forms and inputs go to a folder of their own (``continued/``), beside the first ones.
+    """
+    further = continue_training(made.baseline, data, config.train, run_dir / "models",
+                                budget.further_training_deadline)
     tracking.log_continued_training(run, further)
-    if further.path == baseline.path:
+    if further.path == made.baseline.path:
         return replace(made, baseline=further, note=(
-            f"beaten by {'; '.join(beating)}, even after {further.params['continued_epochs']} "
-            "more epochs of its training"))
+            f"{beaten}, even after {further.params['continued_epochs']} more epochs of its "
+            "training"))
     savedmodel = export_savedmodel(further, run_dir / "models")
-    variants, _ = _baseline_variants(config, data, further, savedmodel, run_dir, run, budget)
-    return _Held(further, savedmodel, _benchmark_inputs(savedmodel, data, run_dir), variants)
+    inputs = _benchmark_inputs(savedmodel, data, run_dir / "continued")
+    variants, _ = _baseline_variants(config, data, (further, savedmodel), inputs,
+                                     run_dir / "continued", run, budget)
+    return _Held(further, savedmodel, inputs, variants, note=None)
 
 
 def _benchmark_all(
@@ -441,11 +474,15 @@ def _summarize(
     """Pick and register the champion; assemble the summary JSON.
 
     `models` are the baseline and the techniques' models; `crashes` the contained ones;
-    `baseline_note` why the verdicts are judged against an unconverged baseline, if they are.
+    `baseline_note` why the verdicts are judged against an unconverged baseline, if they are;
+    an unhealthy baseline (`tfopt.models.health`) adds its reasons to it.
     """
     bench = config.benchmark
     baseline, technique_models = models[0], models[1:]
     tracking.log_native_crashes(run, crashes)
+    training = baseline_training(baseline)
+    tracking.log_baseline_health(run, training["health"])
+    baseline_note = verdicts_note(baseline_note, training["health"])
     choice = pick_champion(results, bench.accuracy_budget_points, bench.objective, runoff)
     speedup = champion_speedup(choice.name, results, runoff)
     champion_model = None
@@ -482,7 +519,7 @@ def _summarize(
             "input_cache": {"mode": measured.pipeline.cache_mode,
                             "reason": measured.pipeline.cache_reason},
             "native_crashes": crashes,
-            "baseline_training": {**baseline_training(baseline),
+            "baseline_training": {**training,
                                   "verdicts_against_unconverged_baseline": baseline_note},
         },
     )

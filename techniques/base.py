@@ -57,9 +57,11 @@ def derived_model(
 
     Its training's curves become its history; the epoch it kept, the epochs it ran, whether it
     recovered (came back within the budget: `tfopt.models.training.recovery`) and the reader
-    settings it trained with join `params` (``epochs_run`` and ``recovered`` the metrics too);
+    settings it trained with join `params` (``epochs_run`` and ``recovered`` the metrics too,
+    and the batch-norm re-estimation's figures at the kept epoch, `kept_epoch_figures`);
     a Keras 3 model's translation (`tfmot_model`) and its check join the params and metrics.
     """
+    from tfopt.models.batch_norm import kept_epoch_figures
     from tfopt.models.training import epochs_run, kept_epoch
 
     if translation is not None:
@@ -73,7 +75,8 @@ def derived_model(
         params={**params, "kept_epoch": kept_epoch(fitted), **ran,
                 **({"stop_reason": fitted.stop["stop_reason"]} if fitted.stop else {}),
                 **fitted.reader},
-        metrics={**metrics, **{key: float(value) for key, value in ran.items()}},
+        metrics={**metrics, **{key: float(value) for key, value in ran.items()},
+                 **kept_epoch_figures(fitted.curves, fitted.best_epoch)},
         history=fitted.curves,
     ))
 

@@ -79,12 +79,14 @@ def test_up_and_down_on_postgres_leave_no_process_behind():
             assert status.returncode == 0 and "postgres: up" in status.stdout, status.stdout
             switch = tfopt("up", "--db", "sqlite")
             assert switch.returncode == 2 and "run on postgres" in switch.stdout, switch.stdout
+            assert "worker: up" in status.stdout, status.stdout
             servers = [psutil.Process(int(p.read_text())) for p in (state / "run").glob("*.pid")]
-            assert len(servers) == 3
+            assert len(servers) == 4, "PostgreSQL, Prefect, MLflow and the worker"
             pids = {p.pid for server in servers for p in [server, *server.children(True)]}
         finally:
             down = tfopt("down")
         assert down.returncode == 0 and "postgres: stopped" in down.stdout, down.stdout
+        assert "worker: stopped" in down.stdout, down.stdout
         left = [p.info for p in psutil.process_iter(["pid", "cmdline"])
                 if str(state) in " ".join(p.info["cmdline"] or [])
                 or p.info["pid"] in pids]

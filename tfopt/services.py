@@ -29,6 +29,7 @@ from tfopt import postgres
 from tfopt.credentials import (
     AUTH_USER,
     auth_file,
+    client_credentials,
     is_loopback,
     requires_auth,
     server_password,
@@ -338,7 +339,7 @@ def worker_env(settings: ServiceSettings) -> dict[str, str]:
         "TFOPT_POSTGRES_PORT": str(settings.postgres_port), "TFOPT_DB": settings.db,
     }
     if requires_auth(settings.host):
-        env["PREFECT_API_AUTH_STRING"] = f"{AUTH_USER}:{server_password(settings.state_dir)}"
+        env.update(client_credentials(settings.state_dir))
     return env
 
 
@@ -352,7 +353,8 @@ def _worker_is_registered(settings: ServiceSettings, pool: str, name: str) -> bo
     if requires_auth(settings.host):
         import base64
 
-        secret = f"{AUTH_USER}:{server_password(settings.state_dir)}"
+        secret = client_credentials(settings.state_dir).get("PREFECT_API_AUTH_STRING") or (
+            os.environ.get("PREFECT_API_AUTH_STRING", ""))
         request.add_header("Authorization",
                            "Basic " + base64.b64encode(secret.encode()).decode())
     try:

@@ -67,7 +67,7 @@ def test_a_step_that_segfaults_is_one_line_and_leaves_nothing_running(live_servi
     builder.write_text(CRASHING_BUILDER)
     sets = {"data.source_dir": demo, "work_dir": work, "name": "crashing",
             "model.source": "builder", "model.builder": f"{builder}:build",
-            "model.architecture": "small_cnn", "train.epochs": 2,
+            "train.epochs": 2,
             **{f"compress.{name}.enabled": "false"
                for name in ("prune", "distill", "qat", "cluster", "pqat", "cqat")}}
     args = ["run", "--config", "configs/smoke.yaml"]
@@ -93,7 +93,7 @@ def test_a_step_that_segfaults_is_one_line_and_leaves_nothing_running(live_servi
     client = MlflowClient(live_services.mlflow_url)
     experiment = client.get_experiment_by_name("tfopt-smoke")
     (run,) = client.search_runs([experiment.experiment_id],
-                                filter_string="attributes.run_name = 'crashing-small_cnn'")
+                                filter_string="attributes.run_name = 'crashing-crashing-build'")
     assert run.info.status == "FAILED"
     assert run.data.tags["tfopt.error"].startswith("NativeCrashError: train_model crashed")
     deadline = time.monotonic() + 10

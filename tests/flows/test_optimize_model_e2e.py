@@ -203,6 +203,8 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     training = summary["baseline_training"]
     assert parent.data.params["baseline.epochs_run"] == str(training["epochs_run"])
     assert parent.data.params["baseline.stop_reason"] == training["stop_reason"]
+    assert parent.data.tags["tfopt.baseline_health"] == training["health"]["status"]
+    assert training["health"]["val_accuracy"] is not None, "judged on its validation split"
     assert parent.data.tags["tfopt.champion"] == summary["champion"]
     assert parent.data.tags["prefect.flow_run_id"] == summary["prefect_flow_run_id"]
     assert "mlflow.source.git.commit" in parent.data.tags

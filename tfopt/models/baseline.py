@@ -25,6 +25,7 @@ from tfopt.models.baseline_fit import (
     train_in_scope,
     trained_earlier,
 )
+from tfopt.models.batch_norm import kept_epoch_figures
 from tfopt.models.config import ModelConfig
 from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras_model
 from tfopt.models.multi_worker import WorkerFailedError, train_on_local_workers
@@ -109,7 +110,8 @@ def train_baseline(
             **fitted.reader,
         },
         metrics={**metrics, "test_accuracy": evaluate_test_accuracy(model, data),
-                 **best_validation(curves, model, data)},
+                 **best_validation(curves, model, data),
+                 **kept_epoch_figures(curves, fitted.best_epoch)},
         history=curves,
     )
 

@@ -449,6 +449,11 @@ def fit_compiled(
 ) -> Fitted:
     """Train a compiled model (e.g. a distiller with its own loss) on the run's pipeline.
 
+    Before each validation the batch-norm statistics of the model judged (a distiller's
+    student) are re-estimated from training images and kept if they score better
+    (`tfopt.models.batch_norm`); the curves then hold ``bn_val_accuracy_before`` /
+    ``_after`` and ``bn_reestimated`` per epoch.
+
     Args:
         model: The compiled model; it ends with its best validation epoch's weights.
         data: The run's training data and input settings.
@@ -456,11 +461,15 @@ def fit_compiled(
         callbacks: More Keras callbacks.
         best: How the best epoch is kept (default: any epoch, in memory).
     """
+    from tfopt.models.batch_norm import reestimating_callback
+
     train, val, reader = training_data(data)
     best = best or KeepBestWeights()
+    batch_norm = reestimating_callback(model, data, getattr(model, "student", None))
     started = time.perf_counter()
     history = model.fit(train, validation_data=val, epochs=epochs, verbose=0,
-                        callbacks=[*(callbacks or []), best])
+                        callbacks=[*([batch_norm] if batch_norm else []), *(callbacks or []),
+                                   best])
     curves = {name: [float(v) for v in values] for name, values in history.history.items()}
     judge = next((c for c in callbacks or [] if isinstance(c, StopWhenDone)), None)
     stop = judge.outcome(epochs) if judge is not None else {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfopt.models.health import health_line
 from tfopt.report.compare import markdown_moves, markdown_overview
 from tfopt.report.summary import speedup_sentence
 
@@ -214,12 +215,14 @@ def training_lines(summary: dict[str, Any]) -> list[str]:
     training = summary.get("baseline_training")
     if not training:
         return []
+    health = [f"Baseline health: {health_line(training['health'])}."] if training.get(
+        "health") else []
     if not training["epochs_run"]:
-        return [f"Baseline: {training['stop_reason']}.", ""]
+        return [f"Baseline: {training['stop_reason']}.", *health, ""]
     state = "converged" if training["converged"] else "NOT converged"
     best = f", best epoch {training['best_epoch']}" if training.get("best_epoch") else ""
     return [f"Baseline: {state} after {training['epochs_run']} epochs{best} "
-            f"({training['stop_reason']}).", ""]
+            f"({training['stop_reason']}).", *health, ""]
 
 
 def budget_lines(summary: dict[str, Any]) -> list[str]:

@@ -11,6 +11,7 @@ from tfopt.artifacts import (
     Runoff,
     VariantResult,
 )
+from tfopt.models.health import baseline_health
 from tfopt.report.diagnosis import diagnose
 from tfopt.runtimes import runtime_of
 from tfopt.services import redact
@@ -123,14 +124,21 @@ def variant_flags(delta_points: float | None, budget_points: float) -> list[str]
 
 
 def baseline_training(baseline: ModelArtifact) -> dict[str, Any]:
-    """How the baseline's training ended (summary ``baseline_training``), from its params."""
+    """How the baseline's training ended (summary ``baseline_training``), and its health.
+
+    ``converged`` is true only when the training reached its plateau and the baseline is
+    healthy (`tfopt.models.health.baseline_health`): a broken baseline is never converged.
+    """
+    health = baseline_health(baseline)
     params = baseline.params
     if "stop_reason" not in params:
         return {"epochs_run": 0, "best_epoch": None, "converged": False,
-                "stop_reason": "not trained here: the model is taken as it is"}
+                "stop_reason": "not trained here: the model is taken as it is",
+                "health": health}
     best = params.get("kept_epoch")
     return {"epochs_run": params["epochs_run"], "best_epoch": best if best != "last" else None,
-            "converged": bool(params["converged"]), "stop_reason": params["stop_reason"]}
+            "converged": bool(params["converged"]) and health["status"] != "unhealthy",
+            "stop_reason": params["stop_reason"], "health": health}
 
 
 def build_summary(

@@ -1,10 +1,10 @@
 """What `tfopt run` and `tfopt benchmark` print at the end, the verdict last.
 
-The measured variants in a table, the ones not measured in a compact block, then the verdict in
-three lines. The table holds only variants that were measured; a skipped or failed variant is one
-line of the block with its whole reason (variants that share a reason share a line). The verdict
-says the champion and its speed-up over plain int8 within how many points, what the time budget cut,
-and where to look.
+The measured variants in a table, the ones not measured in a compact block, then the verdict in four
+lines. The table holds only variants that were measured; a skipped or failed variant is one line of
+the block with its whole reason (variants that share a reason share a line). The verdict says how
+the baseline every verdict rests on ended and whether it is healthy, the champion and its speed-up
+over plain int8 within how many points, what the time budget cut, and where to look.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from rich.table import Table
+
+from tfopt.models.health import health_line
 
 COLUMNS = ("variant", "accuracy", "Δ pts", "p50 ms", "p99 ms", "ex/s", "size KB", "gzip KB")
 
@@ -109,6 +111,19 @@ def where_to_look_line(summary: dict[str, Any], prefect_ui: str) -> str:
     return "look: " + "  |  ".join(parts)
 
 
+def baseline_line(summary: dict[str, Any]) -> str | None:
+    """The baseline every verdict is judged against: how its training ended, its health."""
+    training = summary.get("baseline_training")
+    if not training or not training.get("health"):
+        return None
+    ended = ("taken as it is" if not training["epochs_run"] else
+             f"{'converged' if training['converged'] else 'NOT converged'} after "
+             f"{training['epochs_run']} epochs")
+    return f"baseline: {ended}, {health_line(training['health'])}"
+
+
 def verdict_lines(summary: dict[str, Any], prefect_ui: str) -> list[str]:
-    """The run's last three lines: the champion, the budget's cuts, where to look."""
-    return [champion_line(summary), budget_line(summary), where_to_look_line(summary, prefect_ui)]
+    """The run's last lines: the baseline, the champion, the budget's cuts, where to look."""
+    baseline = baseline_line(summary)
+    return [*([baseline] if baseline else []), champion_line(summary), budget_line(summary),
+            where_to_look_line(summary, prefect_ui)]

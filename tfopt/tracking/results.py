@@ -246,6 +246,21 @@ def log_continued_training(run: TrackedRun, model: ModelArtifact) -> None:
         for key in ("test_accuracy", "best_val_accuracy") if key in model.metrics})
 
 
+def log_baseline_health(run: TrackedRun, health: Mapping[str, Any]) -> None:
+    """The baseline's health check, its status and reasons as tags, its figures as metrics.
+
+    Tags ``tfopt.baseline_health`` and ``tfopt.baseline_health.reasons``; metrics
+    ``baseline_health_*``.
+    """
+    set_tags(run.client, run.run_id, {
+        "tfopt.baseline_health": health["status"],
+        "tfopt.baseline_health.reasons": "; ".join(health["reasons"]) or "none"})
+    log_metrics(run.client, run.run_id, {
+        f"baseline_health_{key}": float(health[key])
+        for key in ("train_accuracy", "val_accuracy", "chance_accuracy")
+        if health.get(key) is not None})
+
+
 def log_model_facts(run: TrackedRun, facts: ModelFacts) -> None:
     """What the baseline's model was found to be (``model_facts.kind``, ``.channels`` ...)."""
     log_params(run.client, run.run_id, {"model_facts": facts.params()})
