@@ -6,9 +6,7 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-
-def _fmt(value: Any, pattern: str) -> str:
-    return "-" if value is None else format(value, pattern)
+from tfopt.report.summary import or_dash
 
 
 def publish_prefect_artifacts(summary: dict[str, Any]) -> None:
@@ -17,10 +15,10 @@ def publish_prefect_artifacts(summary: dict[str, Any]) -> None:
         {
             "variant": ("★ " if v["name"] == summary["champion"] else "") + v["name"],
             "status": v["status"] if v["status"] == "ok" else f"{v['status']}: {v['error']}",
-            "accuracy": _fmt(v["accuracy"], ".4f"),
-            "p50 ms": _fmt(v["latency_ms"]["p50"], ".3f"),
-            "p99 ms": _fmt(v["latency_ms"]["p99"], ".3f"),
-            "size KB": _fmt(v["size_bytes"] / 1024, ",.1f"),
+            "accuracy": or_dash(v["accuracy"], ".4f"),
+            "p50 ms": or_dash(v["latency_ms"]["p50"], ".3f"),
+            "p99 ms": or_dash(v["latency_ms"]["p99"], ".3f"),
+            "size KB": or_dash(v["size_bytes"] / 1024, ",.1f"),
             "notes": " | ".join(v.get("flags", []) + v.get("notes", [])),
         }
         for v in summary["variants"]

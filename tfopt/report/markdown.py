@@ -6,7 +6,7 @@ from typing import Any
 
 from tfopt.models.health import health_line
 from tfopt.report.compare import markdown_moves, markdown_overview
-from tfopt.report.summary import speedup_sentence
+from tfopt.report.summary import or_dash, speedup_sentence
 
 _WHOLE_REPORT = ("The whole report (every table, the plots, CSV and JSON) is in report/ among "
                  "this run's artifacts.")
@@ -40,13 +40,15 @@ def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
     for row in rows:
         lines.append(
-            f"| {_name_cell(row, summary)} | {_status_cell(row)} | {_fmt(row['accuracy'], '.4f')} "
-            f"| {_fmt(row['accuracy_delta_points'], '+.2f')} | {_fmt(row['p50_ms'], '.3f')} "
-            f"| {interval(row)} | {_fmt(row['harness_floor_ms'], '.4f')} "
-            f"| {_fmt(row['p99_ms'], '.3f')} | {_fmt(row['throughput_per_s'], ',.0f')} "
-            f"| {_fmt(row['batch_throughput_per_s'], ',.0f')} "
-            f"| {_fmt(row['size_bytes'] / 1024, ',.1f')} "
-            f"| {_fmt(row['gzip_bytes'] / 1024, ',.1f')} | {_fmt(row['peak_rss_mb'], ',.0f')} "
+            f"| {_name_cell(row, summary)} | {_status_cell(row)} "
+            f"| {or_dash(row['accuracy'], '.4f')} "
+            f"| {or_dash(row['accuracy_delta_points'], '+.2f')} | {or_dash(row['p50_ms'], '.3f')} "
+            f"| {interval(row)} | {or_dash(row['harness_floor_ms'], '.4f')} "
+            f"| {or_dash(row['p99_ms'], '.3f')} | {or_dash(row['throughput_per_s'], ',.0f')} "
+            f"| {or_dash(row['batch_throughput_per_s'], ',.0f')} "
+            f"| {or_dash(row['size_bytes'] / 1024, ',.1f')} "
+            f"| {or_dash(row['gzip_bytes'] / 1024, ',.1f')} "
+            f"| {or_dash(row['peak_rss_mb'], ',.0f')} "
             f"| {row['tied_with']} | {row['notes']} |"
         )
     lines += _load_lines(summary)
@@ -150,9 +152,9 @@ def _short_variant_table(summary: dict[str, Any]) -> str:
             lines.append(f"| {entry['name']} | {status} | - | - | - | - |")
             continue
         lines.append(f"| {_name_cell(entry, summary)} | {status} "
-                     f"| {_fmt(entry['accuracy'], '.4f')} "
-                     f"| {_fmt(entry.get('accuracy_delta_points'), '+.2f')} "
-                     f"| {_fmt(entry['latency_ms'].get('p50'), '.3f')} "
+                     f"| {or_dash(entry['accuracy'], '.4f')} "
+                     f"| {or_dash(entry.get('accuracy_delta_points'), '+.2f')} "
+                     f"| {or_dash(entry['latency_ms'].get('p50'), '.3f')} "
                      f"| {entry['size_bytes'] / 1024:,.1f} |")
     return "\n".join(lines)
 
@@ -186,10 +188,10 @@ def _load_lines(summary: dict[str, Any]) -> list[str]:
              "|---|---:|---:|---:|---:|---|"]
     for entry in loaded:
         lines.append(
-            f"| {entry['name']} | {_fmt(entry.get('offline_examples_per_s'), ',.0f')} "
-            f"| {_fmt(entry.get('offline_batch_size'), 'd')} "
-            f"| {_fmt(entry.get('server_qps_within_budget'), ',.0f')} "
-            f"| {_fmt(entry.get('server_p99_ms'), '.3f')} "
+            f"| {entry['name']} | {or_dash(entry.get('offline_examples_per_s'), ',.0f')} "
+            f"| {or_dash(entry.get('offline_batch_size'), 'd')} "
+            f"| {or_dash(entry.get('server_qps_within_budget'), ',.0f')} "
+            f"| {or_dash(entry.get('server_p99_ms'), '.3f')} "
             f"| {entry.get('server_reason') or ''} |")
     return lines
 
@@ -206,7 +208,7 @@ def _thread_lines(summary: dict[str, Any]) -> list[str]:
     for entry in swept:
         by_threads = entry["p50_ms_by_threads"]
         lines.append(f"| {entry['name']} | " + " | ".join(
-            _fmt(by_threads.get(str(t)), ".3f") for t in counts) + " |")
+            or_dash(by_threads.get(str(t)), ".3f") for t in counts) + " |")
     return lines
 
 
@@ -243,8 +245,9 @@ def search_lines(summary: dict[str, Any]) -> list[str]:
         target = search.get("target_val_accuracy")
         tested = search.get("target_test_accuracy")
         lines += ["", f"Search of {technique}.{search['knob']} (accuracy to keep: validation "
-                  f"{_fmt(target, '.4f')}, a TFLite file on test {_fmt(tested, '.4f')}; chosen: "
-                  f"{_fmt(search['chosen'], 'g')}"
+                  f"{or_dash(target, '.4f')}, a TFLite file on test {or_dash(tested, '.4f')}; "
+                  "chosen: "
+                  f"{or_dash(search['chosen'], 'g')}"
                   + (f"; {search['cut']}" if search.get("cut") else "") + "):", "",
                   f"| {search['knob']} | status | val accuracy | file "
                   "| test accuracy | p50 ms | speed-up (x, side by side) | epochs | s |",
@@ -253,11 +256,11 @@ def search_lines(summary: dict[str, Any]) -> list[str]:
             value = next(iter(trial["params"].values()))
             star = "★ " if value == search["chosen"] else ""
             lines.append(f"| {star}{value:g} | {trial['status']} "
-                         f"| {_fmt(trial['val_accuracy'], '.4f')} "
+                         f"| {or_dash(trial['val_accuracy'], '.4f')} "
                          f"| {trial.get('file') or '-'} "
-                         f"| {_fmt(trial.get('test_accuracy'), '.4f')} "
-                         f"| {_fmt(trial['p50_ms'], '.4f')} "
-                         f"| {_fmt(trial.get('speedup'), '.2f')} "
+                         f"| {or_dash(trial.get('test_accuracy'), '.4f')} "
+                         f"| {or_dash(trial['p50_ms'], '.4f')} "
+                         f"| {or_dash(trial.get('speedup'), '.2f')} "
                          f"| {trial['epochs_run']} | {trial['seconds']:g} |")
     return lines
 
@@ -279,9 +282,6 @@ def crash_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"- {crash['step']}: {crash['signal']} in {crash['what']}; {done}.")
     return [*lines, ""]
 
-
-def _fmt(value: Any, pattern: str) -> str:
-    return "-" if value is None else format(value, pattern)
 
 
 def _interval(latency: dict[str, Any]) -> str:
@@ -327,8 +327,8 @@ def runtime_lines(summary: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {source} | {precision} | {mark}{entry['runtime']} | {entry['name']} "
                 f"| {latency['p50']:.3f} | {_interval(latency)} "
-                f"| {_fmt(entry.get('offline_examples_per_s'), ',.0f')} "
-                f"| {_fmt(entry['accuracy'], '.4f')} | {entry['size_bytes'] / 1024:,.1f} "
+                f"| {or_dash(entry.get('offline_examples_per_s'), ',.0f')} "
+                f"| {or_dash(entry['accuracy'], '.4f')} | {entry['size_bytes'] / 1024:,.1f} "
                 f"| {runs_as} |")
     return lines
 
@@ -358,7 +358,7 @@ def api_lines(summary: dict[str, Any]) -> list[str]:
              "|---|" + "---:|" * len(apis) + "---|---|"]
     for entry in timed:
         by_api = entry["latency_ms_by_api"]
-        cells = " | ".join(_fmt((by_api.get(api) or {}).get("p50"), ".3f") for api in apis)
+        cells = " | ".join(or_dash((by_api.get(api) or {}).get("p50"), ".3f") for api in apis)
         accelerated = next((value for key, value in (entry.get("runner") or {}).items()
                             if key.endswith("fully_accelerated")), "-")
         lines.append(f"| {entry['name']} | {cells} | {api_verdict(by_api)} | {accelerated} |")

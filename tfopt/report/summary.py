@@ -123,6 +123,11 @@ def variant_flags(delta_points: float | None, budget_points: float) -> list[str]
     return []
 
 
+def or_dash(value: float | None, pattern: str) -> str:
+    """`value` formatted with `pattern`, or ``-`` where there is none (a table cell)."""
+    return "-" if value is None else format(value, pattern)
+
+
 def baseline_training(baseline: ModelArtifact) -> dict[str, Any]:
     """How the baseline's training ended (summary ``baseline_training``), and its health.
 
@@ -233,9 +238,6 @@ def benchmark_summary(
     }
 
 
-def _fmt(value: float | None, pattern: str) -> str:
-    return "-" if value is None else format(value, pattern)
-
 
 def speedup_sentence(speedup: dict[str, Any] | None) -> str:
     """The champion's speed-up over its reference in one sentence (empty without one)."""
@@ -272,8 +274,8 @@ def champion_card(result: VariantResult, reason: str, budget_points: float,
     tags = {
         "variant": result.name, "runtime": runtime_of(result.format).name,
         "format": result.format, "precision": result.precision,
-        "accuracy": _fmt(result.accuracy, ".4f"),
-        "p50_ms": _fmt(latency.p50 if latency else None, ".4f"),
+        "accuracy": or_dash(result.accuracy, ".4f"),
+        "p50_ms": or_dash(latency.p50 if latency else None, ".4f"),
         "derived_from": result.derived_from or "none", "dataset_digest": digest,
         "tfopt_version": importlib.metadata.version("tfopt"), "git_commit": git_commit(),
     }

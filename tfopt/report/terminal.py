@@ -14,12 +14,10 @@ from typing import Any
 from rich.table import Table
 
 from tfopt.models.health import health_line
+from tfopt.report.summary import or_dash
 
 COLUMNS = ("variant", "accuracy", "Δ pts", "p50 ms", "p99 ms", "ex/s", "size KB", "gzip KB")
 
-
-def _fmt(value: float | None, pattern: str) -> str:
-    return "-" if value is None else format(value, pattern)
 
 
 def measured_table(summary: dict[str, Any]) -> Table:
@@ -36,13 +34,13 @@ def measured_table(summary: dict[str, Any]) -> Table:
         latency = entry["latency_ms"]
         table.add_row(
             ("★ " if entry["name"] == summary.get("champion") else "") + entry["name"],
-            _fmt(entry["accuracy"], ".4f"),
-            _fmt(entry["accuracy_delta_points"], "+.2f"),
-            _fmt(latency["p50"], ".3f"),
-            _fmt(latency["p99"], ".3f"),
-            _fmt(entry["throughput_per_s"], ",.0f"),
-            _fmt(entry["size_bytes"] / 1024, ",.1f"),
-            _fmt(entry["gzip_bytes"] / 1024, ",.1f"),
+            or_dash(entry["accuracy"], ".4f"),
+            or_dash(entry["accuracy_delta_points"], "+.2f"),
+            or_dash(latency["p50"], ".3f"),
+            or_dash(latency["p99"], ".3f"),
+            or_dash(entry["throughput_per_s"], ",.0f"),
+            or_dash(entry["size_bytes"] / 1024, ",.1f"),
+            or_dash(entry["gzip_bytes"] / 1024, ",.1f"),
         )
     return table
 
@@ -87,7 +85,7 @@ def champion_line(summary: dict[str, Any]) -> str:
     elif champion == "baseline-tflite-int8":
         faster = "plain int8 itself: no compressed variant was faster within the budget"
     else:
-        faster = f"batch-1 p50 {_fmt(entry['latency_ms']['p50'], '.4f')} ms"
+        faster = f"batch-1 p50 {or_dash(entry['latency_ms']['p50'], '.4f')} ms"
     return f"champion: {champion}, {faster}{accuracy}"
 
 
