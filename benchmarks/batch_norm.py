@@ -25,11 +25,11 @@ from tfopt.artifacts import TrainingData
 from tfopt.data.pipeline import load_split
 from tfopt.models.batch_norm import (
     REESTIMATION_IMAGES,
-    _restore,
-    _statistics,
     accuracy,
     batch_norm_layers,
+    moving_statistics,
     reestimate,
+    restore_statistics,
 )
 from tfopt.models.sources import build_with
 from tfopt.models.training import compile_for_labels, training_data
@@ -61,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     print("epoch  train acc  val (as trained)  val (re-estimated)")
     for epoch in range(1, args.epochs + 1):
         history = model.fit(train, epochs=1, verbose=0)
-        stale = _statistics(layers)
+        stale = moving_statistics(layers)
         before = accuracy(model, val_images, val_labels)
         reestimate(model, layers, train_images)
         after = accuracy(model, val_images, val_labels)
-        _restore(layers, stale)
+        restore_statistics(layers, stale)
         print(f"{epoch:5d}  {history.history['accuracy'][-1]:9.4f}  {before:16.4f}  "
               f"{after:18.4f}", flush=True)
     return 0

@@ -90,11 +90,13 @@ def reestimate(model: Any, layers: list[Any], images: np.ndarray,
             layer.momentum = momentum
 
 
-def _statistics(layers: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+def moving_statistics(layers: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The moving mean and variance of each layer, copied (`restore_statistics` puts them back)."""
     return [(np.array(layer.moving_mean), np.array(layer.moving_variance)) for layer in layers]
 
 
-def _restore(layers: list[Any], kept: list[tuple[np.ndarray, np.ndarray]]) -> None:
+def restore_statistics(layers: list[Any], kept: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Set each layer's moving mean and variance back to what `moving_statistics` copied."""
     for layer, (mean, variance) in zip(layers, kept, strict=True):
         layer.moving_mean.assign(mean)
         layer.moving_variance.assign(variance)
@@ -116,11 +118,11 @@ def reestimated_if_better(model: Any, layers: list[Any], train_images: np.ndarra
         the re-estimated statistics were kept, else 0.0).
     """
     before = accuracy(model, val_images, val_labels)
-    stale = _statistics(layers)
+    stale = moving_statistics(layers)
     reestimate(model, layers, train_images)
     after = accuracy(model, val_images, val_labels)
     if after < before:
-        _restore(layers, stale)
+        restore_statistics(layers, stale)
     return {"bn_val_accuracy_before": before, "bn_val_accuracy_after": after,
             "bn_reestimated": float(after >= before)}
 
