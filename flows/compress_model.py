@@ -25,7 +25,7 @@ from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, Training
 from tfopt.budget import CUT_BY_BUDGET
 from tfopt.models.baseline import validation_margin
 from tfopt.orchestration import claim_flow_run
-from tfopt.runtimes import runtime_of
+from tfopt.runtimes import read_back_file
 from tfopt.search import Search, search_line, search_summary, trial_of
 from tfopt.tracking import RunRef
 from tfopt.variants import failed, skipped
@@ -306,7 +306,7 @@ def _with_read_back(model: ModelArtifact, forms: list[VariantSpec]) -> ModelArti
         if spec.status != "ok":
             continue
         try:
-            kept = runtime_of(spec.format).read_back(spec)
+            kept = read_back_file(spec)
         except (OSError, ValueError, RuntimeError) as error:
             get_run_logger().warning("%s: could not read %s back: %s", model.name, spec.name,
                                      error)

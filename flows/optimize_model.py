@@ -67,10 +67,14 @@ from tfopt.budget import (
 )
 from tfopt.config import BenchmarkConfig, resolve_cpus
 from tfopt.fileio import atomic_write_json, path_size_bytes
-from tfopt.measurement.champion import champion_speedup, champion_speedup_over_int8
+from tfopt.measurement.champion import (
+    accuracy_verdict,
+    champion_speedup,
+    champion_speedup_over_int8,
+)
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
-from tfopt.models.baseline import children_beating, kept_test_accuracy, recovery_target
+from tfopt.models.baseline import children_beating, kept_val_accuracy, recovery_target
 from tfopt.models.health import verdicts_note
 from tfopt.models.sources import source_stamp
 from tfopt.models.step_timing import unswept
@@ -158,7 +162,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
             run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged)
         summary = _summarize(config, run, measured, results, run_ids,
                              [baseline, *technique_models], runoff, read_record(crashes),
-                             held.note)
+                             held.note, inputs.labels)
         summary = _with_budget(_since_last_run(
             config, run, {**summary, "search": compressed.searches}, run_dir,
             (results, inputs), budget), budget, cuts)
@@ -336,7 +340,7 @@ def _compressed_variants(
     val_examples = data.dataset.splits["val"].examples
     tuning = data.model_copy(update={"recover_to": recovery_target(baseline, budget_points,
                                                                    val_examples),
-                                     "recover_test_to": kept_test_accuracy(baseline, budget_points),
+                                     "file_target": kept_val_accuracy(baseline, budget_points),
                                      "speedup_reference": baseline_int8(baseline_variants,
                                                                         baseline.name),
                                      "deadline": budget.compression_deadline,
@@ -470,12 +474,14 @@ def _summarize(
     config: PipelineConfig, run: tracking.TrackedRun, measured: _Measured,
     results: list[VariantResult], run_ids: dict[str, str], models: list[ModelArtifact],
     runoff: Runoff | None, crashes: list[dict[str, Any]], baseline_note: str | None,
+    test_labels: Path | None,
 ) -> dict[str, Any]:
     """Pick and register the champion; assemble the summary JSON.
 
     `models` are the baseline and the techniques' models; `crashes` the contained ones;
     `baseline_note` why the verdicts are judged against an unconverged baseline, if they are;
-    an unhealthy baseline (`tfopt.models.health`) adds its reasons to it.
+    an unhealthy baseline (`tfopt.models.health`) adds its reasons to it. `test_labels` are
+    the benchmark inputs' (the champion and the baseline compared image by image).
     """
     bench = config.benchmark
     baseline, technique_models = models[0], models[1:]
@@ -510,6 +516,8 @@ def _summarize(
             "environment": environment(bench.threads, tf_threads, resolve_cpus(bench.cpus)),
             "champion_model": champion_model,
             "champion_speedup": speedup,
+            "accuracy_verdict": accuracy_verdict(choice, results, test_labels,
+                                                  bench.accuracy_budget_points),
             "champion_speedup_over_int8": champion_speedup_over_int8(choice.name, results,
                                                                      runoff),
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),

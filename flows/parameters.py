@@ -103,6 +103,23 @@ class PipelineConfig(Section):
             automatic.setdefault(section, settings)
         return automatic
 
+    @model_validator(mode="before")
+    @classmethod
+    def _validation_resolves_the_budget(cls, raw: Any) -> Any:
+        """``val_fraction: auto`` sized for this config's accuracy budget: a quarter of it."""
+        if not isinstance(raw, dict):
+            return raw
+        data, benchmark = raw.get("data") or {}, raw.get("benchmark") or {}
+        budget = (benchmark.get("accuracy_budget_points") if isinstance(benchmark, dict)
+                  else getattr(benchmark, "accuracy_budget_points", None))
+        if not isinstance(budget, int | float) or budget <= 0:
+            return raw
+        if isinstance(data, dict) and "auto_val_image_points" not in data:
+            return {**raw, "data": {**data, "auto_val_image_points": budget / 4.0}}
+        if isinstance(data, DataConfig) and "auto_val_image_points" not in data.model_fields_set:
+            return {**raw, "data": data.model_copy(update={"auto_val_image_points": budget / 4.0})}
+        return raw
+
     @model_validator(mode="after")
     def _training_fits_the_model_source(self) -> PipelineConfig:
         if self.model.head == "replace" and self.train.epochs + self.train.head_epochs == 0:

@@ -7,7 +7,9 @@ from prefect import task
 from tfopt.artifacts import DatasetArtifact, ModelFacts
 from tfopt.logs import step_logger
 from tfopt.models.config import ModelConfig
+from tfopt.models.inspection import INSPECT_STEP
 from tfopt.models.inspection import inspect_model as inspect
+from tfopt.native import run_native
 
 
 @task(name="inspect_model", tags=["model"])
@@ -17,7 +19,8 @@ def inspect_model(model_cfg: ModelConfig, dataset: DatasetArtifact) -> ModelFact
     Its kind, the Keras that builds it (tf_keras or Keras 3), its image channels (the readers
     decode the shards to them: 1 is grayscale), what its output is (logits, or a softmax whose
     input tfopt takes as the logits) and, with ``model.head: replace``, the classification layer
-    that is swapped for the data's classes.
+    that is swapped for the data's classes. The model is opened in a child process
+    (`tfopt.native`): a model that crashes TensorFlow fails this task in one line, not the run.
 
     Args:
         model_cfg: Where the model comes from.
@@ -26,6 +29,6 @@ def inspect_model(model_cfg: ModelConfig, dataset: DatasetArtifact) -> ModelFact
     Returns:
         The model's facts.
     """
-    facts = inspect(model_cfg, dataset.image_size, dataset.class_names)
+    facts = run_native(INSPECT_STEP, inspect, model_cfg, dataset.image_size, dataset.class_names)
     step_logger().info("model: %s", ", ".join(f"{k} {v}" for k, v in facts.params().items()))
     return facts

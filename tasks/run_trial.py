@@ -25,8 +25,8 @@ def run_trial(technique: str, value: float, start: ModelArtifact, cfg: Technique
     The model is made in a child process (`tfopt.native`: a crash fails this trial only),
     fine-tuned until back within the accuracy budget or stopped by the study's pruner
     (`data.trial`); its int8 and fp32 TFLite files are timed holding the machine's benchmark
-    slot (those within the budget side by side with `data.speedup_reference`) and their test
-    accuracy checked against `data.recover_test_to`; the trial is a nested MLflow run of the
+    slot (those within the budget side by side with `data.speedup_reference`) and their
+    validation accuracy checked against `data.file_target`; the trial is a nested MLflow run of the
     pipeline's run.
 
     Args:
@@ -49,7 +49,7 @@ def run_trial(technique: str, value: float, start: ModelArtifact, cfg: Technique
                       "the search goes on without this setting")
     made = run_native(step, make_trial, technique, value, start, cfg, data, out_dir, convert,
                       data.recover_to)
-    timed = time_files(made, inputs, protocol, data.recover_test_to, data.speedup_reference)
+    timed = time_files(made, inputs, protocol, data.file_target, data.speedup_reference)
     log_trial(parent, f"{technique} {timed.field}={timed.value:g}",
               {"technique": technique, **timed.summary()})
     return timed

@@ -339,9 +339,9 @@ def open_search(planned: Planned, config: Any, start: ModelArtifact,
     assert technique.knob is not None
     settings = planned.cfg.model_dump(mode="json")
     key = study_key(technique.name, technique.knob, start, settings,
-                    (data.recover_to, data.recover_test_to))
+                    (data.recover_to, data.file_target))
     return Search(technique.knob, config.work_dir.resolve() / "searches" / key, key,
-                  data.recover_to, data.recover_test_to)
+                  data.recover_to, data.file_target)
 
 
 @cache

@@ -66,7 +66,7 @@ def test_the_verdict_says_the_speedup_over_int8_the_points_the_cuts_and_where_to
     champion, budget, look = verdict_lines(_summary(), "http://127.0.0.1:4200")
     assert champion.startswith("champion: channels-50-tflite-int8, 2.46x the speed of "
                                "baseline-tflite-int8 (side by side")
-    assert "-0.91 points against the baseline (budget 1 point)" in champion
+    assert "-0.91 points against the baseline on test (budget 1 point)" in champion
     assert budget == ("time budget: 3.5 of 5 min used; cut: distill (not started: cut by the "
                       "time budget)")
     assert "Prefect UI http://127.0.0.1:4200/runs/flow-run/f1" in look

@@ -83,10 +83,9 @@ class TrainingData(_Frozen):
     (the baseline's best minus ``benchmark.accuracy_budget_points``): it stops once there and
     no longer improving (`tfopt.models.training.recovery`). None: every fine-tuning runs its
     epochs."""
-    recover_test_to: float | None = None
-    """The test-split accuracy one of a search trial's files must keep: the baseline's test
-    accuracy less the budget, the champion's rule (`tfopt.search.time_files`). None: not
-    checked."""
+    file_target: float | None = None
+    """The validation accuracy one of a search trial's files must keep: the baseline's less the
+    budget, the champion's rule (`tfopt.search.time_files`). None: not checked."""
     speedup_reference: VariantSpec | None = None
     """The baseline's int8 TFLite file: a search trial's files are timed side by side with it
     in one process, and the search chooses by that speed-up (`tfopt.search.time_files`). None:
@@ -250,6 +249,10 @@ class BenchmarkInputs(_Frozen):
     generate: dict[str, list[int]] | None = None
     """Generate `examples` inputs from the model's signature, the dimensions it leaves open
     taken from here (by input name, the batch dimension included); None: `feeds` holds them."""
+    selection_images: Path | None = None
+    """The decoded validation split, on which the run's choices are made (None: no labelled
+    validation split): each variant's `VariantResult.val_accuracy`."""
+    selection_labels: Path | None = None
     floor_models: dict[str, Path] = Field(default_factory=dict)
     """Per runner format, a model that does next to nothing on inputs of the same shape: timed
     through the same runner, it is the harness's own floor (see `tfopt.measurement.floor`)."""
@@ -398,6 +401,12 @@ class VariantResult(_Frozen):
     gzip_bytes: int = 0
     accuracy: float | None = 0.0
     """Top-1 accuracy on the test split; None for a model benchmarked without labelled data."""
+    val_accuracy: float | None = None
+    """Top-1 accuracy on the validation split, the figure the accuracy budget is judged on
+    (`tfopt.measurement.champion.BudgetRule`); None: not measured (no validation split)."""
+    predictions: Path | None = None
+    """Its predicted class per test image (``.npy``), for paired comparisons
+    (`tfopt.measurement.accuracy_stats.mcnemar`)."""
     latency_ms: LatencyStats | None = None
     throughput_per_s: float = 0.0
     timed_runs: int = 0

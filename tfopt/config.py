@@ -62,6 +62,10 @@ def experiment_field(default: str, description: str = "MLflow experiment.") -> A
     )
 
 
+AUTO_VAL_SHARES = (0.1, 0.25)
+"""The smallest and largest share of the examples ``val_fraction: auto`` takes."""
+
+
 class DataConfig(Section):
     """Where the labelled data comes from and how it is split and sharded."""
 
@@ -72,8 +76,22 @@ class DataConfig(Section):
     image_size: int = Field(
         32, ge=8, le=512, description="Images are resized to image_size x image_size pixels."
     )
-    val_fraction: float = Field(
-        0.1, ge=0.0, le=0.4, description="Share of examples in the validation split."
+    val_fraction: float | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "Share of examples in the validation split, where every choice is made. auto: "
+            f"enough that one image is at most auto_val_image_points accuracy points (between "
+            f"{AUTO_VAL_SHARES[0]} and {AUTO_VAL_SHARES[1]} of the examples; the run says so "
+            "when even the largest share cannot resolve it)."
+        ),
+    )
+    auto_val_image_points: float = Field(
+        0.25, gt=0.0, le=10.0,
+        description=(
+            "For val_fraction auto: the accuracy points one validation image may weigh at most. "
+            "A pipeline config sets it to a quarter of benchmark.accuracy_budget_points unless "
+            "given."
+        ),
     )
     test_fraction: float = Field(
         0.2, gt=0.0, le=0.4, description="Share of examples in the test split (benchmarks use it)."
@@ -112,9 +130,30 @@ class DataConfig(Section):
     def _splits_leave_training_data(self) -> DataConfig:
         if self.source_format == "tfrecord" and self.max_examples_per_class is not None:
             raise ValueError("max_examples_per_class applies to image_folder sources only")
-        if self.val_fraction + self.test_fraction >= 0.8:
+        if self.val_fraction != "auto" and not 0.0 <= self.val_fraction <= 0.4:
+            raise ValueError("val_fraction must be auto or between 0 and 0.4")
+        if max(self.val_share(1), self.val_share(1_000_000)) + self.test_fraction >= 0.8:
             raise ValueError("val_fraction + test_fraction must be below 0.8")
         return self
+
+    def val_share(self, examples: int) -> float:
+        """The validation split's share of `examples` listed (`val_fraction`, auto resolved)."""
+        if self.val_fraction != "auto":
+            return self.val_fraction
+        needed = 100.0 / self.auto_val_image_points
+        low, high = AUTO_VAL_SHARES
+        return round(min(high, max(low, needed / max(examples, 1))), 4)
+
+    def val_note(self, examples: int) -> str | None:
+        """Why the validation split cannot resolve `auto_val_image_points` (None: it can)."""
+        share = self.val_share(examples)
+        images = share * examples
+        if self.val_fraction != "auto" or images * self.auto_val_image_points >= 100.0 - 1e-9:
+            return None
+        return (f"data.val_fraction auto: {examples} examples give a validation split of about "
+                f"{images:.0f} images at the largest share ({share:g}): one image is "
+                f"{100.0 / max(images, 1.0):.2f} accuracy points, more than "
+                f"{self.auto_val_image_points:g}; verdicts within the budget are coarse")
 
 
 InputScale = Literal["unit", "symmetric", "raw"]

@@ -98,8 +98,22 @@ def run_native(step: NativeStep, function: Callable[..., T], *args: Any, **kwarg
         NativeCrashError: The child died of a signal, and the retry did too (or was not
             tried: the signal came from outside, or oneDNN was off already).
     """
-    request = pickle.dumps((function, args, kwargs))
-    outcome = _run_child(step, request, fresh=not _can_fork())
+    return _contained(step, pickle.dumps((function, args, kwargs)), fresh=not _can_fork())
+
+
+def run_native_fresh(step: NativeStep, function: Callable[..., T], *args: Any,
+                     **kwargs: Any) -> T:
+    """`run_native` in a fresh interpreter, never the fork server.
+
+    For a step before the run has set its environment up (the command line's checks): a fork
+    server started then would give every later step the environment of that moment.
+    """
+    return _contained(step, pickle.dumps((function, args, kwargs)), fresh=True)
+
+
+def _contained(step: NativeStep, request: bytes, fresh: bool) -> Any:
+    """Run a pickled request in a child; retry a crash from inside it once with oneDNN off."""
+    outcome = _run_child(step, request, fresh=fresh)
     if outcome.signal is None:
         return outcome.value()
     first = _crash_line(step, outcome.signal)

@@ -57,13 +57,14 @@ def check_data(cfg: DataConfig) -> DataFacts:
     per_split = Counter(image.split for image in listing.images)
     counts = {split: per_split.get(split, 0) for split in ("train", "val", "test")}
     empty = [split for split, count in counts.items() if count == 0
-             and (split == "train" or getattr(cfg, f"{split}_fraction") > 0)]
+             and (split == "train" or (listing.val_fraction if split == "val"
+                                       else cfg.test_fraction) > 0)]
     if empty:
         kind = "files" if cfg.source_format == "image_folder" else "records"
         raise ConfigError(
             f"data.source_dir: {cfg.source_dir} has {len(listing.images)} {kind}, which leave "
             f"the {' and '.join(empty)} split empty (train {counts['train']}, val "
-            f"{counts['val']}, test {counts['test']} with val_fraction {cfg.val_fraction} and "
+            f"{counts['val']}, test {counts['test']} with val_fraction {listing.val_fraction} and "
             f"test_fraction {cfg.test_fraction}); add images (a few per class per split at "
             "least)")
     return DataFacts(class_names=listing.class_names, per_split=counts,
@@ -174,15 +175,23 @@ def _check_model_path(path: Path, config: Any) -> None:
 def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:
     """Check a pipeline run's data, names, space and model before any work.
 
+    The model is opened in a fresh process (`tfopt.native`): one that crashes TensorFlow is a
+    one-line error, and no fork server starts before the run has set its temporary folder.
+
     Raises:
         ConfigError: The first problem found, in one line naming the field.
     """
-    from tfopt.models.inspection import inspect_model
+    from tfopt.models.inspection import INSPECT_STEP, inspect_model
+    from tfopt.native import NativeCrashError, run_native_fresh
 
     check_paths(config)
     data = check_data(config.data)
     check_free_space(config.work_dir, data, _model_bytes(config.model.path))
-    facts = inspect_model(config.model, config.data.image_size, data.class_names)
+    try:
+        facts = run_native_fresh(INSPECT_STEP, inspect_model, config.model,
+                                 config.data.image_size, data.class_names)
+    except NativeCrashError as error:
+        raise ConfigError(f"model: opening or building it crashed TensorFlow ({error})") from error
     return data, facts
 
 

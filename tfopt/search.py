@@ -7,8 +7,8 @@ value, fine-tunes it until it is back within the accuracy budget or hopeless (Op
 `ThresholdPruner` reads its validation curve), converts it to int8 and fp32 TFLite, and times
 both files holding the machine's benchmark slot (int8 is not faster everywhere: `TRIAL_FORMS`).
 A setting is within the budget when its fine-tuned model is on the validation split and one of
-its files on the test split, where the champion is judged (a small validation split can pass a
-setting the test split then refuses). Assuming that a stronger setting is faster and less
+its files is too, by the champion's rule (a converted file can lose what its model kept); the
+test split is only reported, never chosen on. Assuming that a stronger setting is faster and less
 accurate, a setting that stays within the budget moves the lower end up, one that does not the
 upper end down; with several workers each round tries as many settings at once. A trial's
 figures are those of its fastest file within the budget, by its speed-up over the baseline's
@@ -89,13 +89,16 @@ class Knob:
 
 
 class TimedFile(BaseModel):
-    """One of a trial's files as timed: its p50, its test accuracy, its speed-up if measured."""
+    """One of a trial's files as timed: its p50, its accuracies, its speed-up if measured."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     p50_ms: float
+    val_accuracy: float | None = None
+    """On the validation split: what the budget is judged on."""
     test_accuracy: float | None = None
+    """On the test split: reported, never chosen on."""
     speedup: float | None = None
     """The baseline's int8 p50 over this file's, the two timed side by side in one process."""
 
@@ -114,8 +117,10 @@ class Trial(BaseModel):
     status: TrialStatus
     val_accuracy: float | None = None
     p50_ms: float | None = None
+    file_val_accuracy: float | None = None
+    """Its file's accuracy on the validation split, measured when timed (judged on)."""
     test_accuracy: float | None = None
-    """Its file's accuracy on the benchmark inputs (the test split), measured when timed."""
+    """Its file's accuracy on the test split, measured when timed (reported only)."""
     speedup: float | None = None
     """The baseline's int8 p50 over its file's, the two timed side by side in one process
     (None: no reference, or not within the budget)."""
@@ -132,6 +137,7 @@ class Trial(BaseModel):
     def summary(self) -> dict[str, Any]:
         """The trial as the summary lists it (``search.<technique>.trials``)."""
         return {"params": {self.field: self.value}, "val_accuracy": self.val_accuracy,
+                "file_val_accuracy": self.file_val_accuracy,
                 "test_accuracy": self.test_accuracy, "p50_ms": self.p50_ms,
                 "speedup": self.speedup, "file": self.file, "status": self.status,
                 "epochs_run": self.epochs_run, "seconds": round(self.seconds, 1),
@@ -160,17 +166,17 @@ class Search:
         folder: Where the study (``study.db``) and the trials' models are kept.
         key: The study's name (`study_key`).
         target: The validation accuracy a setting must keep (None: every setting does).
-        test_target: The test accuracy one of its files must keep (None: not checked).
+        file_target: The validation accuracy one of its files must keep (None: not checked).
     """
 
     def __init__(self, knob: Knob, folder: Path, key: str, target: float | None,
-                 test_target: float | None = None) -> None:
+                 file_target: float | None = None) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         folder.mkdir(parents=True, exist_ok=True)
         self.knob, self.folder, self.key, self.target = knob, folder, key, target
-        self.test_target = test_target
+        self.file_target = file_target
         self.storage = f"sqlite:///{folder / 'study.db'}"
         lower = -1.0 if target is None else target - HOPELESS_POINTS / 100.0
         self.study = optuna.create_study(
@@ -333,13 +339,13 @@ def trial_protocol(protocol: MeasurementProtocol) -> MeasurementProtocol:
 
 
 def time_files(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProtocol,
-               test_target: float | None = None, reference: VariantSpec | None = None) -> Trial:
-    """A trial with its files' p50s and test accuracies, timed holding the benchmark slot.
+               file_target: float | None = None, reference: VariantSpec | None = None) -> Trial:
+    """A trial with its files' p50s and accuracies, timed holding the benchmark slot.
 
     Training may overlap another trial's; timing may not (`tfopt.orchestration.benchmark_slot`).
     A file that cannot be timed is left out with the reason (none left: the trial failed). A
-    file is within the budget when its accuracy on the test split keeps `test_target`, however
-    its model's validation read; given the baseline's int8 file (`reference`), the trial's files
+    file is within the budget when its accuracy on the validation split keeps `file_target`,
+    however its model's read; given the baseline's int8 file (`reference`), the trial's files
     within the budget are then timed side by side with it in one process
     (`tfopt.measurement.runoff`) for their speed-ups: a measuring process now and then runs
     slow its whole life, which would make a stronger setting look slower than a weaker one. The
@@ -355,13 +361,13 @@ def time_files(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProto
     if built:
         try:
             timed, untimed = _timed_in_slot(trial, built, inputs, trial_protocol(protocol),
-                                            test_target, reference)
+                                            file_target, reference)
             errors += untimed
         except (RuntimeError, OSError, ValueError) as error:
             errors.append(f"{type(error).__name__}: {error}")
     if not timed:
         return trial.model_copy(update={"status": "failed", "error": "; ".join(errors)[:500]})
-    result = with_timed_files(trial, timed, test_target)
+    result = with_timed_files(trial, timed, file_target)
     if errors:
         step_logger().warning("%s=%g: not timed: %s", trial.field, trial.value, "; ".join(errors))
         result = result.model_copy(update={"error": "; ".join(
@@ -370,7 +376,7 @@ def time_files(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProto
 
 
 def _timed_in_slot(trial: Trial, built: list[VariantSpec], inputs: BenchmarkInputs,
-                   protocol: MeasurementProtocol, test_target: float | None,
+                   protocol: MeasurementProtocol, file_target: float | None,
                    reference: VariantSpec | None) -> tuple[list[TimedFile], list[str]]:
     """`built` timed holding the benchmark slot, those within the budget beside `reference`.
 
@@ -389,7 +395,7 @@ def _timed_in_slot(trial: Trial, built: list[VariantSpec], inputs: BenchmarkInpu
                 errors.append(figures)
                 continue
             timed.append(figures)
-            if keeps(figures, test_target):
+            if keeps(figures, file_target):
                 kept.append(spec)
         if trial.status == "ok" and kept and reference is not None:
             timed = with_speedups(timed, kept, reference, inputs, protocol)
@@ -398,7 +404,7 @@ def _timed_in_slot(trial: Trial, built: list[VariantSpec], inputs: BenchmarkInpu
 
 def _timed_file(spec: VariantSpec, inputs: BenchmarkInputs,
                 protocol: MeasurementProtocol) -> TimedFile | str:
-    """One file's p50 and test accuracy, or why it could not be timed."""
+    """One file's p50 and accuracies, or why it could not be timed."""
     from tfopt.logs import step_logger
     from tfopt.measurement.isolation import measure
 
@@ -407,13 +413,13 @@ def _timed_file(spec: VariantSpec, inputs: BenchmarkInputs,
     except (RuntimeError, OSError, ValueError) as error:
         return f"{spec.name}: {type(error).__name__}: {error}"
     return TimedFile(name=spec.name, p50_ms=measured.latency_ms.p50,
-                     test_accuracy=measured.accuracy)
+                     val_accuracy=measured.val_accuracy, test_accuracy=measured.accuracy)
 
 
-def keeps(timed: TimedFile, test_target: float | None) -> bool:
-    """Whether a timed file's test accuracy keeps `test_target` (not measured: nothing to judge)."""
-    return test_target is None or timed.test_accuracy is None or (
-        timed.test_accuracy >= test_target)
+def keeps(timed: TimedFile, file_target: float | None) -> bool:
+    """Whether a timed file's validation accuracy keeps `file_target` (unmeasured: it does)."""
+    return file_target is None or timed.val_accuracy is None or (
+        timed.val_accuracy >= file_target)
 
 
 def with_speedups(timed: list[TimedFile], specs: list[VariantSpec], reference: VariantSpec,
@@ -440,27 +446,28 @@ def with_speedups(timed: list[TimedFile], specs: list[VariantSpec], reference: V
 
 
 def with_timed_files(trial: Trial, timed: Sequence[TimedFile],
-                     test_target: float | None) -> Trial:
+                     file_target: float | None) -> Trial:
     """`trial` with its files' figures; its own, those of its fastest file within the budget.
 
     Fastest by the speed-up over the baseline's int8 file when every file within the budget has
-    one, else by p50. With no file within the budget on the test split, a trial its validation
-    had kept is over the budget, and its figures are its most accurate file's.
+    one, else by p50. With no file within the budget, a trial its model's validation had kept
+    is over the budget, and its figures are its most accurate file's.
     """
-    kept = [figures for figures in timed if keeps(figures, test_target)]
+    kept = [figures for figures in timed if keeps(figures, file_target)]
     if kept and all(figures.speedup for figures in kept):
         best = max(kept, key=lambda figures: figures.speedup or 0.0)
     elif kept:
         best = min(kept, key=lambda figures: figures.p50_ms)
     else:
-        best = max(timed, key=lambda figures: figures.test_accuracy or 0.0)
+        best = max(timed, key=lambda figures: figures.val_accuracy or 0.0)
     update: dict[str, Any] = {"timed": tuple(timed), "file": best.name, "p50_ms": best.p50_ms,
+                              "file_val_accuracy": best.val_accuracy,
                               "test_accuracy": best.test_accuracy, "speedup": best.speedup}
     if not kept and trial.status == "ok":
-        accuracies = ", ".join(f"{figures.name} {figures.test_accuracy:.4f}" for figures in timed)
+        accuracies = ", ".join(f"{figures.name} {figures.val_accuracy:.4f}" for figures in timed)
         update |= {"status": "over_budget",
-                   "error": f"its files' test accuracy ({accuracies}) is below {test_target:.4f} "
-                            "(the baseline's test accuracy less the budget)"}
+                   "error": f"its files' validation accuracy ({accuracies}) is below "
+                            f"{file_target:.4f} (the baseline's less the budget)"}
     return trial.model_copy(update=update)
 
 
@@ -487,8 +494,8 @@ def search_line(search: Search) -> str:
     parts = []
     for trial in sorted(search.trials(), key=lambda t: knob.values.index(t.value)):
         accuracy = f" val {trial.val_accuracy:.4f}" if trial.val_accuracy is not None else ""
-        if trial.test_accuracy is not None:
-            accuracy += f" test {trial.test_accuracy:.4f}"
+        if trial.file_val_accuracy is not None:
+            accuracy += f" file {trial.file_val_accuracy:.4f}"
         timing = f" {trial.p50_ms:.4f} ms" if trial.p50_ms is not None else ""
         if trial.speedup is not None:
             timing += f" ({trial.speedup:.2f}x side by side)"
@@ -505,6 +512,8 @@ def search_summary(search: Search) -> dict[str, Any]:
     chosen = search.chosen()
     return {"knob": search.knob.field,
             "target_val_accuracy": search.target,
-            "target_test_accuracy": search.test_target, "cut": search.cut,
+            "target_file_val_accuracy": search.file_target,
+            "target_test_accuracy": None,  # a contract key kept: nothing is chosen on test
+            "cut": search.cut,
             "trials": [trial.summary() for trial in search.trials()],
             "chosen": None if chosen is None else chosen.value}

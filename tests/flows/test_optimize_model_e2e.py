@@ -178,6 +178,18 @@ def test_summary_has_the_contract_keys(smoke_run):
         if champion["runoff_p50_ms"] is not None:
             assert over_int8["side_by_side"], "the int8 file is in every run-off"
             assert over_int8["reference_p50_ms"] == int8["runoff_p50_ms"]
+    verdict = summary["accuracy_verdict"]
+    assert verdict["judged_on"] == "validation", "the test split is read only for the figures"
+    assert verdict["champion"]["val_accuracy"] >= (
+        verdict["baseline"]["val_accuracy"] - 0.01 - 1e-9), "within the budget on validation"
+    assert verdict["test_images"] == summary["dataset"]["test_examples"]
+    low, high = verdict["champion"]["test_ci95"]
+    assert low <= verdict["champion"]["test_accuracy"] <= high
+    if summary["champion"] != verdict["baseline"]["name"]:
+        paired = verdict["paired"]
+        assert paired["images"] == verdict["test_images"] and 0 <= paired["mcnemar_p_value"] <= 1
+    assert all(v["val_accuracy"] is not None for v in summary["variants"]
+               if v["status"] == "ok" and v["accuracy"] is not None)
     assert summary["environment"]["tf_intra_op_threads"] == 2, "smoke's benchmark.threads"
     assert by_name["pruned-80-tflite-int8"]["derived_from"] == "baseline-tflite-int8"
     assert by_name["baseline-openvino"]["runner"] == {"inference_precision": "f32"}
@@ -265,11 +277,11 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     assert sorted(float(t.data.params["fraction"]) for t in trials) == sorted(
         t["params"]["fraction"] for t in searched), "each trial a nested run"
     assert {t.data.tags["tfopt.status"] for t in trials} == {t["status"] for t in searched}
-    tested = summary["search"]["channel_prune"]["target_test_accuracy"]
-    assert tested is not None and 0.0 < tested < 1.0, "the baseline's test accuracy less 1 point"
+    kept = summary["search"]["channel_prune"]["target_file_val_accuracy"]
+    assert kept is not None and 0.0 < kept < 1.0, "the baseline's val accuracy less 1 point"
     for trial in searched:
         if trial["status"] == "ok":
-            assert trial["test_accuracy"] >= tested, trial
+            assert trial["file_val_accuracy"] >= kept, trial
             assert trial["speedup"] > 0, "timed side by side with baseline-tflite-int8"
         if trial["p50_ms"] is not None:
             files = {timed["name"]: timed for timed in trial["files"]}

@@ -230,3 +230,27 @@ def test_a_builder_outside_the_allowed_folders_is_refused_naming_the_setting(
         baseline_factory(cfg, tiny_dataset.image_size, tiny_dataset.num_classes)
     monkeypatch.setenv("TFOPT_CODE_DIRS", str(builder_file.parent))
     assert baseline_factory(cfg, tiny_dataset.image_size, tiny_dataset.num_classes)() is not None
+
+
+def test_a_model_that_crashes_tensorflow_when_opened_is_one_line_not_the_end_of_the_run(
+        tiny_data_cfg, tiny_dataset, tmp_path, monkeypatch):
+    from tasks.inspect_model import inspect_model
+    from tfopt.native import RECORD_ENV, NativeCrashError
+    from tfopt.preflight import check_run
+
+    crashing = tmp_path / "crashing.py"
+    crashing.write_text(textwrap.dedent('''
+        import os
+        import signal
+
+
+        def build(image_size, num_classes):
+            os.kill(os.getpid(), signal.SIGSEGV)
+    '''))
+    monkeypatch.setenv(RECORD_ENV, str(tmp_path / "crashes.jsonl"))
+    cfg = ModelConfig(source="builder", builder=f"{crashing}:build")
+    with pytest.raises(NativeCrashError, match=r"^inspect_model crashed: .*SIGSEGV"):
+        inspect_model.fn(cfg, tiny_dataset)
+    config = PipelineConfig(data=tiny_data_cfg, model=cfg, work_dir=tmp_path / "work")
+    with pytest.raises(ConfigError, match=r"^model: opening or building it crashed"):
+        check_run(config)

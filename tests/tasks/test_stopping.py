@@ -241,12 +241,12 @@ def test_a_baseline_its_children_beat_trains_further_from_its_weights(ten_digits
     assert further.params["epochs_run"] == under.params["epochs_run"] + ran
 
 
-def test_a_fine_tuning_is_back_within_two_validation_images_and_the_test_split_is_exact():
+def test_a_fine_tuning_is_back_within_two_validation_images_and_a_file_within_the_budget():
     # configs/bench.yaml: the baseline's best epoch read 1.0 on 157 validation images and 0.9909
     # on the test split; one image either way on validation is noise, not a verdict.
     from tfopt.models.baseline import (
         children_beating,
-        kept_test_accuracy,
+        kept_val_accuracy,
         recovery_target,
         validation_margin,
     )
@@ -258,8 +258,8 @@ def test_a_fine_tuning_is_back_within_two_validation_images_and_the_test_split_i
     assert validation_margin(1.0, 1000) == pytest.approx(0.01), "the budget, on a large split"
     assert validation_margin(1.0, 0) == pytest.approx(0.01)
     assert recovery_target(baseline, 1.0, 157) == pytest.approx(155 / 157, abs=1e-5)
-    assert kept_test_accuracy(baseline, 1.0) == pytest.approx(0.9809, abs=1e-5), (
-        "the champion's rule")
+    assert kept_val_accuracy(baseline, 1.0) == pytest.approx(0.99, abs=1e-5), (
+        "the champion's rule, on validation: the test split is never chosen on")
     assert recovery_target(baseline.model_copy(update={"metrics": {}}), 1.0, 157) is None
     read_by_keras = baseline.model_copy(update={"metrics": {
         "best_val_accuracy": float(np.float32(155 / 157)), "test_accuracy": 0.9909}})

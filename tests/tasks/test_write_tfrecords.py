@@ -13,7 +13,7 @@ from tasks.write_tfrecords import write_tfrecords
 from tests.conftest import write_digit_folder
 from tfopt.config import DataConfig, ScaleConfig
 from tfopt.data.shards import plan_shards
-from tfopt.data.sources import NoUsableDataError, list_class_folders, list_source_images, split_of
+from tfopt.data.sources import NoUsableDataError, list_class_folders, list_source, split_of
 
 
 def _records(files: list[Path]) -> list[dict]:
@@ -160,12 +160,36 @@ def test_an_empty_or_missing_folder_is_a_clear_error(tmp_path):
 
 
 def test_shard_plan_is_fixed_by_the_listing(tiny_data_cfg):
-    classes = list_class_folders(tiny_data_cfg.source_dir)
-    images, _ = list_source_images(tiny_data_cfg, classes)
+    images = list_source(tiny_data_cfg).images
     first = plan_shards(images, 4096)
-    second = plan_shards(list_source_images(tiny_data_cfg, classes)[0], 4096)
+    second = plan_shards(list_source(tiny_data_cfg).images, 4096)
     assert [p.digest() for p in first] == [p.digest() for p in second]
     assert sum(len(p.images) for p in first) == len(images)
+
+
+def test_an_auto_validation_split_is_sized_so_one_image_is_a_quarter_of_the_budget(tmp_path):
+    source = write_digit_folder(tmp_path / "digits", classes=10, per_class=100)
+    auto = DataConfig(source_dir=source)
+    assert auto.val_fraction == "auto" and auto.auto_val_image_points == 0.25
+    listing = list_source(auto)
+    assert listing.val_fraction == 0.25, "400 images wanted of 1000: the largest share"
+    val = sum(image.split == "val" for image in listing.images)
+    assert 200 <= val <= 300
+    assert "one image is" in auto.val_note(1000), "it says the split cannot resolve the budget"
+    assert auto.val_share(10_000) == 0.1 and auto.val_note(10_000) is None, "the smallest share"
+    assert auto.val_share(2_000) == 0.2
+    fixed = DataConfig(source_dir=source, val_fraction=0.1)
+    assert list_source(fixed).val_fraction == 0.1 and fixed.val_note(1000) is None
+    moved = {image.relative_path for image in listing.images if image.split == "val"} - {
+        image.relative_path for image in list_source(fixed).images if image.split == "val"}
+    assert not {image.relative_path for image in list_source(fixed).images
+                if image.split == "test"} & moved, "a larger share takes from training only"
+    from flows.parameters import PipelineConfig
+
+    two_points = PipelineConfig.model_validate(
+        {"data": {"source_dir": str(source)}, "benchmark": {"accuracy_budget_points": 2.0}})
+    assert two_points.data.auto_val_image_points == 0.5
+    assert two_points.data.val_share(1000) == 0.2
 
 
 def test_user_folder_with_spaces_and_unicode_names(tmp_path):

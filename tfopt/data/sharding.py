@@ -33,6 +33,8 @@ def shard_dataset(
         NoUsableDataError: The folder has no usable image, or the training split is empty.
     """
     listing = list_source(cfg)
+    if (coarse := cfg.val_note(len(listing.images))) is not None:
+        logger.warning(coarse)
     if listing.empty_classes:
         logger.warning("class folders with no usable file names, left out: %s",
                        listing.empty_classes)
@@ -55,7 +57,8 @@ def shard_dataset(
     logger.info("%d shards in %s (%d reused from an earlier run, %d written by %s)",
                 len(plans), out_dir, len(plans) - len(pending), len(pending), writers)
     return write_manifest(cfg, out_dir, listing.class_names,
-                          [metas[plan.file_name] for plan in plans], listing.skipped)
+                          [metas[plan.file_name] for plan in plans], listing.skipped,
+                          listing.val_fraction)
 
 
 def preprocessing_cache_key(_context: object, parameters: dict) -> str | None:

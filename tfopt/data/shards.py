@@ -278,7 +278,8 @@ def is_intact(dataset: DatasetArtifact) -> bool:
 
 
 def write_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
-                     shard_metas: list[dict], listing_skipped: list[dict]) -> DatasetArtifact:
+                   shard_metas: list[dict], listing_skipped: list[dict],
+                   val_fraction: float) -> DatasetArtifact:
     splits: dict[str, SplitInfo] = {}
     manifest_splits = {}
     for split in SPLITS:
@@ -320,8 +321,9 @@ def write_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
         "shard_target_bytes": int(cfg.shard_size_mb * 1024 * 1024),
         "split_rule": (
             f"sha256(relative path) -> [0,1): test < {cfg.test_fraction}, "
-            f"val < {cfg.test_fraction + cfg.val_fraction}, else train"
+            f"val < {cfg.test_fraction + val_fraction:g}, else train"
         ),
+        "val_fraction": val_fraction,
         "splits": manifest_splits,
         "skipped_records": len(quarantine),
         "reencoded_to_jpeg": sum(meta.get("reencoded", 0) for meta in shard_metas),

@@ -63,11 +63,10 @@ def split_of(relative_path: str, val_fraction: float, test_fraction: float) -> s
 def list_source_images(
     cfg: DataConfig, class_names: list[str]
 ) -> tuple[list[SourceImage], list[dict]]:
-    """List the source files with their labels and splits, in a deterministic order.
+    """List the source files with their labels, in a deterministic order (splits: `with_splits`).
 
-    Every class reaches training: a class whose files all hash into val or test gets its first
-    file moved to train. A file whose name is not valid UTF-8 (it could not be stored in the
-    manifest or a TFRecord) is quarantined with its name's bytes.
+    A file whose name is not valid UTF-8 (it could not be stored in the manifest or a TFRecord)
+    is quarantined with its name's bytes.
 
     Returns:
         The images, and the quarantined files with their reasons.
@@ -90,14 +89,27 @@ def list_source_images(
                 quarantined.append({"path": _printable(relative),
                                     "reason": "file name is not valid UTF-8; rename the file"})
                 continue
-            listed.append(SourceImage(
-                relative_path=relative, label=label, size_bytes=_size_or_zero(path),
-                split=split_of(relative, cfg.val_fraction, cfg.test_fraction),
-            ))
-        if listed and all(image.split != "train" for image in listed):
-            listed[0] = replace(listed[0], split="train")
+            listed.append(SourceImage(relative_path=relative, label=label,
+                                      size_bytes=_size_or_zero(path), split=""))
         images += listed
     return images, quarantined
+
+
+def with_splits(images: list[SourceImage], val_fraction: float,
+                test_fraction: float) -> list[SourceImage]:
+    """`images` each given its split (`split_of`), in their order.
+
+    Every class reaches training: a class whose files all hash into val or test gets its first
+    file moved to train.
+    """
+    placed = [replace(image, split=split_of(image.relative_path, val_fraction, test_fraction))
+              for image in images]
+    trained = {image.label for image in placed if image.split == "train"}
+    for index, image in enumerate(placed):
+        if image.label not in trained:
+            placed[index] = replace(image, split="train")
+            trained.add(image.label)
+    return placed
 
 
 def _is_utf8(name: str) -> bool:
@@ -185,11 +197,8 @@ def list_tfrecord_source(cfg: DataConfig) -> tuple[list[str], list[SourceImage],
                             len(record)))
     labels = sorted({label for _, label, _ in entries})
     position = {label: i for i, label in enumerate(labels)}
-    images = [
-        SourceImage(relative_path=name, label=position[label], size_bytes=size,
-                    split=split_of(name, cfg.val_fraction, cfg.test_fraction))
-        for name, label, size in entries
-    ]
+    images = [SourceImage(relative_path=name, label=position[label], size_bytes=size, split="")
+              for name, label, size in entries]
     return [str(label) for label in labels], images, skipped
 
 
@@ -226,6 +235,8 @@ class SourceListing:
     images: list[SourceImage]
     skipped: list[dict]
     empty_classes: list[str]
+    val_fraction: float = 0.0
+    """The validation split's share (``auto`` resolved for these images: `DataConfig.val_share`)."""
 
 
 def list_source(cfg: DataConfig) -> SourceListing:
@@ -256,4 +267,6 @@ def list_source(cfg: DataConfig) -> SourceListing:
             f"({', '.join(class_names) or 'none'}); a classifier needs at least two classes, "
             "one sub-folder of images per class"
         )
-    return SourceListing(class_names, images, skipped, empty if images else [])
+    val_fraction = cfg.val_share(len(images))
+    return SourceListing(class_names, with_splits(images, val_fraction, cfg.test_fraction),
+                         skipped, empty if images else [], val_fraction)

@@ -1,18 +1,24 @@
 """Choose the champion: the fastest ok variant whose accuracy stays within the budget.
 
-Variants the measurement cannot tell apart are tied: on the p50 objective, those whose p50
-intervals (`latency_ms.p50_ci95`) overlap the fastest one's. Where a run-off timed the
-contenders again side by side (`tasks.runoff`), their run-off p50s and intervals decide among
-them instead of the figures each got on its own turn (`runoff_pool`). A tie is broken by a
-stated order, never by the noise between them: higher accuracy, then smaller size, then the
-simpler variant (the baseline before a technique's model, fp32 before float16, dynamic and
-int8, no XLA before XLA), then the lower p50.
+The budget is judged on the validation split where every variant was measured on it
+(`BudgetRule`): the test split is then read only for the figures reported, never for a choice.
+
+Variants the measurement cannot tell apart are tied: on the p50 objective, those whose p50 intervals
+(`latency_ms.p50_ci95`) overlap the fastest one's. Where a run-off timed the contenders again side
+by side (`tasks.runoff`), their run-off p50s and intervals decide among them instead of the figures
+each got on its own turn (`runoff_pool`). A tie is broken by a stated order, never by the noise
+between them: higher accuracy (on the split the budget is judged on), then smaller size, then the
+simpler variant (the baseline before a technique's model, fp32 before float16, dynamic and int8, no
+XLA before XLA), then the lower p50.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from tfopt.artifacts import Runoff, VariantResult
@@ -29,6 +35,10 @@ class ChampionChoice(BaseModel):
     reason: str
     baseline_accuracy: float | None
     tied_with: tuple[str, ...] = ()
+    judged_on: str | None = None
+    """The split the accuracy budget was judged on (`BudgetRule.split`)."""
+    reference: str | None = None
+    """The baseline variant whose accuracy the budget was judged against."""
 
 
 def baseline_accuracy(results: list[VariantResult]) -> float | None:
@@ -39,10 +49,44 @@ def baseline_accuracy(results: list[VariantResult]) -> float | None:
     return None
 
 
-def within_budget(result: VariantResult, reference: float, budget_points: float) -> bool:
-    """Whether an ok, timed variant lost at most `budget_points` accuracy points to `reference`."""
-    return (result.status == "ok" and result.latency_ms is not None
-            and (reference - result.accuracy) * 100.0 <= budget_points + 1e-9)
+@dataclass(frozen=True)
+class BudgetRule:
+    """The accuracy budget as judged: on which split, against which baseline figure.
+
+    Attributes:
+        split: ``validation`` when the baseline was measured on it, else ``test`` (inputs
+            without a validation split: the only labelled figure there is).
+        reference: The baseline's accuracy on that split.
+        points: The accuracy points (0-100 scale) a variant may lose to it.
+    """
+
+    split: Literal["validation", "test"]
+    reference: float
+    points: float
+    name: str = ""
+    """The baseline variant the reference figure is of."""
+
+    def figure(self, result: VariantResult) -> float | None:
+        """A variant's accuracy on the rule's split."""
+        return result.val_accuracy if self.split == "validation" else result.accuracy
+
+    def keeps(self, result: VariantResult) -> bool:
+        """Whether an ok, timed variant lost at most `points` to the baseline on the split."""
+        figure = self.figure(result)
+        return (result.status == "ok" and result.latency_ms is not None and figure is not None
+                and (self.reference - figure) * 100.0 <= self.points + 1e-9)
+
+
+def budget_rule(results: list[VariantResult], budget_points: float) -> BudgetRule | None:
+    """The rule the baseline's first ok variant sets (None: no ok baseline variant)."""
+    for result in results:
+        if result.status == "ok" and result.source == "baseline":
+            if result.val_accuracy is not None:
+                return BudgetRule("validation", result.val_accuracy, budget_points, result.name)
+            if result.accuracy is not None:
+                return BudgetRule("test", result.accuracy, budget_points, result.name)
+            return None
+    return None
 
 
 def objective_value(result: VariantResult, objective: str, runoff: Runoff | None = None) -> float:
@@ -175,7 +219,8 @@ def tied_with_best(best: VariantResult, candidates: list[VariantResult],
 
 
 def _tie_break_key(result: VariantResult) -> tuple[float, int, tuple[int, int, int]]:
-    return (-result.accuracy, result.size_bytes, simplicity(result))
+    chosen_on = result.val_accuracy if result.val_accuracy is not None else result.accuracy
+    return (-(chosen_on or 0.0), result.size_bytes, simplicity(result))
 
 
 def runoff_pool(eligible: list[VariantResult],
@@ -225,21 +270,22 @@ def choose_champion(
     ok = [r for r in results if r.status == "ok" and r.latency_ms is not None]
     if not ok:
         return ChampionChoice(name=None, reason="no variant finished", baseline_accuracy=reference)
-    if reference is None:
+    rule = budget_rule(results, budget_points)
+    if rule is None:
         return ChampionChoice(
             name=None, reason="no ok baseline variant to compare accuracy with",
             baseline_accuracy=None,
         )
-    eligible = [r for r in ok if within_budget(r, reference, budget_points)]
+    eligible = [r for r in ok if rule.keeps(r)]
     if objective == "throughput_under_budget":
         eligible = [r for r in eligible if r.server_qps_within_budget]
     if not eligible:
         return ChampionChoice(
             name=None,
-            reason=f"no ok variant is within {budget_points} accuracy points of the baseline"
-            + (" and meets the latency budget at any Server rate"
+            reason=f"no ok variant is within {budget_points} accuracy points of the baseline "
+            f"on {rule.split}" + (" and meets the latency budget at any Server rate"
                if objective == "throughput_under_budget" else ""),
-            baseline_accuracy=reference,
+            baseline_accuracy=reference, judged_on=rule.split, reference=rule.name,
         )
     runoff = runoff if objective == "p50" else None
     within = len(eligible)
@@ -248,7 +294,8 @@ def choose_champion(
     fastest = min(eligible, key=lambda r: objective_value(r, objective, runoff))
     reason = (f"best {_OBJECTIVE_WORDS[objective].lstrip('-')} "
               f"({abs(objective_value(fastest, objective, runoff)):,.3f}) among {within} "
-              f"ok variants within {budget_points} accuracy points of the baseline")
+              f"ok variants within {budget_points} accuracy points of the baseline on "
+              f"{rule.split}")
     if runoff is not None:
         reason += (f" (run-off: {', '.join(runoff.round_p50_ms)} timed again side by side in "
                    f"{runoff.rounds} alternating rounds"
@@ -256,7 +303,8 @@ def choose_champion(
                       else ")"))
     tied = tied_with_best(fastest, eligible, runoff) if objective == "p50" else []
     if not tied:
-        return ChampionChoice(name=fastest.name, reason=reason, baseline_accuracy=reference)
+        return ChampionChoice(name=fastest.name, reason=reason, baseline_accuracy=reference,
+                              judged_on=rule.split, reference=rule.name)
     group = sorted([fastest, *tied],
                    key=lambda r: (*_tie_break_key(r), objective_value(r, "p50", runoff)))
     champion, others = group[0], [r.name for r in group[1:]]
@@ -265,5 +313,35 @@ def choose_champion(
         reason=(f"{reason}: {fastest.name}, tied on p50 (not told apart at 95%) with "
                 f"{', '.join(r.name for r in tied)}; the tie goes to higher accuracy, then "
                 f"smaller size, then the simpler variant: {champion.name}"),
-        baseline_accuracy=reference, tied_with=tuple(others),
+        baseline_accuracy=reference, tied_with=tuple(others), judged_on=rule.split,
+        reference=rule.name,
     )
+
+
+def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult], labels: Path | None,
+                     budget_points: float) -> dict[str, Any] | None:
+    """The champion's accuracy as the summary reports it (``accuracy_verdict``).
+
+    Which split the budget was judged on; the champion's and the baseline's accuracies on both
+    splits, each test figure with its 95% interval (Wilson); and the two compared on the same
+    test images (McNemar: the images only one of them got right). None without a champion.
+    """
+    from tfopt.measurement.accuracy_stats import paired_comparison, wilson_interval
+
+    by_name = {result.name: result for result in results}
+    champion, baseline = by_name.get(choice.name or ""), by_name.get(choice.reference or "")
+    if champion is None or baseline is None:
+        return None
+    test_images = len(np.load(labels)) if labels is not None and labels.is_file() else 0
+
+    def figures(result: VariantResult) -> dict[str, Any]:
+        interval = (wilson_interval(result.accuracy, test_images)
+                    if result.accuracy is not None else None)
+        return {"name": result.name, "val_accuracy": result.val_accuracy,
+                "test_accuracy": result.accuracy,
+                "test_ci95": None if interval is None else [round(v, 4) for v in interval]}
+
+    return {"judged_on": choice.judged_on, "budget_points": budget_points,
+            "test_images": test_images, "champion": figures(champion),
+            "baseline": figures(baseline),
+            "paired": paired_comparison(champion, baseline, labels)}

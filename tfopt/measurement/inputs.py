@@ -1,4 +1,7 @@
-"""The benchmark's inputs: the test split decoded once, the float model's outputs on it."""
+"""The benchmark's inputs: the test split decoded once, the float model's outputs on it.
+
+Beside them, the validation split the run's choices are made on.
+"""
 
 from __future__ import annotations
 
@@ -57,7 +60,21 @@ def prepare_inputs(reference: VariantSpec | None, dataset: DatasetArtifact, out_
     )
     _save_array(inputs.images, images)
     _save_array(inputs.labels, labels)
-    return inputs
+    return with_selection_split(inputs, dataset, input_scale)
+
+
+def with_selection_split(inputs: BenchmarkInputs, dataset: DatasetArtifact,
+                         input_scale: InputScale) -> BenchmarkInputs:
+    """`inputs` with the decoded validation split saved beside them (unchanged: it is empty)."""
+    images, labels = load_split(dataset, "val", scale=input_scale)
+    if len(images) == 0:
+        return inputs
+    folder = inputs.images.parent
+    selection = inputs.model_copy(update={"selection_images": folder / "val-images.npy",
+                                          "selection_labels": folder / "val-labels.npy"})
+    _save_array(selection.selection_images, images)
+    _save_array(selection.selection_labels, labels)
+    return selection
 
 
 def takes_images(inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo]) -> bool:
@@ -131,6 +148,10 @@ def write_inputs_index(inputs: BenchmarkInputs, protocol: BenchmarkConfig) -> Pa
         "images": relative(inputs.images), "labels": relative(inputs.labels),
         "reference_logits": (relative(inputs.reference_logits)
                              if inputs.reference_logits else None),
+        "selection_images": (relative(inputs.selection_images)
+                             if inputs.selection_images else None),
+        "selection_labels": (relative(inputs.selection_labels)
+                             if inputs.selection_labels else None),
         "examples": inputs.examples, "batch_size": inputs.batch_size,
         "floor_models": {kind: relative(path) for kind, path in inputs.floor_models.items()},
         "protocol": protocol.model_dump(mode="json"),
@@ -150,7 +171,13 @@ def read_inputs_index(folder: Path) -> tuple[BenchmarkInputs, BenchmarkConfig]:
         images=folder / index["images"], labels=folder / index["labels"],
         reference_logits=folder / index["reference_logits"] if index["reference_logits"]
         else None,
+        selection_images=_optional(folder, index.get("selection_images")),
+        selection_labels=_optional(folder, index.get("selection_labels")),
         examples=index["examples"], batch_size=index["batch_size"],
         floor_models={kind: folder / path for kind, path in index["floor_models"].items()},
     )
     return inputs, BenchmarkConfig.model_validate(index["protocol"])
+
+
+def _optional(folder: Path, relative: str | None) -> Path | None:
+    return None if relative is None else folder / relative

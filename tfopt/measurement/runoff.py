@@ -27,12 +27,7 @@ import logging
 
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
 from tfopt.config import BenchmarkConfig, MeasurementProtocol
-from tfopt.measurement.champion import (
-    baseline_accuracy,
-    plain_int8,
-    speedup_reference,
-    within_budget,
-)
+from tfopt.measurement.champion import budget_rule, plain_int8, speedup_reference
 from tfopt.measurement.isolation import run_worker, worker_env
 from tfopt.measurement.worker import P50_WINDOWS, measure_runoff
 from tfopt.runtimes import runtime_of
@@ -58,12 +53,12 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
     of the near ones wins. None (an empty list) unless the objective is p50, a
     margin is set and at least two variants qualify.
     """
-    reference = baseline_accuracy(results)
-    if cfg.objective != "p50" or cfg.runoff_margin is None or reference is None:
+    rule = budget_rule(results, cfg.accuracy_budget_points)
+    if cfg.objective != "p50" or cfg.runoff_margin is None or rule is None:
         return []
     eligible = sorted(
         (r for r in results if runtime_of(r.format).shares_process and r.path is not None
-         and within_budget(r, reference, cfg.accuracy_budget_points)),
+         and rule.keeps(r)),
         key=lambda r: r.latency_ms.p50)
     if not eligible:
         return []

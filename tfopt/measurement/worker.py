@@ -37,6 +37,7 @@ from tfopt.runtimes import load_runner, runtime_of
 from tfopt.runtimes.base import Runner, predict_batched, softmax
 
 _KEPT_SAMPLES = 2000
+PREDICTIONS_FOLDER = "predictions"
 _LOAD_PROBE_S = 0.3
 
 
@@ -358,6 +359,7 @@ def measure_variant(
     runner.predict(images[:1])
     first_inference_ms = (time.perf_counter() - started) * 1000.0
     logits = predict_batched(runner, images)
+    val_accuracy = selection_accuracy(runner, inputs)
     reference = logits if inputs.reference_logits is None else np.load(inputs.reference_logits)
     prepared = runner.prepare(images)
     cores_before = background_cores(_LOAD_PROBE_S)
@@ -385,6 +387,8 @@ def measure_variant(
         size_bytes=path_size_bytes(spec.path),
         gzip_bytes=gzip_size_bytes(spec.path),
         accuracy=float(np.mean(np.argmax(logits, axis=1) == labels)),
+        val_accuracy=val_accuracy,
+        predictions=save_predictions(spec.name, np.argmax(logits, axis=1), inputs),
         latency_ms=latency_stats(samples, cfg.p50_ci_width),
         throughput_per_s=float(len(samples) / (samples.sum() / 1000.0)),
         timed_runs=len(samples),
@@ -412,6 +416,29 @@ def measure_variant(
         under_load=any(cores is not None and cores > cfg.max_background_cores
                        for cores in (cores_before, cores_during)),
     )
+
+
+def selection_accuracy(runner: Runner, inputs: BenchmarkInputs) -> float | None:
+    """The runner's top-1 accuracy on the validation split (None: the inputs have none)."""
+    if inputs.selection_images is None or inputs.selection_labels is None:
+        return None
+    images, labels = np.load(inputs.selection_images), np.load(inputs.selection_labels)
+    if len(images) == 0:
+        return None
+    return float(np.mean(np.argmax(predict_batched(runner, images), axis=1) == labels))
+
+
+def save_predictions(name: str, predicted: np.ndarray, inputs: BenchmarkInputs) -> Path | None:
+    """Write a variant's predicted classes beside the test images (atomically); their path."""
+    if inputs.images is None:
+        return None
+    folder = inputs.images.parent / PREDICTIONS_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.npy"
+    tmp = folder / f".{name}.tmp.npy"
+    np.save(tmp, predicted.astype(np.int32))
+    tmp.replace(path)
+    return path
 
 
 def measure_on_feeds(spec: VariantSpec, inputs: BenchmarkInputs,

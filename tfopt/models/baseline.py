@@ -233,18 +233,18 @@ def recovery_target(baseline: ModelArtifact, budget_points: float,
                     val_examples: int) -> float | None:
     """The validation accuracy a compressed model's fine-tuning is back within the budget at.
 
-    The baseline's best validation accuracy less `validation_margin`; the int8 file that
-    ships is then judged on the test split against the budget exactly (`kept_test_accuracy`).
+    The baseline's best validation accuracy less `validation_margin`; the files a search
+    converts it to are then judged against the budget exactly (`kept_val_accuracy`).
     """
     best = baseline.metrics.get("best_val_accuracy")
     return None if best is None else (
         best - validation_margin(budget_points, val_examples) - ROUNDING)
 
 
-def kept_test_accuracy(baseline: ModelArtifact, budget_points: float) -> float | None:
-    """The test accuracy a search trial's int8 file must keep: the champion's rule."""
-    tested = baseline.metrics.get("test_accuracy")
-    return None if tested is None else tested - budget_points / 100.0 - ROUNDING
+def kept_val_accuracy(baseline: ModelArtifact, budget_points: float) -> float | None:
+    """The validation accuracy a search trial's file must keep: the champion's rule."""
+    best = baseline.metrics.get("best_val_accuracy")
+    return None if best is None else best - budget_points / 100.0 - ROUNDING
 
 
 def _distribute_param(train_cfg: TrainConfig, strategy: tf.distribute.Strategy) -> str:

@@ -15,6 +15,10 @@ from tfopt.models.config import ModelConfig
 from tfopt.models.importing import inspect_model_file
 from tfopt.models.keras_io import flavor_of
 from tfopt.models.sources import baseline_factory
+from tfopt.native import NativeStep
+
+INSPECT_STEP = NativeStep("inspect_model",
+                          "the model opened or built by TensorFlow to find what it is")
 
 
 def inspect_model(model_cfg: ModelConfig, image_size: int,

@@ -6,7 +6,7 @@ from typing import Any
 
 from tfopt.models.health import health_line
 from tfopt.report.compare import markdown_moves, markdown_overview
-from tfopt.report.summary import or_dash, speedup_sentence
+from tfopt.report.summary import accuracy_sentence, or_dash, speedup_sentence
 
 _WHOLE_REPORT = ("The whole report (every table, the plots, CSV and JSON) is in report/ among "
                  "this run's artifacts.")
@@ -28,9 +28,10 @@ def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "nothing, through the same runner and threads (the harness's and runtime's own cost "
         "per call).",
         "",
-        "| variant | status | accuracy | Δ pts | p50 ms | p50 95% interval | floor ms | p99 ms "
+        "| variant | status | val accuracy | test accuracy (95% interval) | Δ pts (test) "
+        "| p50 ms | p50 95% interval | floor ms | p99 ms "
         "| ex/s (b=1) | ex/s (batch) | size KB | gzip KB | peak MB | tied with | notes |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
 
     def interval(row: dict[str, Any]) -> str:
@@ -41,7 +42,7 @@ def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     for row in rows:
         lines.append(
             f"| {_name_cell(row, summary)} | {_status_cell(row)} "
-            f"| {or_dash(row['accuracy'], '.4f')} "
+            f"| {or_dash(row.get('val_accuracy'), '.4f')} | {_accuracy_cell(row)} "
             f"| {or_dash(row['accuracy_delta_points'], '+.2f')} | {or_dash(row['p50_ms'], '.3f')} "
             f"| {interval(row)} | {or_dash(row['harness_floor_ms'], '.4f')} "
             f"| {or_dash(row['p99_ms'], '.3f')} | {or_dash(row['throughput_per_s'], ',.0f')} "
@@ -110,6 +111,7 @@ def _verdict_lines(summary: dict[str, Any]) -> list[str]:
         "",
         f"Champion: **{summary['champion'] or 'none'}** ({summary['champion_reason']}).",
         *([speedups] if speedups else []),
+        *filter(None, [accuracy_sentence(summary.get("accuracy_verdict"))]),
     ]
 
 
@@ -124,6 +126,15 @@ def _since_lines(summary: dict[str, Any]) -> list[str]:
         return []
     since = summary["since_last_run"]
     return [*(markdown_overview(since) + markdown_moves(since))[1:], ""]
+
+
+def _accuracy_cell(row: dict[str, Any]) -> str:
+    if row["accuracy"] is None:
+        return "-"
+    if row.get("accuracy_ci95_low") is None:
+        return f"{row['accuracy']:.4f}"
+    return (f"{row['accuracy']:.4f} ({row['accuracy_ci95_low']:.3f}–"
+            f"{row['accuracy_ci95_high']:.3f})")
 
 
 def _name_cell(row: dict[str, Any], summary: dict[str, Any]) -> str:
@@ -243,21 +254,22 @@ def search_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
     for technique, search in (summary.get("search") or {}).items():
         target = search.get("target_val_accuracy")
-        tested = search.get("target_test_accuracy")
-        lines += ["", f"Search of {technique}.{search['knob']} (accuracy to keep: validation "
-                  f"{or_dash(target, '.4f')}, a TFLite file on test {or_dash(tested, '.4f')}; "
-                  "chosen: "
+        file_target = search.get("target_file_val_accuracy")
+        lines += ["", f"Search of {technique}.{search['knob']} (validation accuracy to keep: "
+                  f"its model {or_dash(target, '.4f')}, a TFLite file "
+                  f"{or_dash(file_target, '.4f')}; test reported, not chosen on; chosen: "
                   f"{or_dash(search['chosen'], 'g')}"
                   + (f"; {search['cut']}" if search.get("cut") else "") + "):", "",
-                  f"| {search['knob']} | status | val accuracy | file "
+                  f"| {search['knob']} | status | val accuracy | file | file val accuracy "
                   "| test accuracy | p50 ms | speed-up (x, side by side) | epochs | s |",
-                  "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+                  "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
         for trial in search["trials"]:
             value = next(iter(trial["params"].values()))
             star = "★ " if value == search["chosen"] else ""
             lines.append(f"| {star}{value:g} | {trial['status']} "
                          f"| {or_dash(trial['val_accuracy'], '.4f')} "
                          f"| {trial.get('file') or '-'} "
+                         f"| {or_dash(trial.get('file_val_accuracy'), '.4f')} "
                          f"| {or_dash(trial.get('test_accuracy'), '.4f')} "
                          f"| {or_dash(trial['p50_ms'], '.4f')} "
                          f"| {or_dash(trial.get('speedup'), '.2f')} "

@@ -48,9 +48,11 @@ def variant_entry(
     tied_with: list[str] | None = None,
     gflops: float | None = None,
     runoff: Runoff | None = None,
+    test_images: int = 0,
 ) -> dict[str, Any]:
     """One element of the summary's ``variants`` list.
 
+    Its test accuracy comes with its 95% interval over the `test_images` it was measured on.
     `gflops` stands in for a variant whose own file could not be counted (a SavedModel
     signature): the FLOPs of another variant of the same network. A contender of the `runoff`
     gets its run-off p50 and interval.
@@ -79,6 +81,8 @@ def variant_entry(
         "size_bytes": result.size_bytes,
         "gzip_bytes": result.gzip_bytes,
         "accuracy": result.accuracy,
+        "accuracy_ci95": _interval(result.accuracy, test_images),
+        "val_accuracy": result.val_accuracy,
         "accuracy_delta_points": delta,
         "latency_ms": latency,
         "throughput_per_s": result.throughput_per_s,
@@ -114,6 +118,13 @@ def variant_entry(
                               for api, stats in result.latency_ms_by_api.items()},
         "runner": dict(result.runner_params),
     }
+
+
+def _interval(accuracy: float | None, images: int) -> list[float] | None:
+    from tfopt.measurement.accuracy_stats import wilson_interval
+
+    interval = None if accuracy is None else wilson_interval(accuracy, images)
+    return None if interval is None else [round(value, 4) for value in interval]
 
 
 def variant_flags(delta_points: float | None, budget_points: float) -> list[str]:
@@ -195,7 +206,7 @@ def build_summary(
             variant_entry(result, baseline_accuracy, budget_points, notes.get(result.name),
                           [name for name in group if name != result.name]
                           if result.name in group else [], network_gflops.get(result.source),
-                          runoff)
+                          runoff, dataset.splits["test"].examples)
             for result in results
         ],
         "runoff": runoff.model_dump() if runoff else None,
@@ -248,6 +259,38 @@ def speedup_sentence(speedup: dict[str, Any] | None) -> str:
     return (f"{speedup['ratio']:.2f}x the speed of {speedup['reference']} (batch-1 p50 "
             f"{speedup['champion_p50_ms']:.4f} vs {speedup['reference_p50_ms']:.4f} ms, "
             f"{how}).")
+
+
+def accuracy_sentence(verdict: dict[str, Any] | None) -> str:
+    """The champion's accuracy against the baseline's in one sentence (empty without one).
+
+    The split the budget was judged on, the held-out test figures with their 95% intervals, and
+    the paired comparison on the same test images.
+    """
+    if not verdict:
+        return ""
+    champion, baseline = verdict["champion"], verdict["baseline"]
+
+    def tested(figures: dict[str, Any]) -> str:
+        interval = figures.get("test_ci95")
+        return (or_dash(figures["test_accuracy"], ".4f")
+                + (f" (95% interval {interval[0]:.3f}-{interval[1]:.3f})" if interval else ""))
+
+    sentence = (f"Accuracy: the {verdict['budget_points']:g}-point budget was judged on the "
+                f"{verdict['judged_on']} split")
+    if verdict["judged_on"] == "validation":
+        sentence += (f" ({champion['name']} {or_dash(champion['val_accuracy'], '.4f')}, "
+                     f"{baseline['name']} {or_dash(baseline['val_accuracy'], '.4f')}); on "
+                     f"{verdict['test_images']} held-out test images no choice used")
+    else:
+        sentence += f", on its {verdict['test_images']} images"
+    sentence += f", {champion['name']} {tested(champion)}, {baseline['name']} {tested(baseline)}"
+    paired = verdict.get("paired")
+    if paired and champion["name"] != baseline["name"]:
+        sentence += (f"; image by image, {paired['only_first_right']} only the champion got "
+                     f"right, {paired['only_second_right']} only the baseline (McNemar "
+                     f"p = {paired['mcnemar_p_value']:.2f})")
+    return sentence + "."
 
 
 def champion_card(result: VariantResult, reason: str, budget_points: float,

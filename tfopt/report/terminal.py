@@ -74,8 +74,10 @@ def champion_line(summary: dict[str, Any]) -> str:
     entry = next(v for v in summary["variants"] if v["name"] == champion)
     delta = entry.get("accuracy_delta_points")
     budget = summary.get("accuracy_budget_points")
-    accuracy = ("" if delta is None else f", {delta:+.2f} points against the baseline"
-                + (f" (budget {budget:g} point{'' if budget == 1 else 's'})"
+    judged_on = (summary.get("accuracy_verdict") or {}).get("judged_on")
+    accuracy = ("" if delta is None else f", {delta:+.2f} points against the baseline on test"
+                + (f" (budget {budget:g} point{'' if budget == 1 else 's'}"
+                   + (f", judged on {judged_on}" if judged_on else "") + ")"
                    if budget is not None else ""))
     speedup = summary.get("champion_speedup_over_int8")
     if speedup and speedup.get("ratio") is not None:

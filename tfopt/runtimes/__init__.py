@@ -21,7 +21,7 @@ from pydantic import Field, create_model
 import tfopt  # noqa: F401  (environment before TensorFlow)
 from tfopt.artifacts import Precision, VariantSpec
 from tfopt.config import Section
-from tfopt.native import NativeStep
+from tfopt.native import NativeStep, run_native
 from tfopt.runtimes.base import BuildSources, ConversionSettings, PlanRequest, Runner, Runtime
 
 
@@ -62,6 +62,22 @@ def runtime_of(variant_format: str) -> Runtime:
             return runtime
     raise ValueError(f"no runtime measures format {variant_format!r} (known: "
                      f"{', '.join(sorted(known_formats()))})")
+
+
+READ_BACK_STEP = NativeStep("read_back", "a converted file opened to read its kernels back")
+
+
+def read_back_file(spec: VariantSpec) -> dict[str, float]:
+    """What `spec`'s runtime reads back from its built file, in a child process (`tfopt.native`).
+
+    Raises:
+        NativeCrashError: Opening the file crashed the child (and its retry).
+    """
+    return run_native(READ_BACK_STEP, _read_back, spec)
+
+
+def _read_back(spec: VariantSpec) -> dict[str, float]:
+    return runtime_of(spec.format).read_back(spec)
 
 
 def load_runner(spec: VariantSpec, threads: int = 1) -> Runner:

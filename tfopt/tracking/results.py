@@ -48,11 +48,12 @@ def variant_metrics(result: object) -> dict[str, float]:
     data = result.model_dump(exclude={"samples_ms"})  # type: ignore[attr-defined]
     metrics = {
         key: float(data[key])
-        for key in ("accuracy", "size_bytes", "gzip_bytes", "throughput_per_s", "timed_runs",
-                    "load_seconds", "first_inference_ms", "peak_rss_mb", "top1_agreement",
-                    "max_abs_diff", "batch_throughput_per_s", "background_cores_before",
-                    "background_cores", "under_load", "harness_floor_ms", "gflops_per_inference",
-                    "offline_examples_per_s", "server_qps_within_budget", "server_p99_ms")
+        for key in ("accuracy", "val_accuracy", "size_bytes", "gzip_bytes", "throughput_per_s",
+                    "timed_runs", "load_seconds", "first_inference_ms", "peak_rss_mb",
+                    "top1_agreement", "max_abs_diff", "batch_throughput_per_s",
+                    "background_cores_before", "background_cores", "under_load",
+                    "harness_floor_ms", "gflops_per_inference", "offline_examples_per_s",
+                    "server_qps_within_budget", "server_p99_ms")
         if data.get(key) is not None
     }
     for threads, p50 in (data.get("p50_ms_by_threads") or {}).items():
@@ -375,7 +376,7 @@ def log_trial(parent: RunRef, name: str, trial: Mapping[str, Any]) -> str:
               **({"tfopt.file": trial["file"]} if trial.get("file") else {}),
               **({"tfopt.error": str(trial["error"])[:5000]} if trial.get("error") else {})},
         parent_run_id=parent.run_id)
-    log_metrics(mlflow, run_id, {key: trial[key] for key in ("val_accuracy", "test_accuracy",
+    log_metrics(mlflow, run_id, {key: trial[key] for key in ("val_accuracy", "file_val_accuracy",
                                                              "p50_ms", "speedup", "epochs_run",
                                                              "seconds")
                                  if trial.get(key) is not None})
