@@ -64,4 +64,4 @@ serve: install
 	$(BIN)/tfopt serve
 
 clean: down
-	rm -rf .tfopt data/demo
+	rm -rf .tfopt data/demo data/digits-hard

@@ -79,10 +79,15 @@ def _print_addresses(settings: ServiceSettings) -> None:
 
 
 def _cmd_demo_data(args: argparse.Namespace) -> int:
-    from tfopt.demo_data import write_demo_images
+    from tfopt.demo_data import BUILT_IN_FOLDERS, write_demo_images, write_hard_digits
 
-    count = write_demo_images(args.out, image_size=args.image_size)
-    console.print(f"{count} demo images in {args.out}")
+    if args.hard:
+        out = args.out or BUILT_IN_FOLDERS["digits-hard"]
+        count = write_hard_digits(out, image_size=args.image_size or 64)
+    else:
+        out = args.out or BUILT_IN_FOLDERS["demo"]
+        count = write_demo_images(out, image_size=args.image_size or 32)
+    console.print(f"{count} {'hard digit' if args.hard else 'demo'} images in {out}")
     return 0
 
 
@@ -125,10 +130,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = load_pipeline_config(args.config, _parse_overrides(args.set))
     if args.config is not None:
         supervision.allow_code_from(args.config.resolve().parent)
-    if not config.data.source_dir.is_dir() and config.data.source_dir == Path("data/demo"):
-        from tfopt.demo_data import write_demo_images
+    if not config.data.source_dir.is_dir():
+        from tfopt.demo_data import write_built_in
 
-        write_demo_images(config.data.source_dir)
+        write_built_in(config.data.source_dir)
     from tfopt.preflight import check_run
 
     check_run(config)
@@ -334,8 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
         "docs", help="write docs/configuration.md from the parameters' schema"
     ).set_defaults(handler=_cmd_docs)
     demo = commands.add_parser("demo-data", help="write the built-in demo images")
-    demo.add_argument("--out", type=Path, default=Path("data/demo"))
-    demo.add_argument("--image-size", type=int, default=32)
+    demo.add_argument("--hard", action="store_true",
+                      help="the digits drawn over clutter (data/digits-hard, configs/bench.yaml)")
+    demo.add_argument("--out", type=Path, default=None,
+                      help="default: data/demo, or data/digits-hard with --hard")
+    demo.add_argument("--image-size", type=int, default=None, help="default: 32, or 64 with --hard")
     demo.set_defaults(handler=_cmd_demo_data)
     run = commands.add_parser("run", help="run the optimization pipeline")
     run.add_argument("--config", type=Path, default=Path("configs/demo.yaml"))
