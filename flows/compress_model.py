@@ -13,14 +13,23 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.states import Completed, Failed, State
+from prefect.states import Completed, State
 
 from flows.common import build_forms, build_sources, error_of, final_state
 from flows.parameters import PipelineConfig
 from tasks.export_savedmodel import export_savedmodel
 from tasks.run_trial import run_trial
-from techniques import Planned, contained, cut_short, finishing, open_search, plan
-from techniques.base import NotApplicable
+from techniques import (
+    Planned,
+    after_skipped,
+    contained,
+    cut_short,
+    finishing,
+    open_search,
+    plan,
+    skipped_state,
+)
+from techniques.base import NotApplicable, Skipped
 from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
 from tfopt.budget import CUT_BY_BUDGET
 from tfopt.models.baseline import validation_margin
@@ -77,6 +86,9 @@ def compress_model(
             variants += _not_built(planned, state, plans, outcomes)
             continue
         model = state.result()
+        if isinstance(model, Skipped):
+            variants += [skipped(spec, model.line()) for spec in planned.variants]
+            continue
         replanned = _replanned(planned, model, config, baseline, made)
         short = cut_short(model, data, margin)
         if short is not None:
@@ -120,58 +132,54 @@ def searched_from_baseline(planned: Planned) -> bool:
 def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: ModelArtifact,
                       data: TrainingData, run_dir: Path, inputs: BenchmarkInputs | None,
                       parent: RunRef | None, searches: dict[str, Search]) -> dict[str, Any]:
-    """Each technique: searched (a final state) or submitted (a future), searches first.
+    """Each technique's outcome (a final state, or a future): every technique before any depth.
 
-    The searches from the baseline run first (`searches_first`). One that starts at its knob's
-    `Knob.first` runs that first trial, and bisects from it after the other searches' first
-    trials: its first trial is one fine-tuning, its bisection several, and the budget's window
-    is one for all. A search expects its rounds to take as long as the longest of the
-    searches before it. Then the other techniques are submitted, in run order.
-
-    The searches may run into the time the budget's end holds for the variants of the
-    techniques after them (`reserve_after_searches`): those start cut past the fine-tunings'
-    deadline, and then, or when less time is left than the searches' shortest fine-tuning
-    (`TrainingData.least_fine_tune_s`), their variants are not built.
+    Coverage first: each search's first round (one trial, at its knob's `Knob.first` or the
+    middle; the searches from the baseline first, `searches_first`), then every other
+    technique's fine-tuning, submitted in run order and waited for; only then do the searches
+    deepen, in the time left. A search that runs first no longer takes the time of the
+    techniques after it: on the demo channel pruning's bisection cut distillation, pruning, QAT
+    and clustering.
     """
     outcomes: dict[str, Any] = {}
     searched = [planned for planned in searches_first(plans) if planned.refusal is None
                 and searched_from_baseline(planned) and inputs is not None and parent]
     after = [planned for planned in plans if planned.refusal is None and planned not in searched]
-    reserve = reserve_after_searches(after, data) if searched else 0.0
-    if reserve:
-        get_run_logger().info(
-            "the searches may run %.0f s past the fine-tunings' deadline, into the time kept for "
-            "the variants of %s: started after them, those are then cut", reserve,
-            ", ".join(planned.technique.name for planned in after))
-    first_rounds = with_more_time(data, reserve)
-    deferred: list[Planned] = []
+    deepen: dict[str, tuple[Planned, ModelArtifact, TrainingData]] = {}
+
+    def finished(name: str) -> Any:
+        """A technique's outcome; a search's once it has deepened in the time left."""
+        if name in deepen and name not in outcomes:
+            planned, start, trained = deepen[name]
+            _run_rounds(searches[name], planned, config, start, trained, inputs, parent)
+            outcomes[name] = _searched(searches[name], planned, start, trained)
+        return outcomes[name]
+
     for planned in searched:
         search = _opened(planned, config, baseline, data, searches)
-        first_round_only = search.starts_at_first(first_rounds.deadline)
-        _run_rounds(search, planned, config, baseline, first_rounds, inputs, parent,
-                    rounds=1 if first_round_only else None)
-        if first_round_only and search.is_open() and not refusal_of(search):
-            deferred.append(planned)
-            continue
-        outcomes[planned.technique.name] = _searched(search, planned, baseline, first_rounds)
-    for late in deferred:
-        outcomes[late.technique.name] = _finish_search(
-            searches[late.technique.name], late, config, baseline, first_rounds, inputs, parent)
-    rest = data.model_copy(update={"least_fine_tune_s": min(
-        filter(None, (search.round_seconds for search in searches.values())), default=0.0)})
+        _run_rounds(search, planned, config, baseline, data, inputs, parent, rounds=1)
+        deepen[planned.technique.name] = (planned, baseline, data)
     for planned in after:
-        start = baseline if planned.starts_from is None else outcomes[planned.starts_from]
+        # A technique that continues from a search's choice waits for that search to end.
+        start = baseline if planned.starts_from is None else finished(planned.starts_from)
         name = planned.technique.name
         if planned.technique.searched(planned.cfg) and inputs is not None and parent:
             start_state = _state_of(start) if planned.starts_from else Completed(data=start)
-            if not start_state.is_completed():
-                outcomes[name] = start_state
+            made = start_state.result() if start_state.is_completed() else None
+            if not isinstance(made, ModelArtifact):
+                outcomes[name] = (skipped_state(after_skipped(name, made))
+                                  if isinstance(made, Skipped) else start_state)
                 continue
-            search = _opened(planned, config, start_state.result(), rest, searches)
-            _run_rounds(search, planned, config, start_state.result(), rest, inputs, parent)
-            outcomes[name] = _searched(search, planned, start_state.result(), rest)
+            search = _opened(planned, config, made, data, searches)
+            _run_rounds(search, planned, config, made, data, inputs, parent, rounds=1)
+            deepen[name] = (planned, made, data)
         else:
-            outcomes[name] = contained(name).submit(start, planned.cfg, rest, run_dir / "models")
+            outcomes[name] = contained(name).submit(start, planned.cfg, data, run_dir / "models")
+    for outcome in list(outcomes.values()):
+        if not isinstance(outcome, State):
+            outcome.wait()
+    for name in deepen:
+        finished(name)
     return outcomes
 
 
@@ -183,33 +191,6 @@ def _opened(planned: Planned, config: PipelineConfig, start: ModelArtifact, data
         filter(None, (done.round_seconds for done in searches.values())), default=None)
     searches[planned.technique.name] = search
     return search
-
-
-def reserve_after_searches(after: list[Planned], data: TrainingData) -> float:
-    """What the budget's end holds for the variants of the techniques run after the searches.
-
-    They start once the searches from the baseline are over, and one that starts past the
-    fine-tunings' deadline is cut: a search running into this time cuts them and frees what
-    their variants' conversions and measurements would have taken. On bench.yaml (MobileNetV2,
-    30 minutes) distillation and QAT were cut so, or stopped after an epoch, in every run since
-    the searches ran first; channel pruning's 75% trial, stopped by the deadline after 7 epochs
-    one validation image short of the budget (it had needed 12 in the run before), left the
-    run 3.5 minutes early.
-    """
-    if data.deadline is None:
-        return 0.0
-    return data.variant_reserve_s * sum(_built(planned) for planned in after)
-
-
-def _built(planned: Planned) -> int:
-    return sum(spec.status == "ok" for spec in planned.variants)
-
-
-def with_more_time(data: TrainingData, seconds: float) -> TrainingData:
-    """`data` with its fine-tunings' deadline `seconds` later (none: as it is)."""
-    if data.deadline is None or seconds <= 0.0:
-        return data
-    return data.model_copy(update={"deadline": data.deadline + seconds})
 
 
 def _run_rounds(search: Search, planned: Planned, config: PipelineConfig, start: ModelArtifact,
@@ -241,17 +222,8 @@ def refusal_of(search: Search) -> str | None:
     A model without what the technique works on (no residual block to remove) refuses every
     setting alike: one such trial ends the search.
     """
-    prefix = f"{NotApplicable.__name__}: "
-    return next((trial.error.removeprefix(prefix) for trial in search.trials()
-                 if trial.error and trial.error.startswith(prefix)), None)
-
-
-def _finish_search(search: Search, planned: Planned, config: PipelineConfig,
-                   start: ModelArtifact, data: TrainingData, inputs: BenchmarkInputs,
-                   parent: RunRef) -> State:
-    """A search's remaining rounds, then the chosen model's state."""
-    _run_rounds(search, planned, config, start, data, inputs, parent)
-    return _searched(search, planned, start, data)
+    return next((trial.error or "" for trial in search.trials()
+                 if trial.status == "not_applicable"), None)
 
 
 def _searched(search: Search, planned: Planned, start: ModelArtifact,
@@ -261,13 +233,15 @@ def _searched(search: Search, planned: Planned, start: ModelArtifact,
     chosen = search.chosen()
     get_run_logger().info("%s search: %s", name, search_line(search))
     if not search.trials():
-        return Failed(data=NotApplicable(f"{CUT_BY_BUDGET}: the fine-tunings' time was used "
-                                         f"before {name}'s search could start"))
+        return skipped_state(Skipped(technique=name, kind="cut", reason=(
+            f"{CUT_BY_BUDGET}: the fine-tunings' time was used before {name}'s search could "
+            "start")))
     if refusal := refusal_of(search):
-        return Failed(data=NotApplicable(refusal))
+        return skipped_state(Skipped(technique=name, kind="not_applicable", reason=refusal))
     if chosen is None or chosen.model is None:
-        return Failed(data=NotApplicable(f"no {search.knob.field} tried kept the accuracy within "
-                                         f"the budget ({search_line(search)})"))
+        return skipped_state(Skipped(technique=name, kind="not_applicable", reason=(
+            f"no {search.knob.field} tried kept the accuracy within the budget "
+            f"({search_line(search)})")))
     if planned.technique.after_search is None:
         return Completed(data=chosen.model)
     return final_state(finishing(name).submit(

@@ -74,7 +74,12 @@ from tfopt.measurement.champion import (
 )
 from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
-from tfopt.models.baseline import children_beating, kept_val_accuracy, recovery_target
+from tfopt.models.baseline import (
+    children_beating,
+    epoch_seconds,
+    kept_val_accuracy,
+    recovery_target,
+)
 from tfopt.models.health import verdicts_note
 from tfopt.models.sources import source_stamp
 from tfopt.models.step_timing import unswept
@@ -344,7 +349,7 @@ def _compressed_variants(
                                      "speedup_reference": baseline_int8(baseline_variants,
                                                                         baseline.name),
                                      "deadline": budget.compression_deadline,
-                                     "variant_reserve_s": budget.compressed_variant_s})
+                                     "epoch_s": epoch_seconds(baseline)})
     compressing = compress_model.with_options(task_runner=task_runner(config.scale))(
         config, baseline, tuning, run_dir, inputs, run.ref, return_state=True)
     if not compressing.is_completed():

@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.states import Completed, State
 
-from techniques import make_trial
-from techniques.base import TechniqueSection
+from techniques import make_trial, registry
+from techniques.base import NotApplicable, TechniqueSection
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
 from tfopt.config import MeasurementProtocol
-from tfopt.native import NativeStep, run_native
+from tfopt.native import NativeCrashError, NativeStep, NativeStepError, run_native
 from tfopt.search import Trial, time_files
 from tfopt.tracking import RunRef, log_trial
 
@@ -19,15 +20,16 @@ from tfopt.tracking import RunRef, log_trial
 @task(name="search_trial", task_run_name="trial-{technique}-{value}", tags=["compression"])
 def run_trial(technique: str, value: float, start: ModelArtifact, cfg: TechniqueSection,
               data: TrainingData, out_dir: Path, convert: Any, inputs: BenchmarkInputs,
-              protocol: MeasurementProtocol, parent: RunRef) -> Trial:
+              protocol: MeasurementProtocol, parent: RunRef) -> Trial | State:
     """Make the technique's model at `value`, fine-tune, convert to TFLite, time it, log it.
 
     The model is made in a child process (`tfopt.native`: a crash fails this trial only),
     fine-tuned until back within the accuracy budget or stopped by the study's pruner
     (`data.trial`); its int8 and fp32 TFLite files are timed holding the machine's benchmark
     slot (those within the budget side by side with `data.speedup_reference`) and their
-    validation accuracy checked against `data.file_target`; the trial is a nested MLflow run of the
-    pipeline's run.
+    validation accuracy checked against `data.file_target`. The trial is a nested MLflow run
+    of the pipeline's run, a crashed one (FAILED, its error a tag) and a refused one included;
+    a model the technique does not apply to ends the task run Completed, named "Skipped".
 
     Args:
         technique: The technique searched.
@@ -47,9 +49,21 @@ def run_trial(technique: str, value: float, start: ModelArtifact, cfg: Technique
     step = NativeStep(f"search_trial ({technique} {value:g})",
                       f"the {technique} trial's fine-tuning and conversion",
                       "the search goes on without this setting")
-    made = run_native(step, make_trial, technique, value, start, cfg, data, out_dir, convert,
-                      data.recover_to)
+    field = registry()[technique].knob.field
+    name = f"{technique} {field}={value:g}"
+    try:
+        made = run_native(step, make_trial, technique, value, start, cfg, data, out_dir, convert,
+                          data.recover_to)
+    except NotApplicable as refusal:
+        refused = Trial(field=field, value=value, status="not_applicable", error=str(refusal))
+        log_trial(parent, name, {"technique": technique, **refused.summary()})
+        return Completed(name="Skipped", message=f"{technique} does not apply: {refusal}",
+                         data=refused)
+    except (NativeCrashError, NativeStepError) as crash:
+        crashed = Trial(field=field, value=value, status="failed",
+                        error=f"{type(crash).__name__}: {crash}"[:500])
+        log_trial(parent, name, {"technique": technique, **crashed.summary()})
+        raise
     timed = time_files(made, inputs, protocol, data.file_target, data.speedup_reference)
-    log_trial(parent, f"{technique} {timed.field}={timed.value:g}",
-              {"technique": technique, **timed.summary()})
+    log_trial(parent, name, {"technique": technique, **timed.summary()})
     return timed

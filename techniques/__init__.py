@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from prefect import Task, task
+from prefect.states import Completed, State
 from pydantic import Field, create_model, model_validator
 
 import tfopt  # noqa: F401  (environment before TensorFlow)
-from techniques.base import NotApplicable, Technique, TechniqueSection
+from techniques.base import NotApplicable, Skipped, Technique, TechniqueSection
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.budget import CUT_BY_BUDGET
 from tfopt.config import Section
@@ -349,24 +350,63 @@ def contained(name: str) -> Task:
     """Technique `name`'s task as the flows run it: its name and tags, its body in a child process.
 
     Fine-tuning runs the model in TensorFlow's kernels: a crash there fails this technique
-    (`tfopt.native`: one line, retried once without oneDNN), and the others go on.
+    (`tfopt.native`: one line, retried once without oneDNN), and the others go on. A model the
+    technique does not apply to (`NotApplicable`), a cut by the time budget, or a `Skipped`
+    technique it continues from end the task run Completed, named "Skipped" (`skipped_state`).
     """
     technique = registry()[name]
     step = NativeStep(technique.apply.name,
                       f"the {name} technique's fine-tuning in TensorFlow's kernels",
                       "the other techniques go on; this one's variants are reported failed")
 
-    def run_technique(model: ModelArtifact, cfg: TechniqueSection, data: TrainingData,
-                      out_dir: Path) -> ModelArtifact:
+    def run_technique(model: ModelArtifact | Skipped, cfg: TechniqueSection, data: TrainingData,
+                      out_dir: Path) -> ModelArtifact | State:
+        if isinstance(model, Skipped):
+            return skipped_state(after_skipped(name, model))
         left = None if data.deadline is None else data.deadline - time.time()
-        if left is not None and left < max(0.0, data.least_fine_tune_s):
-            raise NotApplicable(f"{CUT_BY_BUDGET}: " + (
-                f"the fine-tunings' time was used before {name} could start" if left < 0 else
-                f"{left:.0f} s were left for {name}'s fine-tuning, less than the searches' "
-                f"shortest ({data.least_fine_tune_s:.0f} s)"))
-        return run_native(step, apply_here, name, model, cfg, data, out_dir)
+        shortest = shortest_run_s(cfg, data)
+        if left is not None and left < shortest:
+            return skipped_state(Skipped(technique=name, kind="cut", reason=(
+                f"{CUT_BY_BUDGET}: " + (
+                    f"the fine-tunings' time was used before {name} could start" if left < 0
+                    else f"{left:.0f} s were left for {name}'s fine-tuning, less than its "
+                         f"shortest run ({shortest:.0f} s)"))))
+        try:
+            return run_native(step, apply_here, name, model, cfg, data, out_dir)
+        except NotApplicable as refusal:
+            return skipped_state(Skipped(technique=name, kind="not_applicable",
+                                         reason=str(refusal)))
 
     return _in_place_of(technique.apply, run_technique)
+
+
+SHORTEST_EPOCHS = 2
+"""The epochs of a technique's shortest useful run (fewer when its cap is lower)."""
+WRAPPED_EPOCH_SHARE = 2.0
+"""How much longer an epoch of a technique's model takes than the baseline's (tfmot's wrappers,
+the distiller's teacher pass), for the estimate of its shortest run."""
+STARTUP_S = 5.0
+"""A technique's process start, model load and export, beside its epochs."""
+
+
+def shortest_run_s(cfg: TechniqueSection, data: TrainingData) -> float:
+    """What a technique's shortest useful run takes at the baseline's pace (0: unknown)."""
+    if data.epoch_s <= 0.0:
+        return 0.0
+    epochs = min(SHORTEST_EPOCHS, int(getattr(cfg, "epochs", SHORTEST_EPOCHS)) or 1)
+    return STARTUP_S + epochs * data.epoch_s * WRAPPED_EPOCH_SHARE
+
+
+def after_skipped(name: str, start: Skipped) -> Skipped:
+    """Technique `name`, skipped because the technique it continues from was."""
+    return Skipped(technique=name, kind="upstream",
+                   reason=f"{name} continues from the {start.technique} technique's model, "
+                          f"which was skipped: {start.line()}")
+
+
+def skipped_state(skip: Skipped) -> State:
+    """A technique's task run ended Completed, named "Skipped", its reason as the message."""
+    return Completed(name="Skipped", message=skip.line(), data=skip)
 
 
 def _in_place_of(declared: Task, body: Callable[..., ModelArtifact]) -> Task:

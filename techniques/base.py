@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from prefect import Task
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tfopt.artifacts import ModelArtifact, ModelFormat, Precision, TrainingData, VariantSpec
 from tfopt.config import Section
@@ -197,6 +197,31 @@ class NotApplicable(Exception):  # noqa: N818 - a verdict about the model, not a
     Raised by a technique's task when tfmot refuses the model (e.g. layers its quantization
     scheme has no rule for), so the summary says why instead of reporting a failure.
     """
+
+
+class Skipped(BaseModel):
+    """A technique that made no model, and why: a typed outcome, never parsed back from text.
+
+    A technique's task returns it in a Completed state named "Skipped" (`techniques.skipped_state`),
+    so the Prefect UI shows no red for what was never a failure; a technique that continues from
+    it receives it in place of a model and is skipped in turn.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    technique: str
+    reason: str
+    kind: Literal["not_applicable", "cut", "upstream"]
+    """Why: the model is not one it works on, the time budget cut it, or the technique it
+    continues from was skipped."""
+
+    def line(self) -> str:
+        """How its variants' reason reads (``qat does not apply: ...``, ``distill: cut ...``)."""
+        if self.kind == "not_applicable":
+            return f"{self.technique} does not apply: {self.reason}"
+        if self.kind == "cut":
+            return f"{self.technique}: {self.reason}"
+        return self.reason
 
 
 @dataclass(frozen=True)

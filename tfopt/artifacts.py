@@ -96,15 +96,11 @@ class TrainingData(_Frozen):
     deadline: float | None = None
     """When every fine-tuning must have ended (a `time.time()` value: the run's time budget,
     `tfopt.budget`); None: no limit."""
-    variant_reserve_s: float = 0.0
-    """What the end of the time budget holds for each compressed variant's conversion,
-    measurement and packaging (`tfopt.budget.Budget.compressed_variant_s`): a technique cut by
-    the budget frees it for a search (`flows.compress_model`)."""
-    least_fine_tune_s: float = 0.0
-    """A technique does not start with less time than this before `deadline`: the shortest
-    fine-tuning back within the budget that the run's searches measured (0: none). With less,
-    it would stop far from back (`techniques.cut_short`) and its time go to nothing
-    (EfficientNetB0, 30 minutes: distillation and QAT stopped after an epoch each)."""
+    epoch_s: float = 0.0
+    """The baseline's seconds per training epoch (0: not trained here): a technique does not
+    start with less time left before `deadline` than its shortest run takes at that pace
+    (`techniques.shortest_run_s`); with less it would stop far from back
+    (`techniques.cut_short`) and its time go to nothing."""
 
 
 class InputPipelineResult(_Frozen):

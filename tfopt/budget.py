@@ -127,16 +127,6 @@ class Budget(BaseModel):
             update["build_s"] = seconds / count
         return self.model_copy(update=update)
 
-    @property
-    def compressed_variant_s(self) -> float:
-        """What the end of the budget holds for each planned compressed variant.
-
-        Its conversion, its measurement and its packaging: a technique the time budget cuts
-        leaves this much per variant it would have made (`TrainingData.variant_reserve_s`).
-        """
-        variants = max(1, self.baseline_variants + self.compressed_variants)
-        return self.build_s + self.measure_s + (self.finish_s - FINISH_S) / variants
-
     def deadline(self, share: float) -> float | None:
         """When the phase ending at `share` of the budget must end (None: no budget)."""
         return None if self.minutes is None else self.started + share * self.minutes * 60.0
@@ -296,7 +286,8 @@ def budget_cuts(training: dict[str, Any], techniques: dict[str, Any],
     """What the time budget cut in the trainings, techniques and searches (from their results)."""
     cuts = sorted({f"{str(entry['error']).split(': ', 1)[0]} (not started: {CUT_BY_BUDGET})"
                    for entry in variants
-                   if entry["status"] == "skipped" and CUT_BY_BUDGET in str(entry.get("error"))})
+                   if entry["status"] == "skipped" and str(entry.get("error")).split(": ", 1)[-1]
+                   .startswith(CUT_BY_BUDGET)})
     trainings = [("the baseline's training", training),
                  *((f"{name}'s fine-tuning", technique["params"])
                    for name, technique in techniques.items())]

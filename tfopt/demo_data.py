@@ -102,23 +102,21 @@ def hard_digit(pixels: np.ndarray, image_size: int, rng: np.random.Generator,
                photos: list[np.ndarray]) -> np.ndarray:
     """One 8x8 digit drawn hard to read: an ``image_size`` RGB image (uint8).
 
-    The digit is scaled, rotated, sheared and moved at random, inked in a random colour over a
-    crop of a sample photo (its contrast lowered), crossed by strokes, partly hidden by a patch
-    of another crop, and noised.
+    The digit is scaled, rotated, sheared and moved at random, inked in a light random tint over
+    a crop of a sample photo (darkened, its contrast lowered), crossed by strokes, partly hidden
+    by a patch of another crop, and noised.
     """
     size = image_size
     background = _photo_crop(photos, size, rng)
     ink_mask = _transformed_digit(pixels, size, rng)
-    brightness = background.mean()
-    ink = rng.uniform(0, 255, 3)
-    ink[np.argmax(ink)] = 255.0 if brightness < 128 else 0.0
-    opacity = rng.uniform(0.55, 1.0)
+    ink = rng.uniform(170, 255, 3)
+    opacity = rng.uniform(0.75, 1.0)
     canvas = background * (1 - ink_mask[..., None] * opacity) + ink * (
         ink_mask[..., None] * opacity)
     canvas = _with_strokes(canvas, size, rng)
-    if rng.random() < 0.5:
+    if rng.random() < 0.3:
         canvas = _with_patch(canvas, _photo_crop(photos, size, rng), size, rng)
-    canvas += rng.normal(0.0, rng.uniform(4.0, 18.0), canvas.shape)
+    canvas += rng.normal(0.0, rng.uniform(3.0, 12.0), canvas.shape)
     return np.clip(canvas, 0, 255).astype(np.uint8)
 
 
@@ -132,18 +130,18 @@ def _photo_crop(photos: list[np.ndarray], size: int, rng: np.random.Generator) -
     pixels = np.asarray(crop.resize((size, size), Image.BILINEAR), np.float32)
     pixels = pixels[..., rng.permutation(3)]
     mean = pixels.mean()
-    return mean + (pixels - mean) * rng.uniform(0.3, 0.8)
+    return (mean + (pixels - mean) * rng.uniform(0.25, 0.6)) * rng.uniform(0.3, 0.7)
 
 
 def _transformed_digit(pixels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
     """The digit as a [0, 1] mask at `size`: scaled, rotated, sheared and moved at random."""
     gray = Image.fromarray(np.clip(pixels * (255.0 / 16.0), 0, 255).astype(np.uint8), mode="L")
-    scale = rng.uniform(0.45, 0.85)
+    scale = rng.uniform(0.55, 0.9)
     side = max(8, int(size * scale))
     digit = gray.resize((side, side), Image.BICUBIC)
     digit = digit.transform(digit.size, Image.AFFINE,
                             (1.0, rng.uniform(-0.3, 0.3), 0.0, 0.0, 1.0, 0.0), Image.BICUBIC)
-    digit = digit.rotate(rng.uniform(-30.0, 30.0), Image.BICUBIC, expand=True)
+    digit = digit.rotate(rng.uniform(-25.0, 25.0), Image.BICUBIC, expand=True)
     canvas = Image.new("L", (size, size))
     room = max(0, size - digit.size[0]), max(0, size - digit.size[1])
     canvas.paste(digit, (int(rng.integers(0, room[0] + 1)), int(rng.integers(0, room[1] + 1))))
@@ -156,7 +154,7 @@ def _with_strokes(canvas: np.ndarray, size: int, rng: np.random.Generator) -> np
 
     image = Image.fromarray(np.clip(canvas, 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(image)
-    for _ in range(int(rng.integers(1, 4))):
+    for _ in range(int(rng.integers(0, 3))):
         start, end = rng.uniform(0, size, 2), rng.uniform(0, size, 2)
         draw.line([tuple(start), tuple(end)], fill=tuple(int(v) for v in rng.uniform(0, 255, 3)),
                   width=int(rng.integers(1, max(2, size // 16))))
@@ -166,7 +164,7 @@ def _with_strokes(canvas: np.ndarray, size: int, rng: np.random.Generator) -> np
 def _with_patch(canvas: np.ndarray, patch: np.ndarray, size: int,
                 rng: np.random.Generator) -> np.ndarray:
     """`canvas` with a rectangle (an eighth to a fifth of it) taken from `patch`."""
-    height, width = (int(size * rng.uniform(0.25, 0.45)) for _ in range(2))
+    height, width = (int(size * rng.uniform(0.2, 0.4)) for _ in range(2))
     top, left = int(rng.integers(0, size - height)), int(rng.integers(0, size - width))
     hidden = canvas.copy()
     hidden[top:top + height, left:left + width] = patch[top:top + height, left:left + width]

@@ -33,7 +33,7 @@ from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrialRef, VariantSpe
 from tfopt.config import MeasurementProtocol
 from tfopt.variants import plan_variant
 
-TrialStatus = Literal["ok", "over_budget", "pruned", "failed"]
+TrialStatus = Literal["ok", "over_budget", "pruned", "failed", "not_applicable"]
 TIE_SHARE = 0.03
 """Trials whose times are this close are tied: the stronger setting wins."""
 HOPELESS_POINTS = 10.0

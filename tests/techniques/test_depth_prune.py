@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -195,33 +196,31 @@ def test_searches_from_the_baseline_run_before_the_techniques_submitted_beside_t
     assert sorted(first[2:]) == sorted(set(planned) - {"channel_prune", "depth_prune"})
 
 
-def test_the_searches_may_take_the_time_kept_for_the_variants_of_the_techniques_after_them(
+def test_a_technique_the_budget_cuts_or_whose_start_was_skipped_ends_completed_as_skipped(
         tiny_baseline, tiny_data, tmp_path):
-    from flows.compress_model import reserve_after_searches, searched_from_baseline, with_more_time
+    from flows.compress_model import searched_from_baseline
     from flows.parameters import PipelineConfig
     from techniques import contained, plan
-    from techniques.base import NotApplicable
+    from techniques.base import Skipped
     from tfopt.budget import CUT_BY_BUDGET
 
-    config = PipelineConfig.model_validate({"name": "reserve", "compress": {
+    config = PipelineConfig.model_validate({"name": "cut", "compress": {
         **{name: {"enabled": True} for name in ("distill", "qat")},
         "channel_prune": {"enabled": True, "fraction": "auto"}}})
-    plans = plan(config, tiny_baseline)
-    after = [p for p in plans if p.refusal is None and not searched_from_baseline(p)]
-    built = {p.technique.name: sum(s.status == "ok" for s in p.variants) for p in after}
-    assert {"distill", "qat"} <= set(built) and all(built.values())
-    timed = tiny_data.model_copy(update={"deadline": time.time() + 30.0,
-                                         "variant_reserve_s": 10.0})
-    assert reserve_after_searches(after, tiny_data) == 0.0, "no budget: no deadline to move"
-    assert reserve_after_searches(after, timed) == 10.0 * sum(built.values())
-    assert with_more_time(timed, 20.0).deadline == timed.deadline + 20.0
-    assert with_more_time(tiny_data, 20.0) == tiny_data
-
+    after = [p for p in plan(config, tiny_baseline)
+             if p.refusal is None and not searched_from_baseline(p)]
     qat = next(p for p in after if p.technique.name == "qat")
-    short = timed.model_copy(update={"least_fine_tune_s": 60.0})
-    with pytest.raises(NotApplicable, match=f"{CUT_BY_BUDGET}: .* s were left for qat's "
-                                            r"fine-tuning, less than the searches' shortest"):
-        contained("qat").fn(tiny_baseline, qat.cfg, short, tmp_path)
+    short = tiny_data.model_copy(update={"deadline": time.time() + 30.0, "epoch_s": 10.0})
+    state = contained("qat").fn(tiny_baseline, qat.cfg, short, tmp_path)
+    assert state.is_completed() and state.name == "Skipped", "no red in the Prefect UI"
+    cut = state.result()
+    assert isinstance(cut, Skipped) and cut.kind == "cut"
+    assert re.match(rf"qat: {CUT_BY_BUDGET}: .* s were left for qat's fine-tuning, less than "
+                    r"its shortest run \(45 s\)", cut.line())
+    assert state.message == cut.line()
+    after_it = contained("qat").fn(cut, qat.cfg, tiny_data, tmp_path).result()
+    assert after_it.kind == "upstream" and after_it.line().startswith(
+        "qat continues from the qat technique's model, which was skipped: qat: cut")
 
 
 def test_a_model_the_technique_does_not_apply_to_ends_its_search_at_the_first_trial(tmp_path):
@@ -232,8 +231,8 @@ def test_a_model_the_technique_does_not_apply_to_ends_its_search_at_the_first_tr
     search = Search(KNOB, tmp_path / "study", "refused", target=0.9)
     assert refusal_of(search) is None
     search.start(1.0)
-    search.finish(Trial(field="share", value=1.0, status="failed",
-                        error="NotApplicable: no residual block to remove"))
+    search.finish(Trial(field="share", value=1.0, status="not_applicable",
+                        error="no residual block to remove"))
     assert refusal_of(search) == "no residual block to remove"
     other = Search(KNOB, tmp_path / "other", "crashed", target=0.9)
     other.start(1.0)

@@ -241,6 +241,13 @@ def recovery_target(baseline: ModelArtifact, budget_points: float,
         best - validation_margin(budget_points, val_examples) - ROUNDING)
 
 
+def epoch_seconds(baseline: ModelArtifact) -> float:
+    """The baseline's seconds per training epoch (0: it was not trained here)."""
+    epochs = int(baseline.params.get("epochs_run") or 0)
+    seconds = float(baseline.metrics.get("train_seconds") or 0.0)
+    return seconds / epochs if epochs > 0 else 0.0
+
+
 def kept_val_accuracy(baseline: ModelArtifact, budget_points: float) -> float | None:
     """The validation accuracy a search trial's file must keep: the champion's rule."""
     best = baseline.metrics.get("best_val_accuracy")
