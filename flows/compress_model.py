@@ -24,9 +24,11 @@ from techniques import (
     after_skipped,
     contained,
     cut_short,
+    epochs_of,
     finishing,
     open_search,
     plan,
+    shortest_run_s,
     skipped_state,
 )
 from techniques.base import NotApplicable, Skipped
@@ -136,8 +138,9 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
 
     Coverage first: each search's first round (one trial, at its knob's `Knob.first` or the
     middle; the searches from the baseline first, `searches_first`), then every other
-    technique's fine-tuning, submitted in run order and waited for; only then do the searches
-    deepen, in the time left. A search that runs first no longer takes the time of the
+    technique's fine-tuning, submitted in run order and waited for, each ending by its epochs'
+    share of the time left when it starts (`TrainingData.epochs_queued`); only then do the
+    searches deepen, in the time left. A search that runs first no longer takes the time of the
     techniques after it: on the demo channel pruning's bisection cut distillation, pruning, QAT
     and clustering.
     """
@@ -159,6 +162,9 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
         search = _opened(planned, config, baseline, data, searches)
         _run_rounds(search, planned, config, baseline, data, inputs, parent, rounds=1)
         deepen[planned.technique.name] = (planned, baseline, data)
+    fine_tunes = [planned for planned in after if not (
+        planned.technique.searched(planned.cfg) and inputs is not None and parent)]
+    workers = config.scale.dask_workers if config.scale.task_runner == "dask" else 1
     for planned in after:
         # A technique that continues from a search's choice waits for that search to end.
         start = baseline if planned.starts_from is None else finished(planned.starts_from)
@@ -174,7 +180,11 @@ def _apply_techniques(plans: list[Planned], config: PipelineConfig, baseline: Mo
             _run_rounds(search, planned, config, made, data, inputs, parent, rounds=1)
             deepen[name] = (planned, made, data)
         else:
-            outcomes[name] = contained(name).submit(start, planned.cfg, data, run_dir / "models")
+            queued = fine_tunes[fine_tunes.index(planned):]
+            outcomes[name] = contained(name).submit(start, planned.cfg, data.model_copy(update={
+                "epochs_queued": sum(epochs_of(p.cfg) for p in queued) // workers,
+                "shortest_queued_s": sum(shortest_run_s(p.cfg, data) for p in queued) / workers,
+            }), run_dir / "models")
     for outcome in list(outcomes.values()):
         if not isinstance(outcome, State):
             outcome.wait()

@@ -363,14 +363,15 @@ def contained(name: str) -> Task:
                       out_dir: Path) -> ModelArtifact | State:
         if isinstance(model, Skipped):
             return skipped_state(after_skipped(name, model))
-        left = None if data.deadline is None else data.deadline - time.time()
         shortest = shortest_run_s(cfg, data)
+        left = None if data.deadline is None else data.deadline - time.time()
         if left is not None and left < shortest:
             return skipped_state(Skipped(technique=name, kind="cut", reason=(
                 f"{CUT_BY_BUDGET}: " + (
                     f"the fine-tunings' time was used before {name} could start" if left < 0
                     else f"{left:.0f} s were left for {name}'s fine-tuning, less than its "
                          f"shortest run ({shortest:.0f} s)"))))
+        data = own_deadline(data, epochs_of(cfg), shortest)
         try:
             return run_native(step, apply_here, name, model, cfg, data, out_dir)
         except NotApplicable as refusal:
@@ -389,11 +390,30 @@ STARTUP_S = 5.0
 """A technique's process start, model load and export, beside its epochs."""
 
 
+def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> TrainingData:
+    """`data` with this fine-tuning's deadline, from now (coverage before depth).
+
+    Its shortest run, and its `epochs`' share of what the shortest runs of those queued leave.
+    """
+    if data.deadline is None or data.epochs_queued <= epochs:
+        return data
+    now = time.time()
+    left = max(0.0, data.deadline - now)
+    own = shortest_s + max(0.0, left - data.shortest_queued_s) * epochs / data.epochs_queued
+    return data.model_copy(update={"deadline": now + min(left, own), "epochs_queued": 0,
+                                   "shortest_queued_s": 0.0})
+
+
+def epochs_of(cfg: TechniqueSection) -> int:
+    """A technique's epoch cap (1 for one without epochs)."""
+    return max(1, int(getattr(cfg, "epochs", 1) or 1))
+
+
 def shortest_run_s(cfg: TechniqueSection, data: TrainingData) -> float:
     """What a technique's shortest useful run takes at the baseline's pace (0: unknown)."""
     if data.epoch_s <= 0.0:
         return 0.0
-    epochs = min(SHORTEST_EPOCHS, int(getattr(cfg, "epochs", SHORTEST_EPOCHS)) or 1)
+    epochs = min(SHORTEST_EPOCHS, epochs_of(cfg))
     return STARTUP_S + epochs * data.epoch_s * WRAPPED_EPOCH_SHARE
 
 

@@ -96,6 +96,12 @@ class TrainingData(_Frozen):
     deadline: float | None = None
     """When every fine-tuning must have ended (a `time.time()` value: the run's time budget,
     `tfopt.budget`); None: no limit."""
+    epochs_queued: int = 0
+    """The epochs of the fine-tunings, this one included, still to run one after another before
+    `deadline` (0: this one alone). Each gets its shortest run first and its epochs' share of
+    the rest (`techniques.own_deadline`): the first technique cannot take the last one's time."""
+    shortest_queued_s: float = 0.0
+    """The shortest runs of those fine-tunings together (`techniques.shortest_run_s`)."""
     epoch_s: float = 0.0
     """The baseline's seconds per training epoch (0: not trained here): a technique does not
     start with less time left before `deadline` than its shortest run takes at that pace

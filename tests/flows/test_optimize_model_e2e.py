@@ -333,6 +333,16 @@ def test_prefect_shows_the_flow_run_its_subflow_and_their_task_runs(smoke_run):
     assert [(run["state_type"], run["state_name"]) for run in refused] == [
         ("COMPLETED", "Skipped")], "small_cnn: no residual block; not a failure"
     assert all(run["state_type"] == "COMPLETED" for run in task_runs), "no red in the UI"
+    started = sorted((run["start_time"], run["name"]) for run in task_runs if run["start_time"])
+    trials = [name for _, name in started if name.startswith("trial-channel_prune")]
+    fine_tunes = [name for _, name in started
+                  if name.split("-")[0] in ("prune_model", "distill_model", "quantize_aware_train")]
+    order = [name for _, name in started]
+    assert len(fine_tunes) == 3, fine_tunes
+    assert all(order.index(trials[0]) < order.index(name) for name in fine_tunes), (
+        "each search's first trial before the fine-tunings")
+    assert all(order.index(name) < order.index(trial) for name in fine_tunes
+               for trial in trials[1:]), "coverage before depth: no search deepens before"
 
 
 def test_benchmark_only_flow_measures_the_registered_champion(smoke_run, tmp_path):

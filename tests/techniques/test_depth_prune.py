@@ -239,3 +239,20 @@ def test_a_model_the_technique_does_not_apply_to_ends_its_search_at_the_first_tr
     other.finish(Trial(field="share", value=1.0, status="failed",
                        error="NativeCrashError: SIGSEGV"))
     assert refusal_of(other) is None, "a crash is that setting's, not the model's"
+
+
+def test_each_fine_tuning_gets_its_shortest_run_then_its_epochs_share_of_the_rest(tiny_data):
+    from techniques import own_deadline
+
+    now = time.time()
+    queued = tiny_data.model_copy(update={"deadline": now + 100.0, "epochs_queued": 30,
+                                          "shortest_queued_s": 40.0})
+    first = own_deadline(queued, 20, 10.0)
+    assert first.deadline - now == pytest.approx(10.0 + 60.0 * 20 / 30, abs=1.0)
+    assert (first.epochs_queued, first.shortest_queued_s) == (0, 0.0), "its own, not shared on"
+    tight = queued.model_copy(update={"deadline": now + 30.0})
+    assert own_deadline(tight, 20, 10.0).deadline - now == pytest.approx(10.0, abs=1.0), (
+        "less time than the shortest runs: its shortest run, the others theirs")
+    last = queued.model_copy(update={"epochs_queued": 2})
+    assert own_deadline(last, 2, 10.0).deadline == queued.deadline, "the last takes what is left"
+    assert own_deadline(tiny_data, 20, 10.0) == tiny_data, "no budget: no deadline"
