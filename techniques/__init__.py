@@ -369,8 +369,8 @@ def contained(name: str) -> Task:
             return skipped_state(Skipped(technique=name, kind="cut", reason=(
                 f"{CUT_BY_BUDGET}: " + (
                     f"the fine-tunings' time was used before {name} could start" if left < 0
-                    else f"{left:.0f} s were left for {name}'s fine-tuning, less than its "
-                         f"shortest run ({shortest:.0f} s)"))))
+                    else f"{left:.1f} s were left for {name}'s fine-tuning, less than its "
+                         f"shortest run ({shortest:.1f} s)"))))
         data = own_deadline(data, epochs_of(cfg), shortest)
         try:
             return run_native(step, apply_here, name, model, cfg, data, out_dir)
