@@ -62,7 +62,7 @@ def write_demo_images(out_dir: Path, image_size: int = 32, quality: int = 95) ->
     return _write_once(out_dir, files, f"{image_size}px")
 
 
-def write_hard_digits(out_dir: Path, image_size: int = 64, copies: int = 2, seed: int = 0,
+def write_hard_digits(out_dir: Path, image_size: int = 64, copies: int = 1, seed: int = 0,
                       quality: int = 90) -> int:
     """Write ``digits-hard``: each digit drawn `copies` times over clutter, once (see above).
 
