@@ -49,14 +49,12 @@ def compress_model(
 ) -> Compressed:
     """Apply every enabled compression technique to the baseline and build its model's forms.
 
-    Techniques are submitted in run order; one that continues from another technique's model
-    (`Planned.starts_from`) gets that technique's future as its input, so it waits for it. A
-    technique whose strength is ``auto`` is searched first (`tfopt.search`: trials fanned out
-    on the task runner, each a Prefect task run and a nested MLflow run), and its chosen
-    trial's model is its model (after the technique's `Technique.after_search`, if any). A
-    technique that fails marks its planned variants failed (and those of the techniques
-    continuing from it), one that does not apply to the model (`NotApplicable`, or no setting
-    within the budget) skipped with its reason, as are the forms of a model the time budget
+    Every technique runs before any search goes deep (`_apply_techniques`); one that continues
+    from another technique's model (`Planned.starts_from`) waits for it. A technique whose
+    strength is ``auto`` is searched (`tfopt.search`: each trial a Prefect task run and a nested
+    MLflow run) and its chosen trial's model is its model. A technique that fails marks its
+    variants failed, one that is `Skipped` (not applicable, cut by the budget, or continuing
+    from a skipped one) skipped with its reason, as are the forms of a model the time budget
     stopped far from the accuracy it had to keep (`cut_short`); the others go on.
 
     Args:

@@ -483,10 +483,8 @@ def _summarize(
 ) -> dict[str, Any]:
     """Pick and register the champion; assemble the summary JSON.
 
-    `models` are the baseline and the techniques' models; `crashes` the contained ones;
-    `baseline_note` why the verdicts are judged against an unconverged baseline, if they are;
-    an unhealthy baseline (`tfopt.models.health`) adds its reasons to it. `test_labels` are
-    the benchmark inputs' (the champion and the baseline compared image by image).
+    `models`: the baseline, then the techniques'; `crashes`: the contained ones; `baseline_note`:
+    why the verdicts are against an unconverged baseline; `test_labels`: for the paired test.
     """
     bench = config.benchmark
     baseline, technique_models = models[0], models[1:]

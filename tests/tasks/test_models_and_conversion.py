@@ -89,12 +89,14 @@ def test_a_model_benchmarked_alone_is_its_own_reference_and_opened_only_when_mea
     inputs = prepare_benchmark_inputs.fn(None, tiny_dataset, tmp_path / "inputs")
     written = sorted(path.name for path in inputs.images.parent.iterdir())
     assert inputs.reference_logits is None
-    assert written == ["harness-floor", "test-images.npy", "test-labels.npy"]
+    assert written == ["harness-floor", "test-images.npy", "test-labels.npy", "val-images.npy",
+                       "val-labels.npy"], "the test split to report, the validation to choose"
     spec = VariantSpec(name="theirs", source="theirs", format="savedmodel", precision="fp32",
                        path=tiny_savedmodel.path)
     result = benchmark_variant.fn(spec, inputs, BenchmarkConfig(
         warmup_runs=1, min_runs=5, min_seconds=0, max_seconds=5))
     assert result.status == "ok" and result.top1_agreement == 1.0 and result.max_abs_diff == 0.0
+    assert result.val_accuracy is not None and result.predictions.is_file()
 
 
 def test_mixed_precision_training_saves_a_float32_model(tiny_dataset, tmp_path):

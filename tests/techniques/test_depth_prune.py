@@ -216,7 +216,7 @@ def test_a_technique_the_budget_cuts_or_whose_start_was_skipped_ends_completed_a
     cut = state.result()
     assert isinstance(cut, Skipped) and cut.kind == "cut"
     assert re.match(rf"qat: {CUT_BY_BUDGET}: .* s were left for qat's fine-tuning, less than "
-                    r"its shortest run \(45 s\)", cut.line())
+                    r"its shortest run \(45.0 s\)", cut.line())
     assert state.message == cut.line()
     after_it = contained("qat").fn(cut, qat.cfg, tiny_data, tmp_path).result()
     assert after_it.kind == "upstream" and after_it.line().startswith(
