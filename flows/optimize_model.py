@@ -167,7 +167,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
             run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged)
         summary = _summarize(config, run, measured, results, run_ids,
                              [baseline, *technique_models], runoff, read_record(crashes),
-                             held.note, inputs.labels)
+                             held.note, inputs)
         summary = _with_budget(_since_last_run(
             config, run, {**summary, "search": compressed.searches}, run_dir,
             (results, inputs), budget), budget, cuts)
@@ -479,12 +479,12 @@ def _summarize(
     config: PipelineConfig, run: tracking.TrackedRun, measured: _Measured,
     results: list[VariantResult], run_ids: dict[str, str], models: list[ModelArtifact],
     runoff: Runoff | None, crashes: list[dict[str, Any]], baseline_note: str | None,
-    test_labels: Path | None,
+    inputs: BenchmarkInputs,
 ) -> dict[str, Any]:
     """Pick and register the champion; assemble the summary JSON.
 
     `models`: the baseline, then the techniques'; `crashes`: the contained ones; `baseline_note`:
-    why the verdicts are against an unconverged baseline; `test_labels`: for the paired test.
+    why the verdicts are against an unconverged baseline; `inputs`: for the paired test.
     """
     bench = config.benchmark
     baseline, technique_models = models[0], models[1:]
@@ -519,7 +519,7 @@ def _summarize(
             "environment": environment(bench.threads, tf_threads, resolve_cpus(bench.cpus)),
             "champion_model": champion_model,
             "champion_speedup": speedup,
-            "accuracy_verdict": accuracy_verdict(choice, results, test_labels,
+            "accuracy_verdict": accuracy_verdict(choice, results, inputs,
                                                   bench.accuracy_budget_points),
             "champion_speedup_over_int8": champion_speedup_over_int8(choice.name, results,
                                                                      runoff),

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfopt.artifacts import LatencyStats, VariantResult
+from tfopt.artifacts import BenchmarkInputs, LatencyStats, VariantResult
 from tfopt.measurement.accuracy_stats import mcnemar_p_value, paired_comparison, wilson_interval
 from tfopt.measurement.champion import accuracy_verdict, budget_rule, choose_champion
 from tfopt.report.summary import accuracy_sentence
@@ -58,8 +58,9 @@ def test_the_budget_is_judged_on_validation_and_the_test_figures_only_reported(t
     assert choice.name == "channels-50-tflite-int8", "validation decides, not test"
     assert (choice.judged_on, choice.reference) == ("validation", "baseline-tflite-int8")
     assert "on validation" in choice.reason
-    verdict = accuracy_verdict(choice, [baseline, lucky_on_test, within_on_val],
-                               tmp_path / "labels.npy", 1.0)
+    inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=tmp_path / "labels.npy",
+                             reference_logits=None, examples=200)
+    verdict = accuracy_verdict(choice, [baseline, lucky_on_test, within_on_val], inputs, 1.0)
     assert verdict["test_images"] == 200 and verdict["champion"]["test_accuracy"] == 0.93
     assert verdict["paired"] is None, "no predictions kept: no paired comparison"
     sentence = accuracy_sentence(verdict)

@@ -120,6 +120,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def atomic_save_array(path: Path, values: Any) -> None:
+    """Save a NumPy array as ``.npy`` so that readers never see a half-written file."""
+    import numpy as np
+
+    tmp = path.with_name(f".{path.stem}.tmp.npy")
+    np.save(tmp, values)
+    tmp.replace(path)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write UTF-8 text atomically (see `atomic_write_bytes`)."""
     atomic_write_bytes(path, text.encode("utf-8"))

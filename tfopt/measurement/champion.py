@@ -15,13 +15,11 @@ XLA before XLA), then the lower p50.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from tfopt.artifacts import Runoff, VariantResult
+from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult
 from tfopt.runtimes import runtime_of
 from tfopt.variants import plan_variant
 
@@ -318,8 +316,8 @@ def choose_champion(
     )
 
 
-def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult], labels: Path | None,
-                     budget_points: float) -> dict[str, Any] | None:
+def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult],
+                     inputs: BenchmarkInputs, budget_points: float) -> dict[str, Any] | None:
     """The champion's accuracy as the summary reports it (``accuracy_verdict``).
 
     Which split the budget was judged on; the champion's and the baseline's accuracies on both
@@ -332,7 +330,7 @@ def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult], label
     champion, baseline = by_name.get(choice.name or ""), by_name.get(choice.reference or "")
     if champion is None or baseline is None:
         return None
-    test_images = len(np.load(labels)) if labels is not None and labels.is_file() else 0
+    test_images = inputs.examples if inputs.labels is not None else 0
 
     def figures(result: VariantResult) -> dict[str, Any]:
         interval = (wilson_interval(result.accuracy, test_images)
@@ -344,4 +342,4 @@ def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult], label
     return {"judged_on": choice.judged_on, "budget_points": budget_points,
             "test_images": test_images, "champion": figures(champion),
             "baseline": figures(baseline),
-            "paired": paired_comparison(champion, baseline, labels)}
+            "paired": paired_comparison(champion, baseline, inputs.labels)}

@@ -9,12 +9,10 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
-
 from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, VariantSpec
 from tfopt.config import BenchmarkConfig, InputScale
 from tfopt.data.pipeline import load_split
-from tfopt.fileio import atomic_write_json
+from tfopt.fileio import atomic_save_array, atomic_write_json
 from tfopt.measurement.floor import build_floor_models
 from tfopt.native import NativeStep
 from tfopt.runtimes import load_runner
@@ -26,12 +24,6 @@ INPUTS_ARTIFACT = "benchmark-inputs"
 
 INPUTS_STEP = NativeStep("prepare_benchmark_inputs",
                          "the reference model's forward pass over the test split")
-
-
-def _save_array(path: Path, values: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp.npy")
-    np.save(tmp, values)
-    tmp.replace(path)
 
 
 def prepare_inputs(reference: VariantSpec | None, dataset: DatasetArtifact, out_dir: Path,
@@ -48,7 +40,7 @@ def prepare_inputs(reference: VariantSpec | None, dataset: DatasetArtifact, out_
     reference_logits = None
     if reference is not None:
         reference_logits = out_dir / f"{reference.name}-reference-logits.npy"
-        _save_array(reference_logits, predict_batched(load_runner(reference), images))
+        atomic_save_array(reference_logits, predict_batched(load_runner(reference), images))
     inputs = BenchmarkInputs(
         images=out_dir / "test-images.npy",
         labels=out_dir / "test-labels.npy",
@@ -58,8 +50,8 @@ def prepare_inputs(reference: VariantSpec | None, dataset: DatasetArtifact, out_
         floor_models=build_floor_models(images.shape[1:], out_dir / "harness-floor")
         if images.ndim == 4 and images.shape[1] == images.shape[2] else {},
     )
-    _save_array(inputs.images, images)
-    _save_array(inputs.labels, labels)
+    atomic_save_array(inputs.images, images)
+    atomic_save_array(inputs.labels, labels)
     return with_selection_split(inputs, dataset, input_scale)
 
 
@@ -72,8 +64,8 @@ def with_selection_split(inputs: BenchmarkInputs, dataset: DatasetArtifact,
     folder = inputs.images.parent
     selection = inputs.model_copy(update={"selection_images": folder / "val-images.npy",
                                           "selection_labels": folder / "val-labels.npy"})
-    _save_array(selection.selection_images, images)
-    _save_array(selection.selection_labels, labels)
+    atomic_save_array(selection.selection_images, images)
+    atomic_save_array(selection.selection_labels, labels)
     return selection
 
 

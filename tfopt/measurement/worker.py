@@ -30,7 +30,12 @@ from tfopt.artifacts import (
     median_interval,
 )
 from tfopt.config import MeasurementProtocol, resolve_cpus
-from tfopt.fileio import atomic_write_json, gzip_size_bytes, path_size_bytes
+from tfopt.fileio import (
+    atomic_save_array,
+    atomic_write_json,
+    gzip_size_bytes,
+    path_size_bytes,
+)
 from tfopt.measurement.floor import floor_format, floor_key
 from tfopt.measurement.machine_load import LoadProbe, background_cores
 from tfopt.runtimes import load_runner, runtime_of
@@ -432,12 +437,9 @@ def save_predictions(name: str, predicted: np.ndarray, inputs: BenchmarkInputs) 
     """Write a variant's predicted classes beside the test images (atomically); their path."""
     if inputs.images is None:
         return None
-    folder = inputs.images.parent / PREDICTIONS_FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.npy"
-    tmp = folder / f".{name}.tmp.npy"
-    np.save(tmp, predicted.astype(np.int32))
-    tmp.replace(path)
+    path = inputs.images.parent / PREDICTIONS_FOLDER / f"{name}.npy"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save_array(path, predicted.astype(np.int32))
     return path
 
 
