@@ -42,7 +42,7 @@ from tasks.runoff import run_off
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_report import write_report
-from techniques import all_failed, plan, planned_counts
+from techniques import all_failed, compressed_formats, full_runs_s, plan, planned_counts
 from tfopt import tracking
 from tfopt.artifacts import (
     BatchSweepResult,
@@ -65,7 +65,7 @@ from tfopt.budget import (
     budget_cuts,
     confirmation_cuts,
 )
-from tfopt.config import BenchmarkConfig, resolve_cpus
+from tfopt.config import resolve_cpus
 from tfopt.fileio import atomic_write_json, path_size_bytes
 from tfopt.measurement.champion import (
     accuracy_verdict,
@@ -144,22 +144,23 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         run_dir = work_dir / "runs" / f"{config.name}-{run.run_id[:12]}"
         crashes = contain_native_steps(run_dir)
         budget = Budget.planned(config.budget.minutes, planned_counts(config), config.benchmark)
-        get_run_logger().info(budget.plan_line())
         measured = _prepare_data(config, work_dir, run_dir, run, budget)
         baseline, savedmodel = _baseline(config, measured.data, work_dir, run_dir, run, budget)
         inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
         variants, budget = _baseline_variants(config, measured.data, (baseline, savedmodel),
                                               inputs, run_dir, run, budget)
+        bench = _Measurements(config, budget)
+        measured_baseline, budget = bench.baseline_first(baseline, variants, inputs)
         compressed = _compressed_variants(config, measured.data, baseline, run_dir, run,
                                           inputs, budget, variants)
         held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs,
                                                             variants), compressed, run_dir,
                                run, budget)
-        baseline, inputs, variants = held.baseline, held.inputs, held.variants
+        baseline, inputs, technique_models = held.baseline, held.inputs, compressed.models
         _share_inputs(config, run, inputs)
-        technique_models, cuts = compressed.models, []
-        results = _benchmark_all([*variants, *compressed.variants], inputs, config.benchmark,
-                                 budget, cuts)
+        results = [*(measured_baseline if held.variants is variants  # else trained further
+                     else bench.measure(held.variants, inputs)),
+                   *bench.measure(compressed.variants, inputs)]
         runoff = run_off(results, inputs, config.benchmark)
         packaged = package_models(results, inputs, measured.data.dataset.class_names,
                                   measured.data.input_scale, run_dir / "mlflow-models")
@@ -170,9 +171,8 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                              held.note, inputs)
         summary = _with_budget(_since_last_run(
             config, run, {**summary, "search": compressed.searches}, run_dir,
-            (results, inputs), budget), budget, cuts)
-        summary = {**summary, "report": str(run_dir / "report" / "report.md")}
-        _write_outputs(summary, results, run_dir, run)
+            (results, inputs), budget), budget, bench.cuts)
+        summary = _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
                           len(summary["variants"]), failures, summary["champion"] or "none")
@@ -194,8 +194,9 @@ def _prepare_data(
     """Shard the data, sweep the batch size, measure the readers and the data layouts.
 
     Within a time budget the sweep and the layout measurement stop at its measuring deadline
-    (the layout is not measured when that has passed).
+    (the layout is not measured when that has passed). The budget's plan is said first.
     """
+    get_run_logger().info(budget.plan_line())
     dataset = sharded_data(config.data, work_dir, config.scale)
     tracking.log_dataset(run, dataset)
     facts = inspect_model(config.model, dataset)
@@ -446,33 +447,80 @@ def _trained_further(
     return _Held(further, savedmodel, inputs, variants, note=None)
 
 
-def _benchmark_all(
-    variants: list[VariantSpec], inputs: BenchmarkInputs, cfg: BenchmarkConfig, budget: Budget,
-    cuts: list[str],
-) -> list[VariantResult]:
-    """Benchmark every variant, one at a time, with a progress artifact.
+class _Measurements:
+    """The run's measurements, one variant at a time, in two turns: the baseline's, the rest.
 
-    The harness's floor of each runner is timed with the first variant that goes through it
-    and handed on to the others (`BenchmarkInputs.floor_ms`). Within a time budget each
-    measurement's protocol is sized to what is left, from what the ones before cost by format
-    (`MeasurementCosts`).
+    The baseline's variants are measured before the compression: what they cost by format
+    (`MeasurementCosts`) then prices the compressed ones' (`resized`), so the searches and
+    fine-tunings get the time a guess would have kept. The harness's floor of each runner is
+    timed with the first variant that goes through it and handed on to the others
+    (`BenchmarkInputs.floor_ms`). Within a time budget each measurement's protocol is sized
+    to what is left. A progress artifact counts every planned variant.
     """
-    release_workers()  # the trainings' memory back before the measurements
-    progress = StepProgress("benchmark-variants", "variants benchmarked")
-    results: list[VariantResult] = []
-    costs = MeasurementCosts(lambda variant_format: budget.planned_measurement_s(
-        runtime_of(variant_format).name == "tensorflow"))
-    for index, spec in enumerate(variants):
-        left = [s.format for s in variants[index:] if s.status == "ok"]
-        protocol = budget.measurement_protocol(cfg, len(left), costs.expected(left), cuts)
-        started = time.monotonic()
-        result = benchmark_one(spec, inputs, protocol)
-        if spec.status == "ok":
-            costs.add(spec.format, time.monotonic() - started - protocol.min_seconds)
-        inputs = inputs.with_floor(floor_key(result.format, cfg.threads), result.harness_floor_ms)
-        results.append(result)
-        progress.update(len(results), len(variants))
-    return results
+
+    def __init__(self, config: PipelineConfig, budget: Budget) -> None:
+        self.config, self.cfg, self.budget = config, config.benchmark, budget
+        self.cuts: list[str] = []
+        self._costs = MeasurementCosts(lambda variant_format: budget.planned_measurement_s(
+            runtime_of(variant_format).name == "tensorflow"))
+        self._floors: dict[str, float] = {}
+        self._done, self._total = 0, sum(planned_counts(config))
+        self._progress = StepProgress("benchmark-variants", "variants benchmarked")
+
+    def measure(self, variants: list[VariantSpec], inputs: BenchmarkInputs
+                ) -> list[VariantResult]:
+        """Benchmark `variants` on `inputs`, one at a time."""
+        release_workers()  # the trainings' memory back before the measurements
+        results: list[VariantResult] = []
+        for index, spec in enumerate(variants):
+            left = [s.format for s in variants[index:] if s.status == "ok"]
+            protocol = self.budget.measurement_protocol(
+                self.cfg, len(left), self._costs.expected(left), self.cuts)
+            started = time.monotonic()
+            result = benchmark_one(spec, inputs.model_copy(update={"floor_ms": {
+                **inputs.floor_ms, **self._floors}}), protocol)
+            if spec.status == "ok":
+                self._costs.add(spec.format, time.monotonic() - started - protocol.min_seconds,
+                                result.profile_seconds)
+            if result.harness_floor_ms is not None:
+                self._floors.setdefault(floor_key(result.format, self.cfg.threads),
+                                        result.harness_floor_ms)
+            results.append(result)
+            self._done += 1
+            self._progress.update(self._done, max(self._total, self._done))
+        return results
+
+    def baseline_first(self, baseline: ModelArtifact, variants: list[VariantSpec],
+                       inputs: BenchmarkInputs) -> tuple[list[VariantResult], Budget]:
+        """The baseline's variants measured, and the budget they resized (`resized`)."""
+        results = self.measure(variants, inputs)
+        return results, self.resized(compressed_formats(self.config, baseline),
+                                     full_runs_s(self.config, baseline, epoch_seconds(baseline)))
+
+    def resized(self, formats: list[str], needed_s: float) -> Budget:
+        """The budget with the measurements of `formats` priced by those made so far.
+
+        When the compression's window would be shorter than the techniques' full runs
+        (`needed_s`), those measurements leave out the operator profiles and other APIs
+        (the baseline's variants have them): the fine-tunings are what the run is for.
+        """
+        expected = self._costs.expected(formats)
+        if self.budget.minutes is None or expected is None:
+            return self.budget
+        timing = len(formats) * self.budget.timing_s
+        budget = self.budget.with_measured(expected + timing)
+        window = float(budget.compression_deadline or 0.0) - time.time()
+        if self.cfg.profile and window < needed_s:
+            budget = self.budget.with_measured(
+                (self._costs.expected(formats, profiled=False) or 0.0) + timing)
+            self.cfg = self.cfg.model_copy(update={"profile": False})
+            self.cuts.append(
+                f"operator profiles and other APIs measured on the baseline's variants only: "
+                f"{window:.0f} s left the techniques less than their full runs "
+                f"({needed_s:.0f} s)")
+        self.budget = budget
+        get_run_logger().info("resized by the baseline's measurements: %s", budget.plan_line())
+        return budget
 
 
 def _summarize(
@@ -587,8 +635,13 @@ def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: d
 def _write_outputs(
     summary: dict[str, Any], results: list[VariantResult], run_dir: Path,
     run: tracking.TrackedRun,
-) -> None:
-    """The report files and the summary JSON, to the run folder, MLflow and Prefect."""
+) -> dict[str, Any]:
+    """The report files and the summary JSON, to the run folder, MLflow and Prefect.
+
+    Returns:
+        The summary with the report's path.
+    """
+    summary = {**summary, "report": str(run_dir / "report" / "report.md")}
     for path in write_report(summary, results, run_dir / "report"):
         tracking.log_file(run, path, "report")
     tracking.describe_run(run, run_description(summary, tracking.DESCRIPTION_LIMIT))
@@ -599,3 +652,4 @@ def _write_outputs(
     run_log = os.environ.get("TFOPT_RUN_LOG")  # set by `tfopt run` (tfopt.logs)
     if run_log and Path(run_log).is_file():
         tracking.log_file(run, Path(run_log), "logs")
+    return summary

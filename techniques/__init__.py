@@ -474,6 +474,21 @@ def planned_counts(config: Any) -> tuple[int, int]:
             sum(1 for spec in compressed if spec.status == "ok"))
 
 
+def full_runs_s(config: Any, baseline: ModelArtifact, epoch_s: float) -> float:
+    """What every enabled technique's fine-tuning to its epoch cap takes at the baseline's pace.
+
+    A searched technique counts one trial; `epoch_s` is the baseline's epoch (0: unknown).
+    """
+    return sum(STARTUP_S + epochs_of(planned.cfg) * epoch_s * WRAPPED_EPOCH_SHARE
+               for planned in plan(config, baseline) if planned.refusal is None)
+
+
+def compressed_formats(config: Any, baseline: ModelArtifact) -> list[str]:
+    """The formats of the compressed variants a run of `config` plans on `baseline`."""
+    return [spec.format for planned in plan(config, baseline) for spec in planned.variants
+            if spec.status == "ok"]
+
+
 def all_failed(plans: list[Planned], error: str) -> list[VariantSpec]:
     """Every planned variant marked failed with `error` (when the whole subflow failed)."""
     return [failed(spec, error) if spec.status == "ok" else spec

@@ -427,6 +427,8 @@ class VariantResult(_Frozen):
     under_load: bool = False
     load_retried: bool = False
     harness_floor_ms: float | None = None
+    profile_seconds: float = 0.0
+    """What its operator profile and other APIs' timings took (a budget prices them apart)."""
     gflops_per_inference: float | None = None
     offline_examples_per_s: float | None = None
     offline_batch_size: int | None = None

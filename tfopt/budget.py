@@ -3,9 +3,12 @@
 The plan reserves the end of the budget for the planned variants' conversions and measurements
 (`BUILD_S` and `MEASURE_S` each, from the demo: docs/measurements.md) and the finish (`FINISH_S`,
 more for a larger model), and gives the rest to the work before them: the data and the baseline's
-training end by `BASELINE_SHARE` of it, the searches and fine-tunings at its end. Trainings stop at
-their phase's deadline (`tfopt.models.training.StopWhenDone`), a search starts no round it cannot
-finish, and the benchmark protocol is shortened to what the time left allows for the variants built.
+training end by `BASELINE_SHARE` of it, the searches and fine-tunings at its end. The baseline's
+variants are measured before the compression starts, and what they cost sizes the compressed
+ones' (`Budget.with_measured`): the searches and fine-tunings get the time a guess would keep.
+Trainings stop at their phase's deadline (`tfopt.models.training.StopWhenDone`), a search starts
+no round it cannot finish, and the benchmark protocol is shortened to what the time left allows
+for the variants built.
 Every cut is recorded, and the run says at its start what it plans and at its end what was cut.
 """
 
@@ -89,6 +92,9 @@ class Budget(BaseModel):
     tensorflow_measure_s: float = 0.0
     """What each of the `tensorflow_variants` costs beside `measure_s`."""
     finish_s: float = FINISH_S
+    measured_tail_s: float | None = None
+    """Once the baseline's variants are measured: the compressed ones' conversions and
+    measurements and the finish, as those measurements price them (`with_measured`)."""
     started: float = Field(default_factory=time.time)
 
     @classmethod
@@ -127,6 +133,17 @@ class Budget(BaseModel):
             update["build_s"] = seconds / count
         return self.model_copy(update=update)
 
+    def with_measured(self, compressed_measurements_s: float) -> Budget:
+        """The budget once the baseline's variants are measured, before the compression.
+
+        `compressed_measurements_s` is what the compressed variants' measurements will cost, all
+        together, priced by the baseline's (`MeasurementCosts.expected` and their timing): the
+        compression then ends when their conversions, those and the finish still fit.
+        """
+        return self.model_copy(update={"measured_tail_s": (
+            self.compressed_variants * self.build_s + compressed_measurements_s
+            + self.finish_s)})
+
     def deadline(self, share: float) -> float | None:
         """When the phase ending at `share` of the budget must end (None: no budget)."""
         return None if self.minutes is None else self.started + share * self.minutes * 60.0
@@ -138,6 +155,8 @@ class Budget(BaseModel):
     @property
     def _tail(self) -> float:
         """What the conversions and measurements need after the compression."""
+        if self.measured_tail_s is not None:
+            return self.measured_tail_s
         variants = self.baseline_variants + self.compressed_variants
         return (self.compressed_variants * self.build_s + variants * self.measure_s
                 + self.tensorflow_variants * self.tensorflow_measure_s + self.finish_s)
@@ -179,6 +198,12 @@ class Budget(BaseModel):
         """What the run plans, said at its start."""
         if self.minutes is None:
             return "no time budget (budget.minutes): every step runs as configured"
+        if self.measured_tail_s is not None:
+            return (f"time budget {self.minutes:g} min, the baseline's {self.baseline_variants} "
+                    f"variants measured: searches and fine-tunings by "
+                    f"{_clock(self.compression_deadline - self.started)}, the "
+                    f"{self.compressed_variants} compressed variants' conversions and "
+                    f"benchmarks by {_clock(self._seconds)}")
         return (f"time budget {self.minutes:g} min for {self.baseline_variants} baseline and "
                 f"{self.compressed_variants} compressed variants: data and the baseline's "
                 f"training by {_clock(self.baseline_deadline - self.started)}, searches and "
@@ -236,21 +261,28 @@ class MeasurementCosts:
 
     def __init__(self, planned: Callable[[str], float] | None = None) -> None:
         self._seconds: dict[str, list[float]] = {}
+        self._profiles: dict[str, list[float]] = {}
         self._planned = planned
 
-    def add(self, variant_format: str, seconds: float) -> None:
-        """Record one measurement of a `variant_format` variant: its cost beside its timing."""
-        self._seconds.setdefault(variant_format, []).append(max(0.0, seconds))
+    def add(self, variant_format: str, seconds: float, profile_s: float = 0.0) -> None:
+        """Record one measurement of a `variant_format` variant: its cost beside its timing.
 
-    def expected(self, formats: Sequence[str]) -> float | None:
+        `profile_s` is the part of `seconds` its operator profile and other APIs took.
+        """
+        self._seconds.setdefault(variant_format, []).append(max(0.0, seconds - profile_s))
+        self._profiles.setdefault(variant_format, []).append(max(0.0, profile_s))
+
+    def expected(self, formats: Sequence[str], profiled: bool = True) -> float | None:
         """What measurements of `formats` will cost beside their timing, all together.
 
         Each by its own format's mean so far, a format not measured yet as the class says
-        (None: nothing measured yet).
+        (None: nothing measured yet); with their profiles, or without (`profiled`).
         """
         if not self._seconds:
             return None
-        means = {name: sum(seconds) / len(seconds) for name, seconds in self._seconds.items()}
+        parts = [self._seconds, self._profiles] if profiled else [self._seconds]
+        means = {name: sum(sum(part[name]) for part in parts) / len(self._seconds[name])
+                 for name in self._seconds}
         return sum(means[name] if name in means else self._unseen(name, means)
                    for name in formats)
 

@@ -374,14 +374,18 @@ def measure_variant(
     floor_ms = harness_floor_ms(spec, inputs, images, cfg)
     flops = flops_per_inference(spec, runner)
     scenarios = load_scenarios(spec, runner, images, prepared, samples, inputs.batch_size, cfg)
+    profiling = time.perf_counter()
     profile = (operator_profile(spec, runner, prepared, cfg.threads) if cfg.profile
                else OpProfile(method="not profiled (benchmark.profile: false)"))
+    profile_seconds = time.perf_counter() - profiling
     throughput_at_batch = batch_throughput(runner, images, inputs.batch_size,
                                            max(0.2, cfg.min_seconds / P50_WINDOWS))
     intra, inter = runtime.threads_in_force() or (None, None)
     extra_files = runtime.extra_files(runner, spec, images)
     peak_mb = peak_rss_mb()  # before another API's copy of the model is opened
+    profiling = time.perf_counter()
     by_api, api_facts = time_other_apis(spec, images, samples, cfg) if cfg.profile else ({}, {})
+    profile_seconds += time.perf_counter() - profiling
     return VariantResult(
         name=spec.name,
         source=spec.source,
@@ -417,6 +421,7 @@ def measure_variant(
         harness_floor_ms=floor_ms,
         gflops_per_inference=None if flops is None else flops / 1e9,
         op_profile=profile,
+        profile_seconds=profile_seconds,
         **scenarios,
         under_load=any(cores is not None and cores > cfg.max_background_cores
                        for cores in (cores_before, cores_during)),
