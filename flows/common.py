@@ -22,7 +22,7 @@ from tfopt.artifacts import (
 )
 from tfopt.config import BenchmarkConfig, DataConfig, ScaleConfig
 from tfopt.data.shards import is_intact
-from tfopt.orchestration import benchmark_slot
+from tfopt.orchestration import benchmark_slot, error_of
 from tfopt.runtimes import runtime_of, settings_of
 from tfopt.runtimes.base import BuildSources
 from tfopt.variants import failed
@@ -61,12 +61,6 @@ def benchmark_one(spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConf
     return VariantResult(name=spec.name, source=spec.source, format=spec.format,
                          precision=spec.precision, status=spec.status, error=spec.error,
                          derived_from=spec.derived_from)
-
-
-def error_of(state: State) -> str:
-    """The exception (type and message) a failed state holds."""
-    error = state.result(raise_on_failure=False)
-    return f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
 
 
 def built_or_failed(state: State, planned: VariantSpec) -> VariantSpec:

@@ -171,7 +171,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                              held.note, inputs)
         summary = _with_budget(_since_last_run(
             config, run, {**summary, "search": compressed.searches}, run_dir,
-            (results, inputs), budget), budget, bench.cuts)
+            (results, inputs), budget), budget, [*compressed.cuts, *bench.cuts])
         summary = _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
@@ -589,9 +589,9 @@ def _with_budget(summary: dict[str, Any], budget: Budget, cuts: list[str]) -> di
 
     Its use is taken here, at the end: the checks since the last run are inside the budget.
     """
-    cuts = [*budget_cuts(summary["baseline_training"], summary["techniques"], summary["search"],
-                         summary["variants"]),
-            *cuts, *confirmation_cuts(summary.get("since_last_run"))]
+    cuts = [*cuts, *budget_cuts(summary["baseline_training"], summary["techniques"],
+                                summary["search"]),
+            *confirmation_cuts(summary.get("since_last_run"))]
     return {**summary, "budget": budget.summary(cuts)}
 
 

@@ -31,10 +31,15 @@ from tfopt.runtimes import compress_keys
 from tfopt.search import Search, Trial, study_key
 from tfopt.variants import failed, skipped
 
+NOT_TECHNIQUES = frozenset({"base", "planner", "outcomes"})
+"""The package's modules that hold no technique: what techniques share, and how they are run."""
+
 
 @cache
 def registry() -> dict[str, Technique]:
     """Every technique module's ``TECHNIQUE`` in this package, by name, in run order.
+
+    Every module but `NOT_TECHNIQUES` holds one.
 
     Raises:
         LookupError: A module without ``TECHNIQUE``, two techniques with one name, or a
@@ -42,7 +47,7 @@ def registry() -> dict[str, Technique]:
     """
     found: dict[str, Technique] = {}
     for info in pkgutil.iter_modules(__path__):
-        if info.name == "base":
+        if info.name in NOT_TECHNIQUES:
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         technique = getattr(module, "TECHNIQUE", None)
@@ -234,7 +239,7 @@ def collapsed(model: ModelArtifact, data: TrainingData) -> str | None:
 def cut_short(model: ModelArtifact, data: TrainingData, margin: float) -> str | None:
     """Why `model`'s forms are not worth building: the time budget stopped it far from back.
 
-    Its fine-tuning stopped by the budget (``stop_reason`` budget) with its best validation
+    Its fine-tuning stopped by the budget (``stopped_by`` budget) with its best validation
     accuracy more than `margin` below the accuracy it had to keep (`TrainingData.recover_to`):
     its files would be converted and measured for a verdict they cannot win (EfficientNetB0,
     30 minutes: distillation stopped after 1 epoch at 0.73 with 0.97 to keep, its 5 files
@@ -243,7 +248,7 @@ def cut_short(model: ModelArtifact, data: TrainingData, margin: float) -> str | 
     curve = model.history.get("val_accuracy") or []
     keep = data.recover_to
     if (not curve or keep is None
-            or not str(model.params.get("stop_reason", "")).startswith("budget")):
+            or model.params.get("stopped_by") != "budget"):
         return None
     best = max(curve)
     if best >= keep - margin:
@@ -313,7 +318,7 @@ def make_trial(name: str, value: float, start: ModelArtifact, cfg: TechniqueSect
     model = technique.apply.fn(start, technique.at(cfg, value), data, out_dir)
     curve = model.history.get("val_accuracy") or []
     val = max(curve) if curve else None
-    status = trial_status(bool(model.params.get("stop_reason", "").startswith("pruned")), val,
+    status = trial_status(model.params.get("stopped_by") == "pruned", val,
                           target)
     ran = int(model.params.get("epochs_run", 0))
     if status == "pruned":

@@ -73,7 +73,8 @@ def derived_model(
     return model.model_copy(update=dict(
         name=name, path=path, format=fmt,
         params={**params, "kept_epoch": kept_epoch(fitted), **ran,
-                **({"stop_reason": fitted.stop["stop_reason"]} if fitted.stop else {}),
+                **({key: fitted.stop[key] for key in ("stopped_by", "stop_reason")}
+                   if fitted.stop else {}),
                 **fitted.reader},
         metrics={**metrics, **{key: float(value) for key, value in ran.items()},
                  **kept_epoch_figures(fitted.curves, fitted.best_epoch)},

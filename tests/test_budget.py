@@ -85,12 +85,14 @@ def test_the_measurements_are_sized_by_the_test_inputs_and_tensorflow_by_the_mod
 def test_the_cuts_say_which_trainings_the_deadline_ended_and_how():
     from tfopt.budget import TRAINING_TIME_USED, budget_cuts
 
-    baseline = {"stop_reason": f"budget: {TRAINING_TIME_USED}", "epochs_run": 7}
+    baseline = {"stop_reason": f"budget: {TRAINING_TIME_USED}", "stopped_by": "budget",
+                "epochs_run": 7}
     cooled = {"params": {"stop_reason": "recovered: ..., then 2 epochs cooling down",
-                         "epochs_run": 5}}
+                         "stopped_by": "recovered", "epochs_run": 5}}
     cooling = {"params": {"stop_reason": f"plateau: ..., then 1 epoch cooling down "
-                                         f"({TRAINING_TIME_USED})", "epochs_run": 4}}
-    cuts = budget_cuts(baseline, {"cooled": cooled, "cooling": cooling}, {}, [])
+                                         f"({TRAINING_TIME_USED})",
+                          "stopped_by": "budget_cooling", "epochs_run": 4}}
+    cuts = budget_cuts(baseline, {"cooled": cooled, "cooling": cooling}, {})
     assert cuts == ["the baseline's training stopped after 7 epochs (time budget)",
                     "cooling's fine-tuning stopped after 4 epochs (time budget), before its "
                     "rate had cooled down to zero"]

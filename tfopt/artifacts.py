@@ -229,6 +229,8 @@ class Compressed(_Frozen):
     models: list[ModelArtifact]
     searches: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per searched technique: its knob, its trials and the chosen setting (`tfopt.search`)."""
+    cuts: list[str] = Field(default_factory=list)
+    """The techniques the time budget cut before they started, each with its reason."""
 
 
 class BenchmarkInputs(_Frozen):

@@ -303,23 +303,20 @@ TRAINING_TIME_USED = "the time planned for this training was used"
 
 
 def _training_cut(who: str, params: dict[str, Any]) -> str | None:
-    """What the budget cut in one training (`params` with its stop reason), if anything."""
-    reason = str(params.get("stop_reason", ""))
-    if reason.startswith("budget"):
+    """What the budget cut in one training (`params` with what stopped it), if anything."""
+    stopped_by = params.get("stopped_by")
+    if stopped_by == "budget":
         return f"{who} stopped after {params.get('epochs_run')} epochs (time budget)"
-    if TRAINING_TIME_USED in reason:
+    if stopped_by == "budget_cooling":
         return (f"{who} stopped after {params.get('epochs_run')} epochs (time budget), "
                 "before its rate had cooled down to zero")
     return None
 
 
 def budget_cuts(training: dict[str, Any], techniques: dict[str, Any],
-                searches: dict[str, Any], variants: list[dict[str, Any]]) -> list[str]:
-    """What the time budget cut in the trainings, techniques and searches (from their results)."""
-    cuts = sorted({f"{str(entry['error']).split(': ', 1)[0]} (not started: {CUT_BY_BUDGET})"
-                   for entry in variants
-                   if entry["status"] == "skipped" and str(entry.get("error")).split(": ", 1)[-1]
-                   .startswith(CUT_BY_BUDGET)})
+                searches: dict[str, Any]) -> list[str]:
+    """What the time budget cut in the trainings and searches (from their results)."""
+    cuts: list[str] = []
     trainings = [("the baseline's training", training),
                  *((f"{name}'s fine-tuning", technique["params"])
                    for name, technique in techniques.items())]

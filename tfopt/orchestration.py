@@ -259,3 +259,9 @@ class StepProgress:
         except Exception as error:  # progress is optional, the step is not
             step_logger().warning("progress reporting stopped: %s", error)
             self._artifact_id = None
+
+
+def error_of(state: State) -> str:
+    """The exception (type and message) a failed state holds."""
+    error = state.result(raise_on_failure=False)
+    return f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)

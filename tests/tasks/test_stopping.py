@@ -114,15 +114,17 @@ def test_on_its_plateau_the_baseline_takes_its_rate_to_zero_before_it_ends():
                         cool_down=CoolDown(per_epoch, epochs=5))
     _run_batches([late], [0.5], per_epoch)
     assert late.outcome(cap=50)["stop_reason"].startswith("budget"), "not yet on a plateau"
+    assert late.outcome(cap=50)["stopped_by"] == "budget"
     cut = StopWhenDone(patience=1, min_delta=0.01, cool_down=CoolDown(per_epoch, epochs=5))
     _run_batches([cut], [0.5, 0.5], per_epoch)
     cut._deadline = time.time() - 1  # the plateau reached, then the deadline while cooling
     _run_batches([cut], [0.5, 0.5], per_epoch)
     assert cut.outcome(cap=50)["converged"], cut.reason
     assert cut.reason.endswith("cooling down (the time planned for this training was used)")
+    assert cut.outcome(cap=50)["stopped_by"] == "budget_cooling"
     capped = StopWhenDone(patience=1, min_delta=0.01, cool_down=CoolDown(per_epoch, epochs=5))
     _run_batches([capped], [0.5, 0.5, 0.5], per_epoch)  # train.epochs: 3 ends it while cooling
-    assert capped.outcome(cap=3)["converged"]
+    assert capped.outcome(cap=3)["converged"] and capped.outcome(cap=3)["stopped_by"] == "plateau"
     assert capped.outcome(cap=3)["stop_reason"] == (
         "plateau: no validation-accuracy gain of 0.01 for 1 epoch, then 1 epoch cooling down "
         "(cap: 3 epochs run)")
@@ -161,6 +163,7 @@ def test_a_deadline_ends_a_training_before_an_epoch_would_pass_it():
     _run(late, [0.5, 0.6, 0.7])
     ended = late.outcome(cap=50)
     assert ended["stop_reason"].startswith("budget") and ended["epochs_run"] == 1
+    assert ended["stopped_by"] == "budget" and not ended["converged"]
 
 
 def test_the_baseline_trains_until_its_plateau_and_says_so(tiny_data, tmp_path):

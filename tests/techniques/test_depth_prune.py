@@ -178,9 +178,9 @@ def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
 
 def test_searches_from_the_baseline_run_before_the_techniques_submitted_beside_them(
         tiny_baseline):
-    from flows.compress_model import searches_first
     from flows.parameters import PipelineConfig
     from techniques import plan
+    from techniques.planner import searches_first
 
     minimal = PipelineConfig.model_validate({"name": "minimal"})
     assert minimal.compress.channel_prune.fraction == "auto"
@@ -198,10 +198,10 @@ def test_searches_from_the_baseline_run_before_the_techniques_submitted_beside_t
 
 def test_a_technique_the_budget_cuts_or_whose_start_was_skipped_ends_completed_as_skipped(
         tiny_baseline, tiny_data, tmp_path):
-    from flows.compress_model import searched_from_baseline
     from flows.parameters import PipelineConfig
     from techniques import contained, plan
     from techniques.base import Skipped
+    from techniques.planner import searched_from_baseline
     from tfopt.budget import CUT_BY_BUDGET
 
     config = PipelineConfig.model_validate({"name": "cut", "compress": {
@@ -224,8 +224,8 @@ def test_a_technique_the_budget_cuts_or_whose_start_was_skipped_ends_completed_a
 
 
 def test_a_model_the_technique_does_not_apply_to_ends_its_search_at_the_first_trial(tmp_path):
-    from flows.compress_model import refusal_of
     from techniques.depth_prune import KNOB
+    from techniques.planner import refusal_of
     from tfopt.search import Search, Trial
 
     search = Search(KNOB, tmp_path / "study", "refused", target=0.9)

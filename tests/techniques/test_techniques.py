@@ -30,7 +30,8 @@ def test_every_technique_module_is_registered_with_its_config_section():
 
     import techniques
 
-    modules = {info.name for info in pkgutil.iter_modules(techniques.__path__)} - {"base"}
+    modules = {info.name for info in pkgutil.iter_modules(techniques.__path__)}
+    modules -= techniques.NOT_TECHNIQUES
     sections = {name for name, _ in CompressConfig().techniques()}
     assert sections == set(registry()) == modules
     for name, technique in registry().items():
@@ -76,7 +77,7 @@ def test_a_collaborative_technique_derives_from_the_model_it_continues_from(tiny
 
 
 def test_a_technique_whose_starting_model_is_missing_inherits_skipped_or_failed(tiny_baseline):
-    from flows.compress_model import without_base
+    from techniques.outcomes import without_base
     from tfopt.variants import failed, skipped
 
     by_source = {p.source: p for p in plan(_pipeline(pqat={"enabled": True}), tiny_baseline)}
@@ -556,17 +557,17 @@ def test_a_model_the_budget_stopped_far_from_back_is_not_worth_building(tiny_bas
     from techniques import cut_short
 
     to_keep = tiny_data.model_copy(update={"recover_to": 0.95})
-    budget_stop = "budget: the time planned for this training was used"
+    budget_stop = "budget"
 
-    def fine_tuned(stop_reason: str, curve: list[float]):
+    def fine_tuned(stopped_by: str, curve: list[float]):
         return tiny_baseline.model_copy(update={
             "name": "distilled-thinner-50", "history": {"val_accuracy": curve},
-            "params": {"stop_reason": stop_reason, "epochs_run": len(curve)}})
+            "params": {"stopped_by": stopped_by, "epochs_run": len(curve)}})
 
     why = cut_short(fine_tuned(budget_stop, [0.52, 0.73]), to_keep, 0.01)
     assert why is not None and "stopped by the time budget after 2 epochs" in why
     assert "0.7300" in why and "0.9500" in why
     assert cut_short(fine_tuned(budget_stop, [0.73, 0.945]), to_keep, 0.01) is None, "near"
-    assert cut_short(fine_tuned("cap: 2 epochs run, still improving", [0.52, 0.73]), to_keep,
+    assert cut_short(fine_tuned("cap", [0.52, 0.73]), to_keep,
                      0.01) is None, "its own recipe stopped it: judged like any other"
     assert cut_short(fine_tuned(budget_stop, [0.73]), tiny_data, 0.01) is None, "no target"

@@ -48,6 +48,9 @@ TRAIN_STEP = NativeStep(
     "TensorFlow's kernels cannot train this model on this CPU: train.epochs: 0 optimizes it as "
     "it is (its conversions and benchmarks need no training)")
 
+STOP_KEYS = ("epochs_run", "converged", "stopped_by", "stop_reason")
+"""How a training ended, as its params keep it (`StopWhenDone.outcome`)."""
+
 
 def train_baseline(
     data: TrainingData, model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: Path,
@@ -102,7 +105,7 @@ def train_baseline(
             "batch_size": data.batch_size,
             "epochs": train_cfg.epochs,
             "kept_epoch": kept_epoch(fitted),
-            **{key: stopped[key] for key in ("epochs_run", "converged", "stop_reason")},
+            **{key: stopped[key] for key in STOP_KEYS},
             "mixed_precision": train_cfg.mixed_precision,
             "distribute": _distribute_param(train_cfg, strategy),
             "parameters": int(model.count_params()),
@@ -122,13 +125,13 @@ def training_outcome(fitted: Fitted, train_cfg: TrainConfig) -> dict[str, str | 
     A model taken as it is (``train.epochs: 0``) was not trained here: not judged.
     """
     if not train_cfg.epochs:
-        return {"epochs_run": 0, "best_epoch": 0, "converged": False,
+        return {"epochs_run": 0, "best_epoch": 0, "converged": False, "stopped_by": "",
                 "stop_reason": "not trained here: the model is taken as it is (train.epochs: 0)"}
     if fitted.stop:
-        return {**{key: fitted.stop[key] for key in ("epochs_run", "converged", "stop_reason")},
-                "best_epoch": kept_epoch(fitted)}
+        return {**{key: fitted.stop[key] for key in STOP_KEYS}, "best_epoch": kept_epoch(fitted)}
     return {"epochs_run": train_cfg.epochs, "best_epoch": kept_epoch(fitted),
-            "converged": False, "stop_reason": f"fixed: {train_cfg.epochs} epochs"}
+            "converged": False, "stopped_by": "cap",
+            "stop_reason": f"fixed: {train_cfg.epochs} epochs"}
 
 
 def best_validation(curves: dict[str, list[float]], model: object,
@@ -214,6 +217,7 @@ def continue_baseline(baseline: ModelArtifact, data: TrainingData, train_cfg: Tr
         "path": path, "history": curves,
         "params": {**baseline.params, "continued_epochs": ran, "epochs_run": epochs,
                    "converged": bool(fitted.stop.get("converged")),
+                   "stopped_by": fitted.stop.get("stopped_by", ""),
                    "stop_reason": f"continued after compression: {fitted.stop['stop_reason']}"},
         "metrics": {**baseline.metrics, "best_val_accuracy": gained,
                     "test_accuracy": evaluate_test_accuracy(model, data)}})

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import tensorflow as tf
@@ -26,6 +26,9 @@ from tfopt.data.pipeline import load_split, reader_options, tuned_dataset
 from tfopt.fileio import atomic_write_bytes
 from tfopt.models.keras_io import keras_of
 
+StoppedBy = Literal["plateau", "recovered", "cap", "budget", "budget_cooling", "pruned"]
+"""What ended a training: its plateau, its recovery, its epoch cap, the time budget before it
+was done or while it cooled down, the search's pruner (``stopped_by`` in its params)."""
 HISTORY_NAME = "history.csv"
 
 
@@ -164,7 +167,7 @@ class StopWhenDone(keras.callbacks.Callback):
         self._from_epoch, self._deadline = from_epoch, deadline
         self._best, self._best_epoch, self._wait, self._reference = -1.0, -1, 0, -1.0
         self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
-        self._done_why, self.reason = "", ""
+        self._done_why, self.reason, self._out_of_time = "", "", False
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """Time the epoch (the deadline check needs the next one's length)."""
@@ -182,6 +185,7 @@ class StopWhenDone(keras.callbacks.Callback):
             self.reason = (f"{self._done_why}, then {_epochs(epoch - self._cooling_from)} cooling "
                            f"down ({TRAINING_TIME_USED})"
                            if self._done_why else f"budget: {TRAINING_TIME_USED}")
+            self._out_of_time = True
         if self.reason:
             self.model.stop_training = True
 
@@ -222,6 +226,14 @@ class StopWhenDone(keras.callbacks.Callback):
         if epoch - self._cooling_from >= self._cool_down.epochs:
             self.reason = f"{self._done_why}, then {_epochs(self._cool_down.epochs)} cooling down"
 
+    def _stopped_by(self) -> StoppedBy:
+        """What ended the training, as a kind (`stop_reason` says it in words)."""
+        if self._out_of_time:
+            return "budget_cooling" if self._done_why else "budget"
+        if self._done_why:
+            return "recovered" if self._done_why.startswith("recovered") else "plateau"
+        return "cap"
+
     def _halve_learning_rate(self) -> None:
         rate = constant_learning_rate(self.model.optimizer)
         if rate is not None:
@@ -240,7 +252,7 @@ class StopWhenDone(keras.callbacks.Callback):
         elif not self.reason and self._wait >= (self._patience or cap + 1):
             reason = f"cap: {cap} epochs run, the last {self._wait} without a gain"
         return {"epochs_run": self._epochs, "best_epoch": self._best_epoch + 1,
-                "converged": reason.startswith(("plateau", "recovered")),
+                "converged": bool(self._done_why), "stopped_by": self._stopped_by(),
                 "recovered": self._target is not None and self._best >= self._target,
                 "stop_reason": reason, "best_val_accuracy": self._best}
 
@@ -474,7 +486,8 @@ def fit_compiled(
     judge = next((c for c in callbacks or [] if isinstance(c, StopWhenDone)), None)
     stop = judge.outcome(epochs) if judge is not None else {}
     if any(isinstance(c, ReportToTrial) and c.pruned for c in callbacks or []):
-        stop = {**stop, "pruned": True, "stop_reason": "pruned: hopeless for the search"}
+        stop = {**stop, "pruned": True, "stopped_by": "pruned",
+                "stop_reason": "pruned: hopeless for the search"}
     return Fitted(curves, time.perf_counter() - started, reader, best.best_epoch, stop)
 
 

@@ -154,7 +154,8 @@ def baseline_training(baseline: ModelArtifact) -> dict[str, Any]:
     best = params.get("kept_epoch")
     return {"epochs_run": params["epochs_run"], "best_epoch": best if best != "last" else None,
             "converged": bool(params["converged"]) and health["status"] != "unhealthy",
-            "stop_reason": params["stop_reason"], "health": health}
+            "stopped_by": params.get("stopped_by"), "stop_reason": params["stop_reason"],
+            "health": health}
 
 
 def build_summary(

@@ -1,0 +1,248 @@
+"""The compression's plan: every technique's shortest run before any search goes deep.
+
+Coverage first: each search's first round (one trial, at its knob's `Knob.first` or the middle;
+the searches from the baseline first, `searches_first`), then every other technique's
+fine-tuning, submitted in run order and waited for, each ending by its epochs' share of the
+time left when it starts (`TrainingData.epochs_queued`); only then do the searches deepen, in
+the time left. A technique is cut only when even its shortest run (`shortest_run_s`) does not
+fit, and `Planner.plan_line` says before any starts which fit. A search that ran first no
+longer takes the time of the techniques after it: on the demo channel pruning's bisection once
+cut distillation, pruning, QAT and clustering.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import Task, get_run_logger
+from prefect.states import Completed, State
+
+from techniques import (
+    Planned,
+    after_skipped,
+    contained,
+    epochs_of,
+    finishing,
+    open_search,
+    shortest_run_s,
+    skipped_state,
+)
+from techniques.base import Skipped
+from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
+from tfopt.budget import CUT_BY_BUDGET
+from tfopt.search import Search, search_line, trial_of
+from tfopt.tracking import RunRef
+
+
+def searches_first(plans: list[Planned]) -> list[Planned]:
+    """`plans` in run order, with the searches that start from the baseline moved first.
+
+    A search's trials go to the task runner the other techniques were submitted to; with one
+    worker (the default) those submitted before them run first: on EfficientNetB0 (30 minutes)
+    depth pruning's search, which the run order puts after distillation and QAT, started once
+    both were done and was cut after one trial. Among them, those that try their strongest
+    setting first (`Knob.strongest_first`) go first, then those whose first trial is not the
+    middle of a bisection (`Knob.first`).
+    """
+    def order(planned: Planned) -> tuple[bool, bool, bool]:
+        knob = planned.technique.knob
+        return (not searched_from_baseline(planned),
+                not (knob is not None and knob.strongest_first),
+                knob is None or knob.first is None)
+    return sorted(plans, key=order)
+
+
+def searched_from_baseline(planned: Planned) -> bool:
+    """Whether a technique's strength is searched, starting from the baseline."""
+    return planned.starts_from is None and planned.technique.searched(planned.cfg)
+
+
+def refusal_of(search: Search) -> str | None:
+    """Why the technique does not apply to the model, if a trial found it does not.
+
+    A model without what the technique works on (no residual block to remove) refuses every
+    setting alike: one such trial ends the search.
+    """
+    return next((trial.error or "" for trial in search.trials()
+                 if trial.status == "not_applicable"), None)
+
+
+def state_of(outcome: Any) -> State:
+    """The final state of a technique's outcome (a future is waited for)."""
+    if isinstance(outcome, State):
+        return outcome
+    outcome.wait()
+    return outcome.state
+
+
+@dataclass
+class Planner:
+    """Runs the techniques of one compression subflow in the plan's order.
+
+    Attributes:
+        config: The pipeline configuration (compress, convert, benchmark and scale sections).
+        baseline: The trained baseline, where the techniques that continue from none start.
+        data: The run's training data, with the compression's deadline and targets.
+        run_dir: The run's folder (models/ go under it).
+        inputs: The benchmark inputs a search times its trials on (None: no search).
+        parent: The pipeline's MLflow run (a search's trials are its nested runs).
+        trial_task: The Prefect task that runs one search trial (`tasks.run_trial`).
+        searches: Each searched technique's study, filled as they open.
+    """
+
+    config: Any
+    baseline: ModelArtifact
+    data: TrainingData
+    run_dir: Path
+    inputs: BenchmarkInputs | None
+    parent: RunRef | None
+    trial_task: Task
+    searches: dict[str, Search] = field(default_factory=dict)
+    _outcomes: dict[str, Any] = field(default_factory=dict)
+    _deepen: dict[str, tuple[Planned, ModelArtifact]] = field(default_factory=dict)
+
+    @property
+    def workers(self) -> int:
+        """How many trials or fine-tunings the task runner runs at once."""
+        scale = self.config.scale
+        return scale.dask_workers if scale.task_runner == "dask" else 1
+
+    def searched(self, planned: Planned) -> bool:
+        """Whether a technique is searched here (its strength ``auto``, with inputs to time)."""
+        return (planned.technique.searched(planned.cfg) and self.inputs is not None
+                and self.parent is not None)
+
+    def plan_line(self, plans: list[Planned]) -> str:
+        """Which techniques the time left gives their shortest run, said before any starts."""
+        names = [p.technique.name + (" (search)" if self.searched(p) else "")
+                 for p in self._run_order(plans)]
+        if self.data.deadline is None:
+            return f"compression plan: {', '.join(names)}, each to its epoch cap (no budget)"
+        left = self.data.deadline - time.time()
+        shortest = [shortest_run_s(p.cfg, self.data) for p in self._run_order(plans)]
+        fits = [name for name, end in zip(names, _running_sums(shortest), strict=True)
+                if end / self.workers <= left]
+        cut = names[len(fits):]
+        line = (f"compression plan, {max(0.0, left):.0f} s: shortest runs first "
+                f"({sum(shortest):.0f} s together) for {', '.join(fits) or 'none'}, then "
+                "their epochs' share of the rest, then the searches deepen")
+        return line + (f"; cut unless those before end sooner: {', '.join(cut)}" if cut else "")
+
+    def run(self, plans: list[Planned]) -> dict[str, Any]:
+        """Each technique's outcome (a final state, or a future): every technique before depth."""
+        searched, after = self._first_and_after(plans)
+        for planned in searched:
+            self._first_round(planned, self.baseline)
+        fine_tunes = [p for p in after if not self.searched(p)]
+        for planned in after:
+            start = (self.baseline if planned.starts_from is None
+                     else self.finished(planned.starts_from))
+            if self.searched(planned):
+                self._search_after(planned, start)
+            else:
+                queued = fine_tunes[fine_tunes.index(planned):]
+                self._outcomes[planned.technique.name] = contained(
+                    planned.technique.name).submit(start, planned.cfg, self._queued(queued),
+                                                   self.run_dir / "models")
+        for outcome in list(self._outcomes.values()):
+            if not isinstance(outcome, State):
+                outcome.wait()
+        for name in self._deepen:
+            self.finished(name)
+        return self._outcomes
+
+    def finished(self, name: str) -> Any:
+        """A technique's outcome; a search's once it has deepened in the time left."""
+        if name in self._deepen and name not in self._outcomes:
+            planned, start = self._deepen[name]
+            self._rounds(self.searches[name], planned, start)
+            self._outcomes[name] = self._searched(self.searches[name], planned, start)
+        return self._outcomes[name]
+
+    def _first_and_after(self, plans: list[Planned]) -> tuple[list[Planned], list[Planned]]:
+        """The searches from the baseline (their first rounds first), then the others in order."""
+        first = [p for p in searches_first(plans)
+                 if p.refusal is None and searched_from_baseline(p) and self.searched(p)]
+        return first, [p for p in plans if p.refusal is None and p not in first]
+
+    def _run_order(self, plans: list[Planned]) -> list[Planned]:
+        first, after = self._first_and_after(plans)
+        return [*first, *after]
+
+    def _queued(self, queued: list[Planned]) -> TrainingData:
+        """The training data of the first of `queued` fine-tunings: what the queue shares."""
+        return self.data.model_copy(update={
+            "epochs_queued": sum(epochs_of(p.cfg) for p in queued) // self.workers,
+            "shortest_queued_s": sum(shortest_run_s(p.cfg, self.data)
+                                     for p in queued) / self.workers})
+
+    def _first_round(self, planned: Planned, start: ModelArtifact) -> None:
+        """Open a technique's search and run its first round; it deepens after the others."""
+        search = open_search(planned, self.config, start, self.data)
+        search.expected_round_s = max(
+            filter(None, (done.round_seconds for done in self.searches.values())), default=None)
+        self.searches[planned.technique.name] = search
+        self._rounds(search, planned, start, rounds=1)
+        self._deepen[planned.technique.name] = (planned, start)
+
+    def _search_after(self, planned: Planned, start: Any) -> None:
+        """A searched technique continuing from another's model: its first round, or a skip."""
+        start_state = state_of(start) if planned.starts_from else Completed(data=start)
+        made = start_state.result() if start_state.is_completed() else None
+        if isinstance(made, ModelArtifact):
+            self._first_round(planned, made)
+            return
+        name = planned.technique.name
+        self._outcomes[name] = (skipped_state(after_skipped(name, made))
+                                if isinstance(made, Skipped) else start_state)
+
+    def _rounds(self, search: Search, planned: Planned, start: ModelArtifact,
+                rounds: int | None = None) -> None:
+        """Trials of a technique's strength on the task runner, `rounds` rounds at most.
+
+        A round tries as many settings as the runner has workers; each trial reports to the
+        study, which is kept in the work folder (a killed run resumes it).
+        """
+        name, done = planned.technique.name, 0
+        while (rounds is None or done < rounds) and not refusal_of(search) and (
+                values := search.next_values(self.workers, self.data.deadline)):
+            futures = {value: self.trial_task.submit(
+                name, value, start, planned.cfg,
+                self.data.model_copy(update={"trial": search.start(value)}),
+                search.trial_folder(value), self.config.convert, self.inputs,
+                self.config.benchmark, self.parent) for value in values}
+            for value, future in futures.items():
+                search.finish(trial_of(state_of(future), search, value))
+            done += 1
+
+    def _searched(self, search: Search, planned: Planned, start: ModelArtifact) -> State:
+        """The state of a technique's search: its chosen trial's model, or why there is none."""
+        name = planned.technique.name
+        chosen = search.chosen()
+        get_run_logger().info("%s search: %s", name, search_line(search))
+        if not search.trials():
+            return skipped_state(Skipped(technique=name, kind="cut", reason=(
+                f"{CUT_BY_BUDGET}: the fine-tunings' time was used before {name}'s search "
+                "could start")))
+        if refusal := refusal_of(search):
+            return skipped_state(Skipped(technique=name, kind="not_applicable", reason=refusal))
+        if chosen is None or chosen.model is None:
+            return skipped_state(Skipped(technique=name, kind="not_applicable", reason=(
+                f"no {search.knob.field} tried kept the accuracy within the budget "
+                f"({search_line(search)})")))
+        if planned.technique.after_search is None:
+            return Completed(data=chosen.model)
+        return state_of(finishing(name).submit(
+            start, planned.technique.at(planned.cfg, chosen.value), self.data,
+            search.trial_folder(chosen.value), chosen.model))
+
+
+def _running_sums(values: list[float]) -> list[float]:
+    sums, total = [], 0.0
+    for value in values:
+        total += value
+        sums.append(total)
+    return sums

@@ -1,0 +1,38 @@
+"""The compression's plan: said before any technique starts, coverage before depth, typed ends."""
+
+import time
+
+from flows.parameters import PipelineConfig
+from tasks.run_trial import run_trial
+from techniques import plan
+from techniques.planner import Planner
+
+
+def _config() -> PipelineConfig:
+    return PipelineConfig.model_validate({"name": "plan", "compress": {
+        "channel_prune": {"enabled": True, "fraction": "auto", "epochs": 2},
+        "distill": {"enabled": True, "epochs": 2},
+        "qat": {"enabled": True, "epochs": 2},
+        "prune": {"enabled": True, "epochs": 2}}})
+
+
+def test_the_plan_line_says_which_techniques_get_their_shortest_run_before_any_starts(
+        tiny_baseline, tiny_data, tmp_path):
+    config = _config()
+    plans = plan(config, tiny_baseline)
+    enabled = [p.technique.name for p in plans if p.refusal is None]
+    # Each shortest run is 5 s + 2 epochs x 1 s x 2 = 9 s: 20 s hold two of them.
+    data = tiny_data.model_copy(update={"epoch_s": 1.0, "deadline": time.time() + 20.0})
+    searching = Planner(config, tiny_baseline, data, tmp_path, tmp_path, "parent", run_trial)
+    line = searching.plan_line(plans)
+    assert line.startswith("compression plan, 20 s: shortest runs first")
+    assert "channel_prune (search), " in line.split(" for ")[1], "the search's trial first"
+    fitting, cut = line.split("; cut unless those before end sooner: ")
+    assert len(cut.split(", ")) == len(enabled) - 2
+    assert all(name.split(" ")[0] in enabled for name in cut.split(", "))
+    roomy = Planner(config, tiny_baseline, data.model_copy(
+        update={"deadline": time.time() + 600.0}), tmp_path, None, None, run_trial)
+    assert "cut unless" not in roomy.plan_line(plans)
+    assert "(search)" not in roomy.plan_line(plans), "no inputs to time trials on: fine-tuned"
+    unbounded = Planner(config, tiny_baseline, tiny_data, tmp_path, None, None, run_trial)
+    assert unbounded.plan_line(plans).endswith("each to its epoch cap (no budget)")
