@@ -28,6 +28,7 @@ def test_the_plan_line_says_which_techniques_get_their_shortest_run_before_any_s
     assert line.startswith("compression plan, 20 s: shortest runs first")
     assert "channel_prune (search), " in line.split(" for ")[1], "the search's trial first"
     fitting, cut = line.split("; cut unless those before end sooner: ")
+    assert fitting.split(" for ")[1].startswith("channel_prune (search), distill, then")
     assert len(cut.split(", ")) == len(enabled) - 2
     assert all(name.split(" ")[0] in enabled for name in cut.split(", "))
     roomy = Planner(config, tiny_baseline, data.model_copy(
