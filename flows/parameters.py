@@ -62,6 +62,21 @@ below only after the other searches (`flows.compress_model`): run after channel 
 search, or bisecting from the middle, it was cut or never tried 100% (docs/measurements.md)."""
 
 
+def _under(config: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """`config` with `plan`'s settings wherever it sets none, key by key at every depth.
+
+    A config's ``convert`` section that names only its TFLite precisions keeps the plan's ONNX
+    forms of the compressed models: merged section by section, it lost them.
+    """
+    merged = dict(config)
+    for key, planned in plan.items():
+        if key not in merged:
+            merged[key] = planned
+        elif isinstance(planned, dict) and isinstance(merged[key], dict):
+            merged[key] = _under(merged[key], planned)
+    return merged
+
+
 class PipelineConfig(Section):
     """All parameters of one tfopt pipeline run."""
 
@@ -98,10 +113,7 @@ class PipelineConfig(Section):
     def _automatic_plan(cls, raw: Any) -> Any:
         if not isinstance(raw, dict) or "compress" in raw:
             return raw
-        automatic = dict(raw)
-        for section, settings in AUTOMATIC_PLAN.items():
-            automatic.setdefault(section, settings)
-        return automatic
+        return _under(raw, AUTOMATIC_PLAN)
 
     @model_validator(mode="before")
     @classmethod

@@ -118,3 +118,18 @@ def test_the_configuration_reference_matches_the_schema():
 
     assert CONFIGURATION_MD.read_text(encoding="utf-8") == pipeline_configuration(), (
         "docs/configuration.md is out of date: run `tfopt docs`")
+
+
+def test_the_automatic_plan_fills_what_a_config_leaves_unset_key_by_key():
+    # configs/bench.yaml has a convert section and no compress one: merged section by
+    # section, the plan's ONNX forms of the compressed models were lost.
+    bench = load_pipeline_config(Path("configs/bench.yaml"))
+    assert bench.compress.channel_prune.fraction == "auto" and bench.compress.qat.enabled
+    assert bench.convert.onnx_compressed == ["fp32", "int8"]
+    assert bench.convert.tflite == ["fp32", "dynamic", "float16", "int8"], "the config's own"
+    assert bench.runtimes.openvino.compressed == ["int8"]
+    mine = PipelineConfig.model_validate({"name": "mine", "convert": {"onnx_compressed": []}})
+    assert mine.convert.onnx_compressed == [], "a key the config sets is the config's"
+    hand_set = PipelineConfig.model_validate({"name": "hand", "compress": {
+        "qat": {"enabled": True}}, "convert": {"tflite": ["int8"]}})
+    assert hand_set.convert.onnx_compressed == [] and not hand_set.compress.channel_prune.enabled
