@@ -11,6 +11,7 @@ from typing import Any
 from tfopt.artifacts import VariantResult
 from tfopt.fileio import atomic_write_text
 from tfopt.report.markdown import report_markdown
+from tfopt.search.front import combined_front
 
 
 def pareto_front(points: list[tuple[str, float, float]]) -> set[str]:
@@ -140,7 +141,10 @@ def _history_plot(history: list[dict[str, Any]], path: Path) -> Path:
 
 
 def _search_plot(searches: dict[str, Any], path: Path) -> Path:
-    """Every search's trials: validation accuracy against p50, the target and the choice."""
+    """Every search's trials: validation accuracy against p50, the target and the choice.
+
+    With the searches' combined front (`combined_front`) drawn through them.
+    """
     import matplotlib.pyplot as plt
 
     fig, axis = plt.subplots(figsize=(8, 4.5))
@@ -159,6 +163,11 @@ def _search_plot(searches: dict[str, Any], path: Path) -> Path:
         if search.get("target_val_accuracy") is not None:
             axis.axhline(search["target_val_accuracy"], linestyle="--", linewidth=0.8,
                          color=points.get_facecolor()[0])
+    front = sorted(combined_front(searches), key=lambda point: point["p50_ms"])
+    if len(front) > 1:
+        axis.plot([p["p50_ms"] for p in front], [p["val_accuracy"] for p in front],
+                  color="black", linewidth=0.8, drawstyle="steps-post",
+                  label="the searches' combined front")
     axis.set_xlabel("the trial's fastest TFLite file within the budget: p50 (ms, batch 1)")
     axis.set_ylabel("validation accuracy")
     axis.set_title("Search trials: accuracy against latency (dashed: within the budget above)")

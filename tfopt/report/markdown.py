@@ -7,6 +7,7 @@ from typing import Any
 from tfopt.models.health import health_line
 from tfopt.report.compare import markdown_moves, markdown_overview
 from tfopt.report.summary import accuracy_sentence, or_dash, speedup_sentence
+from tfopt.search.front import combined_front
 
 _WHOLE_REPORT = ("The whole report (every table, the plots, CSV and JSON) is in report/ among "
                  "this run's artifacts.")
@@ -274,6 +275,21 @@ def search_lines(summary: dict[str, Any]) -> list[str]:
                          f"| {or_dash(trial['p50_ms'], '.4f')} "
                          f"| {or_dash(trial.get('speedup'), '.2f')} "
                          f"| {trial['epochs_run']} | {trial['seconds']:g} |")
+    return lines + front_lines(summary.get("search") or {})
+
+
+def front_lines(searches: dict[str, Any]) -> list[str]:
+    """The searches' combined front: the trials no other beats on both speed and accuracy."""
+    front = combined_front(searches)
+    if len(searches) < 2 or not front:
+        return []
+    lines = ["", "The searches' combined front (fastest first; no other trial is both faster "
+             "and more accurate on validation):", "",
+             "| search | setting | val accuracy | p50 ms | speed-up (x) | within the budget |",
+             "|---|---:|---:|---:|---:|---|"]
+    lines += [f"| {p['technique']} | {p['knob']} {p['value']:g} | {p['val_accuracy']:.4f} "
+              f"| {p['p50_ms']:.4f} | {or_dash(p['speedup'], '.2f')} "
+              f"| {'yes' if p['within'] else 'no'} |" for p in front]
     return lines
 
 

@@ -16,10 +16,12 @@ int8 file timed side by side with it; the chosen setting is the fastest trial (w
 stronger one).
 
 The package: `knob` (what a technique searches), `trials` (one trial's files timed beside the
-baseline's int8 file), `study` (the Optuna study, its bisection and the choice). The plan that
-runs the trials beside the other techniques is `techniques.planner`.
+baseline's int8 file), `study` (the Optuna study, its bisection and the choice), `front` (the
+searches' combined accuracy-speed front). The plan that runs the trials beside the other
+techniques is `techniques.planner`.
 """
 
+from tfopt.search.front import combined_front
 from tfopt.search.knob import Knob
 from tfopt.search.study import (
     HOPELESS_POINTS,
@@ -49,7 +51,8 @@ from tfopt.search.trials import (
 
 __all__ = [
     "HOPELESS_POINTS", "TIE_SHARE", "TRIAL_FORMS", "WARMUP_EPOCHS", "Knob", "Search",
-    "TimedFile", "Trial", "TrialStatus", "baseline_int8", "choose", "keeps", "search_line",
+    "TimedFile", "Trial", "TrialStatus", "baseline_int8", "choose", "combined_front", "keeps",
+    "search_line",
     "search_summary", "study_key", "time_files", "trial_of", "trial_protocol", "trial_status",
     "with_speedups", "with_timed_files", "within_budget",
 ]
