@@ -233,7 +233,7 @@ def test_a_searched_width_needs_the_thinner_student():
     assert DistillConfig(student="thinner", thinner="auto").thinner == "auto"
 
 
-def _trial(field: str, value: float, val: float, p50: float, speedup: float | None,
+def _front_trial(field: str, value: float, val: float, p50: float, speedup: float | None,
            status: str = "ok") -> dict:
     return {"params": {field: value}, "val_accuracy": val, "file_val_accuracy": None,
             "p50_ms": p50, "speedup": speedup, "status": status, "epochs_run": 2,
@@ -246,13 +246,13 @@ def test_the_searches_combined_front_keeps_the_trials_nothing_beats_on_both():
 
     searches = {
         "channel_prune": {"knob": "fraction", "chosen": 0.5, "trials": [
-            _trial("fraction", 0.5, 0.990, 0.013, 2.5),
-            _trial("fraction", 0.75, 0.960, 0.008, 3.9, "over_budget"),
-            _trial("fraction", 0.625, 0.970, 0.011, 2.9, "over_budget")]},
+            _front_trial("fraction", 0.5, 0.990, 0.013, 2.5),
+            _front_trial("fraction", 0.75, 0.960, 0.008, 3.9, "over_budget"),
+            _front_trial("fraction", 0.625, 0.970, 0.011, 2.9, "over_budget")]},
         "depth_prune": {"knob": "share", "chosen": 1.0, "trials": [
-            _trial("share", 1.0, 0.985, 0.012, 2.6),
-            _trial("share", 0.5, 0.980, 0.020, 1.6),
-            _trial("share", 0.25, 0.0, 0.0, None, "failed") | {"p50_ms": None}]}}
+            _front_trial("share", 1.0, 0.985, 0.012, 2.6),
+            _front_trial("share", 0.5, 0.980, 0.020, 1.6),
+            _front_trial("share", 0.25, 0.0, 0.0, None, "failed") | {"p50_ms": None}]}}
     front = combined_front(searches)
     assert [(p["technique"], p["value"]) for p in front] == [
         ("channel_prune", 0.75), ("channel_prune", 0.625), ("depth_prune", 1.0),
@@ -261,6 +261,6 @@ def test_the_searches_combined_front_keeps_the_trials_nothing_beats_on_both():
     lines = front_lines(searches)
     assert lines[1].startswith("The searches' combined front") and len(lines) == 5 + 4
     assert front_lines({"channel_prune": searches["channel_prune"]}) == [], "one search: its table"
-    untimed = {"qat": {"knob": "x", "trials": [_trial("x", 1.0, 0.9, 0.01, None)]},
-               "prune": {"knob": "y", "trials": [_trial("y", 1.0, 0.95, 0.02, 1.2)]}}
+    untimed = {"qat": {"knob": "x", "trials": [_front_trial("x", 1.0, 0.9, 0.01, None)]},
+               "prune": {"knob": "y", "trials": [_front_trial("y", 1.0, 0.95, 0.02, 1.2)]}}
     assert [p["technique"] for p in combined_front(untimed)] == ["qat", "prune"], "by 1 / p50"
