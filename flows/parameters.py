@@ -56,10 +56,11 @@ AUTOMATIC_PLAN: dict[str, Any] = {
 }
 """What a config without a ``compress`` section gets: the techniques that buy time, the
 strength of channel and depth pruning searched, distillation kept only where it pays, int8 of
-every compressed model on every runtime (``convert`` and ``runtimes`` only where the config does
-not set them). Depth pruning's search tries removing every residual block first, then bisects
-below only after the other searches (`flows.compress_model`): run after channel pruning's
-search, or bisecting from the middle, it was cut or never tried 100% (docs/measurements.md)."""
+every compressed model on every runtime (each key of ``convert`` and ``runtimes`` only where the
+config does not set it). Depth pruning's search tries removing every residual block first,
+then bisects below only after the other searches (`techniques.planner`): run after channel
+pruning's search, or bisecting from the middle, it was cut or never tried 100%
+(docs/measurements.md)."""
 
 
 def _under(config: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
