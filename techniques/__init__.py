@@ -24,7 +24,7 @@ from pydantic import Field, create_model, model_validator
 import tfopt  # noqa: F401  (environment before TensorFlow)
 from techniques.base import NotApplicable, Skipped, Technique, TechniqueSection
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
-from tfopt.budget import CUT_BY_BUDGET
+from tfopt.budget import Clock
 from tfopt.config import Section
 from tfopt.native import NativeStep, run_native
 from tfopt.runtimes import compress_keys
@@ -368,14 +368,10 @@ def contained(name: str) -> Task:
                       out_dir: Path) -> ModelArtifact | State:
         if isinstance(model, Skipped):
             return skipped_state(after_skipped(name, model))
-        shortest = shortest_run_s(cfg, data)
-        left = None if data.deadline is None else data.deadline - time.time()
-        if left is not None and left < shortest:
-            return skipped_state(Skipped(technique=name, kind="cut", reason=(
-                f"{CUT_BY_BUDGET}: " + (
-                    f"the fine-tunings' time was used before {name} could start" if left < 0
-                    else f"{left:.1f} s were left for {name}'s fine-tuning, less than its "
-                         f"shortest run ({shortest:.1f} s)"))))
+        shortest, clock = shortest_run_s(cfg, data), Clock(deadline=data.deadline)
+        if not clock.can_start(shortest):
+            return skipped_state(Skipped(technique=name, kind="cut", reason=clock.cut(
+                f"{name}'s fine-tuning", shortest)))
         data = own_deadline(data, epochs_of(cfg), shortest)
         try:
             return run_native(step, apply_here, name, model, cfg, data, out_dir)
@@ -402,10 +398,9 @@ def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> Training
     """
     if data.deadline is None or data.epochs_queued <= epochs:
         return data
-    now = time.time()
-    left = max(0.0, data.deadline - now)
-    own = shortest_s + max(0.0, left - data.shortest_queued_s) * epochs / data.epochs_queued
-    return data.model_copy(update={"deadline": now + min(left, own), "epochs_queued": 0,
+    clock = Clock(deadline=data.deadline).share(shortest_s, data.shortest_queued_s,
+                                                epochs / data.epochs_queued)
+    return data.model_copy(update={"deadline": clock.deadline, "epochs_queued": 0,
                                    "shortest_queued_s": 0.0})
 
 

@@ -20,7 +20,6 @@ mostly in the teacher's weights; its outputs add a little on top.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from techniques.base import (
     tfmot_model,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.budget import Clock
 from tfopt.logs import step_logger
 from tfopt.models.channel_pruning import (
     SEARCHED_SHARES,
@@ -423,8 +423,8 @@ def student_share(data: TrainingData, students: Students) -> TrainingData:
     if data.deadline is None:
         return data
     trainings = 2 if students.same_start is None else 3
-    now = time.time()
-    return data.model_copy(update={"deadline": now + (data.deadline - now) / trainings})
+    clock = Clock(deadline=data.deadline).share(0.0, 0.0, 1.0 / trainings)
+    return data.model_copy(update={"deadline": clock.deadline})
 
 
 def _trained_on_labels(student: keras.Model, cfg: DistillConfig, data: TrainingData,

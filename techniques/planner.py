@@ -12,7 +12,6 @@ cut distillation, pruning, QAT and clustering.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from techniques import (
 )
 from techniques.base import Skipped
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
-from tfopt.budget import CUT_BY_BUDGET
+from tfopt.budget import CUT_BY_BUDGET, Clock
 from tfopt.search import Search, search_line, trial_of
 from tfopt.tracking import RunRef
 
@@ -121,10 +120,11 @@ class Planner:
                  for p in self._run_order(plans)]
         if self.data.deadline is None:
             return f"compression plan: {', '.join(names)}, each to its epoch cap (no budget)"
-        left = self.data.deadline - time.time()
+        clock = Clock(deadline=self.data.deadline)
+        left = clock.left() or 0.0
         shortest = [shortest_run_s(p.cfg, self.data) for p in self._run_order(plans)]
         fits = [name for name, end in zip(names, _running_sums(shortest), strict=True)
-                if end / self.workers <= left]
+                if clock.can_start(end / self.workers)]
         cut = names[len(fits):]
         line = (f"compression plan, {max(0.0, left):.0f} s: shortest runs first "
                 f"({sum(shortest):.0f} s together) for {', '.join(fits) or 'none'}, then "

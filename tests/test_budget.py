@@ -1,8 +1,18 @@
 """The time budget sizes each measurement to the time left and says what it cut, once."""
 
+import re
 import time
 
-from tfopt.budget import FINISH_S, MIN_TIMING_S, Budget, MeasurementCosts, ModelSizes
+import pytest
+
+from tfopt.budget import (
+    FINISH_S,
+    LEAST_WORK_SHARE,
+    MIN_TIMING_S,
+    Budget,
+    MeasurementCosts,
+    ModelSizes,
+)
 from tfopt.config import MeasurementProtocol
 
 PROTOCOL = MeasurementProtocol(min_seconds=1.0, max_seconds=4.0)
@@ -112,3 +122,37 @@ def test_a_format_not_measured_yet_is_priced_by_its_plan_as_far_over_as_the_dear
     costs.add("tflite", 0.5 * file_s)
     assert costs.expected(["onnx"]) == 1.25 * file_s, "the dearest over its plan"
     assert costs.expected(["tflite"]) == 0.5 * file_s, "measured: its own mean"
+
+
+def test_the_clock_says_what_is_left_what_fits_and_why_a_step_is_cut():
+    from tfopt.budget import CUT_BY_BUDGET, Clock
+
+    unbounded = Clock()
+    assert unbounded.left() is None and unbounded.can_start(1e9)
+    assert unbounded.share(5.0, 50.0, 0.5) == unbounded
+    clock = Clock(deadline=time.time() + 30.0)
+    assert 29.0 < clock.left() <= 30.0
+    assert clock.can_start(20.0) and not clock.can_start(45.0)
+    assert re.match(rf"{CUT_BY_BUDGET}: [\d.]+ s were left for qat's fine-tuning, less than its "
+                    r"shortest run \(45\.0 s\)", clock.cut("qat's fine-tuning", 45.0))
+    assert "was used before qat could start" in Clock(deadline=time.time() - 1).cut("qat", 9.0)
+    # Its own 5 s, then half of what the queue's 10 s leave of 30: 5 + 10 = 15 s.
+    assert clock.share(5.0, 10.0, 0.5).left() == pytest.approx(15.0, abs=1.0)
+    assert clock.share(5.0, 60.0, 0.5).left() == pytest.approx(5.0, abs=1.0), "its own first"
+    assert clock.share(50.0, 0.0, 1.0).left() <= 30.0, "never past the deadline"
+
+
+def test_measured_baseline_variants_price_the_compressed_ones_and_hand_back_the_guess():
+    # The demo (AMD EPYC): the planned tail was 206 s, the measurements and finish took 140 s,
+    # and the run ended a minute inside its budget with fine-tunings cut.
+    planned = Budget.planned(5.0, (16, 19), PROTOCOL).with_builds(16.0, 16, ModelSizes(
+        model_bytes=400_000, input_bytes=3_000_000, tensorflow_variants=5))
+    cheap = planned.with_measured(19 * 3.0)
+    assert cheap.compression_deadline > planned.compression_deadline
+    assert cheap.compression_deadline == pytest.approx(
+        planned.started + 300.0 - 19 * planned.build_s - 19 * 3.0 - planned.finish_s)
+    dear = planned.with_measured(19 * 30.0)
+    assert dear.compression_deadline == pytest.approx(
+        planned.started + LEAST_WORK_SHARE * 300.0), "the work before keeps its least share"
+    assert "measured" in cheap.plan_line()
+    assert Budget(minutes=None).with_measured(1.0).compression_deadline is None

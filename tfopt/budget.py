@@ -50,6 +50,51 @@ LEAST_WORK_SHARE = 0.3
 """The share of the budget the work before the conversions keeps, however many variants."""
 
 
+class Clock(BaseModel):
+    """A step's end within the run's time budget, read where the step starts.
+
+    The budget's decisions in one place, made by the step that may be cut: how long is `left`,
+    whether a step expected to take so long `can_start`, the reason one that cannot is `cut`
+    with, and the `share` of the time left a step gets beside those queued after it. Tasks
+    receive its deadline in their `TrainingData` (a run without a budget: None, no limit).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    deadline: float | None = None
+    """When the step must have ended (a `time.time()` value)."""
+
+    def left(self) -> float | None:
+        """The seconds left before the deadline (negative: past it; None: no budget)."""
+        return None if self.deadline is None else self.deadline - time.time()
+
+    def can_start(self, expected_s: float) -> bool:
+        """Whether a step expected to take `expected_s` seconds still fits."""
+        left = self.left()
+        return left is None or left >= expected_s
+
+    def cut(self, step: str, expected_s: float) -> str:
+        """Why `step`, whose shortest run takes `expected_s`, is not started (`CUT_BY_BUDGET`)."""
+        left = self.left() or 0.0
+        if left < 0:
+            return f"{CUT_BY_BUDGET}: the time was used before {step} could start"
+        return (f"{CUT_BY_BUDGET}: {left:.1f} s were left for {step}, less than its shortest run "
+                f"({expected_s:.1f} s)")
+
+    def share(self, own_s: float, queued_s: float, weight: float) -> Clock:
+        """The clock of a step that gets `own_s`, then `weight` of what `queued_s` leaves.
+
+        `queued_s` is what the steps queued before the deadline (this one included) need at
+        least: each gets that first, and the rest is shared (coverage before depth).
+        """
+        left = self.left()
+        if left is None:
+            return self
+        left = max(0.0, left)
+        now = time.time()
+        return Clock(deadline=now + min(left, own_s + max(0.0, left - queued_s) * weight))
+
+
 class BudgetConfig(Section):
     """How long a whole run may take."""
 

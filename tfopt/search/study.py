@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tfopt.artifacts import ModelArtifact, TrialRef
+from tfopt.budget import Clock
 from tfopt.search.knob import Knob
 from tfopt.search.trials import TRIAL_FORMS, Trial
 
@@ -85,8 +86,7 @@ class Search:
         open_ = self._open()
         if not open_:
             return []
-        if deadline is not None and time.time() + (self._round_seconds if tried else 0.0) > (
-                deadline):
+        if not Clock(deadline=deadline).can_start(self._round_seconds if tried else 0.0):
             self.cut = (f"the {self.knob.field} search stopped after {tried} trials (time "
                         "budget)" if tried else
                         f"the {self.knob.field} search was not started (time budget)")
@@ -109,7 +109,8 @@ class Search:
             return knob.strongest_first
         if deadline is None or not self.expected_round_s:
             return False
-        return deadline - time.time() < knob.bisection_rounds * self.expected_round_s
+        return not Clock(deadline=deadline).can_start(
+            knob.bisection_rounds * self.expected_round_s)
 
     @property
     def round_seconds(self) -> float | None:
