@@ -475,7 +475,7 @@ class _Measurements:
         for index, spec in enumerate(variants):
             left = [s.format for s in variants[index:] if s.status == "ok"]
             protocol = self.budget.measurement_protocol(
-                self.cfg, len(left), self._costs.expected(left), self.cuts)
+                self.cfg, len(left), self._costs.expected(left, self.cfg.profile), self.cuts)
             started = time.monotonic()
             result = benchmark_one(spec, inputs.model_copy(update={"floor_ms": {
                 **inputs.floor_ms, **self._floors}}), protocol)
