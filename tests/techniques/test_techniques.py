@@ -572,17 +572,3 @@ def test_a_model_the_budget_stopped_far_from_back_is_not_worth_building(tiny_bas
                      0.01) is None, "its own recipe stopped it: judged like any other"
     assert cut_short(fine_tuned(budget_stop, [0.73]), tiny_data, 0.01) is None, "no target"
 
-
-def test_a_fine_tuning_that_collapses_is_tried_again_gentler_then_fails_with_both_reasons(
-        tiny_baseline, tiny_data, tmp_path):
-    from techniques import CollapsedError, apply_here
-    from techniques.qat import QatConfig
-
-    to_keep = tiny_data.model_copy(update={"recover_to": 0.9})
-    # Past the section's bound (1.0) on purpose: a rate that wrecks the weights both times.
-    wrecking = QatConfig(enabled=True, epochs=1).model_copy(update={"learning_rate": 1e4})
-    with pytest.raises(CollapsedError) as failure:
-        apply_here("qat", tiny_baseline, wrecking, to_keep, tmp_path)
-    message = str(failure.value)
-    assert "at learning rate 10000" in message and "at 1000" in message, "tried twice"
-    assert message.count("chance is") == 2
