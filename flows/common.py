@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.futures import PrefectFuture
 from prefect.states import State
 
 from tasks.benchmark_variant import benchmark_variant
@@ -22,7 +21,7 @@ from tfopt.artifacts import (
 )
 from tfopt.config import BenchmarkConfig, DataConfig, ScaleConfig
 from tfopt.data.shards import is_intact
-from tfopt.orchestration import benchmark_slot, error_of
+from tfopt.orchestration import benchmark_slot, error_of, final_state
 from tfopt.runtimes import runtime_of, settings_of
 from tfopt.runtimes.base import BuildSources
 from tfopt.variants import failed
@@ -66,12 +65,6 @@ def benchmark_one(spec: VariantSpec, inputs: BenchmarkInputs, cfg: BenchmarkConf
 def built_or_failed(state: State, planned: VariantSpec) -> VariantSpec:
     """A build's variant, or the planned one marked failed with the build's error."""
     return state.result() if state.is_completed() else failed(planned, error_of(state))
-
-
-def final_state(future: PrefectFuture) -> State:
-    """Wait for a submitted task and return its final state (failures are not raised)."""
-    future.wait()
-    return future.state
 
 
 def build_sources(model: ModelArtifact, savedmodel: ModelArtifact | None, data: TrainingData,

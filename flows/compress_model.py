@@ -20,10 +20,10 @@ from tasks.run_trial import run_trial
 from techniques import Planned, cut_short, plan
 from techniques.base import Skipped
 from techniques.outcomes import not_built, replanned, with_read_back
-from techniques.planner import Planner, state_of
+from techniques.planner import Planner
 from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
 from tfopt.models.baseline import validation_margin
-from tfopt.orchestration import claim_flow_run
+from tfopt.orchestration import claim_flow_run, final_state
 from tfopt.search import search_summary
 from tfopt.tracking import RunRef
 from tfopt.variants import skipped
@@ -58,7 +58,7 @@ def compress_model(
     plans = plan(config, baseline)
     planner = Planner(config, baseline, data, run_dir, inputs, parent, run_trial)
     get_run_logger().info(planner.plan_line(plans))
-    states = {name: state_of(outcome) for name, outcome in planner.run(plans).items()}
+    states = {name: final_state(outcome) for name, outcome in planner.run(plans).items()}
     variants: list[VariantSpec] = []
     made: dict[str, ModelArtifact] = {}
     skips = [s.result() for s in states.values() if s.is_completed()

@@ -464,7 +464,7 @@ class _Measurements:
         self._costs = MeasurementCosts(lambda variant_format: budget.planned_measurement_s(
             runtime_of(variant_format).name == "tensorflow"))
         self._floors: dict[str, float] = {}
-        self._done, self._total = 0, sum(planned_counts(config))
+        self._done, self._total = 0, budget.baseline_variants + budget.compressed_variants
         self._progress = StepProgress("benchmark-variants", "variants benchmarked")
 
     def measure(self, variants: list[VariantSpec], inputs: BenchmarkInputs
@@ -494,8 +494,9 @@ class _Measurements:
                        inputs: BenchmarkInputs) -> tuple[list[VariantResult], Budget]:
         """The baseline's variants measured, and the budget they resized (`resized`)."""
         results = self.measure(variants, inputs)
-        return results, self.resized(compressed_formats(self.config, baseline),
-                                     full_runs_s(self.config, baseline, epoch_seconds(baseline)))
+        plans = plan(self.config, baseline)
+        return results, self.resized(compressed_formats(plans),
+                                     full_runs_s(plans, epoch_seconds(baseline)))
 
     def resized(self, formats: list[str], needed_s: float) -> Budget:
         """The budget with the measurements of `formats` priced by those made so far.

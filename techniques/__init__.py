@@ -474,18 +474,18 @@ def planned_counts(config: Any) -> tuple[int, int]:
             sum(1 for spec in compressed if spec.status == "ok"))
 
 
-def full_runs_s(config: Any, baseline: ModelArtifact, epoch_s: float) -> float:
-    """What every enabled technique's fine-tuning to its epoch cap takes at the baseline's pace.
+def full_runs_s(plans: list[Planned], epoch_s: float) -> float:
+    """What every planned technique's fine-tuning to its epoch cap takes at the baseline's pace.
 
     A searched technique counts one trial; `epoch_s` is the baseline's epoch (0: unknown).
     """
     return sum(STARTUP_S + epochs_of(planned.cfg) * epoch_s * WRAPPED_EPOCH_SHARE
-               for planned in plan(config, baseline) if planned.refusal is None)
+               for planned in plans if planned.refusal is None)
 
 
-def compressed_formats(config: Any, baseline: ModelArtifact) -> list[str]:
-    """The formats of the compressed variants a run of `config` plans on `baseline`."""
-    return [spec.format for planned in plan(config, baseline) for spec in planned.variants
+def compressed_formats(plans: list[Planned]) -> list[str]:
+    """The formats of the compressed variants `plans` will build."""
+    return [spec.format for planned in plans for spec in planned.variants
             if spec.status == "ok"]
 
 

@@ -32,6 +32,7 @@ from techniques import (
 from techniques.base import Skipped
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
 from tfopt.budget import CUT_BY_BUDGET, Clock
+from tfopt.orchestration import final_state
 from tfopt.search import Search, search_line, trial_of
 from tfopt.tracking import RunRef
 
@@ -67,14 +68,6 @@ def refusal_of(search: Search) -> str | None:
     """
     return next((trial.error or "" for trial in search.trials()
                  if trial.status == "not_applicable"), None)
-
-
-def state_of(outcome: Any) -> State:
-    """The final state of a technique's outcome (a future is waited for)."""
-    if isinstance(outcome, State):
-        return outcome
-    outcome.wait()
-    return outcome.state
 
 
 @dataclass
@@ -190,7 +183,7 @@ class Planner:
 
     def _search_after(self, planned: Planned, start: Any) -> None:
         """A searched technique continuing from another's model: its first round, or a skip."""
-        start_state = state_of(start) if planned.starts_from else Completed(data=start)
+        start_state = final_state(start) if planned.starts_from else Completed(data=start)
         made = start_state.result() if start_state.is_completed() else None
         if isinstance(made, ModelArtifact):
             self._first_round(planned, made)
@@ -215,7 +208,7 @@ class Planner:
                 search.trial_folder(value), self.config.convert, self.inputs,
                 self.config.benchmark, self.parent) for value in values}
             for value, future in futures.items():
-                search.finish(trial_of(state_of(future), search, value))
+                search.finish(trial_of(final_state(future), search, value))
             done += 1
 
     def _searched(self, search: Search, planned: Planned, start: ModelArtifact) -> State:
@@ -235,7 +228,7 @@ class Planner:
                 f"({search_line(search)})")))
         if planned.technique.after_search is None:
             return Completed(data=chosen.model)
-        return state_of(finishing(name).submit(
+        return final_state(finishing(name).submit(
             start, planned.technique.at(planned.cfg, chosen.value), self.data,
             search.trial_folder(chosen.value), chosen.model))
 

@@ -19,6 +19,7 @@ from prefect.client.schemas.objects import ConcurrencyLeaseHolder, TaskRun
 from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import ObjectAlreadyExists
+from prefect.futures import PrefectFuture
 from prefect.states import State
 
 from tfopt.logs import step_logger
@@ -265,3 +266,11 @@ def error_of(state: State) -> str:
     """The exception (type and message) a failed state holds."""
     error = state.result(raise_on_failure=False)
     return f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+
+
+def final_state(outcome: State | PrefectFuture) -> State:
+    """A task's final state: a submitted one's once it ends (failures are not raised)."""
+    if isinstance(outcome, State):
+        return outcome
+    outcome.wait()
+    return outcome.state
