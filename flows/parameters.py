@@ -45,6 +45,7 @@ AUTOMATIC_PLAN: dict[str, Any] = {
     "compress": {
         "channel_prune": {"enabled": True, "fraction": "auto"},
         "depth_prune": {"enabled": True, "share": "auto"},
+        "width_depth": {"enabled": True, "fraction": "auto", "share": "auto"},
         "distill": {"enabled": True, "student": "thinner", "require_gain": True},
         "qat": {"enabled": True},
         "prune": {"enabled": False}, "cluster": {"enabled": False},
@@ -57,10 +58,11 @@ AUTOMATIC_PLAN: dict[str, Any] = {
 """What a config without a ``compress`` section gets: the techniques that buy time, the
 strength of channel and depth pruning searched, distillation kept only where it pays, int8 of
 every compressed model on every runtime (each key of ``convert`` and ``runtimes`` only where the
-config does not set it). Depth pruning's search tries removing every residual block first,
-then bisects below only after the other searches (`techniques.planner`): run after channel
-pruning's search, or bisecting from the middle, it was cut or never tried 100%
-(docs/measurements.md)."""
+config does not set it). Width and depth are also searched together (`techniques.width_depth`:
+an Optuna sampler's points), after each has had its own first trial. Depth pruning's search
+tries removing every residual block first, then bisects below only after the other searches
+(`techniques.planner`): run after channel pruning's search, or bisecting from the middle, it
+was cut or never tried 100% (docs/measurements.md)."""
 
 
 def _under(config: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:

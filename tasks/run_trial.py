@@ -8,20 +8,21 @@ from typing import Any
 from prefect import task
 from prefect.states import Completed, State
 
-from techniques import make_trial, registry
+from techniques import make_trial
 from techniques.base import NotApplicable, TechniqueSection
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
 from tfopt.config import MeasurementProtocol
 from tfopt.native import NativeCrashError, NativeStep, NativeStepError, run_native
-from tfopt.search import Trial, time_files
+from tfopt.search import Point, Trial, time_files
 from tfopt.tracking import RunRef, log_trial
 
 
-@task(name="search_trial", task_run_name="trial-{technique}-{value}", tags=["compression"])
-def run_trial(technique: str, value: float, start: ModelArtifact, cfg: TechniqueSection,
+@task(name="search_trial", task_run_name="trial-{technique}-{setting}", tags=["compression"])
+def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
+              cfg: TechniqueSection,
               data: TrainingData, out_dir: Path, convert: Any, inputs: BenchmarkInputs,
               protocol: MeasurementProtocol, parent: RunRef) -> Trial | State:
-    """Make the technique's model at `value`, fine-tune, convert to TFLite, time it, log it.
+    """Make the technique's model at `point`, fine-tune, convert to TFLite, time it, log it.
 
     The model is made in a child process (`tfopt.native`: a crash fails this trial only),
     fine-tuned until back within the accuracy budget or stopped by the study's pruner
@@ -33,7 +34,8 @@ def run_trial(technique: str, value: float, start: ModelArtifact, cfg: Technique
 
     Args:
         technique: The technique searched.
-        value: The strength tried.
+        point: The strengths tried (each searched field's value).
+        setting: The point as the task run's name reads it (``0.5``, ``0.5-0.25``).
         start: The model it starts from.
         cfg: The technique's settings (its knob ``auto``).
         data: The run's training data, with the recovery target and the trial to report to.
@@ -46,21 +48,20 @@ def run_trial(technique: str, value: float, start: ModelArtifact, cfg: Technique
     Returns:
         The trial: its model, validation accuracy, its fastest file's p50 and status.
     """
-    step = NativeStep(f"search_trial ({technique} {value:g})",
+    step = NativeStep(f"search_trial ({technique} {setting})",
                       f"the {technique} trial's fine-tuning and conversion",
                       "the search goes on without this setting")
-    field = registry()[technique].knob.field
-    name = f"{technique} {field}={value:g}"
+    name = f"{technique} " + " ".join(f"{field}={value:g}" for field, value in point.items())
     try:
-        made = run_native(step, make_trial, technique, value, start, cfg, data, out_dir, convert,
+        made = run_native(step, make_trial, technique, point, start, cfg, data, out_dir, convert,
                           data.recover_to)
     except NotApplicable as refusal:
-        refused = Trial(field=field, value=value, status="not_applicable", error=str(refusal))
+        refused = Trial(params=point, status="not_applicable", error=str(refusal))
         log_trial(parent, name, {"technique": technique, **refused.summary()})
         return Completed(name="Skipped", message=f"{technique} does not apply: {refusal}",
                          data=refused)
     except (NativeCrashError, NativeStepError) as crash:
-        crashed = Trial(field=field, value=value, status="failed",
+        crashed = Trial(params=point, status="failed",
                         error=f"{type(crash).__name__}: {crash}"[:500])
         log_trial(parent, name, {"technique": technique, **crashed.summary()})
         raise

@@ -28,7 +28,7 @@ from tfopt.budget import Clock
 from tfopt.config import Section
 from tfopt.native import NativeStep, run_native
 from tfopt.runtimes import compress_keys
-from tfopt.search import Search, Trial, study_key
+from tfopt.search import Point, Search, Trial, open_study, study_key
 from tfopt.variants import failed, skipped
 
 NOT_TECHNIQUES = frozenset({"base", "planner", "outcomes"})
@@ -289,20 +289,20 @@ def apply_here(name: str, model: ModelArtifact, cfg: TechniqueSection, data: Tra
                                                "collapsed_at_learning_rate": rate}})
 
 
-def make_trial(name: str, value: float, start: ModelArtifact, cfg: TechniqueSection,
+def make_trial(name: str, point: Point, start: ModelArtifact, cfg: TechniqueSection,
                data: TrainingData, out_dir: Path, convert: Any, target: float | None) -> Trial:
     """One search trial in this process (what its child process runs): model, then its files.
 
-    The technique's model at `value` is fine-tuned until back within the budget (or stopped
+    The technique's model at `point` is fine-tuned until back within the budget (or stopped
     by the study's pruner), then exported and converted to TFLite in each of
     `tfopt.search.TRIAL_FORMS`, the files the search times. Their timing is the parent's
     (`tfopt.search.time_files`), holding the benchmark slot.
 
     Args:
         name: The technique.
-        value: Its searched strength for this trial.
+        point: Its searched strengths for this trial.
         start: The model it starts from.
-        cfg: Its settings (the knob is set to `value` here).
+        cfg: Its settings (the knobs are set to `point`'s here).
         data: The run's training data, with the trial to report to and the recovery target.
         out_dir: The trial's folder.
         convert: The ``convert`` section (calibration and int8 settings).
@@ -315,14 +315,14 @@ def make_trial(name: str, value: float, start: ModelArtifact, cfg: TechniqueSect
 
     technique = registry()[name]
     started = time.monotonic()
-    model = technique.apply.fn(start, technique.at(cfg, value), data, out_dir)
+    model = technique.apply.fn(start, technique.at(cfg, point), data, out_dir)
     curve = model.history.get("val_accuracy") or []
     val = max(curve) if curve else None
     status = trial_status(model.params.get("stopped_by") == "pruned", val,
                           target)
     ran = int(model.params.get("epochs_run", 0))
     if status == "pruned":
-        return Trial(field=technique.knob.field, value=value, status=status, val_accuracy=val,
+        return Trial(params=point, status=status, val_accuracy=val,
                      epochs_run=ran, seconds=time.monotonic() - started, model=model)
     savedmodel = (model if model.format == "savedmodel"
                   else export_serving_savedmodel(model, out_dir))
@@ -330,7 +330,7 @@ def make_trial(name: str, value: float, start: ModelArtifact, cfg: TechniqueSect
                            out_dir=out_dir, calibration_examples=convert.calibration_examples)
     files = tuple(build_here(plan_variant(model.name, "tflite", precision), sources, convert)
                   for precision in TRIAL_FORMS)
-    return Trial(field=technique.knob.field, value=value, status=status, val_accuracy=val,
+    return Trial(params=point, status=status, val_accuracy=val,
                  epochs_run=ran, seconds=time.monotonic() - started, model=model, files=files)
 
 
@@ -346,8 +346,8 @@ def open_search(planned: Planned, config: Any, start: ModelArtifact,
     settings = planned.cfg.model_dump(mode="json")
     key = study_key(technique.name, technique.knob, start, settings,
                     (data.recover_to, data.file_target))
-    return Search(technique.knob, config.work_dir.resolve() / "searches" / key, key,
-                  data.recover_to, data.file_target)
+    return open_study(technique.knob, config.work_dir.resolve() / "searches" / key, key,
+                      data.recover_to, data.file_target, seed=data.seed)
 
 
 @cache

@@ -22,7 +22,7 @@ from tfopt.config import Section
 from tfopt.logs import step_logger
 from tfopt.runtimes import compressed_forms, plan_forms
 from tfopt.runtimes.base import PlanRequest
-from tfopt.search import Knob
+from tfopt.search import Knob, Point, Space
 
 if TYPE_CHECKING:
     from tfopt.models.training import Fitted
@@ -181,15 +181,16 @@ def tfmot_model(model: ModelArtifact, data: TrainingData) -> tuple[Any, Translat
     return translation.model, translation
 
 
-def resolved(cfg: TechniqueSection, knob: Knob) -> None:
+def resolved(cfg: TechniqueSection, knob: Space) -> None:
     """Refuse to apply a technique whose strength is still ``auto`` (the search sets it).
 
     Raises:
-        ValueError: The knob is ``auto``.
+        ValueError: A knob is ``auto``.
     """
-    if getattr(cfg, knob.field) == "auto":
-        raise ValueError(f"{knob.field}: auto is set by the search before the technique runs "
-                         "(tfopt.search)")
+    for field in knob.fields:
+        if getattr(cfg, field) == "auto":
+            raise ValueError(f"{field}: auto is set by the search before the technique runs "
+                             "(tfopt.search)")
 
 
 class NotApplicable(Exception):  # noqa: N818 - a verdict about the model, not a failure
@@ -250,8 +251,9 @@ class Technique:
             pruning-preserving QAT), whose section must then be enabled; None: the baseline.
             A function of its settings when they decide (sparsity-preserving clustering
             continues from the pruned model). The run order follows from it.
-        knob: The strength ``auto`` searches (its field and candidates, weakest first), if
-            any: the compression flow tries settings and keeps the fastest within the budget.
+        knob: The strength ``auto`` searches (its field and candidates, weakest first), or
+            the strengths that compose, searched jointly (`tfopt.search.Joint`), if any: the
+            compression flow tries settings and keeps the fastest within the budget.
         after_search: A searched technique's last step, on the chosen trial's model: the
             Prefect task ``(model, cfg, data, out_dir, made) -> ModelArtifact`` (`cfg` at
             the chosen strength, `made` that trial's model). Distillation trains its controls
@@ -268,19 +270,21 @@ class Technique:
     precisions: tuple[Precision, ...] | None = None
     sparse_tflite: bool = False
     starts_from: str | Callable[[Any], str | None] | None = None
-    knob: Knob | None = None
+    knob: Space | None = None
     after_search: Task | None = None
 
     def searched(self, cfg: TechniqueSection) -> bool:
         """Whether its strength is ``auto`` in `cfg`: a search finds it (`tfopt.search`)."""
-        return self.knob is not None and getattr(cfg, self.knob.field) == "auto" and not (
+        return self.knob is not None and all(
+            getattr(cfg, field) == "auto" for field in self.knob.fields) and not (
             getattr(cfg, "structured_2_4", False))
 
-    def at(self, cfg: TechniqueSection, value: float) -> TechniqueSection:
-        """`cfg` with its searched strength set to `value` (an int knob stays an int)."""
+    def at(self, cfg: TechniqueSection, point: Point) -> TechniqueSection:
+        """`cfg` with its searched strengths set to `point`'s (an int knob stays an int)."""
         assert self.knob is not None
-        kind = int if all(float(v).is_integer() for v in self.knob.values) else float
-        return cfg.model_copy(update={self.knob.field: kind(value)})
+        knobs = self.knob.knobs if not isinstance(self.knob, Knob) else (self.knob,)
+        return cfg.model_copy(update={knob.field: _kind(knob)(point[knob.field])
+                                      for knob in knobs})
 
     def base_of(self, cfg: TechniqueSection) -> str | None:
         """The technique whose model it continues from with settings `cfg` (None: baseline)."""
@@ -310,3 +314,8 @@ class Technique:
             return None
         kinds = ", ".join(sorted(self.accepts))
         return f"{self.name} works on {kinds} models, not on a {model.format} model"
+
+
+def _kind(knob: Knob) -> type:
+    """How a knob's value is set: an int when every candidate is whole (clusters)."""
+    return int if all(float(v).is_integer() for v in knob.values) else float

@@ -59,7 +59,8 @@ def replanned(planned: Planned, model: ModelArtifact, config: Any, baseline: Mod
     """
     technique, cfg = planned.technique, planned.cfg
     if technique.searched(cfg):
-        cfg = technique.at(cfg, float(model.params[technique.knob.field]))
+        cfg = technique.at(cfg, {field: float(model.params[field])
+                                 for field in technique.knob.fields})
     start = made[planned.starts_from].name if planned.starts_from in made else baseline.name
     return Planned(technique, cfg, technique.variants(cfg, config, start))
 

@@ -201,14 +201,14 @@ class Planner:
         """
         name, done = planned.technique.name, 0
         while (rounds is None or done < rounds) and not refusal_of(search) and (
-                values := search.next_values(self.workers, self.data.deadline)):
-            futures = {value: self.trial_task.submit(
-                name, value, start, planned.cfg,
-                self.data.model_copy(update={"trial": search.start(value)}),
-                search.trial_folder(value), self.config.convert, self.inputs,
-                self.config.benchmark, self.parent) for value in values}
-            for value, future in futures.items():
-                search.finish(trial_of(final_state(future), search, value))
+                opened := search.next_trials(self.workers, self.data.deadline)):
+            futures = [(point, self.trial_task.submit(
+                name, point, "-".join(f"{v:g}" for v in point.values()), start, planned.cfg,
+                self.data.model_copy(update={"trial": ref}), search.trial_folder(point),
+                self.config.convert, self.inputs, self.config.benchmark, self.parent))
+                for point, ref in opened]
+            for point, future in futures:
+                search.finish(trial_of(final_state(future), search, point))
             done += 1
 
     def _searched(self, search: Search, planned: Planned, start: ModelArtifact) -> State:
@@ -229,8 +229,8 @@ class Planner:
         if planned.technique.after_search is None:
             return Completed(data=chosen.model)
         return final_state(finishing(name).submit(
-            start, planned.technique.at(planned.cfg, chosen.value), self.data,
-            search.trial_folder(chosen.value), chosen.model))
+            start, planned.technique.at(planned.cfg, chosen.params), self.data,
+            search.trial_folder(chosen.params), chosen.model))
 
 
 def _running_sums(values: list[float]) -> list[float]:

@@ -1,5 +1,5 @@
-"""The search bisects a technique's strength, keeps its study on disk, and picks the fastest
-setting within the accuracy budget."""
+"""The search bisects a technique's strength (or samples strengths that compose), keeps its
+study on disk, and picks the fastest setting within the accuracy budget."""
 
 from __future__ import annotations
 
@@ -9,11 +9,16 @@ from pathlib import Path
 import pytest
 
 from tfopt.search import (
+    Joint,
+    JointSearch,
     Knob,
     Search,
     TimedFile,
     Trial,
     choose,
+    open_study,
+    point_key,
+    search_line,
     search_summary,
     with_timed_files,
 )
@@ -21,19 +26,27 @@ from tfopt.search import (
 KNOB = Knob("fraction", (0.25, 0.375, 0.5, 0.625, 0.75, 0.875), unit="%")
 
 
-def _trial(value: float, status: str = "ok", p50: float | None = 1.0) -> Trial:
-    return Trial(field="fraction", value=value, status=status, val_accuracy=0.95, p50_ms=p50)
+def _trial(value: float, status: str = "ok", p50: float | None = 1.0,
+           field: str = "fraction") -> Trial:
+    return Trial(params={field: value}, status=status, val_accuracy=0.95, p50_ms=p50)
+
+
+def _next(search: Search, at_once: int = 1, deadline: float | None = None) -> list[float]:
+    """The values of the next round's trials (opened: each must be finished or abandoned)."""
+    return [point[search.knob.field] for point, _ in search.next_trials(at_once, deadline)]
+
+
+def _finish(search: Search, value: float, status: str = "ok", p50: float | None = 1.0) -> None:
+    search.finish(_trial(value, status, p50, search.knob.field))
 
 
 def _run(search: Search, verdict: dict[float, tuple[str, float]], at_once: int = 1) -> list:
     """Run the search to its end with made-up verdicts; the rounds of values it tried."""
     rounds = []
-    while values := search.next_values(at_once):
+    while values := _next(search, at_once):
         rounds.append(values)
         for value in values:
-            search.start(value)
-            status, p50 = verdict[value]
-            search.finish(_trial(value, status, p50))
+            _finish(search, value, *verdict[value])
     return rounds
 
 
@@ -43,10 +56,10 @@ def test_the_search_bisects_to_the_strongest_setting_within_the_budget(tmp_path)
                0.625: ("ok", 0.5), 0.75: ("over_budget", 0.4), 0.875: ("pruned", None)}
     search = Search(KNOB, tmp_path / "study", "one", target=0.9)
     assert _run(search, verdict) == [[0.5], [0.75], [0.625]], "three trials, not six"
-    assert search.chosen().value == 0.625
+    assert search.chosen().params == {"fraction": 0.625}
     parallel = Search(KNOB, tmp_path / "study2", "two", target=0.9)
     rounds = _run(parallel, verdict, at_once=2)
-    assert rounds[0] == [0.375, 0.625] and parallel.chosen().value == 0.625
+    assert rounds[0] == [0.375, 0.625] and parallel.chosen().params["fraction"] == 0.625
 
 
 def test_a_knob_tried_strongest_first_ends_at_once_when_the_strongest_keeps_the_budget(tmp_path):
@@ -54,11 +67,11 @@ def test_a_knob_tried_strongest_first_ends_at_once_when_the_strongest_keeps_the_
     assert strongest_first.strongest_first and not KNOB.strongest_first
     kept = {value: ("ok", 1.0 - value) for value in KNOB.values}
     search = Search(strongest_first, tmp_path / "kept", "kept", target=0.9)
-    assert _run(search, kept) == [[0.875]] and search.chosen().value == 0.875
+    assert _run(search, kept) == [[0.875]] and search.chosen().params["share"] == 0.875
     lost = {**kept, 0.875: ("over_budget", 0.1), 0.75: ("over_budget", 0.2)}
     below = Search(strongest_first, tmp_path / "lost", "lost", target=0.9)
     assert _run(below, lost) == [[0.875], [0.5], [0.625], [0.75]], "then a bisection below it"
-    assert below.chosen().value == 0.625
+    assert below.chosen().params["share"] == 0.625
     two = Search(strongest_first, tmp_path / "two", "two", target=0.9)
     assert _run(two, lost, at_once=2)[0] == [0.5, 0.875]
 
@@ -69,49 +82,47 @@ def test_a_knob_with_a_first_setting_starts_there_when_time_is_short_and_bisects
     assert not from_75.strongest_first and from_75.bisection_rounds == 3
     soon = time.time() + 250.0
     unknown = Search(from_75, tmp_path / "unknown", "unknown", target=0.9)
-    assert unknown.next_values(deadline=soon) == [0.5], "no round measured yet: the middle"
+    assert _next(unknown, deadline=soon) == [0.5], "no round measured yet: the middle"
     roomy = Search(from_75, tmp_path / "roomy", "roomy", target=0.9)
     roomy.expected_round_s = 60.0
-    assert roomy.next_values(deadline=soon) == [0.5], "room for a bisection's three rounds"
+    assert _next(roomy, deadline=soon) == [0.5], "room for a bisection's three rounds"
     kept = {value: ("ok", 1.0 - value) for value in KNOB.values}
     above = Search(from_75, tmp_path / "above", "above", target=0.9)
     above.expected_round_s = 100.0
-    assert above.starts_at_first(soon) and above.next_values(deadline=soon) == [0.75]
-    above.start(0.75)
-    above.finish(_trial(0.75, "ok", 0.25))
+    assert above.starts_at_first(soon) and _next(above, deadline=soon) == [0.75]
+    _finish(above, 0.75, "ok", 0.25)
     assert above.round_seconds is not None
     assert above.is_open(), "87.5% may still keep the budget"
     assert _run(above, {**kept, 0.875: ("over_budget", 0.1)}) == [[0.875]]
-    assert not above.is_open() and above.chosen().value == 0.75
+    assert not above.is_open() and above.chosen().params["fraction"] == 0.75
     lost = {**kept, 0.75: ("over_budget", 0.2), 0.625: ("over_budget", 0.3)}
     below = Search(from_75, tmp_path / "below", "below", target=0.9)
     below.expected_round_s = 100.0
-    assert below.next_values(deadline=soon) == [0.75]
-    below.start(0.75)
-    below.finish(_trial(0.75, "over_budget", None))
+    assert _next(below, deadline=soon) == [0.75]
+    _finish(below, 0.75, "over_budget", None)
     assert _run(below, lost) == [[0.375], [0.5], [0.625]], "then a bisection below it"
-    assert below.chosen().value == 0.5
+    assert below.chosen().params["fraction"] == 0.5
     two = Search(from_75, tmp_path / "two", "two", target=0.9)
     two.expected_round_s = 100.0
-    assert two.next_values(2, deadline=soon) == [0.5, 0.75]
+    assert _next(two, 2, deadline=soon) == [0.5, 0.75]
     with pytest.raises(ValueError, match="not a candidate"):
         Knob("fraction", KNOB.values, first=0.6)
 
 
 def test_a_killed_search_resumes_its_study_from_the_work_folder(tmp_path):
     first = Search(KNOB, tmp_path / "study", "resume", target=0.9)
-    first.start(0.5)
-    first.finish(_trial(0.5))
-    first.start(0.75)  # killed here: this trial never finishes
+    assert _next(first) == [0.5]
+    _finish(first, 0.5)
+    assert _next(first) == [0.75]  # killed here: this trial never finishes
     again = Search(KNOB, tmp_path / "study", "resume", target=0.9)
-    assert [t.value for t in again.trials()] == [0.5], "the finished trial is kept"
-    assert again.next_values() == [0.75], "the unfinished one is tried again"
+    assert [t.params for t in again.trials()] == [{"fraction": 0.5}], "the finished one is kept"
+    assert _next(again) == [0.75], "the unfinished one is tried again"
     assert (tmp_path / "study" / "study.db").is_file()
 
 
 def test_ties_go_to_the_stronger_setting_and_nothing_within_budget_chooses_nothing():
     tied = [_trial(0.5, p50=1.00), _trial(0.625, p50=1.02), _trial(0.25, p50=1.5)]
-    assert choose(tied, KNOB).value == 0.625, "within 3%: the stronger"
+    assert choose(tied, KNOB).params["fraction"] == 0.625, "within 3%: the stronger"
     assert choose([_trial(0.5, "over_budget"), _trial(0.25, "pruned", None)], KNOB) is None
 
 
@@ -120,9 +131,10 @@ def test_the_speed_up_timed_side_by_side_chooses_over_p50s_of_separate_turns():
     # the two files 0.28 and 0.42 ms (a measuring process now and then runs slow all its life).
     half = _trial(0.5, p50=0.39).model_copy(update={"speedup": 2.2})
     three_quarters = _trial(0.75, p50=0.49).model_copy(update={"speedup": 3.4})
-    assert choose([half, three_quarters], KNOB).value == 0.75
+    assert choose([half, three_quarters], KNOB).params["fraction"] == 0.75
     unpaired = three_quarters.model_copy(update={"speedup": None})
-    assert choose([half, unpaired], KNOB).value == 0.5, "one without a speed-up: by p50s"
+    assert choose([half, unpaired], KNOB).params["fraction"] == 0.5, (
+        "one without a speed-up: by p50s")
 
 
 def _files(int8: float, fp32: float | None = None, int8_p50: float = 0.3,
@@ -156,12 +168,11 @@ def test_a_setting_whose_file_validation_refuses_is_over_budget_and_the_search_s
 
     search = Search(KNOB, tmp_path / "study", "tested", target=0.98, file_target=target)
     tests = {0.25: 0.99, 0.375: 0.99, 0.5: 0.985, 0.625: 0.975, 0.75: 0.97, 0.875: 0.96}
-    while values := search.next_values():
+    while values := _next(search):
         for value in values:
-            search.start(value)
             search.finish(with_timed_files(_trial(value), _files(tests[value], int8_p50=1 - value),
                                            target))
-    assert search.chosen().value == 0.5, "the strongest whose file keeps the budget"
+    assert search_summary(search)["chosen"] == 0.5, "the strongest whose file keeps the budget"
     summary = search_summary(search)
     assert summary["target_file_val_accuracy"] == pytest.approx(target)
     assert {t["params"]["fraction"]: t["status"] for t in summary["trials"]}[0.75] == "over_budget"
@@ -191,36 +202,38 @@ def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path):
     import time
 
     search = Search(KNOB, tmp_path / "study", "late", target=0.9)
-    assert search.next_values(deadline=time.time() - 1) == []
+    assert _next(search, deadline=time.time() - 1) == []
     assert search.cut == "the fraction search was not started (time budget)"
-    assert search.next_values(deadline=time.time() + 60) == [0.5], "a first round: no estimate"
-    search.start(0.5)
-    search.finish(_trial(0.5))
-    assert search.next_values(deadline=time.time() - 1) == []
+    assert _next(search, deadline=time.time() + 60) == [0.5], "a first round: no estimate"
+    _finish(search, 0.5)
+    assert _next(search, deadline=time.time() - 1) == []
     assert search.cut == "the fraction search stopped after 1 trials (time budget)"
     time.sleep(1.0)  # other searches run meanwhile: the round's length stays its own
-    assert search.next_values(deadline=time.time() + 0.9) == [0.75]
+    assert _next(search, deadline=time.time() + 0.9) == [0.75]
     over = Search(Knob("fraction", KNOB.values, first=0.875), tmp_path / "over", "over",
                   target=0.9)
-    over.start(0.875)
-    over.finish(_trial(0.875))
-    assert over.next_values(deadline=time.time() - 1) == [] and over.cut is None, (
+    assert _next(over) == [0.875]
+    _finish(over, 0.875)
+    assert _next(over, deadline=time.time() - 1) == [] and over.cut is None, (
         "nothing left to try: over, not cut")
 
 
 @pytest.mark.parametrize("technique, settings", [
     ("channel_prune", {}), ("depth_prune", {}), ("prune", {}), ("cluster", {}),
-    ("distill", {"student": "thinner"})])
+    ("distill", {"student": "thinner"}), ("width_depth", {})])
 def test_auto_is_a_strength_each_searched_technique_declares(technique, settings):
     from techniques import registry
 
     declared = registry()[technique]
-    cfg = declared.section.model_validate({declared.knob.field: "auto", **settings})
+    cfg = declared.section.model_validate({field: "auto" for field in declared.knob.fields}
+                                          | settings)
     assert declared.searched(cfg)
     assert "auto" in declared.source_name(cfg)
-    concrete = declared.at(cfg, declared.knob.values[2])
+    knobs = declared.knob.knobs if isinstance(declared.knob, Joint) else (declared.knob,)
+    concrete = declared.at(cfg, {knob.field: knob.values[2] for knob in knobs})
     assert not declared.searched(concrete)
-    assert isinstance(getattr(concrete, declared.knob.field), type(declared.knob.values[2]))
+    for knob in knobs:
+        assert isinstance(getattr(concrete, knob.field), type(knob.values[2]))
     with pytest.raises(ValueError, match="auto is set by the search"):
         declared.apply.fn(None, cfg, None, Path("."))
 
@@ -254,9 +267,9 @@ def test_the_searches_combined_front_keeps_the_trials_nothing_beats_on_both():
             _front_trial("share", 0.5, 0.980, 0.020, 1.6),
             _front_trial("share", 0.25, 0.0, 0.0, None, "failed") | {"p50_ms": None}]}}
     front = combined_front(searches)
-    assert [(p["technique"], p["value"]) for p in front] == [
-        ("channel_prune", 0.75), ("channel_prune", 0.625), ("depth_prune", 1.0),
-        ("channel_prune", 0.5)], "fastest first; depth 50% is beaten by channels 50%"
+    assert [(p["technique"], p["setting"]) for p in front] == [
+        ("channel_prune", "0.75"), ("channel_prune", "0.625"), ("depth_prune", "1"),
+        ("channel_prune", "0.5")], "fastest first; depth 50% is beaten by channels 50%"
     assert [p["within"] for p in front] == [False, False, True, True]
     lines = front_lines(searches)
     assert lines[1].startswith("The searches' combined front") and len(lines) == 5 + 4
@@ -264,3 +277,83 @@ def test_the_searches_combined_front_keeps_the_trials_nothing_beats_on_both():
     untimed = {"qat": {"knob": "x", "trials": [_front_trial("x", 1.0, 0.9, 0.01, None)]},
                "prune": {"knob": "y", "trials": [_front_trial("y", 1.0, 0.95, 0.02, 1.2)]}}
     assert [p["technique"] for p in combined_front(untimed)] == ["qat", "prune"], "by 1 / p50"
+
+
+JOINT = Joint((Knob("fraction", (0.25, 0.5, 0.75), unit="%"),
+               Knob("share", (0.25, 0.5, 0.75, 1.0), unit="%")), trials=6)
+
+
+def _measured(point: dict[str, float], target: float) -> Trial:
+    """A joint trial as if fine-tuned and timed: each knob costs accuracy and buys speed."""
+    width = JOINT.knobs[0].values.index(point["fraction"])
+    depth = JOINT.knobs[1].values.index(point["share"])
+    accuracy = 0.995 - 0.02 * width - 0.015 * depth
+    status = "ok" if accuracy >= target else "over_budget"
+    return Trial(params=point, status=status, val_accuracy=accuracy,
+                 file_val_accuracy=accuracy, p50_ms=1.0, speedup=1.0 + 0.5 * width + 0.3 * depth)
+
+
+def _run_joint(search: JointSearch) -> list[dict[str, float]]:
+    tried = []
+    while opened := search.next_trials():
+        for point, ref in opened:
+            assert ref.study == search.key
+            tried.append(point)
+            search.finish(_measured(point, search.target))
+    return tried
+
+
+def test_a_joint_study_samples_distinct_points_and_chooses_the_fastest_of_its_front(tmp_path):
+    search = open_study(JOINT, tmp_path / "joint", "joint", target=0.95, seed=3)
+    assert isinstance(search, JointSearch) and len(search.study.directions) == 2
+    tried = _run_joint(search)
+    assert tried[0] == {"fraction": 0.5, "share": 0.5}, "the knobs' middles first"
+    assert len(tried) == 6 and len({point_key(p) for p in tried}) == 6, "six distinct points"
+    front = search.front()
+    assert front and all(t.params in tried for t in front)
+    kept = [t for t in search.trials() if t.status == "ok"]
+    fastest = max(kept, key=lambda t: t.speedup)
+    assert search.chosen().params == fastest.params, "the fastest within the budget"
+    assert fastest.params in [t.params for t in front], "which is on the study's front"
+    summary = search_summary(search)
+    assert summary["knob"] == "fraction+share" and summary["chosen"] == fastest.params
+    assert summary["sampler"].startswith("tpe") and fastest.params in summary["front"]
+    assert "fraction 50% share 50%" in search_line(search)
+    again = open_study(JOINT, tmp_path / "joint", "joint", target=0.95, seed=3)
+    assert len(again.trials()) == 6 and not again.is_open(), "resumed from the work folder"
+
+
+def test_a_joint_study_ends_when_its_grid_is_tried_though_the_sampler_repeats_itself(tmp_path):
+    small = Joint((Knob("fraction", (0.25, 0.5)), Knob("share", (0.5, 1.0))), trials=8)
+    search = open_study(small, tmp_path / "small", "small", target=0.0)
+    tried = []
+    while opened := search.next_trials():
+        for point, _ in opened:
+            tried.append(point)
+            search.finish(_trial_at(point))
+    assert sorted(point_key(p) for p in tried) == sorted(
+        point_key({"fraction": f, "share": s}) for f in (0.25, 0.5) for s in (0.5, 1.0))
+
+
+def _trial_at(point: dict[str, float]) -> Trial:
+    return Trial(params=point, status="ok", val_accuracy=0.9, p50_ms=1.0,
+                 speedup=1.0 + point["fraction"] + point["share"])
+
+
+def test_a_joint_trials_fine_tuning_stops_itself_once_hopeless(tmp_path):
+    import tf_keras as keras
+
+    from tfopt.models.training import ReportToTrial
+
+    search = open_study(JOINT, tmp_path / "hopeless", "hopeless", target=0.95)
+    (_, ref), = search.next_trials()
+    callback = ReportToTrial(ref)
+    callback.set_model(keras.Sequential([keras.layers.Dense(1, input_shape=(1,))]))
+    callback.on_train_begin()
+    for epoch in range(2):  # the warm-up: never stopped
+        callback.on_epoch_end(epoch, {"val_accuracy": 0.1})
+    assert not callback.pruned
+    callback.on_epoch_end(2, {"val_accuracy": 0.86})
+    assert not callback.pruned, "within ten points of the target"
+    callback.on_epoch_end(3, {"val_accuracy": 0.84})
+    assert callback.pruned and callback.model.stop_training

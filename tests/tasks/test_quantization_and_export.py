@@ -370,7 +370,7 @@ def test_a_trial_file_that_cannot_be_timed_is_left_out_and_the_other_counts(
     fp32 = to_tflite(tiny_savedmodel, "fp32", tiny_dataset, ConvertConfig(), tmp_path)
     gone = fp32.model_copy(update={"name": "channels-50-tflite-int8", "precision": "int8",
                                    "path": tmp_path / "gone.tflite"})
-    trial = Trial(field="fraction", value=0.5, status="ok", files=(gone, fp32))
+    trial = Trial(params={"fraction": 0.5}, status="ok", files=(gone, fp32))
     with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
         timed = time_files(trial, inputs, cfg)
         nothing = time_files(trial.model_copy(update={"files": (gone,)}), inputs, cfg)

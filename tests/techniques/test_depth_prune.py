@@ -122,20 +122,16 @@ def test_the_zoos_residual_blocks_are_found_and_removed_exactly(build, count):
     np.testing.assert_allclose(none_left.model(images), model(images), rtol=1e-4, atol=1e-5)
 
 
-def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
-        tiny_data, tmp_path):
-    from flows.parameters import PipelineConfig
-    from techniques import plan, registry
-    from techniques.base import NotApplicable
-    from techniques.depth_prune import DepthPruneConfig, depth_prune_model
+def _residual_baseline(tiny_data, tmp_path, filters: int = 8):
+    """A stem and four residual blocks on the tiny data set, saved as the run's baseline."""
     from tfopt.artifacts import ModelArtifact
     from tfopt.models.keras_io import keras_model_path, save_keras_model
 
     dataset = tiny_data.dataset
     inputs = keras.Input((dataset.image_size, dataset.image_size, dataset.channels))
-    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="stem")(inputs)
+    x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu", name="stem")(inputs)
     for index in range(4):
-        branch = keras.layers.Conv2D(8, 3, padding="same", activation="relu",
+        branch = keras.layers.Conv2D(filters, 3, padding="same", activation="relu",
                                      name=f"b{index}_conv")(x)
         x = keras.layers.Add(name=f"b{index}_add")([x, branch])
     x = keras.layers.GlobalAveragePooling2D()(x)
@@ -145,6 +141,20 @@ def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
     start = ModelArtifact(name="baseline", path=path, format="keras",
                           image_size=dataset.image_size, num_classes=dataset.num_classes,
                           channels=dataset.channels)
+    return net, path, start
+
+
+def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
+        tiny_data, tmp_path):
+    from flows.parameters import PipelineConfig
+    from techniques import plan, registry
+    from techniques.base import NotApplicable
+    from techniques.depth_prune import DepthPruneConfig, depth_prune_model
+    from tfopt.artifacts import ModelArtifact
+    from tfopt.models.keras_io import save_keras_model
+
+    dataset = tiny_data.dataset
+    net, path, start = _residual_baseline(tiny_data, tmp_path)
 
     made = depth_prune_model.fn(start, DepthPruneConfig(enabled=True, share=0.5, epochs=1),
                                 tiny_data, tmp_path)
@@ -174,6 +184,37 @@ def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
         "channel_prune": chained.compress.channel_prune.model_copy(update={"enabled": False})})})
     refused = {p.technique.name: p for p in plan(alone, start)}["depth_prune"]
     assert "enable compress.channel_prune" in str(refused.refusal)
+
+
+def test_width_and_depth_cut_together_in_one_model_fine_tuned_once(tiny_data, tmp_path):
+    from techniques import plan, registry
+    from techniques.depth_prune import DepthPruneConfig, depth_prune_model
+    from techniques.width_depth import WidthDepthConfig, width_depth_model
+    from tfopt.search import Joint
+
+    _, _, start = _residual_baseline(tiny_data, tmp_path, filters=16)
+    both = width_depth_model.fn(start, WidthDepthConfig(enabled=True, fraction=0.5, share=0.5,
+                                                        epochs=1), tiny_data, tmp_path)
+    depth = depth_prune_model.fn(start, DepthPruneConfig(enabled=True, share=0.5, epochs=1),
+                                 tiny_data, tmp_path)
+    assert both.name == "width-50-depth-50" and both.path.exists()
+    assert both.metrics["blocks_removed"] == 2 and both.params["epochs_run"] == 1
+    assert both.metrics["flops_ratio"] < 0.5 * depth.metrics["flops_ratio"], (
+        "half the filters of what depth pruning left")
+    assert (both.params["fraction"], both.params["share"]) == (0.5, 0.5)
+    with pytest.raises(ValueError, match="searched together"):
+        WidthDepthConfig(fraction="auto", share=0.5)
+    technique = registry()["width_depth"]
+    assert isinstance(technique.knob, Joint) and technique.knob.field == "fraction+share"
+    searched = WidthDepthConfig(enabled=True)
+    assert technique.searched(searched) and technique.source_name(searched) == (
+        "width-depth-auto")
+    from flows.parameters import PipelineConfig
+
+    config = PipelineConfig.model_validate({"compress": {"width_depth": {"enabled": True},
+                                                         "tflite": ["int8"]}})
+    planned = {p.technique.name: p for p in plan(config, start)}["width_depth"]
+    assert planned.refusal is None and planned.starts_from is None
 
 
 def test_searches_from_the_baseline_run_before_the_techniques_submitted_beside_them(
@@ -230,13 +271,13 @@ def test_a_model_the_technique_does_not_apply_to_ends_its_search_at_the_first_tr
 
     search = Search(KNOB, tmp_path / "study", "refused", target=0.9)
     assert refusal_of(search) is None
-    search.start(1.0)
-    search.finish(Trial(field="share", value=1.0, status="not_applicable",
+    assert [point for point, _ in search.next_trials()] == [{"share": 1.0}]
+    search.finish(Trial(params={"share": 1.0}, status="not_applicable",
                         error="no residual block to remove"))
     assert refusal_of(search) == "no residual block to remove"
     other = Search(KNOB, tmp_path / "other", "crashed", target=0.9)
-    other.start(1.0)
-    other.finish(Trial(field="share", value=1.0, status="failed",
+    other.next_trials()
+    other.finish(Trial(params={"share": 1.0}, status="failed",
                        error="NativeCrashError: SIGSEGV"))
     assert refusal_of(other) is None, "a crash is that setting's, not the model's"
 

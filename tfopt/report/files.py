@@ -11,7 +11,7 @@ from typing import Any
 from tfopt.artifacts import VariantResult
 from tfopt.fileio import atomic_write_text
 from tfopt.report.markdown import report_markdown
-from tfopt.search.front import combined_front
+from tfopt.search.front import combined_front, is_chosen, params_label
 
 
 def pareto_front(points: list[tuple[str, float, float]]) -> set[str]:
@@ -156,9 +156,9 @@ def _search_plot(searches: dict[str, Any], path: Path) -> Path:
         points = axis.scatter([t["p50_ms"] for t in timed], [t["val_accuracy"] for t in timed],
                               label=technique)
         for trial in timed:
-            value = next(iter(trial["params"].values()))
-            chosen = " (chosen)" if value == search["chosen"] else ""
-            axis.annotate(f"{value:g}{chosen}", (trial["p50_ms"], trial["val_accuracy"]),
+            chosen = " (chosen)" if is_chosen(search, trial) else ""
+            axis.annotate(f"{params_label(trial['params'])}{chosen}",
+                          (trial["p50_ms"], trial["val_accuracy"]),
                           fontsize=7, xytext=(3, 3), textcoords="offset points")
         if search.get("target_val_accuracy") is not None:
             axis.axhline(search["target_val_accuracy"], linestyle="--", linewidth=0.8,

@@ -7,7 +7,7 @@ from typing import Any
 from tfopt.models.health import health_line
 from tfopt.report.compare import markdown_moves, markdown_overview
 from tfopt.report.summary import accuracy_sentence, or_dash, speedup_sentence
-from tfopt.search.front import combined_front
+from tfopt.search.front import combined_front, is_chosen, params_label
 
 _WHOLE_REPORT = ("The whole report (every table, the plots, CSV and JSON) is in report/ among "
                  "this run's artifacts.")
@@ -259,15 +259,14 @@ def search_lines(summary: dict[str, Any]) -> list[str]:
         lines += ["", f"Search of {technique}.{search['knob']} (validation accuracy to keep: "
                   f"its model {or_dash(target, '.4f')}, a TFLite file "
                   f"{or_dash(file_target, '.4f')}; test reported, not chosen on; chosen: "
-                  f"{or_dash(search['chosen'], 'g')}"
+                  f"{_chosen_label(search)}"
                   + (f"; {search['cut']}" if search.get("cut") else "") + "):", "",
                   f"| {search['knob']} | status | val accuracy | file | file val accuracy "
                   "| test accuracy | p50 ms | speed-up (x, side by side) | epochs | s |",
                   "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
         for trial in search["trials"]:
-            value = next(iter(trial["params"].values()))
-            star = "★ " if value == search["chosen"] else ""
-            lines.append(f"| {star}{value:g} | {trial['status']} "
+            star = "★ " if is_chosen(search, trial) else ""
+            lines.append(f"| {star}{params_label(trial['params'])} | {trial['status']} "
                          f"| {or_dash(trial['val_accuracy'], '.4f')} "
                          f"| {trial.get('file') or '-'} "
                          f"| {or_dash(trial.get('file_val_accuracy'), '.4f')} "
@@ -276,6 +275,11 @@ def search_lines(summary: dict[str, Any]) -> list[str]:
                          f"| {or_dash(trial.get('speedup'), '.2f')} "
                          f"| {trial['epochs_run']} | {trial['seconds']:g} |")
     return lines + front_lines(summary.get("search") or {})
+
+
+def _chosen_label(search: dict[str, Any]) -> str:
+    chosen = search.get("chosen")
+    return params_label(chosen) if isinstance(chosen, dict) else or_dash(chosen, "g")
 
 
 def front_lines(searches: dict[str, Any]) -> list[str]:
@@ -287,7 +291,7 @@ def front_lines(searches: dict[str, Any]) -> list[str]:
              "and more accurate on validation):", "",
              "| search | setting | val accuracy | p50 ms | speed-up (x) | within the budget |",
              "|---|---:|---:|---:|---:|---|"]
-    lines += [f"| {p['technique']} | {p['knob']} {p['value']:g} | {p['val_accuracy']:.4f} "
+    lines += [f"| {p['technique']} | {p['knob']} {p['setting']} | {p['val_accuracy']:.4f} "
               f"| {p['p50_ms']:.4f} | {or_dash(p['speedup'], '.2f')} "
               f"| {'yes' if p['within'] else 'no'} |" for p in front]
     return lines

@@ -19,7 +19,7 @@ def front_point(technique: str, search: dict[str, Any], trial: dict[str, Any]
     if trial.get("p50_ms") is None or accuracy is None:
         return None
     return {"technique": technique, "knob": search["knob"],
-            "value": next(iter(trial["params"].values())), "val_accuracy": accuracy,
+            "setting": params_label(trial["params"]), "val_accuracy": accuracy,
             "p50_ms": trial["p50_ms"], "speedup": trial.get("speedup"),
             "within": trial["status"] == "ok"}
 
@@ -41,3 +41,19 @@ def combined_front(searches: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if not front or point["val_accuracy"] > front[-1]["val_accuracy"]:
             front.append(point)
     return front
+
+
+def params_label(params: dict[str, float]) -> str:
+    """A trial's setting as the report writes it (``0.5``; ``fraction 0.5, share 0.25``)."""
+    if len(params) == 1:
+        return f"{next(iter(params.values())):g}"
+    return ", ".join(f"{field} {value:g}" for field, value in params.items())
+
+
+def is_chosen(search: dict[str, Any], trial: dict[str, Any]) -> bool:
+    """Whether a summary's trial is its search's chosen one (a value, or a joint point)."""
+    chosen = search.get("chosen")
+    if isinstance(chosen, dict):
+        return chosen == trial["params"]
+    return chosen is not None and len(trial["params"]) == 1 and (
+        next(iter(trial["params"].values())) == chosen)

@@ -1,4 +1,10 @@
-"""A technique's study: Optuna's, kept in the work folder, the bisection it runs, the choice."""
+"""A technique's study: Optuna's, kept in the work folder, the points it tries, the choice.
+
+One knob searched alone is bisected (`Search`: its points enqueued, Optuna keeping the trials
+and pruning hopeless fine-tunes); knobs that compose are sampled (`JointSearch`: a
+two-objective study whose sampler chooses each point, the choice read from its Pareto front).
+The plan (`techniques.planner`) drives both through the same methods.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from typing import Any
 
 from tfopt.artifacts import ModelArtifact, TrialRef
 from tfopt.budget import Clock
-from tfopt.search.knob import Knob
+from tfopt.search.knob import Joint, Knob, Point, Space
 from tfopt.search.trials import TRIAL_FORMS, Trial
 
 TIE_SHARE = 0.03
@@ -21,9 +27,14 @@ HOPELESS_POINTS = 10.0
 stopped (pruned): more fine-tuning would not bring it back."""
 WARMUP_EPOCHS = 2
 """Epochs every trial gets before the pruner may stop it."""
+SAMPLER_STARTUP_TRIALS = 2
+"""A joint study's trials before its TPE sampler models the objectives (the first point is
+`Joint.first`; the next ones are drawn at random): its budget holds a handful of trials."""
+DUPLICATE_ASKS = 20
+"""Points a joint study's sampler may propose that were tried already before the search ends."""
 
 
-def study_key(technique: str, knob: Knob, baseline: ModelArtifact, settings: dict[str, Any],
+def study_key(technique: str, knob: Space, baseline: ModelArtifact, settings: dict[str, Any],
               targets: tuple[float | None, float | None]) -> str:
     """The study's name: the same baseline file, settings and targets resume the same study.
 
@@ -31,25 +42,36 @@ def study_key(technique: str, knob: Knob, baseline: ModelArtifact, settings: dic
     """
     digest = hashlib.sha256(baseline.path.read_bytes() if baseline.path.is_file()
                             else str(baseline.path).encode()).hexdigest()[:12]
-    parts = json.dumps([technique, knob.field, knob.values, digest, settings, *targets,
-                        TRIAL_FORMS],
+    candidates = [[k.field, k.values] for k in (knob.knobs if isinstance(knob, Joint)
+                                               else (knob,))]
+    parts = json.dumps([technique, candidates, digest, settings, *targets, TRIAL_FORMS, 2],
                        sort_keys=True, default=str)
     return f"{technique}-{hashlib.sha256(parts.encode()).hexdigest()[:16]}"
 
 
+def point_key(point: Point) -> tuple[tuple[str, float], ...]:
+    """A point as a dictionary key."""
+    return tuple(sorted(point.items()))
+
+
 class Search:
-    """A technique's study: the trials made so far, which to try next, and the choice.
+    """A technique's study of one knob: the trials made so far, which to try next, the choice.
+
+    The candidates between the strongest setting known to keep the budget and the weakest
+    known not to are bisected; Optuna keeps the trials (enqueued) and its `ThresholdPruner`
+    stops a hopeless fine-tuning.
 
     Args:
-        knob: The knob searched.
+        knob: What is searched.
         folder: Where the study (``study.db``) and the trials' models are kept.
         key: The study's name (`study_key`).
         target: The validation accuracy a setting must keep (None: every setting does).
         file_target: The validation accuracy one of its files must keep (None: not checked).
+        seed: The run's seed (a sampler's).
     """
 
-    def __init__(self, knob: Knob, folder: Path, key: str, target: float | None,
-                 file_target: float | None = None) -> None:
+    def __init__(self, knob: Space, folder: Path, key: str, target: float | None,
+                 file_target: float | None = None, seed: int = 0) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -57,34 +79,48 @@ class Search:
         self.knob, self.folder, self.key, self.target = knob, folder, key, target
         self.file_target = file_target
         self.storage = f"sqlite:///{folder / 'study.db'}"
-        lower = -1.0 if target is None else target - HOPELESS_POINTS / 100.0
-        self.study = optuna.create_study(
-            study_name=key, storage=self.storage, load_if_exists=True, direction="minimize",
-            pruner=optuna.pruners.ThresholdPruner(lower=lower, n_warmup_steps=WARMUP_EPOCHS))
-        self._running: dict[float, Any] = {}
+        self.study = self._create_study(seed)
+        self._running: dict[tuple[tuple[str, float], ...], Any] = {}
         self._round_started: float | None = None
         self._round_seconds = 0.0
+        self._exhausted = False
         self.cut: str | None = None
         self.expected_round_s: float | None = None
         """How long a round is expected to take before any has (the searches run before it)."""
+
+    @property
+    def hopeless_below(self) -> float:
+        """The validation accuracy below which a fine-tuning past its warm-up is stopped."""
+        return -1.0 if self.target is None else self.target - HOPELESS_POINTS / 100.0
+
+    @property
+    def sampler(self) -> str:
+        """How the points are chosen, as the summary says it."""
+        return "bisection"
+
+    def _create_study(self, seed: int) -> Any:
+        import optuna
+
+        return optuna.create_study(
+            study_name=self.key, storage=self.storage, load_if_exists=True,
+            direction="minimize", pruner=optuna.pruners.ThresholdPruner(
+                lower=self.hopeless_below, n_warmup_steps=WARMUP_EPOCHS))
 
     def trials(self) -> list[Trial]:
         """The finished trials, in the order they were made (a resumed study's included)."""
         return [Trial.model_validate_json(t.user_attrs["trial"]) for t in self.study.trials
                 if "trial" in t.user_attrs]
 
-    def next_values(self, at_once: int = 1, deadline: float | None = None) -> list[float]:
-        """The settings to try next (none: the search is over), up to `at_once` of them.
+    def next_trials(self, at_once: int = 1,
+                    deadline: float | None = None) -> list[tuple[Point, TrialRef]]:
+        """The points to try next, each with its opened Optuna trial (none: the search is over).
 
-        The candidates between the strongest setting known to keep the budget and the weakest
-        known not to are split evenly (a first round: with the knob's `Knob.first` among them
-        when `starts_at_first`). A round that would end after `deadline` (a `time.time()`
+        Up to `at_once` of them. A round that would end after `deadline` (a `time.time()`
         value), as long as the slowest one took, is not started, nor a first one once it has
         passed (`cut` says so).
         """
         tried = len(self.trials())
-        open_ = self._open()
-        if not open_:
+        if not self.is_open():
             return []
         if not Clock(deadline=deadline).can_start(self._round_seconds if tried else 0.0):
             self.cut = (f"the {self.knob.field} search stopped after {tried} trials (time "
@@ -92,9 +128,34 @@ class Search:
                         f"the {self.knob.field} search was not started (time budget)")
             return []
         self._round_started = time.monotonic()
-        first = (self.knob.values.index(self.knob.first)
-                 if not tried and self.starts_at_first(deadline) else None)
-        return [self.knob.values[i] for i in _spread(open_, at_once, first)]
+        opened = self._open_trials(at_once, deadline)
+        for point, optuna_trial in opened:
+            self._running[point_key(point)] = optuna_trial
+        return [(point, TrialRef(storage=self.storage, study=self.key,
+                                 number=optuna_trial.number, trial_id=optuna_trial._trial_id))
+                for point, optuna_trial in opened]
+
+    def _open_trials(self, at_once: int, deadline: float | None) -> list[tuple[Point, Any]]:
+        """The bisection's next settings, each enqueued and asked.
+
+        A first round has the knob's `Knob.first` among them when `starts_at_first`.
+        """
+        knob = self._knob
+        first = (knob.values.index(knob.first)
+                 if not self.trials() and self.starts_at_first(deadline) else None)
+        opened = []
+        for index in _spread(self._open(), at_once, first):
+            value = knob.values[index]
+            self.study.enqueue_trial({knob.field: value})
+            optuna_trial = self.study.ask()
+            optuna_trial.suggest_categorical(knob.field, list(knob.values))
+            opened.append(({knob.field: value}, optuna_trial))
+        return opened
+
+    @property
+    def _knob(self) -> Knob:
+        assert isinstance(self.knob, Knob)
+        return self.knob
 
     def starts_at_first(self, deadline: float | None) -> bool:
         """Whether the first round tries the knob's `Knob.first` rather than the middle.
@@ -104,7 +165,7 @@ class Search:
         known: the middle). A short window may hold one trial after the first, and the
         middle is then all it tries.
         """
-        knob = self.knob
+        knob = self._knob
         if knob.first is None or knob.strongest_first:
             return knob.strongest_first
         if deadline is None or not self.expected_round_s:
@@ -124,8 +185,9 @@ class Search:
 
     def _open(self) -> list[int]:
         """The untried candidates' indices between the strongest kept and the weakest lost."""
-        values = self.knob.values
-        tried = {trial.value: trial for trial in self.trials()}
+        knob = self._knob
+        values = knob.values
+        tried = {trial.params[knob.field]: trial for trial in self.trials()}
         good = [i for i, v in enumerate(values) if v in tried and tried[v].status == "ok"]
         low = max(good, default=-1)
         bad = [i for i, v in enumerate(values) if v in tried and i > low
@@ -133,30 +195,25 @@ class Search:
         high = min(bad, default=len(values))
         return [i for i in range(low + 1, high) if values[i] not in tried]
 
-    def trial_folder(self, value: float) -> Path:
-        """Where the trial of one setting keeps its model and files."""
-        return self.folder / f"trial-{value:g}"
-
-    def start(self, value: float) -> TrialRef:
-        """Open the Optuna trial of one setting; its fine-tuning reports to it."""
-        self.study.enqueue_trial({self.knob.field: value})
-        optuna_trial = self.study.ask()
-        optuna_trial.suggest_categorical(self.knob.field, list(self.knob.values))
-        self._running[value] = optuna_trial
-        return TrialRef(storage=self.storage, study=self.key, number=optuna_trial.number,
-                        trial_id=optuna_trial._trial_id)
+    def trial_folder(self, point: Point) -> Path:
+        """Where the trial of one point keeps its model and files."""
+        return self.folder / ("trial-" + "-".join(f"{point[field]:g}"
+                                                  for field in self.knob.fields))
 
     def finish(self, trial: Trial) -> None:
-        """Close a setting's Optuna trial with what it measured."""
-        import optuna
-
-        optuna_trial = self._running.pop(trial.value)
+        """Close a point's Optuna trial with what it measured."""
+        optuna_trial = self._running.pop(point_key(trial.params))
         if not self._running and self._round_started is not None:
             # A round lasts until its last trial is told: a search resumed after others ran
             # (depth pruning's bisection) is not charged for their time.
             self._round_seconds = max(self._round_seconds,
                                       time.monotonic() - self._round_started)
         optuna_trial.set_user_attr("trial", trial.model_dump_json())
+        self._tell(optuna_trial, trial)
+
+    def _tell(self, optuna_trial: Any, trial: Trial) -> None:
+        import optuna
+
         if trial.status == "pruned":
             self.study.tell(optuna_trial, state=optuna.trial.TrialState.PRUNED)
         elif trial.status == "failed" or trial.p50_ms is None:
@@ -170,6 +227,121 @@ class Search:
         return choose(self.trials(), self.knob)
 
 
+class JointSearch(Search):
+    """A study of knobs that compose: Optuna's sampler chooses each point, its front the choice.
+
+    A two-objective study (the validation accuracy of a trial's file as the champion is
+    judged, to maximize; its time relative to `baseline-tflite-int8`'s, timed side by side, to
+    minimize) with Optuna's TPE sampler, seeded by the run's seed. Its first point is
+    `Joint.first`; then the sampler draws from the grid of the knobs' candidates, a point
+    tried already told again with its figures and another asked, up to `Joint.trials` trials.
+    Optuna cannot prune a multi-objective study's trials: the trial's fine-tuning stops itself
+    once hopeless (the study's ``hopeless_below`` and ``warmup_epochs`` user attributes, read
+    by `tfopt.models.training.ReportToTrial`). The chosen point is the fastest of the study's
+    Pareto front (`study.best_trials`) within the accuracy budget.
+    """
+
+    @property
+    def sampler(self) -> str:
+        """How the points are chosen, as the summary says it."""
+        return "tpe (optuna, two objectives)"
+
+    @property
+    def _joint(self) -> Joint:
+        assert isinstance(self.knob, Joint)
+        return self.knob
+
+    def _create_study(self, seed: int) -> Any:
+        import warnings
+
+        import optuna
+
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        study = optuna.create_study(
+            study_name=self.key, storage=self.storage, load_if_exists=True,
+            directions=["maximize", "minimize"],
+            sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True,
+                                               n_startup_trials=SAMPLER_STARTUP_TRIALS))
+        study.set_user_attr("hopeless_below", self.hopeless_below)
+        study.set_user_attr("warmup_epochs", WARMUP_EPOCHS)
+        return study
+
+    def is_open(self) -> bool:
+        """Whether trials are left: fewer than `Joint.trials`, and untried points."""
+        grid = 1
+        for knob in self._joint.knobs:
+            grid *= len(knob.values)
+        made = len(self.trials())
+        return made < min(self._joint.trials, grid) and not self._exhausted
+
+    def _open_trials(self, at_once: int, deadline: float | None) -> list[tuple[Point, Any]]:
+        """Up to `at_once` new points the sampler proposes (the first: `Joint.first`)."""
+        if not self.study.trials:
+            self.study.enqueue_trial(self._joint.first)
+        left = min(self._joint.trials, at_once + len(self.trials())) - len(self.trials())
+        opened: list[tuple[Point, Any]] = []
+        asks = 0
+        while len(opened) < left and asks < DUPLICATE_ASKS:
+            asks += 1
+            optuna_trial = self.study.ask()
+            point = {knob.field: float(optuna_trial.suggest_categorical(
+                knob.field, list(knob.values))) for knob in self._joint.knobs}
+            if self._told_again(optuna_trial, point, opened):
+                continue
+            opened.append((point, optuna_trial))
+        self._exhausted = not opened
+        return opened
+
+    def _told_again(self, optuna_trial: Any, point: Point,
+                    opened: list[tuple[Point, Any]]) -> bool:
+        """Whether `point` was tried or is being tried: its trial is then told and closed.
+
+        A point tried before is told its figures again (the sampler learns nothing new, and
+        asks elsewhere); one being tried in this round fails the duplicate ask.
+        """
+        import optuna
+
+        key = point_key(point)
+        earlier = next((t for t in self.study.trials if t.state.is_finished()
+                        and "trial" in t.user_attrs and point_key(t.params) == key), None)
+        if earlier is not None and earlier.values is not None:
+            self.study.tell(optuna_trial, earlier.values)
+            return True
+        if earlier is not None or key in self._running or any(
+                point_key(other) == key for other, _ in opened):
+            self.study.tell(optuna_trial, state=optuna.trial.TrialState.FAIL)
+            return True
+        return False
+
+    def _tell(self, optuna_trial: Any, trial: Trial) -> None:
+        import optuna
+
+        if trial.status == "pruned":
+            self.study.tell(optuna_trial, state=optuna.trial.TrialState.PRUNED)
+        elif trial.status == "failed" or trial.speedup is None:
+            self.study.tell(optuna_trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            accuracy = (trial.file_val_accuracy if trial.file_val_accuracy is not None
+                        else trial.val_accuracy)
+            self.study.tell(optuna_trial, [accuracy or 0.0, 1.0 / trial.speedup])
+
+    def front(self) -> list[Trial]:
+        """The trials on the study's Pareto front (`study.best_trials`), over the budget too."""
+        return [Trial.model_validate_json(t.user_attrs["trial"]) for t in self.study.best_trials
+                if "trial" in t.user_attrs]
+
+    def chosen(self) -> Trial | None:
+        """The fastest trial of the front within the budget; within `TIE_SHARE`, the stronger."""
+        return choose(self.front(), self.knob)
+
+
+def open_study(knob: Space, folder: Path, key: str, target: float | None,
+               file_target: float | None = None, seed: int = 0) -> Search:
+    """The study of `knob`: a bisection for one knob, a sampled two-objective study for more."""
+    kind = JointSearch if isinstance(knob, Joint) else Search
+    return kind(knob, folder, key, target, file_target, seed)
+
+
 def _spread(open_: list[int], count: int, first: int | None = None) -> list[int]:
     """`count` of the open candidates' indices, evenly apart (`first` among them, if given)."""
     if first is not None and first in open_:
@@ -178,7 +350,7 @@ def _spread(open_: list[int], count: int, first: int | None = None) -> list[int]
     return sorted({open_[(k + 1) * (len(open_) + 1) // (count + 1) - 1] for k in range(count)})
 
 
-def choose(trials: Sequence[Trial], knob: Knob) -> Trial | None:
+def choose(trials: Sequence[Trial], knob: Space) -> Trial | None:
     """The fastest trial within the budget; within `TIE_SHARE` of it, the strongest one.
 
     Fastest by the speed-up over the baseline's int8 file timed side by side when every trial
@@ -187,21 +359,20 @@ def choose(trials: Sequence[Trial], knob: Knob) -> Trial | None:
     kept = [t for t in trials if t.status == "ok" and t.p50_ms is not None]
     if not kept:
         return None
-    if all(t.speedup for t in kept):
-        times = {t.value: 1.0 / t.speedup for t in kept}
-    else:
-        times = {t.value: t.p50_ms for t in kept}
-    fastest = min(times.values())
-    tied = [t for t in kept if times[t.value] <= fastest * (1.0 + TIE_SHARE)]
-    return max(tied, key=lambda t: knob.values.index(t.value))
+    by_speedup = all(t.speedup for t in kept)
+    times = [1.0 / t.speedup if by_speedup and t.speedup else t.p50_ms or 0.0 for t in kept]
+    fastest = min(times)
+    tied = [t for t, seconds in zip(kept, times, strict=True)
+            if seconds <= fastest * (1.0 + TIE_SHARE)]
+    return max(tied, key=lambda t: knob.strength(t.params))
 
 
-def trial_of(state: Any, search: Search, value: float) -> Trial:
+def trial_of(state: Any, search: Search, point: Point) -> Trial:
     """A trial task's outcome: its trial, or a failed one with the task's error."""
     if state.is_completed():
         return state.result()
     error = state.result(raise_on_failure=False)
-    return Trial(field=search.knob.field, value=value, status="failed",
+    return Trial(params=point, status="failed",
                  error=f"{type(error).__name__}: {error}"[:500] if isinstance(
                      error, BaseException) else str(error)[:500])
 
@@ -210,7 +381,7 @@ def search_line(search: Search) -> str:
     """The trials in one line, strongest last, and the choice."""
     knob = search.knob
     parts = []
-    for trial in sorted(search.trials(), key=lambda t: knob.values.index(t.value)):
+    for trial in sorted(search.trials(), key=lambda t: knob.strength(t.params)):
         accuracy = f" val {trial.val_accuracy:.4f}" if trial.val_accuracy is not None else ""
         if trial.file_val_accuracy is not None:
             accuracy += f" file {trial.file_val_accuracy:.4f}"
@@ -219,19 +390,28 @@ def search_line(search: Search) -> str:
             timing += f" ({trial.speedup:.2f}x side by side)"
         if trial.file is not None and trial.p50_ms is not None:
             timing += f" {trial.file.rsplit('-', 1)[-1]}"
-        parts.append(f"{knob.label(trial.value)} {trial.status}{accuracy}{timing}")
+        parts.append(f"{knob.point_label(trial.params)} {trial.status}{accuracy}{timing}")
     chosen = search.chosen()
     return (f"{knob.field}: " + ", ".join(parts or ["no trial"])
-            + f" -> {knob.label(chosen.value) if chosen else 'none within the budget'}")
+            + f" -> {knob.point_label(chosen.params) if chosen else 'none within the budget'}")
 
 
 def search_summary(search: Search) -> dict[str, Any]:
-    """A search as the summary holds it (``search.<technique>``): trials and the choice."""
+    """A search as the summary holds it (``search.<technique>``): trials and the choice.
+
+    ``chosen`` is the chosen value of a knob searched alone, the chosen point (each field's
+    value) of a joint search; ``front`` a joint study's Pareto front (its points).
+    """
     chosen = search.chosen()
+    point = None if chosen is None else chosen.params
     return {"knob": search.knob.field,
+            "sampler": search.sampler,
             "target_val_accuracy": search.target,
             "target_file_val_accuracy": search.file_target,
             "target_test_accuracy": None,  # a contract key kept: nothing is chosen on test
             "cut": search.cut,
             "trials": [trial.summary() for trial in search.trials()],
-            "chosen": None if chosen is None else chosen.value}
+            "front": ([dict(t.params) for t in search.front()]
+                      if isinstance(search, JointSearch) else None),
+            "chosen": (point if isinstance(search.knob, Joint) or point is None
+                       else point[search.knob.field])}

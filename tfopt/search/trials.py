@@ -42,8 +42,8 @@ class Trial(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    field: str
-    value: float
+    params: dict[str, float]
+    """The setting tried: each searched field's value (`tfopt.search.knob.Point`)."""
     status: TrialStatus
     val_accuracy: float | None = None
     p50_ms: float | None = None
@@ -53,7 +53,7 @@ class Trial(BaseModel):
     """Its file's accuracy on the test split, measured when timed (reported only)."""
     speedup: float | None = None
     """The baseline's int8 p50 over its file's, the two timed side by side in one process
-    (None: no reference, or not within the budget)."""
+    (None: no reference, or its files could not be timed beside it)."""
     file: str | None = None
     """The file these figures are of (``channels-62-tflite-fp32``)."""
     epochs_run: int = 0
@@ -66,7 +66,7 @@ class Trial(BaseModel):
 
     def summary(self) -> dict[str, Any]:
         """The trial as the summary lists it (``search.<technique>.trials``)."""
-        return {"params": {self.field: self.value}, "val_accuracy": self.val_accuracy,
+        return {"params": dict(self.params), "val_accuracy": self.val_accuracy,
                 "file_val_accuracy": self.file_val_accuracy,
                 "test_accuracy": self.test_accuracy, "p50_ms": self.p50_ms,
                 "speedup": self.speedup, "file": self.file, "status": self.status,
@@ -103,10 +103,11 @@ def time_files(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProto
     A file that cannot be timed is left out with the reason (none left: the trial failed). A
     file is within the budget when its accuracy on the validation split keeps `file_target`,
     however its model's read; given the baseline's int8 file (`reference`), the trial's files
-    within the budget are then timed side by side with it in one process
-    (`tfopt.measurement.runoff`) for their speed-ups: a measuring process now and then runs
-    slow its whole life, which would make a stronger setting look slower than a weaker one. The
-    trial's figures are then its fastest file's (`with_timed_files`).
+    are then timed side by side with it in one process (`tfopt.measurement.runoff`) for their
+    speed-ups, those over the budget too (the searches' front and a joint study's sampler
+    compare every trial on one scale): a measuring process now and then runs slow its whole
+    life, which would make a stronger setting look slower than a weaker one. The trial's
+    figures are then its fastest file's within the budget (`with_timed_files`).
     """
     from tfopt.logs import step_logger
 
@@ -118,7 +119,7 @@ def time_files(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProto
     if built:
         try:
             timed, untimed = _timed_in_slot(trial, built, inputs, trial_protocol(protocol),
-                                            file_target, reference)
+                                            reference)
             errors += untimed
         except (RuntimeError, OSError, ValueError) as error:
             errors.append(f"{type(error).__name__}: {error}")
@@ -126,16 +127,16 @@ def time_files(trial: Trial, inputs: BenchmarkInputs, protocol: MeasurementProto
         return trial.model_copy(update={"status": "failed", "error": "; ".join(errors)[:500]})
     result = with_timed_files(trial, timed, file_target)
     if errors:
-        step_logger().warning("%s=%g: not timed: %s", trial.field, trial.value, "; ".join(errors))
+        step_logger().warning("%s: not timed: %s", trial.params, "; ".join(errors))
         result = result.model_copy(update={"error": "; ".join(
             [*filter(None, [result.error]), *(f"not timed: {e}" for e in errors)])[:500]})
     return result
 
 
 def _timed_in_slot(trial: Trial, built: list[VariantSpec], inputs: BenchmarkInputs,
-                   protocol: MeasurementProtocol, file_target: float | None,
+                   protocol: MeasurementProtocol,
                    reference: VariantSpec | None) -> tuple[list[TimedFile], list[str]]:
-    """`built` timed holding the benchmark slot, those within the budget beside `reference`.
+    """`built` timed holding the benchmark slot, then side by side with `reference`.
 
     Returns:
         The files timed, and why the others could not be.
@@ -143,7 +144,7 @@ def _timed_in_slot(trial: Trial, built: list[VariantSpec], inputs: BenchmarkInpu
     from tfopt.orchestration import benchmark_slot
 
     timed: list[TimedFile] = []
-    kept: list[VariantSpec] = []
+    timed_specs: list[VariantSpec] = []
     errors: list[str] = []
     with benchmark_slot(built[0].name):
         for spec in built:
@@ -152,10 +153,9 @@ def _timed_in_slot(trial: Trial, built: list[VariantSpec], inputs: BenchmarkInpu
                 errors.append(figures)
                 continue
             timed.append(figures)
-            if keeps(figures, file_target):
-                kept.append(spec)
-        if trial.status == "ok" and kept and reference is not None:
-            timed = with_speedups(timed, kept, reference, inputs, protocol)
+            timed_specs.append(spec)
+        if trial.status in ("ok", "over_budget") and timed_specs and reference is not None:
+            timed = with_speedups(timed, timed_specs, reference, inputs, protocol)
     return timed, errors
 
 

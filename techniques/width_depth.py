@@ -1,0 +1,163 @@
+"""Width and depth together: residual blocks removed and filters thinned on one model.
+
+Channel pruning's share of filters and depth pruning's share of residual blocks compose on one
+network, and each changes what the other costs: searched one after the other (depth pruning's
+``after_channel_prune``), the width is fixed before the depth is known. Here one trial makes
+both cuts at once (the blocks first, ranked on the trained network as `techniques.depth_prune`
+ranks them, then the filters of what is left, as `techniques.channel_prune` thins them) and
+fine-tunes the result once; with both strengths ``auto`` an Optuna sampler chooses the points
+of a two-objective study (`tfopt.search.JointSearch`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import tf_keras as keras
+from prefect import task
+from pydantic import Field, model_validator
+
+from techniques.base import (
+    KERAS_ONLY,
+    NotApplicable,
+    Technique,
+    TechniqueSection,
+    cool_down_field,
+    derived_model,
+    fine_tune_rebuilt,
+    resolved,
+    teacher_alpha_field,
+    tfmot_model,
+)
+from techniques.channel_prune import KNOB as WIDTH
+from techniques.depth_prune import INFLUENCE_IMAGES
+from techniques.depth_prune import KNOB as DEPTH
+from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.logs import step_logger
+from tfopt.models.channel_pruning import ChannelPruningError, thin_model
+from tfopt.models.depth_pruning import DepthPruningError, shallower_model
+from tfopt.models.flops import keras_flops
+from tfopt.models.keras_io import keras_model_path, save_keras_model
+from tfopt.models.training import evaluate_test_accuracy
+from tfopt.search import Joint
+
+
+class WidthDepthConfig(TechniqueSection):
+    """Width and depth: residual blocks removed and filters thinned together, fine-tuned once."""
+
+    enabled: bool = Field(
+        False,
+        description="Remove residual blocks and thin the remaining layers' filters in one "
+                    "model, fine-tuned once.")
+    fraction: Annotated[float, Field(ge=0.05, le=0.9)] | Literal["auto"] = Field(
+        "auto",
+        description="Share of each channel group's filters to remove (as "
+                    "compress.channel_prune.fraction); auto with share auto: both searched "
+                    "together by an Optuna sampler (tfopt.search.JointSearch).")
+    share: Annotated[float, Field(gt=0.0, le=1.0)] | Literal["auto"] = Field(
+        "auto",
+        description="Share of the removable residual blocks to remove, the least influential "
+                    "first (as compress.depth_prune.share); auto with fraction auto: searched "
+                    "together.")
+    min_channels: int = Field(8, ge=1, le=4096, description="The fewest channels a group keeps.")
+    epochs: int = Field(
+        12, ge=1, le=1000,
+        description="Most fine-tuning epochs: it stops sooner once back within the accuracy "
+                    "budget and no longer improving (best epoch kept).")
+    learning_rate: float = Field(
+        1e-3, gt=0.0, le=1.0, description="Adam learning rate of the fine-tuning (its start).")
+    learning_rate_schedule: Literal["cosine", "constant"] = Field(
+        "cosine", description="The fine-tuning's learning rate over its epochs: cosine (decays "
+                              "to zero) or constant.")
+    teacher_alpha: float = teacher_alpha_field()
+    cool_down_epochs: int = cool_down_field()
+
+    @model_validator(mode="after")
+    def _searched_together(self) -> WidthDepthConfig:
+        if (self.fraction == "auto") != (self.share == "auto"):
+            raise ValueError("fraction and share are searched together: set both to auto, or "
+                             "both to a value")
+        return self
+
+
+KNOB = Joint((WIDTH, DEPTH))
+"""What ``fraction: auto`` with ``share: auto`` searches: channel pruning's candidates by depth
+pruning's, sampled as one two-objective study."""
+
+
+def width_depth_name(cfg: WidthDepthConfig) -> str:
+    """``width-<percent of filters removed>-depth-<percent of blocks removed>``."""
+    if cfg.fraction == "auto" or cfg.share == "auto":
+        return "width-depth-auto"
+    return f"width-{round(cfg.fraction * 100)}-depth-{round(cfg.share * 100)}"
+
+
+@task(name="width_depth_model", tags=["compression"])
+def width_depth_model(
+    model: ModelArtifact, cfg: WidthDepthConfig, data: TrainingData, out_dir: Path
+) -> ModelArtifact:
+    """Remove `cfg.share` of the residual blocks, thin `cfg.fraction` of the filters, fine-tune.
+
+    Args:
+        model: The trained Keras model (left unchanged).
+        cfg: Both strengths, the fewest channels kept, fine-tuning epochs and rate.
+        data: The run's training data; its training split ranks the blocks, its test split
+            measures accuracy.
+        out_dir: Folder for ``width-<percent>-depth-<percent>.keras``.
+
+    Returns:
+        The smaller model, with the blocks removed, FLOPs and parameters before and after,
+        and its test accuracy before and after fine-tuning.
+
+    Raises:
+        NotApplicable: Not a functional model, a shared layer, no removable residual block or
+            no channel that can be removed.
+    """
+    from tfopt.data.pipeline import load_split
+
+    resolved(cfg, KNOB)
+    keras.utils.set_random_seed(data.seed)
+    base, translation = tfmot_model(model, data)
+    images, _ = load_split(data.dataset, "train", INFLUENCE_IMAGES, scale=data.input_scale)
+    try:
+        shallower = shallower_model(base, cfg.share, images)
+        thinned = thin_model(shallower.model, cfg.fraction, cfg.min_channels)
+    except (DepthPruningError, ChannelPruningError) as error:
+        raise NotApplicable(str(error)) from error
+    before, after = keras_flops(base), keras_flops(thinned.model)
+    name = width_depth_name(cfg)
+    step_logger().info(
+        "%s: %d of %d residual blocks removed (%s), %d convolution/dense layers thinned; "
+        "FLOPs %.3g -> %.3g", name, len(shallower.removed), shallower.blocks,
+        ", ".join(shallower.removed), len(thinned.kept), before, after)
+    accuracy_before_tuning = evaluate_test_accuracy(thinned.model, data)
+    fitted = fine_tune_rebuilt(thinned.model, cfg, data, teacher=base)
+    path = keras_model_path(out_dir, name)
+    save_keras_model(thinned.model, path)
+    return derived_model(
+        model, name, path, fitted,
+        params={"technique": "width and depth pruning", "fraction": cfg.fraction,
+                "share": cfg.share, "min_channels": cfg.min_channels, "epochs": cfg.epochs,
+                "learning_rate": cfg.learning_rate,
+                "learning_rate_schedule": cfg.learning_rate_schedule,
+                "teacher_alpha": cfg.teacher_alpha, "cool_down_epochs": cfg.cool_down_epochs,
+                "removed_blocks": ",".join(shallower.removed)[:5000]},
+        translation=translation,
+        metrics={
+            "blocks_removed": float(len(shallower.removed)),
+            "blocks_removable": float(shallower.blocks),
+            "flops_before": before, "flops_after": after,
+            "flops_ratio": after / before if before else 1.0,
+            "params_before": float(base.count_params()),
+            "params_after": float(thinned.model.count_params()),
+            "test_accuracy_before_fine_tuning": accuracy_before_tuning,
+            "test_accuracy": evaluate_test_accuracy(thinned.model, data),
+        },
+    )
+
+
+TECHNIQUE = Technique(
+    name="width_depth", section=WidthDepthConfig, accepts=KERAS_ONLY,
+    source_name=width_depth_name, apply=width_depth_model, knob=KNOB,
+)
