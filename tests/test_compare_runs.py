@@ -149,7 +149,8 @@ def test_checks_the_time_budget_leaves_no_room_for_are_not_started_and_said_as_c
                          tmp_path, deadline=time.time() + 5.0, first_s=60.0)
     assert {name: check["verdict"] for name, check in checks.items()} == {
         "a": "within_stricter_rule", "b": "stricter_rule"}
-    assert all(check["reason"].startswith(CUT_BY_BUDGET) for check in checks.values())
+    assert all(check["reason"].startswith(CUT_BY_BUDGET) and check["cut"]
+               for check in checks.values())
     since = settle({"moves": moves, "status_changes": []}, checks)
     assert [r["variant"] for r in since["regressions"]] == ["b"]
     assert "not timed side by side (cut by the time budget" in "\n".join(regression_lines(since))

@@ -378,7 +378,7 @@ def _clock(seconds: float) -> str:
 def confirmation_cuts(since: dict[str, Any] | None) -> list[str]:
     """The slowdowns since the last run the budget left no time to time side by side."""
     cut = [move["variant"] for move in (since or {}).get("moves", [])
-           if str((move.get("side_by_side") or {}).get("reason", "")).startswith(CUT_BY_BUDGET)]
+           if (move.get("side_by_side") or {}).get("cut")]
     if not cut:
         return []
     return [f"{len(cut)} slowdowns since the last run not timed side by side (the stricter "

@@ -572,3 +572,31 @@ def test_a_model_the_budget_stopped_far_from_back_is_not_worth_building(tiny_bas
                      0.01) is None, "its own recipe stopped it: judged like any other"
     assert cut_short(fine_tuned(budget_stop, [0.73]), tiny_data, 0.01) is None, "no target"
 
+
+
+def test_a_fine_tuning_that_collapses_is_tried_again_gentler_then_fails_with_both_reasons(
+        tiny_baseline, tmp_path):
+    from tasks.write_tfrecords import write_tfrecords
+    from techniques import CollapsedError, apply_here
+    from techniques.qat import QatConfig
+    from tests.steps import training_data
+    from tfopt.config import DataConfig
+    from tfopt.demo_data import digit_to_jpeg
+
+    # Every image the same gray square: any model answers one class for all of them, so its
+    # validation accuracy is that class's share (about chance) whatever its rate, on any CPU.
+    blank = digit_to_jpeg(np.full((8, 8), 8.0), 16)
+    for label in range(3):
+        (tmp_path / "blank" / str(label)).mkdir(parents=True)
+        for index in range(40):
+            (tmp_path / "blank" / str(label) / f"{index:03d}.jpg").write_bytes(blank)
+    dataset = write_tfrecords.fn(DataConfig(source_dir=tmp_path / "blank", image_size=16,
+                                            val_fraction=0.3, test_fraction=0.2,
+                                            shard_size_mb=0.004), tmp_path / "work")
+    to_keep = training_data(dataset).model_copy(update={"recover_to": 0.95})
+    with pytest.raises(CollapsedError) as failure:
+        apply_here("qat", tiny_baseline, QatConfig(enabled=True, epochs=1,
+                                                   learning_rate=1e-3), to_keep, tmp_path)
+    message = str(failure.value)
+    assert "at learning rate 0.001" in message and "at 0.0001" in message, "tried twice"
+    assert message.count("chance is 0.3333") == 2

@@ -31,7 +31,8 @@ from tfopt.report.compare import STRICTER
 
 def confirm_slowdown(move: dict[str, Any], current: VariantResult, previous_file: Path | None,
                      inputs: BenchmarkInputs, protocol: MeasurementProtocol,
-                     why_gone: str = "", cleared_ratio: float | None = None) -> dict[str, Any]:
+                     why_gone: str = "", cleared_ratio: float | None = None,
+                     cut: bool = False) -> dict[str, Any]:
     """The side-by-side check of one slowdown (`tfopt.report.compare.settle` reads it).
 
     Args:
@@ -43,6 +44,8 @@ def confirm_slowdown(move: dict[str, Any], current: VariantResult, previous_file
         why_gone: Why the previous file could not be had.
         cleared_ratio: The largest move since the last run that this run's side-by-side checks
             found not slower: without a file, only a larger one counts.
+        cut: The time budget left no room to time it (``cut`` in the check, typed: read by
+            `tfopt.budget.confirmation_cuts`, never parsed from the reason).
     """
     threshold = move["minimum_change"]
     if previous_file is None or current.path is None:
@@ -50,7 +53,7 @@ def confirm_slowdown(move: dict[str, Any], current: VariantResult, previous_file
         counted = (move["ratio"] is not None and move["ratio"] >= required
                    and (cleared_ratio is None or move["ratio"] > cleared_ratio))
         check = {"verdict": "stricter_rule" if counted else "within_stricter_rule",
-                 "required_ratio": required, "reason": why_gone or "no file"}
+                 "required_ratio": required, "reason": why_gone or "no file", "cut": cut}
         return check if cleared_ratio is None else {**check, "cleared_ratio": cleared_ratio}
     specs = [_spec(current, previous_file, f"{current.name}@previous"),
              _spec(current, Path(current.path), current.name)]
@@ -115,7 +118,7 @@ def confirm_all(moves: list[dict[str, Any]], previous_run_id: str, tracking_uri:
             checks[move["variant"]] = confirm_slowdown(
                 move, current, None, inputs, protocol,
                 f"{CUT_BY_BUDGET}: no time left to time it beside the previous run's file",
-                cleared)
+                cleared, cut=True)
             continue
         previous = previous_variant_file(tracking_uri, previous_run_id, move["variant"], scratch)
         why = "" if previous is not None else "not in the previous run's MLflow artifacts"
