@@ -46,7 +46,8 @@ AUTOMATIC_PLAN: dict[str, Any] = {
         "channel_prune": {"enabled": True, "fraction": "auto"},
         "depth_prune": {"enabled": True, "share": "auto"},
         "width_depth": {"enabled": True, "fraction": "auto", "share": "auto"},
-        "distill": {"enabled": True, "student": "thinner", "require_gain": True},
+        "distill": {"enabled": True, "student": "thinner", "require_gain": True,
+                    "epochs": 30},
         "qat": {"enabled": True},
         "prune": {"enabled": False}, "cluster": {"enabled": False},
         "pqat": {"enabled": False}, "cqat": {"enabled": False},
@@ -56,9 +57,10 @@ AUTOMATIC_PLAN: dict[str, Any] = {
     "runtimes": {"openvino": {"compressed": ["int8"]}},
 }
 """What a config without a ``compress`` section gets: the techniques that buy time, the
-strength of channel and depth pruning searched, distillation kept only where it pays, int8 of
-every compressed model on every runtime (each key of ``convert`` and ``runtimes`` only where the
-config does not set it). Width and depth are also searched together (`techniques.width_depth`:
+strength of channel and depth pruning searched, distillation kept only where it pays (its cap
+30 epochs: the budget's share ends it sooner; at 10 a residual network's student was still
+improving, docs/measurements.md), int8 of every compressed model on every runtime (each key of
+``convert`` and ``runtimes`` only where the config does not set it). Width and depth are also searched together (`techniques.width_depth`:
 an Optuna sampler's points), after each has had its own first trial. Depth pruning's search
 tries removing every residual block first, then bisects below only after the other searches
 (`techniques.planner`): run after channel pruning's search, or bisecting from the middle, it

@@ -4,7 +4,8 @@ Coverage first: each search's first round (one trial, at its knob's `Knob.first`
 the searches from the baseline first, `searches_first`), then every other technique's
 fine-tuning, submitted in run order and waited for, each ending by its epochs' share of the
 time left when it starts (`TrainingData.epochs_queued`); only then do the searches deepen, in
-the time left. A technique is cut only when even its shortest run (`shortest_run_s`) does not
+the time left, the one that paid most per second so far first (`Search.paid_per_second`). A
+technique is cut only when even its shortest run (`shortest_run_s`) does not
 fit, and `Planner.plan_line` says before any starts which fit. A search that ran first no
 longer takes the time of the techniques after it: on the demo channel pruning's bisection once
 cut distillation, pruning, QAT and clustering.
@@ -143,7 +144,7 @@ class Planner:
         for outcome in list(self._outcomes.values()):
             if not isinstance(outcome, State):
                 outcome.wait()
-        for name in self._deepen:
+        for name in sorted(self._deepen, key=lambda n: -self.searches[n].paid_per_second()):
             self.finished(name)
         return self._outcomes
 

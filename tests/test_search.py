@@ -57,6 +57,7 @@ def test_the_search_bisects_to_the_strongest_setting_within_the_budget(tmp_path)
     search = Search(KNOB, tmp_path / "study", "one", target=0.9)
     assert _run(search, verdict) == [[0.5], [0.75], [0.625]], "three trials, not six"
     assert search.chosen().params == {"fraction": 0.625}
+    assert search.paid_per_second() == 0.0, "no trial timed side by side: no speed-up bought"
     parallel = Search(KNOB, tmp_path / "study2", "two", target=0.9)
     rounds = _run(parallel, verdict, at_once=2)
     assert rounds[0] == [0.375, 0.625] and parallel.chosen().params["fraction"] == 0.625
@@ -319,6 +320,8 @@ def test_a_joint_study_samples_distinct_points_and_chooses_the_fastest_of_its_fr
     assert summary["knob"] == "fraction+share" and summary["chosen"] == fastest.params
     assert summary["sampler"].startswith("tpe") and fastest.params in summary["front"]
     assert "fraction 50% share 50%" in search_line(search)
+    assert search.paid_per_second() == pytest.approx(
+        (fastest.speedup - 1.0) / max(sum(t.seconds for t in search.trials()), 1.0))
     again = open_study(JOINT, tmp_path / "joint", "joint", target=0.95, seed=3)
     assert len(again.trials()) == 6 and not again.is_open(), "resumed from the work folder"
 

@@ -195,6 +195,15 @@ class Search:
         high = min(bad, default=len(values))
         return [i for i in range(low + 1, high) if values[i] not in tried]
 
+    def paid_per_second(self) -> float:
+        """The speed-up its best trial within the budget bought over 1x, per second of trials.
+
+        Zero while no trial kept the budget; the searches deepen in this order.
+        """
+        trials = self.trials()
+        best = max((t.speedup or 1.0 for t in trials if t.status == "ok"), default=1.0)
+        return (best - 1.0) / max(sum(t.seconds for t in trials), 1.0)
+
     def trial_folder(self, point: Point) -> Path:
         """Where the trial of one point keeps its model and files."""
         return self.folder / ("trial-" + "-".join(f"{point[field]:g}"
