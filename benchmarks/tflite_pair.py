@@ -5,8 +5,9 @@ Usage: .venv/bin/python benchmarks/tflite_pair.py FAST.tflite REFERENCE.tflite I
 
 Each round times `--calls` single-image calls of each file (LiteRT's Interpreter: `set_tensor`
 then `invoke`, nothing else), one file after the other, on the run's test images (a run's
-``benchmark-inputs/test-images.npy``), the process pinned to the last CPU. It prints each
-round's medians and the reference's median over the fast file's: the figure a run's
+``benchmark-inputs/test-images.npy``), the process pinned to the last `--threads` CPUs
+(pinned to one, a second thread shares its core and a two-thread figure is a one-thread one).
+It prints each round's medians and the reference's median over the fast file's: the figure a run's
 side-by-side speed-up should agree with.
 """
 
@@ -55,7 +56,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[-args.threads:]))
     images = np.load(args.images)[:200]
     files = {path.name: _prepared(path, images, args.threads)
              for path in (args.fast, args.reference)}

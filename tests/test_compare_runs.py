@@ -96,7 +96,7 @@ def test_a_previous_file_that_is_gone_leaves_the_stricter_rule():
     move = {"variant": "x", "ratio": 1.08, "minimum_change": 0.05}
     check = confirm_slowdown(move, None, None, None, None, "deleted")  # type: ignore[arg-type]
     assert check == {"verdict": "within_stricter_rule", "required_ratio": 1.1,
-                     "reason": "deleted"}
+                     "reason": "deleted", "cut": False}
     assert confirm_slowdown({**move, "ratio": 1.3}, None, None, None, None)["verdict"] == \
         "stricter_rule"
 
@@ -113,7 +113,7 @@ def test_without_a_file_a_move_no_larger_than_one_this_run_cleared_is_not_counte
     assert _largest_cleared(moves, {"fp32": {"verdict": "confirmed"}}) is None
     cut = confirm_slowdown(moves[2], None, None, None, None, "cut", 2.08)  # type: ignore[arg-type]
     assert cut == {"verdict": "within_stricter_rule", "required_ratio": 1.1, "reason": "cut",
-                   "cleared_ratio": 2.08}
+                   "cut": False, "cleared_ratio": 2.08}
     assert confirm_slowdown({**moves[2], "ratio": 2.09}, None, None, None, None, "cut",  # type: ignore[arg-type]
                             2.08)["verdict"] == "stricter_rule", "larger than any cleared"
     alone = confirm_slowdown(moves[2], None, None, None, None, "cut")  # type: ignore[arg-type]
