@@ -405,15 +405,27 @@ def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> Training
 
 
 def epochs_of(cfg: TechniqueSection) -> int:
-    """A technique's epoch cap (1 for one without epochs)."""
+    """A technique's epochs at its cap, over every model it trains (1 for one without epochs).
+
+    Distillation trains its controls as long as its student (`trainings`): its share of the
+    time is that of all three, or its student gets a third of what its epochs' share says.
+    """
+    return _cap(cfg) * _trainings(cfg)
+
+
+def _cap(cfg: TechniqueSection) -> int:
     return max(1, int(getattr(cfg, "epochs", 1) or 1))
+
+
+def _trainings(cfg: TechniqueSection) -> int:
+    return max(1, int(getattr(cfg, "trainings", 1)))
 
 
 def shortest_run_s(cfg: TechniqueSection, data: TrainingData) -> float:
     """What a technique's shortest useful run takes at the baseline's pace (0: unknown)."""
     if data.epoch_s <= 0.0:
         return 0.0
-    epochs = min(SHORTEST_EPOCHS, epochs_of(cfg))
+    epochs = min(SHORTEST_EPOCHS, _cap(cfg)) * _trainings(cfg)
     return STARTUP_S + epochs * data.epoch_s * WRAPPED_EPOCH_SHARE
 
 

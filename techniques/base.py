@@ -142,6 +142,27 @@ def teacher_alpha_field() -> Any:
                     "compress.distill). 1: labels alone.")
 
 
+class RebuiltSection(TechniqueSection):
+    """The fine-tuning settings of the techniques that rebuild the model smaller.
+
+    Channel pruning, depth pruning and both together; their own fields follow these.
+    """
+
+    epochs: int = Field(
+        12, ge=1, le=1000,
+        description="Most fine-tuning epochs of the rebuilt model: it stops sooner once back "
+                    "within the accuracy budget and no longer improving (best epoch kept).")
+    learning_rate: float = Field(
+        1e-3, gt=0.0, le=1.0, description="Adam learning rate of the fine-tuning (its start).")
+    learning_rate_schedule: Literal["cosine", "constant"] = Field(
+        "cosine",
+        description="The fine-tuning's learning rate over its epochs: cosine (decays to zero, "
+                    "so the rebuilt model ends settled, not wherever its last epoch landed) or "
+                    "constant.")
+    teacher_alpha: float = teacher_alpha_field()
+    cool_down_epochs: int = cool_down_field()
+
+
 TRANSLATION_CHECK_EXAMPLES = 256
 """Test images a Keras 3 model's tf_keras translation is checked on."""
 

@@ -18,13 +18,11 @@ from pydantic import Field
 from techniques.base import (
     KERAS_ONLY,
     NotApplicable,
+    RebuiltSection,
     Technique,
-    TechniqueSection,
-    cool_down_field,
     derived_model,
     fine_tune_rebuilt,
     resolved,
-    teacher_alpha_field,
     tfmot_model,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
@@ -38,7 +36,7 @@ from tfopt.search import Knob
 CRITERION = "|batch-norm scale| x filter L1 norm (Network Slimming, Li et al.)"
 
 
-class ChannelPruneConfig(TechniqueSection):
+class ChannelPruneConfig(RebuiltSection):
     """Channel pruning: the least important filters of each channel group removed, fine-tuned."""
 
     enabled: bool = Field(
@@ -52,21 +50,6 @@ class ChannelPruneConfig(TechniqueSection):
                     "among 25% to 87.5% (tfopt.search).")
     min_channels: int = Field(
         8, ge=1, le=4096, description="The fewest channels a group keeps.")
-    epochs: int = Field(
-        12, ge=1, le=1000,
-        description="Most fine-tuning epochs of the thinner model: it stops sooner once back "
-                    "within the accuracy budget and no longer improving (best epoch kept).")
-    learning_rate: float = Field(
-        1e-3, gt=0.0, le=1.0, description="Adam learning rate of the fine-tuning (its start).")
-    learning_rate_schedule: Literal["cosine", "constant"] = Field(
-        "cosine",
-        description=(
-            "The fine-tuning's learning rate over its epochs: cosine (decays to zero, so the "
-            "thinner model ends settled, not wherever its last epoch landed) or constant."
-        ),
-    )
-    teacher_alpha: float = teacher_alpha_field()
-    cool_down_epochs: int = cool_down_field()
 
 
 KNOB = Knob("fraction", SEARCHED_SHARES, unit="%", first=0.75)

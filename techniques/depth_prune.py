@@ -18,13 +18,11 @@ from pydantic import Field
 from techniques.base import (
     KERAS_ONLY,
     NotApplicable,
+    RebuiltSection,
     Technique,
-    TechniqueSection,
-    cool_down_field,
     derived_model,
     fine_tune_rebuilt,
     resolved,
-    teacher_alpha_field,
     tfmot_model,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
@@ -40,7 +38,7 @@ INFLUENCE_IMAGES = 64
 """Training images each block's influence is measured on."""
 
 
-class DepthPruneConfig(TechniqueSection):
+class DepthPruneConfig(RebuiltSection):
     """Depth pruning: the least influential residual blocks removed, fine-tuned."""
 
     enabled: bool = Field(
@@ -56,17 +54,6 @@ class DepthPruneConfig(TechniqueSection):
         False,
         description="Start from channel pruning's model (compress.channel_prune enabled): "
                     "width, then depth. Else from the baseline.")
-    epochs: int = Field(
-        12, ge=1, le=1000,
-        description="Most fine-tuning epochs of the shallower model: it stops sooner once back "
-                    "within the accuracy budget and no longer improving (best epoch kept).")
-    learning_rate: float = Field(
-        1e-3, gt=0.0, le=1.0, description="Adam learning rate of the fine-tuning (its start).")
-    learning_rate_schedule: Literal["cosine", "constant"] = Field(
-        "cosine", description="The fine-tuning's learning rate over its epochs: cosine (decays "
-                              "to zero) or constant.")
-    teacher_alpha: float = teacher_alpha_field()
-    cool_down_epochs: int = cool_down_field()
 
 
 KNOB = Knob("share", DEPTH_SHARES, unit="%", first=DEPTH_SHARES[-1])

@@ -129,6 +129,14 @@ class DistillConfig(TechniqueSection):
         ),
     )
 
+    @property
+    def trainings(self) -> int:
+        """The models a run trains for `epochs`: the student and its controls.
+
+        The scratch student, and the thinner student's same start on labels alone.
+        """
+        return 3 if self.student == "thinner" and self.student_init == "teacher" else 2
+
     @model_validator(mode="after")
     def _auto_width_needs_the_thinner_student(self) -> DistillConfig:
         if self.thinner == "auto" and self.student != "thinner":

@@ -21,13 +21,11 @@ from pydantic import Field, model_validator
 from techniques.base import (
     KERAS_ONLY,
     NotApplicable,
+    RebuiltSection,
     Technique,
-    TechniqueSection,
-    cool_down_field,
     derived_model,
     fine_tune_rebuilt,
     resolved,
-    teacher_alpha_field,
     tfmot_model,
 )
 from techniques.channel_prune import KNOB as WIDTH
@@ -43,7 +41,7 @@ from tfopt.models.training import evaluate_test_accuracy
 from tfopt.search import Joint
 
 
-class WidthDepthConfig(TechniqueSection):
+class WidthDepthConfig(RebuiltSection):
     """Width and depth: residual blocks removed and filters thinned together, fine-tuned once."""
 
     enabled: bool = Field(
@@ -61,17 +59,6 @@ class WidthDepthConfig(TechniqueSection):
                     "first (as compress.depth_prune.share); auto with fraction auto: searched "
                     "together.")
     min_channels: int = Field(8, ge=1, le=4096, description="The fewest channels a group keeps.")
-    epochs: int = Field(
-        12, ge=1, le=1000,
-        description="Most fine-tuning epochs: it stops sooner once back within the accuracy "
-                    "budget and no longer improving (best epoch kept).")
-    learning_rate: float = Field(
-        1e-3, gt=0.0, le=1.0, description="Adam learning rate of the fine-tuning (its start).")
-    learning_rate_schedule: Literal["cosine", "constant"] = Field(
-        "cosine", description="The fine-tuning's learning rate over its epochs: cosine (decays "
-                              "to zero) or constant.")
-    teacher_alpha: float = teacher_alpha_field()
-    cool_down_epochs: int = cool_down_field()
 
     @model_validator(mode="after")
     def _searched_together(self) -> WidthDepthConfig:

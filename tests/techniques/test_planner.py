@@ -21,11 +21,12 @@ def test_the_plan_line_says_which_techniques_get_their_shortest_run_before_any_s
     config = _config()
     plans = plan(config, tiny_baseline)
     enabled = [p.technique.name for p in plans if p.refusal is None]
-    # Each shortest run is 5 s + 2 epochs x 1 s x 2 = 9 s: 20 s hold two of them.
-    data = tiny_data.model_copy(update={"epoch_s": 1.0, "deadline": time.time() + 20.0})
+    # Each shortest run is 5 s + 2 epochs x 1 s x 2 = 9 s, distillation's 13 s (its student
+    # and its control train 2 epochs each): 25 s hold the search's trial and distillation.
+    data = tiny_data.model_copy(update={"epoch_s": 1.0, "deadline": time.time() + 25.0})
     searching = Planner(config, tiny_baseline, data, tmp_path, tmp_path, "parent", run_trial)
     line = searching.plan_line(plans)
-    assert line.startswith("compression plan, 20 s: shortest runs first")
+    assert line.startswith("compression plan, 25 s: shortest runs first (40 s together)")
     assert "channel_prune (search), " in line.split(" for ")[1], "the search's trial first"
     fitting, cut = line.split("; cut unless those before end sooner: ")
     assert fitting.split(" for ")[1].startswith("channel_prune (search), distill, then")
