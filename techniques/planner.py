@@ -56,6 +56,21 @@ def searches_first(plans: list[Planned]) -> list[Planned]:
     return sorted(plans, key=order)
 
 
+def longest_last(plans: list[Planned]) -> list[Planned]:
+    """`plans` with those no other continues from moved last, the most epochs last of all.
+
+    Each fine-tuning's deadline is set when it starts, from the time left then: what those
+    before it did not use goes to those after. Short fine-tunings often end before their
+    shortest run's estimate, so the longest runs last and takes what they left; run first, it
+    ended on its share while the time the others left went unused (docs/measurements.md). A
+    technique another continues from keeps its place before it.
+    """
+    continued = {p.starts_from for p in plans if p.starts_from}
+    leaves = sorted((p for p in plans if p.technique.name not in continued),
+                    key=lambda p: epochs_of(p.cfg))
+    return [*(p for p in plans if p.technique.name in continued), *leaves]
+
+
 def searched_from_baseline(planned: Planned) -> bool:
     """Whether a technique's strength is searched, starting from the baseline."""
     return planned.starts_from is None and planned.technique.searched(planned.cfg)
@@ -160,7 +175,7 @@ class Planner:
         """The searches from the baseline (their first rounds first), then the others in order."""
         first = [p for p in searches_first(plans)
                  if p.refusal is None and searched_from_baseline(p) and self.searched(p)]
-        return first, [p for p in plans if p.refusal is None and p not in first]
+        return first, longest_last([p for p in plans if p.refusal is None and p not in first])
 
     def _run_order(self, plans: list[Planned]) -> list[Planned]:
         first, after = self._first_and_after(plans)

@@ -22,14 +22,16 @@ def test_the_plan_line_says_which_techniques_get_their_shortest_run_before_any_s
     plans = plan(config, tiny_baseline)
     enabled = [p.technique.name for p in plans if p.refusal is None]
     # Each shortest run is 5 s + 2 epochs x 1 s x 2 = 9 s, distillation's 13 s (its student
-    # and its control train 2 epochs each): 25 s hold the search's trial and distillation.
+    # and its control train 2 epochs each, and it runs last): 25 s hold the search's trial and
+    # the first fine-tuning.
     data = tiny_data.model_copy(update={"epoch_s": 1.0, "deadline": time.time() + 25.0})
     searching = Planner(config, tiny_baseline, data, tmp_path, tmp_path, "parent", run_trial)
     line = searching.plan_line(plans)
     assert line.startswith("compression plan, 25 s: shortest runs first (40 s together)")
     assert "channel_prune (search), " in line.split(" for ")[1], "the search's trial first"
     fitting, cut = line.split("; cut unless those before end sooner: ")
-    assert fitting.split(" for ")[1].startswith("channel_prune (search), distill, then")
+    assert fitting.split(" for ")[1].startswith("channel_prune (search), prune, then")
+    assert cut.endswith("distill"), "the most epochs last"
     assert len(cut.split(", ")) == len(enabled) - 2
     assert all(name.split(" ")[0] in enabled for name in cut.split(", "))
     roomy = Planner(config, tiny_baseline, data.model_copy(
@@ -38,3 +40,19 @@ def test_the_plan_line_says_which_techniques_get_their_shortest_run_before_any_s
     assert "(search)" not in roomy.plan_line(plans), "no inputs to time trials on: fine-tuned"
     unbounded = Planner(config, tiny_baseline, tiny_data, tmp_path, None, None, run_trial)
     assert unbounded.plan_line(plans).endswith("each to its epoch cap (no budget)")
+
+
+def test_the_longest_fine_tuning_runs_last_and_takes_what_those_before_left(tiny_baseline):
+    from techniques.planner import longest_last
+
+    config = PipelineConfig.model_validate({"name": "plan", "compress": {
+        "distill": {"enabled": True, "epochs": 30}, "qat": {"enabled": True, "epochs": 2},
+        "prune": {"enabled": True, "epochs": 10},
+        "cluster": {"enabled": True, "epochs": 6, "preserve_sparsity": True},
+        "pqat": {"enabled": True, "epochs": 2}, "cqat": {"enabled": True, "epochs": 2}}})
+    ordered = [p.technique.name for p in longest_last(plan(config, tiny_baseline))]
+    assert ordered[-1] == "distill", "the most epochs (its controls counted) last"
+    assert ordered.index("prune") < ordered.index("cluster") < ordered.index("cqat"), (
+        "a technique another continues from stays before it")
+    assert ordered.index("prune") < ordered.index("pqat")
+    assert sorted(ordered) == sorted(p.technique.name for p in plan(config, tiny_baseline))
