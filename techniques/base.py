@@ -303,9 +303,8 @@ class Technique:
     def at(self, cfg: TechniqueSection, point: Point) -> TechniqueSection:
         """`cfg` with its searched strengths set to `point`'s (an int knob stays an int)."""
         assert self.knob is not None
-        knobs = self.knob.knobs if not isinstance(self.knob, Knob) else (self.knob,)
         return cfg.model_copy(update={knob.field: _kind(knob)(point[knob.field])
-                                      for knob in knobs})
+                                      for knob in self.knob.knobs})
 
     def base_of(self, cfg: TechniqueSection) -> str | None:
         """The technique whose model it continues from with settings `cfg` (None: baseline)."""

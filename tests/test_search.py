@@ -230,7 +230,7 @@ def test_auto_is_a_strength_each_searched_technique_declares(technique, settings
                                           | settings)
     assert declared.searched(cfg)
     assert "auto" in declared.source_name(cfg)
-    knobs = declared.knob.knobs if isinstance(declared.knob, Joint) else (declared.knob,)
+    knobs = declared.knob.knobs
     concrete = declared.at(cfg, {knob.field: knob.values[2] for knob in knobs})
     assert not declared.searched(concrete)
     for knob in knobs:

@@ -39,6 +39,11 @@ class Knob:
         return (self.field,)
 
     @property
+    def knobs(self) -> tuple[Knob, ...]:
+        """Itself, as a `Joint` lists its knobs."""
+        return (self,)
+
+    @property
     def strongest_first(self) -> bool:
         """Whether the first round tries the strongest value (kept: nothing stronger to try)."""
         return self.first is not None and self.first == self.values[-1]

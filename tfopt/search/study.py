@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,8 +43,7 @@ def study_key(technique: str, knob: Space, baseline: ModelArtifact, settings: di
     """
     digest = hashlib.sha256(baseline.path.read_bytes() if baseline.path.is_file()
                             else str(baseline.path).encode()).hexdigest()[:12]
-    candidates = [[k.field, k.values] for k in (knob.knobs if isinstance(knob, Joint)
-                                               else (knob,))]
+    candidates = [[k.field, k.values] for k in knob.knobs]
     parts = json.dumps([technique, candidates, digest, settings, *targets, TRIAL_FORMS, 2],
                        sort_keys=True, default=str)
     return f"{technique}-{hashlib.sha256(parts.encode()).hexdigest()[:16]}"
@@ -277,9 +277,7 @@ class JointSearch(Search):
 
     def is_open(self) -> bool:
         """Whether trials are left: fewer than `Joint.trials`, and untried points."""
-        grid = 1
-        for knob in self._joint.knobs:
-            grid *= len(knob.values)
+        grid = math.prod(len(knob.values) for knob in self._joint.knobs)
         made = len(self.trials())
         return made < min(self._joint.trials, grid) and not self._exhausted
 
