@@ -2,13 +2,14 @@
 
 Coverage first: each search's first round (one trial, at its knob's `Knob.first` or the middle;
 the searches from the baseline first, `searches_first`), then every other technique's
-fine-tuning, submitted in run order and waited for, each ending by its epochs' share of the
-time left when it starts (`TrainingData.epochs_queued`); only then do the searches deepen, in
-the time left, the one that paid most per second so far first (`Search.paid_per_second`). A
-technique is cut only when even its shortest run (`shortest_run_s`) does not
-fit, and `Planner.plan_line` says before any starts which fit. A search that ran first no
-longer takes the time of the techniques after it: on the demo channel pruning's bisection once
-cut distillation, pruning, QAT and clustering.
+fine-tuning, submitted in order (the longest last, `longest_last`) and waited for, each ending
+by its epochs' share of the time left when it starts (`TrainingData.epochs_queued`); then a
+joint search's first round (its knobs' own searches covered it); only then do the searches
+deepen, in the time left, the one that paid most per second so far first
+(`Search.paid_per_second`). A technique is cut only when even its shortest run
+(`shortest_run_s`) does not fit, and `Planner.plan_line` says before any starts which fit.
+A search that ran first no longer takes the time of the techniques after it: on the demo
+channel pruning's bisection once cut distillation, pruning, QAT and clustering.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from techniques.base import Skipped
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
 from tfopt.budget import CUT_BY_BUDGET, Clock
 from tfopt.orchestration import final_state
-from tfopt.search import Search, search_line, trial_of
+from tfopt.search import Joint, Search, search_line, trial_of
 from tfopt.tracking import RunRef
 
 
@@ -142,7 +143,7 @@ class Planner:
 
     def run(self, plans: list[Planned]) -> dict[str, Any]:
         """Each technique's outcome (a final state, or a future): every technique before depth."""
-        searched, after = self._first_and_after(plans)
+        searched, after, combined = self._first_and_after(plans)
         for planned in searched:
             self._first_round(planned, self.baseline)
         fine_tunes = [p for p in after if not self.searched(p)]
@@ -159,6 +160,8 @@ class Planner:
         for outcome in list(self._outcomes.values()):
             if not isinstance(outcome, State):
                 outcome.wait()
+        for planned in combined:
+            self._first_round(planned, self.baseline)
         for name in sorted(self._deepen, key=lambda n: -self.searches[n].paid_per_second()):
             self.finished(name)
         return self._outcomes
@@ -171,15 +174,24 @@ class Planner:
             self._outcomes[name] = self._searched(self.searches[name], planned, start)
         return self._outcomes[name]
 
-    def _first_and_after(self, plans: list[Planned]) -> tuple[list[Planned], list[Planned]]:
-        """The searches from the baseline (their first rounds first), then the others in order."""
-        first = [p for p in searches_first(plans)
-                 if p.refusal is None and searched_from_baseline(p) and self.searched(p)]
-        return first, longest_last([p for p in plans if p.refusal is None and p not in first])
+    def _first_and_after(self, plans: list[Planned]
+                         ) -> tuple[list[Planned], list[Planned], list[Planned]]:
+        """The searches from the baseline, the other techniques, the joint searches.
+
+        The searches from the baseline run their first rounds first; a search of knobs that
+        compose is depth, not coverage (each knob's own search covers it), so its first round
+        waits for every fine-tuning.
+        """
+        enabled = [p for p in plans if p.refusal is None]
+        combined = [p for p in enabled if isinstance(p.technique.knob, Joint)
+                    and searched_from_baseline(p) and self.searched(p)]
+        first = [p for p in searches_first(enabled)
+                 if searched_from_baseline(p) and self.searched(p) and p not in combined]
+        return first, longest_last([p for p in enabled if p not in first + combined]), combined
 
     def _run_order(self, plans: list[Planned]) -> list[Planned]:
-        first, after = self._first_and_after(plans)
-        return [*first, *after]
+        first, after, combined = self._first_and_after(plans)
+        return [*first, *after, *combined]
 
     def _queued(self, queued: list[Planned]) -> TrainingData:
         """The training data of the first of `queued` fine-tunings: what the queue shares."""
