@@ -61,8 +61,8 @@ strength of channel and depth pruning searched, distillation kept only where it 
 30 epochs: the budget's share ends it sooner; at 10 a residual network's student was still
 improving, docs/measurements.md), int8 of every compressed model on every runtime (each key of
 ``convert`` and ``runtimes`` only where the config does not set it). Width and depth are also
-searched together (`techniques.width_depth`: an Optuna sampler's points), after each has had
-its own first trial. Depth pruning's search tries removing every residual block first, then
+searched together (`techniques.width_depth`: an Optuna sampler's points), once every
+fine-tuning has had its turn. Depth pruning's search tries removing every residual block first, then
 bisects below only after the other searches (`techniques.planner`): run after channel
 pruning's search, or bisecting from the middle, it was cut or never tried 100%
 (docs/measurements.md)."""
