@@ -221,15 +221,22 @@ class Search:
         self._tell(optuna_trial, trial)
 
     def _tell(self, optuna_trial: Any, trial: Trial) -> None:
+        """Tell the study a trial's end: pruned, failed, or its objectives' values."""
         import optuna
 
+        values = None if trial.status in ("pruned", "failed") else self._objectives(trial)
         if trial.status == "pruned":
             self.study.tell(optuna_trial, state=optuna.trial.TrialState.PRUNED)
-        elif trial.status == "failed" or trial.p50_ms is None:
+        elif values is None:
             self.study.tell(optuna_trial, state=optuna.trial.TrialState.FAIL)
         else:
-            self.study.tell(optuna_trial, 1.0 / trial.speedup if trial.speedup
-                            else trial.p50_ms)
+            self.study.tell(optuna_trial, values)
+
+    def _objectives(self, trial: Trial) -> float | list[float] | None:
+        """The study's value for a timed trial: its time (None: not timed)."""
+        if trial.p50_ms is None:
+            return None
+        return 1.0 / trial.speedup if trial.speedup else trial.p50_ms
 
     def chosen(self) -> Trial | None:
         """The fastest trial within the budget; within `TIE_SHARE`, the stronger setting."""
@@ -320,17 +327,16 @@ class JointSearch(Search):
             return True
         return False
 
-    def _tell(self, optuna_trial: Any, trial: Trial) -> None:
-        import optuna
+    def _objectives(self, trial: Trial) -> float | list[float] | None:
+        """Its file's validation accuracy and its time over the baseline's int8 file's.
 
-        if trial.status == "pruned":
-            self.study.tell(optuna_trial, state=optuna.trial.TrialState.PRUNED)
-        elif trial.status == "failed" or trial.speedup is None:
-            self.study.tell(optuna_trial, state=optuna.trial.TrialState.FAIL)
-        else:
-            accuracy = (trial.file_val_accuracy if trial.file_val_accuracy is not None
-                        else trial.val_accuracy)
-            self.study.tell(optuna_trial, [accuracy or 0.0, 1.0 / trial.speedup])
+        Both timed side by side (None: not timed beside it).
+        """
+        if trial.speedup is None:
+            return None
+        accuracy = (trial.file_val_accuracy if trial.file_val_accuracy is not None
+                    else trial.val_accuracy)
+        return [accuracy or 0.0, 1.0 / trial.speedup]
 
     def front(self) -> list[Trial]:
         """The trials on the study's Pareto front (`study.best_trials`), over the budget too."""
