@@ -147,6 +147,15 @@ def test_the_best_epoch_is_kept_across_a_resume_and_ties_go_to_the_later_one(tmp
 
     epochs(KeepBestWeights(path=kept), {0: 0.5, 1: 0.9})
     assert kept.is_file()  # the process dies here; a new one resumes at epoch 2
+    other_worker = KeepBestWeights(path=kept, writes=False)
+    epochs(other_worker, {2: 0.95})
+    other_worker.on_train_end()
+    assert other_worker.best_epoch == 2 and kept.is_file(), "only the chief writes the file"
+    other_worker = KeepBestWeights(path=kept, writes=False)
+    other_worker.set_model(model)
+    other_worker.on_train_begin()
+    assert (other_worker.best_epoch, other_worker.best_accuracy) == (1, 0.9), (
+        "every worker resumes from the same best epoch")
     resumed = KeepBestWeights(path=kept)
     epochs(resumed, {2: 0.7, 3: 0.8})
     resumed.on_train_end()

@@ -67,14 +67,14 @@ def train_in_scope(
         if train_cfg.epochs == 0:
             fitted = Fitted(curves={}, seconds=0.0)
         else:
-            best_file = checkpoint_dir / BEST_NAME if checkpoint_dir and chief else None
+            best_file = checkpoint_dir / BEST_NAME if checkpoint_dir else None
             fitted = fit(
                 model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate,
                 callbacks=[*resumable_callbacks(checkpoint_dir, history=chief, model=model),
                            EpochProgress(StepProgress("train-baseline", "epochs trained"),
                                          train_cfg.epochs),
                            *stopping(train_cfg, data, deadline)],
-                best=KeepBestWeights(path=best_file),
+                best=KeepBestWeights(path=best_file, writes=chief),
             )
     curves = (read_history(checkpoint_dir / HISTORY_NAME)
               if checkpoint_dir and chief and fitted.curves else fitted.curves)

@@ -94,15 +94,21 @@ class KeepBestWeights(keras.callbacks.Callback):
     also kept in that file (written atomically), so a training resumed after a crash still
     ends with the best epoch of the whole training, not only of its resumed part.
 
+    Every worker of a multi-worker training needs the same best epoch: reading the weights of
+    a synchronized-on-read variable (batch norm's moving statistics) is a collective operation,
+    so a worker that reads them at an epoch where another does not stalls the cluster. There
+    every worker picks the file up; only the chief (`writes`) writes and removes it.
+
     Attributes:
         best_epoch: The 0-based epoch whose weights the model ends with (None: the last).
         best_accuracy: Its validation accuracy.
     """
 
     def __init__(self, from_epoch: int = 0, path: Path | None = None,
-                 monitor: str = "val_accuracy") -> None:
+                 monitor: str = "val_accuracy", writes: bool = True) -> None:
         super().__init__()
         self._from_epoch, self._path, self._monitor = from_epoch, path, monitor
+        self._writes = writes
         self._weights: list[np.ndarray] | None = None
         self.best_epoch: int | None = None
         self.best_accuracy = -1.0
@@ -122,7 +128,7 @@ class KeepBestWeights(keras.callbacks.Callback):
             return
         self.best_epoch, self.best_accuracy = epoch, float(value)
         self._weights = self.model.get_weights()
-        if self._path is not None:
+        if self._path is not None and self._writes:
             buffer = io.BytesIO()
             np.savez(buffer, epoch=epoch, accuracy=self.best_accuracy,
                      **{f"w{i}": w for i, w in enumerate(self._weights)})
@@ -132,7 +138,7 @@ class KeepBestWeights(keras.callbacks.Callback):
         """Put the best epoch's weights back; the training is over, so is its file."""
         if self._weights is not None:
             self.model.set_weights(self._weights)
-        if self._path is not None:
+        if self._path is not None and self._writes:
             self._path.unlink(missing_ok=True)
 
 
