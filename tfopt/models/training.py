@@ -174,6 +174,7 @@ class StopWhenDone(keras.callbacks.Callback):
         self._best, self._best_epoch, self._wait, self._reference = -1.0, -1, 0, -1.0
         self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
         self._done_why, self.reason, self._out_of_time = "", "", False
+        self._done_kind: StoppedBy = "cap"
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """Time the epoch (the deadline check needs the next one's length)."""
@@ -203,7 +204,8 @@ class StopWhenDone(keras.callbacks.Callback):
             self._reference, self._wait = value, 0
         else:
             self._wait += 1
-        self._done_why = self._done_why or self._done()
+        if not self._done_why:
+            self._done_kind, self._done_why = self._done()
         if self._done_why and self._cool_down is not None:
             self._cool(epoch)
         elif self._done_why:
@@ -211,17 +213,18 @@ class StopWhenDone(keras.callbacks.Callback):
         elif self._patience is not None and self._wait == max(1, self._patience // 2):
             self._halve_learning_rate()
 
-    def _done(self) -> str:
-        """Why more epochs would not pay ("" while they might)."""
+    def _done(self) -> tuple[StoppedBy, str]:
+        """What ends the training, as a kind and in words ("cap", "" while more epochs may pay)."""
         if self._target is not None and self._best >= self._target and (
                 self._cool_down is not None or self._wait >= self._settle):
-            return (f"recovered: validation accuracy {self._best:.4f} within the budget "
-                    f"(>= {self._target:.4f})"
-                    + ("" if self._cool_down else f" and no gain for {_epochs(self._wait)}"))
+            return "recovered", (
+                f"recovered: validation accuracy {self._best:.4f} within the budget "
+                f"(>= {self._target:.4f})"
+                + ("" if self._cool_down else f" and no gain for {_epochs(self._wait)}"))
         if self._patience is not None and self._wait >= self._patience:
-            return (f"plateau: no validation-accuracy gain of {self._min_delta:g} for "
-                    f"{_epochs(self._patience)}")
-        return ""
+            return "plateau", (f"plateau: no validation-accuracy gain of {self._min_delta:g} "
+                               f"for {_epochs(self._patience)}")
+        return "cap", ""
 
     def _cool(self, epoch: int) -> None:
         """Done: the rate decays to zero over the cool-down's epochs, then the training ends."""
@@ -237,7 +240,7 @@ class StopWhenDone(keras.callbacks.Callback):
         if self._out_of_time:
             return "budget_cooling" if self._done_why else "budget"
         if self._done_why:
-            return "recovered" if self._done_why.startswith("recovered") else "plateau"
+            return self._done_kind
         return "cap"
 
     def _halve_learning_rate(self) -> None:
