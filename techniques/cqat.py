@@ -28,9 +28,8 @@ class CqatConfig(QatConfig):
         2e-5, gt=0.0, le=1.0,
         description=(
             "Adam learning rate of the CQAT fine-tuning. Lower than QAT's: CQAT trains the "
-            "centroids, and one step moves every weight of a cluster (6 clusters on the demo, "
-            "int8 vs the baseline, 2 seeds: 5e-4 -4.3 and -7.0 points, 1e-4 0 and -0.6, 2e-5 "
-            "+1.2 and +0.6)."
+            "centroids, and one step moves every weight of a cluster (higher rates lost points "
+            "on the demo: docs/measurements.md)."
         ),
     )
 

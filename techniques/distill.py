@@ -115,9 +115,9 @@ class DistillConfig(TechniqueSection):
         "teacher",
         description=(
             "Where the distilled student starts: from the teacher's most important filters of "
-            "the convolutions they share by name (random where they share none; on the demo, "
-            "benchmarks/distillation.py, 5 paired seeds: +2.07 points over the control instead "
-            "of +0.18), or random like its control."
+            "the convolutions they share by name (random where they share none; what made the "
+            "distilled student beat its control on the demo: docs/measurements.md), or random "
+            "like its control."
         ),
     )
     require_gain: bool = Field(

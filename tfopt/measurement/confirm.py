@@ -10,9 +10,8 @@ sign test: 1 in 64 for two equal files over 6 rounds) and the median of their pe
 is beyond the minimum change; without the previous file (gone, or the time budget ran out),
 only a move beyond the stricter rule counts, and never one no larger than a move this run's
 checks found to be nothing (`confirm_all`: its own turns moved that far with no file slower).
-The rounds are paired because a round slowed by the machine slows both files in it: in CI, one
-such round read 3.7 ms for a previous file that read 0.86-1.0 ms in the others, and its
-interval then overlapped a file 4.6 times slower.
+The rounds are paired because a round slowed by the machine slows both files in it (one slow
+round can make an interval overlap a file several times slower: docs/measurements.md).
 """
 
 from __future__ import annotations

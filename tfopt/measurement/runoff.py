@@ -44,8 +44,8 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
 
     Near: a p50 within the margin of the upper end of the fastest's p50 interval, so an
     unsettled fastest (a wide interval) draws its likely rivals into the run-off; by default
-    twice it, since a whole turn can run in a VM's slow state and read 1.5x its side-by-side
-    figure (with a 25% margin such a file was never timed again and a slower one won). For each
+    twice it, since a whole turn can run in a VM's slow state (with a narrower margin such a
+    file was never timed again and a slower one won: docs/measurements.md). For each
     technique's variant among them, the baseline's same form (`speedup_reference`) takes part
     too, after them, and so does the baseline's int8 TFLite file (`plain_int8`): the speed-ups
     the run reports are then measured side by side, not across
