@@ -162,6 +162,32 @@ class RebuiltSection(TechniqueSection):
     teacher_alpha: float = teacher_alpha_field()
     cool_down_epochs: int = cool_down_field()
 
+    def fine_tuning_params(self) -> dict[str, Any]:
+        """These fields as a rebuilt model's run parameters."""
+        return self.model_dump(include=set(RebuiltSection.model_fields) - {"enabled"})
+
+
+def rebuilt_metrics(base: Any, rebuilt: Any, data: TrainingData, flops: tuple[float, float],
+                    accuracy_before_tuning: float) -> dict[str, float]:
+    """What rebuilding `base` smaller changed: FLOPs, parameters, test accuracy.
+
+    Args:
+        base: The model it was rebuilt from.
+        rebuilt: The rebuilt model, fine-tuned.
+        data: The run's data (its test split).
+        flops: The FLOPs of `base` and of `rebuilt`.
+        accuracy_before_tuning: The rebuilt model's test accuracy before its fine-tuning.
+    """
+    from tfopt.models.training import evaluate_test_accuracy
+
+    before, after = flops
+    return {"flops_before": before, "flops_after": after,
+            "flops_ratio": after / before if before else 1.0,
+            "params_before": float(base.count_params()),
+            "params_after": float(rebuilt.count_params()),
+            "test_accuracy_before_fine_tuning": accuracy_before_tuning,
+            "test_accuracy": evaluate_test_accuracy(rebuilt, data)}
+
 
 TRANSLATION_CHECK_EXAMPLES = 256
 """Test images a Keras 3 model's tf_keras translation is checked on."""

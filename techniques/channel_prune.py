@@ -22,6 +22,7 @@ from techniques.base import (
     Technique,
     derived_model,
     fine_tune_rebuilt,
+    rebuilt_metrics,
     resolved,
     tfmot_model,
 )
@@ -107,19 +108,12 @@ def channel_prune_model(
         model, name, path, fitted,
         params={"technique": "channel pruning", "fraction": cfg.fraction,
                 "criterion": CRITERION, "min_channels": cfg.min_channels,
-                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
-                "learning_rate_schedule": cfg.learning_rate_schedule,
-                "teacher_alpha": cfg.teacher_alpha, "cool_down_epochs": cfg.cool_down_epochs,
+                **cfg.fine_tuning_params(),
                 "kept_filters": json.dumps({k: v[0] for k, v in thinned.kept.items()})[:5000],
                 "unpruned_layers": ";".join(sorted(thinned.frozen))[:5000]},
         translation=translation,
-        metrics={
-            "flops_before": before, "flops_after": after,
-            "flops_ratio": after / before if before else 1.0,
-            "params_before": float(params_before), "params_after": float(params_after),
-            "test_accuracy_before_fine_tuning": accuracy_before_tuning,
-            "test_accuracy": evaluate_test_accuracy(thinned.model, data),
-        },
+        metrics=rebuilt_metrics(base, thinned.model, data, (before, after),
+                                accuracy_before_tuning),
     )
 
 

@@ -22,6 +22,7 @@ from techniques.base import (
     Technique,
     derived_model,
     fine_tune_rebuilt,
+    rebuilt_metrics,
     resolved,
     tfmot_model,
 )
@@ -114,10 +115,7 @@ def depth_prune_model(
     return derived_model(
         model, name, path, fitted,
         params={"technique": "depth pruning", "share": cfg.share, "criterion": CRITERION,
-                "starts_from": model.name, "epochs": cfg.epochs,
-                "learning_rate": cfg.learning_rate,
-                "learning_rate_schedule": cfg.learning_rate_schedule,
-                "teacher_alpha": cfg.teacher_alpha, "cool_down_epochs": cfg.cool_down_epochs,
+                "starts_from": model.name, **cfg.fine_tuning_params(),
                 "removed_blocks": ",".join(shallower.removed)[:5000]},
         translation=translation,
         metrics={
@@ -125,12 +123,8 @@ def depth_prune_model(
             "blocks_removable": float(shallower.blocks),
             "layers_before": float(len(base.layers)),
             "layers_after": float(len(shallower.model.layers)),
-            "flops_before": before, "flops_after": after,
-            "flops_ratio": after / before if before else 1.0,
-            "params_before": float(base.count_params()),
-            "params_after": float(shallower.model.count_params()),
-            "test_accuracy_before_fine_tuning": accuracy_before_tuning,
-            "test_accuracy": evaluate_test_accuracy(shallower.model, data),
+            **rebuilt_metrics(base, shallower.model, data, (before, after),
+                              accuracy_before_tuning),
         },
     )
 

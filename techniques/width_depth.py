@@ -25,6 +25,7 @@ from techniques.base import (
     Technique,
     derived_model,
     fine_tune_rebuilt,
+    rebuilt_metrics,
     resolved,
     tfmot_model,
 )
@@ -125,21 +126,15 @@ def width_depth_model(
     return derived_model(
         model, name, path, fitted,
         params={"technique": "width and depth pruning", "fraction": cfg.fraction,
-                "share": cfg.share, "min_channels": cfg.min_channels, "epochs": cfg.epochs,
-                "learning_rate": cfg.learning_rate,
-                "learning_rate_schedule": cfg.learning_rate_schedule,
-                "teacher_alpha": cfg.teacher_alpha, "cool_down_epochs": cfg.cool_down_epochs,
+                "share": cfg.share, "min_channels": cfg.min_channels,
+                **cfg.fine_tuning_params(),
                 "removed_blocks": ",".join(shallower.removed)[:5000]},
         translation=translation,
         metrics={
             "blocks_removed": float(len(shallower.removed)),
             "blocks_removable": float(shallower.blocks),
-            "flops_before": before, "flops_after": after,
-            "flops_ratio": after / before if before else 1.0,
-            "params_before": float(base.count_params()),
-            "params_after": float(thinned.model.count_params()),
-            "test_accuracy_before_fine_tuning": accuracy_before_tuning,
-            "test_accuracy": evaluate_test_accuracy(thinned.model, data),
+            **rebuilt_metrics(base, thinned.model, data, (before, after),
+                              accuracy_before_tuning),
         },
     )
 

@@ -17,6 +17,20 @@ def test_a_taken_port_gives_a_clear_message(tmp_path):
             start_services(settings, timeout_s=5)
 
 
+def test_a_server_that_dies_while_starting_is_quoted_in_the_error(tmp_path):
+    """Its log may be in a folder removed before anyone reads it (a test's temporary home)."""
+    import sys
+
+    from tfopt.services import _Service, _spawn, _wait_healthy
+
+    settings = ServiceSettings(state_dir=tmp_path)
+    dying = _Service(name="postgres", port=0, address="127.0.0.1:0", ready=lambda: False,
+                     command=[sys.executable, "-c",
+                              "print('FATAL:  could not create lock file'); raise SystemExit(1)"])
+    with pytest.raises(ServiceError, match=r"exited with code 1(.|\n)*could not create lock file"):
+        _wait_healthy(settings, dying, _spawn(settings, dying), timeout_s=30)
+
+
 def test_down_services_name_the_address_and_tfopt_up():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

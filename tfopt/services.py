@@ -459,14 +459,27 @@ def _wait_healthy(
             return
         if process.poll() is not None:
             raise ServiceError(
-                f"{service.name} exited with code {process.returncode} while starting; see "
-                f"{_log_file(settings, service.name)}"
+                f"{service.name} exited with code {process.returncode} while starting; "
+                f"{_log_ending(settings, service.name)}"
             )
         time.sleep(0.5)
     raise ServiceError(
-        f"{service.name} did not answer at {service.address} within {timeout_s:.0f} s; see "
-        f"{_log_file(settings, service.name)}"
+        f"{service.name} did not answer at {service.address} within {timeout_s:.0f} s; "
+        f"{_log_ending(settings, service.name)}"
     )
+
+
+_LOG_ENDING_CHARS = 1500
+
+
+def _log_ending(settings: ServiceSettings, name: str) -> str:
+    """Where a server's log is and how it ends (the folder may be gone when it is read)."""
+    path = _log_file(settings, name)
+    try:
+        tail = path.read_text(errors="replace")[-_LOG_ENDING_CHARS:].strip()
+    except OSError:
+        tail = ""
+    return f"its log ({path}) ends:\n{tail}" if tail else f"see {path}"
 
 
 def stop_services(settings: ServiceSettings, timeout_s: float = 30.0) -> list[str]:
