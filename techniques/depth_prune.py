@@ -28,15 +28,18 @@ from techniques.base import (
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
-from tfopt.models.depth_pruning import DEPTH_SHARES, DepthPruningError, shallower_model
+from tfopt.models.depth_pruning import (
+    DEPTH_SHARES,
+    INFLUENCE_IMAGES,
+    DepthPruningError,
+    shallower_model,
+)
 from tfopt.models.flops import keras_flops
 from tfopt.models.keras_io import keras_model_path, save_keras_model
 from tfopt.models.training import evaluate_test_accuracy
 from tfopt.search import Knob
 
 CRITERION = "block influence: 1 - cos(block input, block output) on training images (ShortGPT)"
-INFLUENCE_IMAGES = 64
-"""Training images each block's influence is measured on."""
 
 
 class DepthPruneConfig(RebuiltSection):

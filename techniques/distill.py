@@ -111,6 +111,15 @@ class DistillConfig(TechniqueSection):
                     "accuracy budget, searched among 25% to 87.5% (tfopt.search; its controls "
                     "are trained once, for the share chosen).",
     )
+    shallower: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="With student thinner: the share of the teacher's residual blocks the "
+                    "student lacks too (depth pruning's cut, the least influential blocks "
+                    "first), removed before its filters are thinned: width and depth pruned, "
+                    "then distilled, as NVIDIA's Minitron recipe does. 0: as deep as the "
+                    "teacher; a teacher without a removable residual block keeps its depth "
+                    "(the log says so).",
+    )
     student_init: Literal["teacher", "random"] = Field(
         "teacher",
         description=(
@@ -142,6 +151,9 @@ class DistillConfig(TechniqueSection):
         if self.thinner == "auto" and self.student != "thinner":
             raise ValueError("thinner: auto searches the thinner student's width: set "
                              "student: thinner")
+        if self.shallower and self.student != "thinner":
+            raise ValueError("shallower removes the teacher's residual blocks from the thinner "
+                             "student: set student: thinner")
         return self
 
 
@@ -227,11 +239,13 @@ def start_student(student: keras.Model, teacher: keras.Model, cfg: DistillConfig
 def student_name(cfg: DistillConfig) -> str:
     """The distilled student's name, the source of its variants.
 
-    ``distilled-small``, or ``distilled-thinner-<percent of filters removed>``.
+    ``distilled-small``, or ``distilled-thinner-<percent of filters removed>``, followed by
+    ``-depth-<percent of residual blocks removed>`` for a shallower student.
     """
     if cfg.student == "thinner":
         share = "auto" if cfg.thinner == "auto" else round(cfg.thinner * 100)
-        return f"distilled-thinner-{share}"
+        depth = f"-depth-{round(cfg.shallower * 100)}" if cfg.shallower else ""
+        return f"distilled-thinner-{share}{depth}"
     return "distilled-small"
 
 
@@ -280,8 +294,9 @@ def thinner_students(teacher: keras.Model, cfg: DistillConfig, data: TrainingDat
     Raises:
         NotApplicable: The teacher cannot be thinned (the layers in the way are named).
     """
+    start = shallower_teacher(teacher, cfg.shallower, data) if cfg.shallower else teacher
     try:
-        thinned = thin_model(teacher, cfg.thinner)
+        thinned = thin_model(start, cfg.thinner)
     except ChannelPruningError as error:
         raise NotApplicable(f"the teacher cannot be made thinner: {error}") from error
     config = thinned.model.get_config()
@@ -298,8 +313,28 @@ def thinner_students(teacher: keras.Model, cfg: DistillConfig, data: TrainingDat
 
     student = same_start() if cfg.student_init == "teacher" else random_start()
     inherited = sorted(thinned.kept) if cfg.student_init == "teacher" else []
-    return Students(student, inherited, f"thinner teacher ({cfg.thinner:.0%} of filters "
-                    "removed)", random_start, same_start if inherited else None)
+    depth = f", {cfg.shallower:.0%} of residual blocks" if start is not teacher else ""
+    return Students(student, inherited, f"thinner teacher ({cfg.thinner:.0%} of filters"
+                    f"{depth} removed)", random_start, same_start if inherited else None)
+
+
+def shallower_teacher(teacher: keras.Model, share: float, data: TrainingData) -> keras.Model:
+    """The teacher without `share` of its residual blocks (`shallower_model`), if it has any.
+
+    A teacher without a removable residual block is returned as it is, and the log says so.
+    """
+    from tfopt.data.pipeline import load_split
+    from tfopt.models.depth_pruning import INFLUENCE_IMAGES, DepthPruningError, shallower_model
+
+    images, _ = load_split(data.dataset, "train", INFLUENCE_IMAGES, scale=data.input_scale)
+    try:
+        shallower = shallower_model(teacher, share, images)
+    except DepthPruningError as error:
+        step_logger().info("the student keeps the teacher's depth: %s", error)
+        return teacher
+    step_logger().info("the student lacks %d of the teacher's %d residual blocks (%s)",
+                       len(shallower.removed), shallower.blocks, ", ".join(shallower.removed))
+    return shallower.model
 
 
 def teacher_and_students(model: ModelArtifact, cfg: DistillConfig,
@@ -358,7 +393,8 @@ def distill_model(
                 "learning_rate": cfg.learning_rate,
                 "learning_rate_schedule": cfg.learning_rate_schedule,
                 "student_init": cfg.student_init,
-                **({"thinner": cfg.thinner} if cfg.student == "thinner" else {}),
+                **({"thinner": cfg.thinner, "shallower": cfg.shallower}
+                   if cfg.student == "thinner" else {}),
                 "inherited_layers": ",".join(students.inherited)[:5000] or "none",
                 "student_parameters": int(student.count_params()),
                 "teacher_parameters": int(teacher.count_params())},

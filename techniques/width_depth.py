@@ -30,12 +30,11 @@ from techniques.base import (
     tfmot_model,
 )
 from techniques.channel_prune import KNOB as WIDTH
-from techniques.depth_prune import INFLUENCE_IMAGES
 from techniques.depth_prune import KNOB as DEPTH
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
 from tfopt.models.channel_pruning import ChannelPruningError, thin_model
-from tfopt.models.depth_pruning import DepthPruningError, shallower_model
+from tfopt.models.depth_pruning import INFLUENCE_IMAGES, DepthPruningError, shallower_model
 from tfopt.models.flops import keras_flops
 from tfopt.models.keras_io import keras_model_path, save_keras_model
 from tfopt.models.training import evaluate_test_accuracy

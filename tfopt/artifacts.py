@@ -327,6 +327,13 @@ class Runoff(_Frozen):
         return [mine / theirs for mine, theirs in
                 zip(self.round_p50_ms[name], self.round_p50_ms[to], strict=True)]
 
+    def followed_by(self, more: Runoff) -> Runoff:
+        """These rounds and then `more`'s, of the contenders both timed."""
+        names = [name for name in self.round_p50_ms if name in more.round_p50_ms]
+        return Runoff(rounds=self.rounds + more.rounds, anchor=self.anchor,
+                      round_p50_ms={name: [*self.round_p50_ms[name], *more.round_p50_ms[name]]
+                                    for name in names})
+
     def ratio(self, name: str, to: str) -> float:
         """`name`'s time over `to`'s: the median of their ratios round by round."""
         return _median(self.round_ratios(name, to))

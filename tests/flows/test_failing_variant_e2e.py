@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import urllib.request
@@ -103,8 +104,9 @@ def test_regressions_hold_only_side_by_side_and_a_failing_variant_is_isolated(
     assert confirmed, since["moves"]
     for name, regression in confirmed.items():
         check = regression["side_by_side"]
-        assert check["ratio"] >= 1.5 and check["rounds"] == 6, (name, check)
-        assert len(check["round_ratios"]) == 6 and min(check["round_ratios"]) > 1.0, check
+        assert check["ratio"] >= 1.5 and check["rounds"] in (6, 12), (name, check)
+        slower_rounds = sum(ratio > 1.0 for ratio in check["round_ratios"])
+        assert slower_rounds >= check["rounds"] - check["rounds"] // 12, check
     assert slower[gone]["verdict"] == "stricter_rule", since["moves"]
     assert "not in the previous run's MLflow artifacts" in slower[gone]["side_by_side"]["reason"]
     parent = client.get_run(summary["mlflow_run_id"])
@@ -115,7 +117,7 @@ def test_regressions_hold_only_side_by_side_and_a_failing_variant_is_isolated(
                                                "/report/report.md")
     text = next(report).read_text()
     assert "## Since the last run" in text and "- baseline-onnx: ok -> failed" in text
-    assert "confirmed side by side in 6 alternating rounds" in text
+    assert re.search(r"confirmed side by side in (6|12) alternating rounds", text)
     assert "by the stricter rule" in text
     version = client.get_model_version("tfopt-failing-variant",
                                        summary["champion_model"]["version"])

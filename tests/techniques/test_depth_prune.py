@@ -297,3 +297,27 @@ def test_each_fine_tuning_gets_its_shortest_run_then_its_epochs_share_of_the_res
     last = queued.model_copy(update={"epochs_queued": 2})
     assert own_deadline(last, 2, 10.0).deadline == queued.deadline, "the last takes what is left"
     assert own_deadline(tiny_data, 20, 10.0) == tiny_data, "no budget: no deadline"
+
+
+def test_a_distilled_student_can_lack_the_teachers_least_influential_blocks_too(
+        tiny_data, tmp_path):
+    from techniques.distill import DistillConfig, distill_model, shallower_teacher
+    from tfopt.models.keras_io import load_keras_model
+
+    _, _, start = _residual_baseline(tiny_data, tmp_path, filters=16)
+    cfg = DistillConfig(enabled=True, student="thinner", thinner=0.5, shallower=0.5, epochs=1)
+    made = distill_model.fn(start, cfg, tiny_data, tmp_path / "both")
+    thinner = distill_model.fn(start, cfg.model_copy(update={"shallower": 0.0}), tiny_data,
+                               tmp_path / "thinner")
+    assert (made.name, thinner.name) == ("distilled-thinner-50-depth-50", "distilled-thinner-50")
+    assert len(load_keras_model(made.path).layers) == (
+        len(load_keras_model(thinner.path).layers) - 4), "two of four blocks, two layers each"
+    assert made.params["shallower"] == 0.5 and "50% of residual blocks" in made.params["student"]
+    assert "scratch_test_accuracy" in made.metrics, "its controls have its architecture"
+
+    flat = keras.Sequential([keras.Input((tiny_data.dataset.image_size,) * 2 + (3,)),
+                             keras.layers.Conv2D(4, 3), keras.layers.Flatten(),
+                             keras.layers.Dense(tiny_data.dataset.num_classes)])
+    assert shallower_teacher(flat, 0.5, tiny_data) is flat, "no block: the teacher's depth"
+    with pytest.raises(ValueError, match="student: thinner"):
+        DistillConfig(shallower=0.5)

@@ -28,6 +28,8 @@ from tfopt.models.functional_graph import (
 
 DEPTH_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 """The shares of a model's removable residual blocks a search may remove, weakest first."""
+INFLUENCE_IMAGES = 64
+"""Training images each block's influence is measured on."""
 
 
 class DepthPruningError(LayerGraphError):

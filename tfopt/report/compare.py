@@ -12,10 +12,10 @@ Between two runs the machine itself moves (its clock, its neighbours, which core
 within the variant's run-to-run spread over its last runs (`noise_band`, at least
 `MIN_CHANGE`) is run-to-run noise. A larger one is a regression only once confirmed: the
 previous run's file and this run's timed side by side in alternating rounds
-(`tfopt.measurement.confirm`), this run's file the slower in every round and the ratio beyond
-the same minimum change (`settle`); without the previous file (or the time to time it), only a
-move `STRICTER` times the minimum change counts, and none no larger than a move this run's checks
-cleared, said as such.
+(`tfopt.measurement.confirm`), this run's file the slower in all but what a sign test allows
+(none of 6 rounds, one of 12) and the ratio beyond the same minimum change (`settle`); without
+the previous file (or the time to time it), only a move `STRICTER` times the minimum change
+counts, and none no larger than a move this run's checks cleared, said as such.
 """
 
 from __future__ import annotations
@@ -173,8 +173,8 @@ def to_confirm(since: dict[str, Any]) -> list[dict[str, Any]]:
 def settle(since: dict[str, Any], checks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """`since` with each slowdown's side-by-side check (by variant) and its verdict.
 
-    A check is `tfopt.measurement.confirm.confirm_slowdown`'s: ``confirmed`` (slower in every
-    round, ratio beyond the minimum change), ``not_confirmed``, or ``stricter_rule`` /
+    A check is `tfopt.measurement.confirm.confirm_slowdown`'s: ``confirmed`` (slower in enough
+    rounds, ratio beyond the minimum change), ``not_confirmed``, or ``stricter_rule`` /
     ``within_stricter_rule`` when the previous file was gone.
     """
     moves = [{**move, "verdict": checks[move["variant"]]["verdict"],
