@@ -117,8 +117,8 @@ class DistillConfig(TechniqueSection):
                     "student lacks too (depth pruning's cut, the least influential blocks "
                     "first), removed before its filters are thinned: width and depth pruned, "
                     "then distilled, as NVIDIA's Minitron recipe does. 0: as deep as the "
-                    "teacher; a teacher without a removable residual block keeps its depth "
-                    "(the log says so).",
+                    "teacher; a teacher without a removable residual block makes distillation "
+                    "not applicable, said as such.",
     )
     student_init: Literal["teacher", "random"] = Field(
         "teacher",
@@ -292,7 +292,8 @@ def thinner_students(teacher: keras.Model, cfg: DistillConfig, data: TrainingDat
     on labels alone (what the teacher's outputs add to its weights).
 
     Raises:
-        NotApplicable: The teacher cannot be thinned (the layers in the way are named).
+        NotApplicable: The teacher cannot be thinned (the layers in the way are named), or
+            made shallower as `cfg.shallower` asks.
     """
     start = shallower_teacher(teacher, cfg.shallower, data) if cfg.shallower else teacher
     try:
@@ -313,15 +314,16 @@ def thinner_students(teacher: keras.Model, cfg: DistillConfig, data: TrainingDat
 
     student = same_start() if cfg.student_init == "teacher" else random_start()
     inherited = sorted(thinned.kept) if cfg.student_init == "teacher" else []
-    depth = f", {cfg.shallower:.0%} of residual blocks" if start is not teacher else ""
+    depth = f", {cfg.shallower:.0%} of residual blocks" if cfg.shallower else ""
     return Students(student, inherited, f"thinner teacher ({cfg.thinner:.0%} of filters"
                     f"{depth} removed)", random_start, same_start if inherited else None)
 
 
 def shallower_teacher(teacher: keras.Model, share: float, data: TrainingData) -> keras.Model:
-    """The teacher without `share` of its residual blocks (`shallower_model`), if it has any.
+    """The teacher without `share` of its residual blocks (`shallower_model`).
 
-    A teacher without a removable residual block is returned as it is, and the log says so.
+    Raises:
+        NotApplicable: The teacher has no removable residual block (or cannot be traced).
     """
     from tfopt.data.pipeline import load_split
     from tfopt.models.depth_pruning import INFLUENCE_IMAGES, DepthPruningError, shallower_model
@@ -330,8 +332,7 @@ def shallower_teacher(teacher: keras.Model, share: float, data: TrainingData) ->
     try:
         shallower = shallower_model(teacher, share, images)
     except DepthPruningError as error:
-        step_logger().info("the student keeps the teacher's depth: %s", error)
-        return teacher
+        raise NotApplicable(f"the student cannot be made shallower: {error}") from error
     step_logger().info("the student lacks %d of the teacher's %d residual blocks (%s)",
                        len(shallower.removed), shallower.blocks, ", ".join(shallower.removed))
     return shallower.model
