@@ -32,6 +32,7 @@ from tfopt.models.depth_pruning import (
     DEPTH_SHARES,
     INFLUENCE_IMAGES,
     DepthPruningError,
+    ShallowerModel,
     shallower_model,
 )
 from tfopt.models.flops import keras_flops
@@ -40,6 +41,23 @@ from tfopt.models.training import evaluate_test_accuracy
 from tfopt.search import Knob
 
 CRITERION = "block influence: 1 - cos(block input, block output) on training images (ShortGPT)"
+
+
+def blocks_cut(model: keras.Model, share: float, data: TrainingData,
+               why: str = "") -> ShallowerModel:
+    """`model` without `share` of its residual blocks, ranked on the run's training images.
+
+    Raises:
+        NotApplicable: The model cannot be traced or has no removable residual block (`why`
+            leads the reason).
+    """
+    from tfopt.data.pipeline import load_split
+
+    images, _ = load_split(data.dataset, "train", INFLUENCE_IMAGES, scale=data.input_scale)
+    try:
+        return shallower_model(model, share, images)
+    except DepthPruningError as error:
+        raise NotApplicable(f"{why}{error}") from error
 
 
 class DepthPruneConfig(RebuiltSection):
@@ -95,17 +113,11 @@ def depth_prune_model(
     Raises:
         NotApplicable: Not a functional model, a shared layer, or no removable residual block.
     """
-    from tfopt.data.pipeline import load_split
-
     logger = step_logger()
     resolved(cfg, KNOB)
     keras.utils.set_random_seed(data.seed)
     base, translation = tfmot_model(model, data)
-    images, _ = load_split(data.dataset, "train", INFLUENCE_IMAGES, scale=data.input_scale)
-    try:
-        shallower = shallower_model(base, cfg.share, images)
-    except DepthPruningError as error:
-        raise NotApplicable(str(error)) from error
+    shallower = blocks_cut(base, cfg.share, data)
     before, after = keras_flops(base), keras_flops(shallower.model)
     name = depth_name(cfg)
     logger.info("%s: %d of %d residual blocks removed (%s); layers %d -> %d, FLOPs %.3g -> %.3g",

@@ -39,6 +39,7 @@ from techniques.base import (
     resolved,
     tfmot_model,
 )
+from techniques.depth_prune import blocks_cut
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.budget import Clock
 from tfopt.logs import step_logger
@@ -320,19 +321,12 @@ def thinner_students(teacher: keras.Model, cfg: DistillConfig, data: TrainingDat
 
 
 def shallower_teacher(teacher: keras.Model, share: float, data: TrainingData) -> keras.Model:
-    """The teacher without `share` of its residual blocks (`shallower_model`).
+    """The teacher without `share` of its residual blocks (`blocks_cut`).
 
     Raises:
         NotApplicable: The teacher has no removable residual block (or cannot be traced).
     """
-    from tfopt.data.pipeline import load_split
-    from tfopt.models.depth_pruning import INFLUENCE_IMAGES, DepthPruningError, shallower_model
-
-    images, _ = load_split(data.dataset, "train", INFLUENCE_IMAGES, scale=data.input_scale)
-    try:
-        shallower = shallower_model(teacher, share, images)
-    except DepthPruningError as error:
-        raise NotApplicable(f"the student cannot be made shallower: {error}") from error
+    shallower = blocks_cut(teacher, share, data, "the student cannot be made shallower: ")
     step_logger().info("the student lacks %d of the teacher's %d residual blocks (%s)",
                        len(shallower.removed), shallower.blocks, ", ".join(shallower.removed))
     return shallower.model

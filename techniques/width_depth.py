@@ -31,10 +31,10 @@ from techniques.base import (
 )
 from techniques.channel_prune import KNOB as WIDTH
 from techniques.depth_prune import KNOB as DEPTH
+from techniques.depth_prune import blocks_cut
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
 from tfopt.models.channel_pruning import ChannelPruningError, thin_model
-from tfopt.models.depth_pruning import INFLUENCE_IMAGES, DepthPruningError, shallower_model
 from tfopt.models.flops import keras_flops
 from tfopt.models.keras_io import keras_model_path, save_keras_model
 from tfopt.models.training import evaluate_test_accuracy
@@ -101,16 +101,13 @@ def width_depth_model(
         NotApplicable: Not a functional model, a shared layer, no removable residual block or
             no channel that can be removed.
     """
-    from tfopt.data.pipeline import load_split
-
     resolved(cfg, KNOB)
     keras.utils.set_random_seed(data.seed)
     base, translation = tfmot_model(model, data)
-    images, _ = load_split(data.dataset, "train", INFLUENCE_IMAGES, scale=data.input_scale)
+    shallower = blocks_cut(base, cfg.share, data)
     try:
-        shallower = shallower_model(base, cfg.share, images)
         thinned = thin_model(shallower.model, cfg.fraction, cfg.min_channels)
-    except (DepthPruningError, ChannelPruningError) as error:
+    except ChannelPruningError as error:
         raise NotApplicable(str(error)) from error
     before, after = keras_flops(base), keras_flops(thinned.model)
     name = width_depth_name(cfg)
