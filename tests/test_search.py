@@ -343,12 +343,13 @@ def _trial_at(point: dict[str, float]) -> Trial:
                  speedup=1.0 + point["fraction"] + point["share"])
 
 
-def test_a_joint_trials_fine_tuning_stops_itself_once_hopeless(tmp_path):
+@pytest.mark.parametrize("knob", [KNOB, JOINT], ids=["one knob", "joint"])
+def test_a_trials_fine_tuning_stops_once_hopeless(tmp_path, knob):
     import tf_keras as keras
 
     from tfopt.models.training import ReportToTrial
 
-    search = open_study(JOINT, tmp_path / "hopeless", "hopeless", target=0.95)
+    search = open_study(knob, tmp_path / "hopeless", "hopeless", target=0.95)
     (_, ref), = search.next_trials()
     callback = ReportToTrial(ref)
     callback.set_model(keras.Sequential([keras.layers.Dense(1, input_shape=(1,))]))

@@ -345,16 +345,18 @@ def set_learning_rate(optimizer: Any, value: float) -> None:
 class ReportToTrial(keras.callbacks.Callback):
     """A search trial's fine-tuning, reporting each epoch's validation accuracy to its trial.
 
-    The study's pruner may then stop a hopeless one (`tfopt.search`). Optuna prunes no trial of
-    a multi-objective study (a joint search's): there the fine-tuning stops itself past the
-    study's ``warmup_epochs`` once below its ``hopeless_below`` (its user attributes), the
-    rule the single-objective studies' `ThresholdPruner` applies.
+    It stops a hopeless one itself: past the study's ``warmup_epochs`` once below its
+    ``hopeless_below`` (its user attributes; `tfopt.search`), the rule of the single-objective
+    studies' `ThresholdPruner`. Asking the trial's `should_prune` would not apply it: a study
+    loaded by name in this process has Optuna's default pruner, which stopped no trial, and
+    Optuna prunes no trial of a multi-objective study (a joint search's).
     """
 
     def __init__(self, trial: TrialRef, from_epoch: int = 0) -> None:
         super().__init__()
         self._ref, self._from_epoch, self._trial = trial, from_epoch, None
         self._hopeless: tuple[float, int] | None = None
+        self._single = True
         self.pruned = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -363,7 +365,8 @@ class ReportToTrial(keras.callbacks.Callback):
 
         study = optuna.load_study(study_name=self._ref.study, storage=self._ref.storage)
         self._trial = optuna.trial.Trial(study, self._ref.trial_id)
-        if len(study.directions) > 1:
+        self._single = len(study.directions) == 1
+        if "hopeless_below" in study.user_attrs:
             self._hopeless = (float(study.user_attrs["hopeless_below"]),
                               int(study.user_attrs["warmup_epochs"]))
 
@@ -373,13 +376,10 @@ class ReportToTrial(keras.callbacks.Callback):
         if value is None or epoch < self._from_epoch or self._trial is None:
             return
         step = epoch - self._from_epoch
-        if self._hopeless is not None:
-            below, warmup = self._hopeless
-            hopeless = step >= warmup and float(value) < below
-        else:
+        if self._single:
             self._trial.report(float(value), step)
-            hopeless = self._trial.should_prune()
-        if hopeless:
+        below, warmup = self._hopeless or (-1.0, 0)
+        if step >= warmup and float(value) < below:
             self.pruned = True
             self.model.stop_training = True
 

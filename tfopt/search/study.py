@@ -101,10 +101,21 @@ class Search:
     def _create_study(self, seed: int) -> Any:
         import optuna
 
-        return optuna.create_study(
+        study = optuna.create_study(
             study_name=self.key, storage=self.storage, load_if_exists=True,
             direction="minimize", pruner=optuna.pruners.ThresholdPruner(
                 lower=self.hopeless_below, n_warmup_steps=WARMUP_EPOCHS))
+        return self._with_hopeless_rule(study)
+
+    def _with_hopeless_rule(self, study: Any) -> Any:
+        """`study` with the rule a trial's fine-tuning stops on, where that process reads it.
+
+        The fine-tuning opens the study by name (`tfopt.models.training.ReportToTrial`), and a
+        study loaded so has Optuna's default pruner, not the one it was created with.
+        """
+        study.set_user_attr("hopeless_below", self.hopeless_below)
+        study.set_user_attr("warmup_epochs", WARMUP_EPOCHS)
+        return study
 
     def trials(self) -> list[Trial]:
         """The finished trials, in the order they were made (a resumed study's included)."""
@@ -252,8 +263,8 @@ class JointSearch(Search):
     `Joint.first`; then the sampler draws from the grid of the knobs' candidates, a point
     tried already told again with its figures and another asked, up to `Joint.trials` trials.
     Optuna cannot prune a multi-objective study's trials: the trial's fine-tuning stops itself
-    once hopeless (the study's ``hopeless_below`` and ``warmup_epochs`` user attributes, read
-    by `tfopt.models.training.ReportToTrial`). The chosen point is the fastest of the study's
+    once hopeless, by the rule every study keeps (`Search._with_hopeless_rule`). The chosen
+    point is the fastest of the study's
     Pareto front (`study.best_trials`) within the accuracy budget.
     """
 
@@ -278,9 +289,7 @@ class JointSearch(Search):
             directions=["maximize", "minimize"],
             sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True,
                                                n_startup_trials=SAMPLER_STARTUP_TRIALS))
-        study.set_user_attr("hopeless_below", self.hopeless_below)
-        study.set_user_attr("warmup_epochs", WARMUP_EPOCHS)
-        return study
+        return self._with_hopeless_rule(study)
 
     def is_open(self) -> bool:
         """Whether trials are left: fewer than `Joint.trials`, and untried points."""
