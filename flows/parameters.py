@@ -43,9 +43,10 @@ def _auto_or_format(value: str) -> str:
 
 AUTOMATIC_PLAN: dict[str, Any] = {
     "compress": {
-        "channel_prune": {"enabled": True, "fraction": "auto"},
-        "depth_prune": {"enabled": True, "share": "auto"},
-        "width_depth": {"enabled": True, "fraction": "auto", "share": "auto"},
+        "channel_prune": {"enabled": True, "fraction": "auto", "epochs": "auto"},
+        "depth_prune": {"enabled": True, "share": "auto", "epochs": "auto"},
+        "width_depth": {"enabled": True, "fraction": "auto", "share": "auto",
+                        "epochs": "auto"},
         "distill": {"enabled": True, "student": "thinner", "require_gain": True,
                     "epochs": 30},
         "qat": {"enabled": True},
@@ -57,7 +58,9 @@ AUTOMATIC_PLAN: dict[str, Any] = {
     "runtimes": {"openvino": {"compressed": ["int8"]}},
 }
 """What a config without a ``compress`` section gets: the techniques that buy time, the
-strength of channel and depth pruning searched, distillation kept only where it pays (its cap
+strength of channel and depth pruning searched (each rebuilt model's fine-tuning capped by how
+long the baseline trained: at 12 epochs a residual network's thinner models were cut before
+they were back, docs/measurements.md), distillation kept only where it pays (its cap
 30 epochs: the budget's share ends it sooner; at 10 a residual network's student was still
 improving, docs/measurements.md), int8 of every compressed model on every runtime (each key of
 ``convert`` and ``runtimes`` only where the config does not set it). Width and depth are also

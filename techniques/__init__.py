@@ -173,7 +173,9 @@ def plan(config: Any, model: ModelArtifact) -> list[Planned]:
     """The enabled techniques in run order, each with its planned variants for `model`.
 
     A technique that cannot work on this kind of model, or continues from a technique that is
-    not enabled, is planned with its refusal; its variants are marked skipped.
+    not enabled, is planned with its refusal; its variants are marked skipped. Each section is
+    the one that runs on `model` (`TechniqueSection.fitted_to`: a rebuilt model's ``epochs:
+    auto`` made a number from the baseline's training).
 
     Args:
         config: The pipeline's configuration (its ``compress``, ``convert`` and ``runtimes``
@@ -192,6 +194,7 @@ def plan(config: Any, model: ModelArtifact) -> list[Planned]:
             raise LookupError(f"compress.{name} must be a {technique.section.__name__}")
         if not cfg.enabled:
             continue
+        cfg = cfg.fitted_to(model)
         start, refusal, base = model.name, technique.refusal(model), technique.base_of(cfg)
         if base is not None:
             base_cfg = getattr(compress, base)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import numpy as np
 from prefect import Task
@@ -38,6 +38,10 @@ class TechniqueSection(Section):
     """
 
     enabled: bool = Field(True, description="Apply this technique to the baseline.")
+
+    def fitted_to(self, baseline: ModelArtifact) -> Self:
+        """This section as it runs on `baseline` (its ``auto`` settings that need one, resolved)."""
+        return self
 
 
 def kernels(model: object) -> Iterator[tuple[str, np.ndarray]]:
@@ -142,16 +146,27 @@ def teacher_alpha_field() -> Any:
                     "compress.distill). 1: labels alone.")
 
 
+REBUILT_EPOCHS = 12
+"""A rebuilt model's fine-tuning cap unless set, and the least ``epochs: auto`` gives."""
+EPOCHS_PER_BASELINE_EPOCH = 2
+"""``epochs: auto``: a rebuilt model's cap per epoch the baseline trained. A model made
+thinner relearns the data about as long as its baseline first learned it, or longer
+(docs/measurements.md: a residual network's rebuilt models needed 32 and 46 epochs where its
+baseline had trained 27)."""
+
+
 class RebuiltSection(TechniqueSection):
     """The fine-tuning settings of the techniques that rebuild the model smaller.
 
     Channel pruning, depth pruning and both together; their own fields follow these.
     """
 
-    epochs: int = Field(
-        12, ge=1, le=1000,
+    epochs: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] = Field(
+        REBUILT_EPOCHS,
         description="Most fine-tuning epochs of the rebuilt model: it stops sooner once back "
-                    "within the accuracy budget and no longer improving (best epoch kept).")
+                    "within the accuracy budget and no longer improving (best epoch kept). "
+                    f"auto: {EPOCHS_PER_BASELINE_EPOCH} per epoch the baseline trained, at "
+                    f"least {REBUILT_EPOCHS} ({REBUILT_EPOCHS} for a model taken as it is).")
     learning_rate: float = Field(
         1e-3, gt=0.0, le=1.0, description="Adam learning rate of the fine-tuning (its start).")
     learning_rate_schedule: Literal["cosine", "constant"] = Field(
@@ -161,6 +176,14 @@ class RebuiltSection(TechniqueSection):
                     "constant.")
     teacher_alpha: float = teacher_alpha_field()
     cool_down_epochs: int = cool_down_field()
+
+    def fitted_to(self, baseline: ModelArtifact) -> Self:
+        """This section with an ``auto`` epoch cap made a number from `baseline`'s training."""
+        if self.epochs != "auto":
+            return self
+        trained = int(baseline.params.get("epochs_run") or 0)
+        return self.model_copy(update={
+            "epochs": max(REBUILT_EPOCHS, EPOCHS_PER_BASELINE_EPOCH * trained)})
 
     def fine_tuning_params(self) -> dict[str, Any]:
         """These fields as a rebuilt model's run parameters."""

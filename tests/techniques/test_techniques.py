@@ -64,6 +64,29 @@ def test_the_plan_names_each_variant_once_with_what_it_derives_from(tiny_baselin
     assert all(v.status == "failed" and "KilledWorker" in v.error for v in failed)
 
 
+def test_a_rebuilt_models_automatic_epoch_cap_follows_how_long_the_baseline_trained(tmp_path):
+    from techniques.base import REBUILT_EPOCHS
+    from tfopt.artifacts import ModelArtifact
+
+    def baseline(**params: int) -> ModelArtifact:
+        return ModelArtifact(name="baseline", path=tmp_path, format="keras", image_size=32,
+                             num_classes=10, params=params)
+
+    def caps(config: PipelineConfig, model: ModelArtifact) -> dict[str, int]:
+        return {p.technique.name: p.cfg.epochs for p in plan(config, model)
+                if hasattr(p.cfg, "cool_down_epochs")}
+
+    automatic = PipelineConfig.model_validate({"name": "auto"})
+    assert automatic.compress.channel_prune.epochs == "auto"
+    assert caps(automatic, baseline(epochs_run=27)) == {
+        "channel_prune": 54, "depth_prune": 54, "width_depth": 54}
+    assert set(caps(automatic, baseline(epochs_run=3)).values()) == {REBUILT_EPOCHS}
+    assert set(caps(automatic, baseline(epochs_run=0)).values()) == {REBUILT_EPOCHS}
+    assert set(caps(automatic, baseline()).values()) == {REBUILT_EPOCHS}
+    chosen = _pipeline(channel_prune={"enabled": True, "epochs": 5})
+    assert caps(chosen, baseline(epochs_run=27)) == {"channel_prune": 5}
+
+
 def test_a_collaborative_technique_derives_from_the_model_it_continues_from(tiny_baseline):
     config = _pipeline(tflite=["int8"], distill={"enabled": False}, qat={"enabled": False},
                        pqat={"enabled": True}, cqat={"enabled": True})
