@@ -361,3 +361,13 @@ def test_a_trials_fine_tuning_stops_once_hopeless(tmp_path, knob):
     assert not callback.pruned, "within ten points of the target"
     callback.on_epoch_end(3, {"val_accuracy": 0.84})
     assert callback.pruned and callback.model.stop_training
+
+    longer = ReportToTrial(ref)
+    longer.set_model(keras.Sequential([keras.layers.Dense(1, input_shape=(1,))]))
+    longer.set_params({"epochs": 40})
+    longer.on_train_begin()
+    for epoch in range(10):  # a quarter of a 40-epoch cap: a deep cut relearns slowly
+        longer.on_epoch_end(epoch, {"val_accuracy": 0.5})
+    assert not longer.pruned
+    longer.on_epoch_end(10, {"val_accuracy": 0.5})
+    assert longer.pruned

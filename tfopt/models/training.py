@@ -345,8 +345,9 @@ def set_learning_rate(optimizer: Any, value: float) -> None:
 class ReportToTrial(keras.callbacks.Callback):
     """A search trial's fine-tuning, reporting each epoch's validation accuracy to its trial.
 
-    It stops a hopeless one itself: past the study's ``warmup_epochs`` once below its
-    ``hopeless_below`` (its user attributes; `tfopt.search`), the rule of the single-objective
+    It stops a hopeless one itself: past its warm-up (the study's ``warmup_share`` of the
+    fine-tuning's epochs, at least its ``warmup_epochs``) once below its ``hopeless_below``
+    (the study's user attributes; `tfopt.search`), the rule of the single-objective
     studies' `ThresholdPruner`. Asking the trial's `should_prune` would not apply it: a study
     loaded by name in this process has Optuna's default pruner, which stopped no trial, and
     Optuna prunes no trial of a multi-objective study (a joint search's).
@@ -366,9 +367,13 @@ class ReportToTrial(keras.callbacks.Callback):
         study = optuna.load_study(study_name=self._ref.study, storage=self._ref.storage)
         self._trial = optuna.trial.Trial(study, self._ref.trial_id)
         self._single = len(study.directions) == 1
-        if "hopeless_below" in study.user_attrs:
-            self._hopeless = (float(study.user_attrs["hopeless_below"]),
-                              int(study.user_attrs["warmup_epochs"]))
+        rule = study.user_attrs
+        if "hopeless_below" in rule:
+            epochs = int((getattr(self, "params", None) or {}).get("epochs") or 0)
+            epochs -= self._from_epoch
+            warmup = max(int(rule["warmup_epochs"]),
+                         math.ceil(float(rule.get("warmup_share", 0.0)) * epochs))
+            self._hopeless = (float(rule["hopeless_below"]), warmup)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Report the epoch; stop the training when the study's pruner says it is hopeless."""
