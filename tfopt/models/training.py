@@ -347,10 +347,9 @@ class ReportToTrial(keras.callbacks.Callback):
 
     It stops a hopeless one itself: past its warm-up (the study's ``warmup_share`` of the
     fine-tuning's epochs, at least its ``warmup_epochs``) once below its ``hopeless_below``
-    (the study's user attributes; `tfopt.search`), the rule of the single-objective
-    studies' `ThresholdPruner`. Asking the trial's `should_prune` would not apply it: a study
-    loaded by name in this process has Optuna's default pruner, which stopped no trial, and
-    Optuna prunes no trial of a multi-objective study (a joint search's).
+    (the study's user attributes; `tfopt.search`). Optuna's own pruning cannot: a study loaded
+    by name here has Optuna's default pruner, and a multi-objective study's trials are never
+    pruned.
     """
 
     def __init__(self, trial: TrialRef, from_epoch: int = 0) -> None:
@@ -376,7 +375,7 @@ class ReportToTrial(keras.callbacks.Callback):
             self._hopeless = (float(rule["hopeless_below"]), warmup)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        """Report the epoch; stop the training when the study's pruner says it is hopeless."""
+        """Report the epoch; stop the training once it is hopeless by the study's rule."""
         value = (logs or {}).get("val_accuracy")
         if value is None or epoch < self._from_epoch or self._trial is None:
             return

@@ -12,11 +12,12 @@ lose what its model kept); the test split is only reported, never chosen on.
 
 One knob is bisected (`Search`): assuming that a stronger setting is faster and less accurate, a
 setting that stays within the budget moves the lower end up, one that does not the upper end
-down; with several workers each round tries as many settings at once, and Optuna's
-`ThresholdPruner` stops a hopeless fine-tuning. Knobs that compose are sampled (`JointSearch`):
-a two-objective study (validation accuracy, time relative to the baseline's int8 file) whose TPE
-sampler proposes each point. Either way the chosen point is the fastest trial within the budget
-(within 3%, the stronger one), for a joint study read from its Pareto front.
+down; with several workers each round tries as many settings at once, and a fine-tuning
+still ten points below the target after its warm-up stops as hopeless. Knobs that compose are
+sampled (`JointSearch`): a two-objective study (validation accuracy, time relative to the
+baseline's int8 file) whose TPE sampler proposes each point. Either way the chosen point is
+the fastest trial within the budget (within 3%, the stronger one), for a joint study read from
+its Pareto front.
 
 The package: `knob` (what a technique searches), `trials` (one trial's files timed beside the
 baseline's int8 file), `study` (the Optuna studies, their points and the choice), `front` (the

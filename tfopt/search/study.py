@@ -62,8 +62,8 @@ class Search:
     """A technique's study of one knob: the trials made so far, which to try next, the choice.
 
     The candidates between the strongest setting known to keep the budget and the weakest
-    known not to are bisected; Optuna keeps the trials (enqueued) and its `ThresholdPruner`
-    stops a hopeless fine-tuning.
+    known not to are bisected; Optuna keeps the trials (enqueued), and a fine-tuning stops
+    itself once hopeless by the rule the study keeps (`_with_hopeless_rule`).
 
     Args:
         knob: What is searched.
@@ -105,17 +105,17 @@ class Search:
     def _create_study(self, seed: int) -> Any:
         import optuna
 
-        study = optuna.create_study(
-            study_name=self.key, storage=self.storage, load_if_exists=True,
-            direction="minimize", pruner=optuna.pruners.ThresholdPruner(
-                lower=self.hopeless_below, n_warmup_steps=WARMUP_EPOCHS))
+        study = optuna.create_study(study_name=self.key, storage=self.storage,
+                                    load_if_exists=True, direction="minimize")
         return self._with_hopeless_rule(study)
 
     def _with_hopeless_rule(self, study: Any) -> Any:
         """`study` with the rule a trial's fine-tuning stops on, where that process reads it.
 
         The fine-tuning opens the study by name (`tfopt.models.training.ReportToTrial`), and a
-        study loaded so has Optuna's default pruner, not the one it was created with.
+        study loaded so has Optuna's default pruner, whatever it was created with (a
+        `ThresholdPruner` there stopped no trial); a multi-objective study's trials Optuna
+        does not prune at all.
         """
         study.set_user_attr("hopeless_below", self.hopeless_below)
         study.set_user_attr("warmup_epochs", WARMUP_EPOCHS)
@@ -269,8 +269,8 @@ class JointSearch(Search):
     tried already told again with its figures and another asked, up to `Joint.trials` trials.
     Optuna cannot prune a multi-objective study's trials: the trial's fine-tuning stops itself
     once hopeless, by the rule every study keeps (`Search._with_hopeless_rule`). The chosen
-    point is the fastest of the study's
-    Pareto front (`study.best_trials`) within the accuracy budget.
+    point is the fastest of the study's Pareto front (`study.best_trials`) within the
+    accuracy budget.
     """
 
     @property
