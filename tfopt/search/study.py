@@ -31,7 +31,8 @@ WARMUP_EPOCHS = 2
 WARMUP_SHARE = 0.25
 """The share of its epoch cap a trial gets before the pruner may stop it, where that is more
 than `WARMUP_EPOCHS`: a residual network's model with 62.5% of its filters removed was below
-0.80 after 3 epochs and back within the budget (0.98) by its 49th (docs/measurements.md)."""
+0.80 after 3 epochs in one run and back within the budget (0.98) by its 49th in another
+(docs/measurements.md)."""
 SAMPLER_STARTUP_TRIALS = 2
 """A joint study's trials before its TPE sampler models the objectives (the first point is
 `Joint.first`; the next ones are drawn at random): its budget holds a handful of trials."""
