@@ -1,8 +1,13 @@
 """Quantization-aware training: fake-quantized fine-tuning, exported for int8 conversion.
 
-The same fine-tuning serves the collaborative forms (`techniques.pqat`, `techniques.cqat`):
-they only choose another tfmot quantization scheme, one that keeps the zeros or the clusters of
-the model they continue from.
+Before the fine-tuning, the activation ranges are set from training images
+(`tfopt.models.quantization_ranges`): tfmot starts them at [-6, 6] and a few epochs on a small
+data set do not move them far from there. Each validation sees batch-norm statistics
+re-estimated (`tfopt.models.batch_norm`), as every fine-tuning's does.
+
+The same fine-tuning serves the collaborative forms (`techniques.pqat`, `techniques.cqat`): they
+only choose another tfmot quantization scheme, one that keeps the zeros or the clusters of the
+model they continue from.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from techniques.base import (
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
 from tfopt.models.keras_io import copy_model, is_layer_graph
+from tfopt.models.quantization_ranges import CALIBRATION_IMAGES, calibrate_ranges
 from tfopt.models.serving_export import save_serving_savedmodel
 from tfopt.models.training import evaluate_test_accuracy, fit, recovery
 
@@ -123,6 +129,9 @@ def train_quantization_aware(
     base, translation = tfmot_model(model, data)
     qat, floats = make_quantization_aware(base, None if scheme is None else scheme(),
                                           cfg.unsupported_layers)
+    calibrated = calibrate_from_training(qat, base, data)
+    logger.info("%s: %d activation ranges set from %d training images before the fine-tuning "
+                "(tfmot starts them at [-6, 6])", source, len(calibrated), CALIBRATION_IMAGES)
     if floats:
         logger.info("%s: %d layers tfmot's 8-bit scheme has no rule for train in float "
                     "(unsupported_layers: float), calibrated by the int8 converter: %s", source,
@@ -137,10 +146,23 @@ def train_quantization_aware(
         model, source, path, fitted, fmt="savedmodel",
         params={"technique": technique, "scheme": scheme_name, "starts_from": model.name,
                 "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
-                "float_layers": ",".join(floats)[:500] or "none"},
+                "float_layers": ",".join(floats)[:500] or "none",
+                "ranges_calibrated": len(calibrated)},
         metrics={"test_accuracy": accuracy, "float_layer_count": float(len(floats))},
         translation=translation,
     )
+
+
+def calibrate_from_training(qat: keras.Model, base: keras.Model, data: TrainingData) -> list[str]:
+    """Set the fake-quantized model's activation ranges from training images (see the module).
+
+    Returns:
+        The layers whose output ranges were set.
+    """
+    from tfopt.data.pipeline import load_split
+
+    images, _ = load_split(data.dataset, "train", CALIBRATION_IMAGES, data.input_scale)
+    return calibrate_ranges(qat, base, images)
 
 
 @task(name="quantize_aware_train", tags=["compression"])

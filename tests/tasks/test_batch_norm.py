@@ -1,4 +1,4 @@
-"""Batch-norm statistics re-estimated from training images before a model is judged."""
+"""Batch-norm statistics re-estimated before a model is judged; QAT ranges set from images."""
 
 from __future__ import annotations
 
@@ -7,10 +7,15 @@ import numpy as np
 import pytest
 import tf_keras
 
+from techniques.qat import make_quantization_aware
 from tfopt.models.batch_norm import (
     batch_norm_layers,
     reestimate,
     reestimated_if_better,
+)
+from tfopt.models.quantization_ranges import (
+    calibrate_ranges,
+    moving_average_ranges,
 )
 from tfopt.models.training import fit
 
@@ -21,8 +26,8 @@ def _net(module, image_size: int = 8, classes: int = 3):
     inputs = module.Input((image_size, image_size, 3))
     x = module.layers.Conv2D(4, 3, padding="same", use_bias=False, name="conv")(inputs)
     x = module.layers.BatchNormalization(name="bn")(x)
-    x = module.layers.ReLU()(x)
-    x = module.layers.GlobalAveragePooling2D()(x)
+    x = module.layers.ReLU(name="relu")(x)
+    x = module.layers.GlobalAveragePooling2D(name="pool")(x)
     return module.Model(inputs, module.layers.Dense(classes, name="logits")(x))
 
 
@@ -64,14 +69,40 @@ def test_stale_statistics_are_replaced_and_better_ones_kept():
     assert judged["bn_val_accuracy_after"] == 1.0 and judged["bn_reestimated"] == 1.0
 
 
-def test_models_without_batch_norm_or_wrapped_by_tfmot_are_left_alone():
-    import tensorflow_model_optimization as tfmot
-
+def test_models_without_batch_norm_are_left_alone():
     plain = tf_keras.Sequential([tf_keras.Input((8, 8, 3)), tf_keras.layers.Flatten(),
                                  tf_keras.layers.Dense(3)])
     assert batch_norm_layers(plain) == []
-    pruned = tfmot.sparsity.keras.prune_low_magnitude(_net(tf_keras))
-    assert batch_norm_layers(pruned) == []
+
+
+def test_a_quantization_aware_model_keeps_its_ranges_when_its_statistics_are_reestimated():
+    qat, _ = make_quantization_aware(_net(tf_keras))
+    (bn,) = batch_norm_layers(qat)
+    ranges = moving_average_ranges(qat)
+    for quantizer in ranges:
+        quantizer.low.assign(np.full(quantizer.low.shape, -1.5, np.float32))
+        quantizer.high.assign(np.full(quantizer.high.shape, 2.5, np.float32))
+    bn.moving_mean.assign(np.full(4, 5.0, np.float32))
+    reestimate(qat, [bn], RNG.random((64, 8, 8, 3), dtype=np.float32))
+    assert not np.allclose(np.array(bn.moving_mean), 5.0), "the statistics re-estimated"
+    assert ranges and all(float(np.min(q.low)) == -1.5 and float(np.max(q.high)) == 2.5
+                          for q in ranges), "the ranges the training pass moved put back"
+
+
+def test_quantization_ranges_start_where_the_float_tensors_are():
+    base = _net(tf_keras)
+    qat, _ = make_quantization_aware(base)
+    images = RNG.random((96, 8, 8, 3), dtype=np.float32) * 4.0
+    calibrated = calibrate_ranges(qat, base, images, batch_size=32)
+    assert calibrated == ["logits", "pool", "relu"]
+    ranges = {q.layer: q for q in moving_average_ranges(qat)}
+    logits = np.asarray(base(images, training=False))
+    batches = [logits[start:start + 32] for start in range(0, 96, 32)]
+    assert float(ranges["logits"].high) == pytest.approx(
+        np.mean([max(b.max(), 0.0) for b in batches]), rel=1e-5)
+    assert float(ranges["logits"].low) == pytest.approx(
+        np.mean([min(b.min(), 0.0) for b in batches]), rel=1e-5)
+    assert float(ranges["relu"].low) == 0.0, "0 always inside a range, as tfmot keeps it"
 
 
 def test_every_validation_of_a_training_sees_reestimated_statistics(tiny_data):

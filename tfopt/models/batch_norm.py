@@ -10,9 +10,13 @@ the model is scored on the validation split with its moving statistics as they a
 re-estimated, and keeps whichever is better: the plateau, the best epoch, and every file made
 from the kept weights see statistics that match the data.
 
-Models whose layers tensorflow-model-optimization wraps (pruning, clustering, QAT) are left
-alone: their wrappers keep state of their own (masks, quantization ranges) that a forward pass
-in training mode would move. A model without batch normalization is untouched.
+Models whose layers tensorflow-model-optimization wraps (pruning, clustering, QAT) are
+re-estimated too, their batch-norm layers found inside the wrappers; their wrappers keep state
+of their own (masks, quantization ranges) that a forward pass in training mode moves, so every
+variable but the batch-norm statistics is put back after it. A quantization-aware fine-tuning
+needs it most: its few steps move the weights and leave the statistics behind, and its int8
+file lost points it kept once re-estimated (docs/measurements.md). A model without batch
+normalization is untouched.
 """
 
 from __future__ import annotations
@@ -57,16 +61,12 @@ def _is_wrapped_by_tfmot(layer: Any) -> bool:
 
 
 def batch_norm_layers(model: Any) -> list[Any]:
-    """The trainable batch-norm layers whose statistics can be re-estimated.
+    """The trainable batch-norm layers whose statistics can be re-estimated, wrapped ones too.
 
-    Empty for a model without any, for one whose layers tfmot wraps (see the module's
-    docstring), and when a batch-norm layer is frozen (a head trained alone keeps them as
-    they came).
+    Empty for a model without any, and when a batch-norm layer is frozen (a head trained
+    alone keeps them as they came).
     """
-    layers = list(_layers_of(model))
-    if any(_is_wrapped_by_tfmot(layer) for layer in layers):
-        return []
-    found = [layer for layer in layers[1:] if _is_batch_norm(layer)]
+    found = [layer for layer in list(_layers_of(model))[1:] if _is_batch_norm(layer)]
     if any(not layer.trainable for layer in found):
         return []
     return found
@@ -77,9 +77,11 @@ def reestimate(model: Any, layers: list[Any], images: np.ndarray,
     """Set the moving mean and variance of `layers` to their mean over `images`, in place.
 
     One forward pass per batch in training mode, the k-th with momentum (k - 1) / k: each
-    batch's statistics weigh the same, the old moving averages nothing.
+    batch's statistics weigh the same, the old moving averages nothing. In a model tfmot
+    wraps, every other variable (masks, quantization ranges) is put back afterwards.
     """
     momenta = [layer.momentum for layer in layers]
+    others = _wrapper_state(model, layers)
     try:
         for count, start in enumerate(range(0, len(images), batch_size), start=1):
             for layer in layers:
@@ -88,6 +90,18 @@ def reestimate(model: Any, layers: list[Any], images: np.ndarray,
     finally:
         for layer, momentum in zip(layers, momenta, strict=True):
             layer.momentum = momentum
+        for variable, value in others:
+            variable.assign(value)
+
+
+def _wrapper_state(model: Any, layers: list[Any]) -> list[tuple[Any, np.ndarray]]:
+    """Every variable of a tfmot-wrapped `model` but `layers`' statistics, with its value."""
+    if not any(_is_wrapped_by_tfmot(layer) for layer in _layers_of(model)):
+        return []
+    statistics = {id(variable) for layer in layers
+                  for variable in (layer.moving_mean, layer.moving_variance)}
+    return [(variable, variable.numpy()) for variable in model.weights
+            if id(variable) not in statistics]
 
 
 def moving_statistics(layers: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
