@@ -49,7 +49,7 @@ AUTOMATIC_PLAN: dict[str, Any] = {
                         "epochs": "auto"},
         "distill": {"enabled": True, "student": "thinner", "require_gain": True,
                     "epochs": 30},
-        "qat": {"enabled": True},
+        "qat": {"enabled": True}, "thinned_qat": {"enabled": True},
         "prune": {"enabled": False}, "cluster": {"enabled": False},
         "pqat": {"enabled": False}, "cqat": {"enabled": False},
         "tflite": ["fp32", "int8"], "graph": False,
@@ -65,10 +65,11 @@ they were back, docs/measurements.md), distillation kept only where it pays (its
 improving, docs/measurements.md), int8 of every compressed model on every runtime (each key of
 ``convert`` and ``runtimes`` only where the config does not set it). Width and depth are also
 searched together (`techniques.width_depth`: an Optuna sampler's points), once every
-fine-tuning has had its turn. Depth pruning's search tries removing every residual block first, then
-bisects below only after the other searches (`techniques.planner`): run after channel
-pruning's search, or bisecting from the middle, it was cut or never tried 100%
-(docs/measurements.md)."""
+fine-tuning has had its turn. Channel pruning's chosen model is also fine-tuned for int8
+(`techniques.thinned_qat`) once the searches are done. Depth pruning's search tries removing
+every residual block first, then bisects below only after the other searches
+(`techniques.planner`): run after channel pruning's search, or bisecting from the middle, it
+was cut or never tried 100% (docs/measurements.md)."""
 
 
 def _under(config: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:

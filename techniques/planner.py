@@ -6,8 +6,10 @@ fine-tuning, submitted in order (the longest last, `longest_last`) and waited fo
 by its epochs' share of the time left when it starts (`TrainingData.epochs_queued`); then a
 joint search's first round (its knobs' own searches covered it); only then do the searches
 deepen, in the time left, the one that paid most per second so far first
-(`Search.paid_per_second`). A technique is cut only when even its shortest run
-(`shortest_run_s`) does not fit, and `Planner.plan_line` says before any starts which fit.
+(`Search.paid_per_second`), leaving the shortest runs of the fine-tunings that continue from a
+searched technique's model (QAT of channel pruning's), which run last. A technique is cut
+only when even its shortest run (`shortest_run_s`) does not fit, and `Planner.plan_line` says
+before any starts which fit.
 A search that ran first no longer takes the time of the techniques after it: on the demo
 channel pruning's bisection once cut distillation, pruning, QAT and clustering.
 """
@@ -87,6 +89,25 @@ def refusal_of(search: Search) -> str | None:
                  if trial.status == "not_applicable"), None)
 
 
+@dataclass(frozen=True)
+class PlanOrder:
+    """The plan's techniques by when they start.
+
+    Attributes:
+        first: The searches from the baseline: their first rounds before anything else.
+        after: Every other technique's fine-tuning (and the searches continuing from another
+            technique's model), the longest last.
+        combined: The joint searches: their first rounds once every fine-tuning is done.
+        last: The fine-tunings that continue from a searched technique's model: once the
+            searches have deepened, in the time they leave them (their shortest runs kept).
+    """
+
+    first: list[Planned]
+    after: list[Planned]
+    combined: list[Planned]
+    last: list[Planned]
+
+
 @dataclass
 class Planner:
     """Runs the techniques of one compression subflow in the plan's order.
@@ -126,7 +147,9 @@ class Planner:
 
     def plan_line(self, plans: list[Planned]) -> str:
         """Which techniques the time left gives their shortest run, said before any starts."""
-        names = [p.technique.name + (" (search)" if self.searched(p) else "")
+        last = self._groups(plans).last
+        names = [p.technique.name + (" (search)" if self.searched(p) else
+                                     " (after the searches)" if p in last else "")
                  for p in self._run_order(plans)]
         if self.data.deadline is None:
             return f"compression plan: {', '.join(names)}, each to its epoch cap (no budget)"
@@ -143,55 +166,67 @@ class Planner:
 
     def run(self, plans: list[Planned]) -> dict[str, Any]:
         """Each technique's outcome (a final state, or a future): every technique before depth."""
-        searched, after, combined = self._first_and_after(plans)
-        for planned in searched:
+        order = self._groups(plans)
+        for planned in order.first:
             self._first_round(planned, self.baseline)
-        fine_tunes = [p for p in after if not self.searched(p)]
-        for planned in after:
+        fine_tunes = [p for p in order.after if not self.searched(p)]
+        for planned in order.after:
             start = (self.baseline if planned.starts_from is None
                      else self.finished(planned.starts_from))
             if self.searched(planned):
                 self._search_after(planned, start)
             else:
-                queued = fine_tunes[fine_tunes.index(planned):]
-                self._outcomes[planned.technique.name] = contained(
-                    planned.technique.name).submit(start, planned.cfg, self._queued(queued),
-                                                   self.run_dir / "models")
-        for outcome in list(self._outcomes.values()):
-            if not isinstance(outcome, State):
-                outcome.wait()
-        for planned in combined:
+                self._submit(planned, start, fine_tunes[fine_tunes.index(planned):])
+        self._wait()
+        for planned in order.combined:
             self._first_round(planned, self.baseline)
+        reserved = sum(shortest_run_s(p.cfg, self.data) for p in order.last) / self.workers
         for name in sorted(self._deepen, key=lambda n: -self.searches[n].paid_per_second()):
-            self.finished(name)
+            self.finished(name, reserved)
+        for index, planned in enumerate(order.last):
+            self._submit(planned, self.finished(planned.starts_from), order.last[index:])
+        self._wait()
         return self._outcomes
 
-    def finished(self, name: str) -> Any:
-        """A technique's outcome; a search's once it has deepened in the time left."""
+    def finished(self, name: str, reserved_s: float = 0.0) -> Any:
+        """A technique's outcome; a search's once it has deepened in the time left.
+
+        Args:
+            name: The technique.
+            reserved_s: Seconds before the deadline a search's deepening leaves to the
+                fine-tunings that continue from the searches' models.
+        """
         if name in self._deepen and name not in self._outcomes:
             planned, start = self._deepen[name]
-            self._rounds(self.searches[name], planned, start)
+            self._rounds(self.searches[name], planned, start, reserved_s=reserved_s)
             self._outcomes[name] = self._searched(self.searches[name], planned, start)
         return self._outcomes[name]
 
-    def _first_and_after(self, plans: list[Planned]
-                         ) -> tuple[list[Planned], list[Planned], list[Planned]]:
-        """The searches from the baseline, the other techniques, the joint searches.
+    def _submit(self, planned: Planned, start: Any, queued: list[Planned]) -> None:
+        """A fine-tuning submitted from `start`, its deadline shared with those `queued`."""
+        self._outcomes[planned.technique.name] = contained(planned.technique.name).submit(
+            start, planned.cfg, self._queued(queued), self.run_dir / "models")
 
-        The searches from the baseline run their first rounds first; a search of knobs that
-        compose is depth, not coverage (each knob's own search covers it), so its first round
-        waits for every fine-tuning.
-        """
+    def _wait(self) -> None:
+        for outcome in list(self._outcomes.values()):
+            if not isinstance(outcome, State):
+                outcome.wait()
+
+    def _groups(self, plans: list[Planned]) -> PlanOrder:
+        """The plan's techniques by when they start (see `PlanOrder`)."""
         enabled = [p for p in plans if p.refusal is None]
+        searched = {p.technique.name for p in enabled if self.searched(p)}
         combined = [p for p in enabled if isinstance(p.technique.knob, Joint)
                     and searched_from_baseline(p) and self.searched(p)]
         first = [p for p in searches_first(enabled)
                  if searched_from_baseline(p) and self.searched(p) and p not in combined]
-        return first, longest_last([p for p in enabled if p not in first + combined]), combined
+        last = [p for p in enabled if p.starts_from in searched and not self.searched(p)]
+        after = longest_last([p for p in enabled if p not in first + combined + last])
+        return PlanOrder(first, after, combined, last)
 
     def _run_order(self, plans: list[Planned]) -> list[Planned]:
-        first, after, combined = self._first_and_after(plans)
-        return [*first, *after, *combined]
+        order = self._groups(plans)
+        return [*order.first, *order.after, *order.combined, *order.last]
 
     def _queued(self, queued: list[Planned]) -> TrainingData:
         """The training data of the first of `queued` fine-tunings: what the queue shares."""
@@ -221,15 +256,17 @@ class Planner:
                                 if isinstance(made, Skipped) else start_state)
 
     def _rounds(self, search: Search, planned: Planned, start: ModelArtifact,
-                rounds: int | None = None) -> None:
+                rounds: int | None = None, reserved_s: float = 0.0) -> None:
         """Trials of a technique's strength on the task runner, `rounds` rounds at most.
 
         A round tries as many settings as the runner has workers; each trial reports to the
-        study, which is kept in the work folder (a killed run resumes it).
+        study, which is kept in the work folder (a killed run resumes it). No round starts
+        that would end within `reserved_s` of the deadline.
         """
         name, done = planned.technique.name, 0
+        deadline = None if self.data.deadline is None else self.data.deadline - reserved_s
         while (rounds is None or done < rounds) and not refusal_of(search) and (
-                opened := search.next_trials(self.workers, self.data.deadline)):
+                opened := search.next_trials(self.workers, deadline)):
             futures = [(point, self.trial_task.submit(
                 name, point, "-".join(f"{v:g}" for v in point.values()), start, planned.cfg,
                 self.data.model_copy(update={"trial": ref}), search.trial_folder(point),

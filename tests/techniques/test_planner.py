@@ -56,3 +56,28 @@ def test_the_longest_fine_tuning_runs_last_and_takes_what_those_before_left(tiny
         "a technique another continues from stays before it")
     assert ordered.index("prune") < ordered.index("pqat")
     assert sorted(ordered) == sorted(p.technique.name for p in plan(config, tiny_baseline))
+
+
+def test_a_fine_tuning_continuing_from_a_searched_model_runs_once_the_searches_are_done(
+        tiny_baseline, tiny_data, tmp_path):
+    config = PipelineConfig.model_validate({"name": "plan", "compress": {
+        "channel_prune": {"enabled": True, "fraction": "auto", "epochs": 2},
+        "thinned_qat": {"enabled": True, "epochs": 2},
+        "qat": {"enabled": True, "epochs": 2}}})
+    plans = plan(config, tiny_baseline)
+    thinned = next(p for p in plans if p.technique.name == "thinned_qat")
+    assert thinned.starts_from == "channel_prune" and thinned.refusal is None
+    assert [spec.name for spec in thinned.variants if spec.status == "ok"] == [
+        "thinned-qat-tflite-int8"]
+    data = tiny_data.model_copy(update={"epoch_s": 1.0, "deadline": time.time() + 600.0})
+    searching = Planner(config, tiny_baseline, data, tmp_path, tmp_path, "parent", run_trial)
+    assert searching.plan_line(plans).split(" for ")[1].startswith(
+        "channel_prune (search), qat, prune, distill, thinned_qat (after the searches), then")
+    fine_tuned = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial)
+    assert fine_tuned.plan_line(plans).split(" for ")[1].startswith(
+        "channel_prune, qat, thinned_qat, prune, distill,"), "nothing searched: the usual order"
+    alone = PipelineConfig.model_validate({"name": "plan", "compress": {
+        "thinned_qat": {"enabled": True}}})
+    (refused,) = [p for p in plan(alone, tiny_baseline) if p.technique.name == "thinned_qat"]
+    assert refused.refusal == ("thinned_qat continues from the channel_prune technique's "
+                               "model: enable compress.channel_prune")
