@@ -337,10 +337,10 @@ def _compressed_variants(
 
     Every fine-tuning stops once back within the accuracy budget of the baseline's validation
     accuracy, give or take two validation images (`recovery_target`); a search's trial must
-    also keep its int8 file within the budget of the baseline's test accuracy, the champion's
-    rule, and is timed side by side with the baseline's int8 file (`baseline_int8`). If the
-    subflow fails as a whole (e.g. its Dask cluster), every planned compressed variant is
-    marked failed and the baseline variants still go on.
+    also keep a file within the budget of the baseline's validation accuracy, the champion's
+    rule (`kept_val_accuracy`), and is timed side by side with the baseline's int8 file
+    (`baseline_int8`). If the subflow fails as a whole (e.g. its Dask cluster), every planned
+    compressed variant is marked failed and the baseline variants still go on.
     """
     budget_points = config.benchmark.accuracy_budget_points
     val_examples = data.dataset.splits["val"].examples
