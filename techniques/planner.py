@@ -6,8 +6,9 @@ fine-tuning, submitted in order (the longest last, `longest_last`) and waited fo
 by its epochs' share of the time left when it starts (`TrainingData.epochs_queued`); then a
 joint search's first round (its knobs' own searches covered it); only then do the searches
 deepen, in the time left, the one that paid most per second so far first
-(`Search.paid_per_second`), leaving the shortest runs of the fine-tunings that continue from a
-searched technique's model (QAT of channel pruning's), which run last. A technique is cut
+(`Search.paid_per_second`). The fine-tunings that continue from a searched technique's model
+(QAT of channel pruning's) run last: the fine-tunings before them share the time with them,
+and the joint searches and the deepening leave them their shortest runs. A technique is cut
 only when even its shortest run (`shortest_run_s`) does not fit, and `Planner.plan_line` says
 before any starts which fit.
 A search that ran first no longer takes the time of the techniques after it: on the demo
@@ -176,11 +177,12 @@ class Planner:
             if self.searched(planned):
                 self._search_after(planned, start)
             else:
-                self._submit(planned, start, fine_tunes[fine_tunes.index(planned):])
+                self._submit(planned, start,
+                             [*fine_tunes[fine_tunes.index(planned):], *order.last])
         self._wait()
-        for planned in order.combined:
-            self._first_round(planned, self.baseline)
         reserved = sum(shortest_run_s(p.cfg, self.data) for p in order.last) / self.workers
+        for planned in order.combined:
+            self._first_round(planned, self.baseline, reserved)
         for name in sorted(self._deepen, key=lambda n: -self.searches[n].paid_per_second()):
             self.finished(name, reserved)
         for index, planned in enumerate(order.last):
@@ -235,13 +237,17 @@ class Planner:
             "shortest_queued_s": sum(shortest_run_s(p.cfg, self.data)
                                      for p in queued) / self.workers})
 
-    def _first_round(self, planned: Planned, start: ModelArtifact) -> None:
-        """Open a technique's search and run its first round; it deepens after the others."""
+    def _first_round(self, planned: Planned, start: ModelArtifact,
+                     reserved_s: float = 0.0) -> None:
+        """Open a technique's search and run its first round; it deepens after the others.
+
+        The round does not start within `reserved_s` of the deadline (`_rounds`).
+        """
         search = open_search(planned, self.config, start, self.data)
         search.expected_round_s = max(
             filter(None, (done.round_seconds for done in self.searches.values())), default=None)
         self.searches[planned.technique.name] = search
-        self._rounds(search, planned, start, rounds=1)
+        self._rounds(search, planned, start, rounds=1, reserved_s=reserved_s)
         self._deepen[planned.technique.name] = (planned, start)
 
     def _search_after(self, planned: Planned, start: Any) -> None:
