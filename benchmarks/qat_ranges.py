@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from compression import build
 
 import tfopt  # noqa: F401
 from flows.parameters import load_pipeline_config
@@ -37,8 +38,8 @@ from tfopt.models.quantization_ranges import (
 )
 from tfopt.models.serving_export import save_serving_savedmodel
 from tfopt.models.training import fit
-from tfopt.runtimes import build_here, plan_variant, runtime_of, settings_of
-from tfopt.runtimes.base import BuildSources, predict_batched
+from tfopt.runtimes import plan_variant
+from tfopt.runtimes.base import predict_batched
 from tfopt.runtimes.litert import TFLiteRunner
 
 
@@ -49,10 +50,8 @@ def int8_accuracies(qat: object, baseline: ModelArtifact, data: TrainingData, co
     save_serving_savedmodel(qat, baseline.image_size, path, baseline.class_names,
                             baseline.channels)
     savedmodel = baseline.model_copy(update={"name": name, "path": path, "format": "savedmodel"})
-    sources = BuildSources(model=savedmodel, savedmodel=savedmodel, dataset=data.dataset,
-                           out_dir=out, calibration_examples=config.convert.calibration_examples)
     spec = plan_variant(name, "tflite", "int8")
-    built = build_here(spec, sources, settings_of(runtime_of("tflite"), config))
+    built = build(spec, savedmodel, config, data.dataset, out)
     if built.status != "ok" or built.path is None:
         raise RuntimeError(f"{spec.name}: {built.error}")
     runner = TFLiteRunner(built.path, threads=2)
@@ -65,8 +64,9 @@ def int8_accuracies(qat: object, baseline: ModelArtifact, data: TrainingData, co
 
 def ranges_line(qat: object) -> str:
     """The moving-average ranges' spread: their lowest minimum and highest maximum, their mean."""
-    lows = [float(np.min(r.low)) for r in moving_average_ranges(qat)]
-    highs = [float(np.max(r.high)) for r in moving_average_ranges(qat)]
+    ranges = moving_average_ranges(qat)
+    lows = [float(np.min(r.low)) for r in ranges]
+    highs = [float(np.max(r.high)) for r in ranges]
     return (f"{len(lows)} ranges, min [{min(lows):.2f}, {max(lows):.2f}], "
             f"max [{min(highs):.2f}, {max(highs):.2f}]")
 

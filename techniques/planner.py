@@ -108,6 +108,10 @@ class PlanOrder:
     combined: list[Planned]
     last: list[Planned]
 
+    def in_order(self) -> list[Planned]:
+        """Every technique of the plan, in the order they start."""
+        return [*self.first, *self.after, *self.combined, *self.last]
+
 
 @dataclass
 class Planner:
@@ -148,15 +152,16 @@ class Planner:
 
     def plan_line(self, plans: list[Planned]) -> str:
         """Which techniques the time left gives their shortest run, said before any starts."""
-        last = self._groups(plans).last
+        order = self._groups(plans)
+        ordered = order.in_order()
         names = [p.technique.name + (" (search)" if self.searched(p) else
-                                     " (after the searches)" if p in last else "")
-                 for p in self._run_order(plans)]
+                                     " (after the searches)" if p in order.last else "")
+                 for p in ordered]
         if self.data.deadline is None:
             return f"compression plan: {', '.join(names)}, each to its epoch cap (no budget)"
         clock = Clock(deadline=self.data.deadline)
         left = clock.left() or 0.0
-        shortest = [shortest_run_s(p.cfg, self.data) for p in self._run_order(plans)]
+        shortest = [shortest_run_s(p.cfg, self.data) for p in ordered]
         fits = [name for name, end in zip(names, _running_sums(shortest), strict=True)
                 if clock.can_start(end / self.workers)]
         cut = names[len(fits):]
@@ -225,10 +230,6 @@ class Planner:
         last = [p for p in enabled if p.starts_from in searched and not self.searched(p)]
         after = longest_last([p for p in enabled if p not in first + combined + last])
         return PlanOrder(first, after, combined, last)
-
-    def _run_order(self, plans: list[Planned]) -> list[Planned]:
-        order = self._groups(plans)
-        return [*order.first, *order.after, *order.combined, *order.last]
 
     def _queued(self, queued: list[Planned]) -> TrainingData:
         """The training data of the first of `queued` fine-tunings: what the queue shares."""

@@ -95,7 +95,11 @@ def reestimate(model: Any, layers: list[Any], images: np.ndarray,
 
 
 def _wrapper_state(model: Any, layers: list[Any]) -> list[tuple[Any, np.ndarray]]:
-    """Every variable of a tfmot-wrapped `model` but `layers`' statistics, with its value."""
+    """Every variable of a tfmot-wrapped `model` but `layers`' statistics, with its value.
+
+    Trainable ones too: in training mode a pruning wrapper's mask update writes the masked
+    kernel back.
+    """
     if not any(_is_wrapped_by_tfmot(layer) for layer in _layers_of(model)):
         return []
     statistics = {id(variable) for layer in layers
