@@ -101,7 +101,7 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int, ha
           f"{baseline.metrics['test_accuracy']:.4f}", flush=True)
     budget = config.benchmark.accuracy_budget_points
     data = data.model_copy(update={
-        "recover_to": recovery_target(baseline, budget, dataset.splits["val"].examples),
+        "recover_to": recovery_target(baseline, budget, dataset.examples(dataset.selection_split)),
         "recover_test_to": kept_test_accuracy(baseline, budget)})
     images, labels = load_split(dataset, "test", scale=config.model.input_scale)
     singles = [image[None] for image in images[:64]]

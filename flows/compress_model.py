@@ -22,7 +22,7 @@ from techniques.base import Skipped
 from techniques.outcomes import not_built, replanned, with_read_back
 from techniques.planner import Planner
 from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
-from tfopt.models.baseline import validation_margin
+from tfopt.models.baseline import selection_examples, validation_margin
 from tfopt.orchestration import claim_flow_run, final_state
 from tfopt.search import search_summary
 from tfopt.tracking import RunRef
@@ -83,8 +83,7 @@ def _built(planned: Planned, model: ModelArtifact, config: PipelineConfig,
     """A technique's forms of its model (added to `made`), or why they are not worth building."""
     baseline, data = start
     again = replanned(planned, model, config, baseline, made)
-    margin = validation_margin(config.benchmark.accuracy_budget_points,
-                               data.dataset.splits["val"].examples)
+    margin = validation_margin(config.benchmark.accuracy_budget_points, selection_examples(data))
     made[planned.technique.name] = model
     if (short := cut_short(model, data, margin)) is not None:
         get_run_logger().warning(short)

@@ -79,6 +79,7 @@ from tfopt.models.baseline import (
     epoch_seconds,
     kept_val_accuracy,
     recovery_target,
+    selection_examples,
 )
 from tfopt.models.health import verdicts_note
 from tfopt.models.sources import source_stamp
@@ -335,17 +336,17 @@ def _compressed_variants(
 ) -> Compressed:
     """The compression subflow on the configured task runner, its models' metrics logged.
 
-    Every fine-tuning stops once back within the accuracy budget of the baseline's validation
-    accuracy, give or take two validation images (`recovery_target`); a search's trial must
-    also keep a file within the budget of the baseline's validation accuracy, the champion's
+    Every fine-tuning stops once back within the accuracy budget of the baseline's accuracy on
+    the split trainings choose on, give or take two of its images (`recovery_target`); a
+    search's trial must also keep a file within the budget of the baseline's validation
+    accuracy, read on images no training chose on, the champion's
     rule (`kept_val_accuracy`), and is timed side by side with the baseline's int8 file
     (`baseline_int8`). If the subflow fails as a whole (e.g. its Dask cluster), every planned
     compressed variant is marked failed and the baseline variants still go on.
     """
     budget_points = config.benchmark.accuracy_budget_points
-    val_examples = data.dataset.splits["val"].examples
     tuning = data.model_copy(update={"recover_to": recovery_target(baseline, budget_points,
-                                                                   val_examples),
+                                                                   selection_examples(data)),
                                      "file_target": kept_val_accuracy(baseline, budget_points),
                                      "speedup_reference": baseline_int8(baseline_variants,
                                                                         baseline.name),
@@ -391,7 +392,7 @@ def _baseline_holds(
     baseline = made.baseline
     beating = children_beating(baseline, compressed.models,
                                config.benchmark.accuracy_budget_points,
-                               data.dataset.splits["val"].examples)
+                               selection_examples(data))
     if not beating or baseline.format != "keras":
         return made
     beaten = f"beaten by {'; '.join(beating)}"

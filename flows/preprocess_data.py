@@ -48,8 +48,9 @@ def preprocess_data(config: PreprocessConfig = PreprocessConfig()) -> dict[str, 
         key="tfopt-dataset",
         markdown=(
             f"# {config.name}: {dataset.shards} shards in `{dataset.root}`\n\n"
-            f"train {summary['train_examples']}, val {summary['val_examples']}, test "
-            f"{summary['test_examples']} examples; {dataset.skipped_records} skipped.\n\n"
+            f"train {summary['train_examples']}, select {summary['select_examples']}, val "
+            f"{summary['val_examples']}, test {summary['test_examples']} examples; "
+            f"{dataset.skipped_records} skipped.\n\n"
             f"**MLflow run:** [{run.run_id}]({run.url})"
         ),
         description="Shards and manifest, with a link to the MLflow run",

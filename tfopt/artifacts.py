@@ -56,6 +56,19 @@ class DatasetArtifact(_Frozen):
         """Number of labels."""
         return len(self.class_names)
 
+    def examples(self, split: str) -> int:
+        """The examples of `split` (0 for a split this data set does not have)."""
+        info = self.splits.get(split)
+        return info.examples if info is not None else 0
+
+    @property
+    def selection_split(self) -> str:
+        """The split trainings choose on during their epochs.
+
+        ``select`` where the data set has one (``data.select_fraction``), else ``val``.
+        """
+        return "select" if self.examples("select") else "val"
+
 
 class TrialRef(_Frozen):
     """A search trial a fine-tuning reports its validation curve to (`tfopt.search`)."""

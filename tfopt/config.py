@@ -66,6 +66,11 @@ AUTO_VAL_SHARES = (0.1, 0.25)
 """The smallest and largest share of the examples ``val_fraction: auto`` takes."""
 
 
+AUTO_SELECT_MIN_IMAGES = 100
+"""``select_fraction: auto`` carves a selection split only when it gets at least this many
+images: below that, its per-epoch readings would be too coarse to stop a training on."""
+
+
 class DataConfig(Section):
     """Where the labelled data comes from and how it is split and sharded."""
 
@@ -95,6 +100,16 @@ class DataConfig(Section):
     )
     test_fraction: float = Field(
         0.2, gt=0.0, le=0.4, description="Share of examples in the test split (benchmarks use it)."
+    )
+    select_fraction: float | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "Share of examples carved from training into the selection split, which every "
+            "training reads during its epochs (best epoch, early stop, batch-norm check), so "
+            "the validation split judges each model's files on images no training chose on. "
+            "auto: half the validation split's share when that gives at least "
+            f"{AUTO_SELECT_MIN_IMAGES} images, else none. 0: trainings read validation."
+        ),
     )
     max_examples_per_class: int | None = Field(
         None, ge=1, le=100_000_000,
@@ -132,8 +147,11 @@ class DataConfig(Section):
             raise ValueError("max_examples_per_class applies to image_folder sources only")
         if self.val_fraction != "auto" and not 0.0 <= self.val_fraction <= 0.4:
             raise ValueError("val_fraction must be auto or between 0 and 0.4")
-        if max(self.val_share(1), self.val_share(1_000_000)) + self.test_fraction >= 0.8:
-            raise ValueError("val_fraction + test_fraction must be below 0.8")
+        if self.select_fraction != "auto" and not 0.0 <= self.select_fraction <= 0.2:
+            raise ValueError("select_fraction must be auto or between 0 and 0.2")
+        if max(self.val_share(n) + self.select_share(n) for n in (1, 1_000_000)) \
+                + self.test_fraction >= 0.8:
+            raise ValueError("val_fraction + select_fraction + test_fraction must be below 0.8")
         return self
 
     def val_share(self, examples: int) -> float:
@@ -143,6 +161,13 @@ class DataConfig(Section):
         needed = 100.0 / self.auto_val_image_points
         low, high = AUTO_VAL_SHARES
         return round(min(high, max(low, needed / max(examples, 1))), 4)
+
+    def select_share(self, examples: int) -> float:
+        """The selection split's share of `examples` listed (`select_fraction`, auto resolved)."""
+        if self.select_fraction != "auto":
+            return self.select_fraction
+        share = round(self.val_share(examples) / 2, 4)
+        return share if share * examples >= AUTO_SELECT_MIN_IMAGES else 0.0
 
     def val_note(self, examples: int) -> str | None:
         """Why the validation split cannot resolve `auto_val_image_points` (None: it can)."""

@@ -56,16 +56,19 @@ def check_data(cfg: DataConfig) -> DataFacts:
         _check_readable(cfg.source_dir, listing)
     per_split = Counter(image.split for image in listing.images)
     counts = {split: per_split.get(split, 0) for split in ("train", "val", "test")}
-    empty = [split for split, count in counts.items() if count == 0
-             and (split == "train" or (listing.val_fraction if split == "val"
-                                       else cfg.test_fraction) > 0)]
+    shares = {"train": 1.0, "val": listing.val_fraction, "test": cfg.test_fraction}
+    if listing.select_fraction > 0:
+        counts["select"] = per_split.get("select", 0)
+        shares["select"] = listing.select_fraction
+    empty = [split for split, count in counts.items() if count == 0 and shares[split] > 0]
     if empty:
         kind = "files" if cfg.source_format == "image_folder" else "records"
         raise ConfigError(
             f"data.source_dir: {cfg.source_dir} has {len(listing.images)} {kind}, which leave "
             f"the {' and '.join(empty)} split empty (train {counts['train']}, val "
-            f"{counts['val']}, test {counts['test']} with val_fraction {listing.val_fraction} and "
-            f"test_fraction {cfg.test_fraction}); add images (a few per class per split at "
+            f"{counts['val']}, test {counts['test']}, select {counts.get('select', 0)} with "
+            f"val_fraction {listing.val_fraction}, test_fraction {cfg.test_fraction} and "
+            f"select_fraction {listing.select_fraction}); add images (a few per class per split at "
             "least)")
     return DataFacts(class_names=listing.class_names, per_split=counts,
                      source_bytes=sum(image.size_bytes for image in listing.images))

@@ -274,3 +274,41 @@ def test_a_fine_tuning_is_back_within_two_validation_images_and_a_file_within_th
         float(np.float32(144 / 157))]}})
     assert children_beating(weaker, [two_more], 1.0, 157) == [], (
         "two images above the baseline, in float32, is not beyond the margin")
+
+
+def test_with_a_selection_split_trainings_choose_on_it_and_files_are_judged_on_validation(
+        ten_digits, tmp_path):
+    from tasks.train_model import train_model
+    from tasks.write_tfrecords import write_tfrecords
+    from tests.conftest import write_digit_folder
+    from tfopt.config import DataConfig, TrainConfig
+    from tfopt.models.baseline import kept_val_accuracy, recovery_target, selection_examples
+    from tfopt.models.config import ModelConfig
+    from tfopt.models.keras_io import load_keras_model
+    from tfopt.models.training import evaluate_split_accuracy, training_data
+
+    folder = write_digit_folder(tmp_path / "ten_digits", classes=10)
+    config = DataConfig(source_dir=folder, image_size=16,
+                        val_fraction=0.2, test_fraction=0.2, select_fraction=0.2,
+                        shard_size_mb=0.004)
+    data = ten_digits.model_copy(update={"dataset": write_tfrecords.fn(config, tmp_path)})
+    dataset = data.dataset
+    assert dataset.selection_split == "select" and dataset.examples("select") > 0
+    assert dataset.examples("val") == ten_digits.dataset.examples("val"), (
+        "carved from training: the validation split is the same files")
+    _, held_out, _ = training_data(data)
+    assert sum(len(labels) for _, labels in held_out) == dataset.examples("select")
+
+    fixed = TrainConfig(epochs=2, batch_size=16, stop="fixed", learning_rate=0.02)
+    baseline = train_model.fn(data, ModelConfig(width=8), fixed, tmp_path / "baseline")
+    assert baseline.metrics["select_accuracy"] == max(baseline.history["val_accuracy"])
+    model = load_keras_model(baseline.path)
+    assert baseline.metrics["best_val_accuracy"] == pytest.approx(
+        evaluate_split_accuracy(model, data, "val")), "read once on validation, not the curve"
+    assert selection_examples(data) == dataset.examples("select")
+    budget = 1.0
+    assert recovery_target(baseline, budget, selection_examples(data)) == pytest.approx(
+        baseline.metrics["select_accuracy"] - max(0.01, 2 / dataset.examples("select")),
+        abs=1e-5)
+    assert kept_val_accuracy(baseline, budget) == pytest.approx(
+        baseline.metrics["best_val_accuracy"] - 0.01, abs=1e-5)

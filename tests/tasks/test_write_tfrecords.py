@@ -75,6 +75,25 @@ def test_split_assignment_is_deterministic_and_uses_fractions():
     assert abs(splits["val"] / 4000 - 0.1) < 0.03
 
 
+def test_the_selection_split_is_carved_from_training_alone():
+    paths = [f"c/{i}.jpg" for i in range(4000)]
+    without = {p: split_of(p, 0.1, 0.2) for p in paths}
+    carved = {p: split_of(p, 0.1, 0.2, select_fraction=0.05) for p in paths}
+    moved = {p for p in paths if without[p] != carved[p]}
+    assert {without[p] for p in moved} == {"train"} and {carved[p] for p in moved} == {"select"}
+    assert abs(len(moved) / 4000 - 0.05) < 0.02
+
+
+def test_select_fraction_auto_takes_half_the_validation_share_where_it_is_enough(tmp_path):
+    cfg = DataConfig(source_dir=tmp_path)
+    assert cfg.select_share(1800) == pytest.approx(cfg.val_share(1800) / 2, abs=1e-4)
+    assert cfg.select_share(1800) * 1800 >= 100
+    assert cfg.select_share(300) == 0.0, "too few images for a selection split"
+    assert DataConfig(source_dir=tmp_path, select_fraction=0).select_share(1800) == 0.0
+    with pytest.raises(ValueError, match="select_fraction"):
+        DataConfig(source_dir=tmp_path, select_fraction=0.5)
+
+
 def test_rerun_reuses_complete_shards_and_gives_the_same_manifest(tiny_data_cfg, tmp_path):
     first = write_tfrecords.fn(tiny_data_cfg, tmp_path)
     stamps = {f: f.stat().st_mtime_ns for info in first.splits.values() for f in info.files}

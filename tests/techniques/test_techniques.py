@@ -582,10 +582,10 @@ def test_a_model_the_budget_stopped_far_from_back_is_not_worth_building(tiny_bas
     to_keep = tiny_data.model_copy(update={"recover_to": 0.95})
     budget_stop = "budget"
 
-    def fine_tuned(stopped_by: str, curve: list[float]):
+    def fine_tuned(stopped_by: str, curve: list[float], kept: int | str = "last"):
         return tiny_baseline.model_copy(update={
             "name": "distilled-thinner-50", "history": {"val_accuracy": curve},
-            "params": {"stopped_by": stopped_by, "epochs_run": len(curve)}})
+            "params": {"stopped_by": stopped_by, "epochs_run": len(curve), "kept_epoch": kept}})
 
     why = cut_short(fine_tuned(budget_stop, [0.52, 0.73]), to_keep, 0.01)
     assert why is not None and "stopped by the time budget after 2 epochs" in why
@@ -594,6 +594,10 @@ def test_a_model_the_budget_stopped_far_from_back_is_not_worth_building(tiny_bas
     assert cut_short(fine_tuned("cap", [0.52, 0.73]), to_keep,
                      0.01) is None, "its own recipe stopped it: judged like any other"
     assert cut_short(fine_tuned(budget_stop, [0.73]), tiny_data, 0.01) is None, "no target"
+    ramp_cut = cut_short(fine_tuned(budget_stop, [0.99, 0.97, 0.56]), to_keep, 0.01)
+    assert ramp_cut is not None and "0.5600" in ramp_cut, (
+        "a pruning ramp cut short keeps its last epoch, not its curve's best")
+    assert cut_short(fine_tuned(budget_stop, [0.6, 0.97, 0.56], kept=2), to_keep, 0.01) is None
 
 
 

@@ -30,7 +30,7 @@ from tfopt.data.sources import (
 from tfopt.fileio import atomic_write_json, sha256_file
 
 
-SPLITS = ("train", "val", "test")
+SPLITS = ("train", "select", "val", "test")
 
 
 MANIFEST_NAME = "manifest.json"
@@ -279,7 +279,7 @@ def is_intact(dataset: DatasetArtifact) -> bool:
 
 def write_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
                    shard_metas: list[dict], listing_skipped: list[dict],
-                   val_fraction: float) -> DatasetArtifact:
+                   val_fraction: float, select_fraction: float = 0.0) -> DatasetArtifact:
     splits: dict[str, SplitInfo] = {}
     manifest_splits = {}
     for split in SPLITS:
@@ -321,9 +321,11 @@ def write_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
         "shard_target_bytes": int(cfg.shard_size_mb * 1024 * 1024),
         "split_rule": (
             f"sha256(relative path) -> [0,1): test < {cfg.test_fraction}, "
-            f"val < {cfg.test_fraction + val_fraction:g}, else train"
+            f"val < {cfg.test_fraction + val_fraction:g}, "
+            f"select < {cfg.test_fraction + val_fraction + select_fraction:g}, else train"
         ),
         "val_fraction": val_fraction,
+        "select_fraction": select_fraction,
         "splits": manifest_splits,
         "skipped_records": len(quarantine),
         "reencoded_to_jpeg": sum(meta.get("reencoded", 0) for meta in shard_metas),

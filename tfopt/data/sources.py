@@ -49,14 +49,21 @@ def list_class_folders(source_dir: Path) -> list[str]:
     return classes
 
 
-def split_of(relative_path: str, val_fraction: float, test_fraction: float) -> str:
-    """Assign a file to a split from a hash of its path: stable across reruns and new files."""
+def split_of(relative_path: str, val_fraction: float, test_fraction: float,
+             select_fraction: float = 0.0) -> str:
+    """Assign a file to a split from a hash of its path: stable across reruns and new files.
+
+    The selection split is the slice after validation, so carving it takes files from training
+    only: a file's test or validation split does not depend on `select_fraction`.
+    """
     digest = hashlib.sha256(relative_path.encode("utf-8")).digest()
     position = int.from_bytes(digest[:8], "big") / 2**64
     if position < test_fraction:
         return "test"
     if position < test_fraction + val_fraction:
         return "val"
+    if position < test_fraction + val_fraction + select_fraction:
+        return "select"
     return "train"
 
 
@@ -96,13 +103,14 @@ def list_source_images(
 
 
 def with_splits(images: list[SourceImage], val_fraction: float,
-                test_fraction: float) -> list[SourceImage]:
+                test_fraction: float, select_fraction: float = 0.0) -> list[SourceImage]:
     """`images` each given its split (`split_of`), in their order.
 
-    Every class reaches training: a class whose files all hash into val or test gets its first
-    file moved to train.
+    Every class reaches training: a class whose files all hash into another split gets its
+    first file moved to train.
     """
-    placed = [replace(image, split=split_of(image.relative_path, val_fraction, test_fraction))
+    placed = [replace(image, split=split_of(image.relative_path, val_fraction, test_fraction,
+                                            select_fraction))
               for image in images]
     trained = {image.label for image in placed if image.split == "train"}
     for index, image in enumerate(placed):
@@ -237,6 +245,8 @@ class SourceListing:
     empty_classes: list[str]
     val_fraction: float = 0.0
     """The validation split's share (``auto`` resolved for these images: `DataConfig.val_share`)."""
+    select_fraction: float = 0.0
+    """The selection split's share (``auto`` resolved: `DataConfig.select_share`)."""
 
 
 def list_source(cfg: DataConfig) -> SourceListing:
@@ -268,5 +278,7 @@ def list_source(cfg: DataConfig) -> SourceListing:
             "one sub-folder of images per class"
         )
     val_fraction = cfg.val_share(len(images))
-    return SourceListing(class_names, with_splits(images, val_fraction, cfg.test_fraction),
-                         skipped, empty if images else [], val_fraction)
+    select_fraction = cfg.select_share(len(images))
+    return SourceListing(
+        class_names, with_splits(images, val_fraction, cfg.test_fraction, select_fraction),
+        skipped, empty if images else [], val_fraction, select_fraction)

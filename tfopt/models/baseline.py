@@ -136,17 +136,39 @@ def training_outcome(fitted: Fitted, train_cfg: TrainConfig) -> dict[str, str | 
 
 def best_validation(curves: dict[str, list[float]], model: object,
                     data: TrainingData) -> dict[str, float]:
-    """The kept epoch's validation accuracy (``best_val_accuracy``), where there is a val split.
+    """The kept model's held-out accuracies: ``select_accuracy`` and ``best_val_accuracy``.
 
-    A model not trained here (``train.epochs: 0``) is evaluated on the split instead: every
-    compressed model is judged against this figure (`recovery_target`).
+    ``select_accuracy`` is the kept epoch's accuracy on the split the training chose on
+    (`DatasetArtifact.selection_split`): compressed models' fine-tunings stop against it
+    (`recovery_target`). ``best_val_accuracy`` is the validation split's, read once after the
+    training where a selection split took the choices: every file is judged against it
+    (`kept_val_accuracy`). Without a selection split both are the kept epoch's validation
+    figure. A model not trained here (``train.epochs: 0``) is evaluated on the splits instead.
     """
+    dataset = data.dataset
+    held_out = dataset.selection_split
     values = curves.get("val_accuracy") or []
+    figures: dict[str, float] = {}
     if values:
-        return {"best_val_accuracy": max(values)}
-    if not data.dataset.splits["val"].examples:
-        return {}
-    return {"best_val_accuracy": evaluate_split_accuracy(model, data, "val")}
+        figures["select_accuracy"] = max(values)
+    elif dataset.examples(held_out):
+        figures["select_accuracy"] = evaluate_split_accuracy(model, data, held_out)
+    if held_out == "val":
+        if "select_accuracy" in figures:
+            figures["best_val_accuracy"] = figures["select_accuracy"]
+    elif dataset.examples("val"):
+        figures["best_val_accuracy"] = evaluate_split_accuracy(model, data, "val")
+    return figures
+
+
+def selection_accuracy(baseline: ModelArtifact) -> float | None:
+    """The baseline's accuracy on the split trainings choose on (see `best_validation`)."""
+    return baseline.metrics.get("select_accuracy", baseline.metrics.get("best_val_accuracy"))
+
+
+def selection_examples(data: TrainingData) -> int:
+    """The examples of the split trainings choose on (`DatasetArtifact.selection_split`)."""
+    return data.dataset.examples(data.dataset.selection_split)
 
 
 ROUNDING = 1e-6
@@ -157,20 +179,22 @@ one image on any split."""
 
 
 def children_beating(baseline: ModelArtifact, models: list[ModelArtifact],
-                     budget_points: float, val_examples: int) -> list[str]:
-    """The compressed models whose validation accuracy beats the baseline's beyond the budget.
+                     budget_points: float, held_out_examples: int) -> list[str]:
+    """The compressed models whose held-out accuracy beats the baseline's beyond the budget.
 
-    A child better than its parent by more than `validation_margin` (the budget, at least two
-    validation images' worth, so one image's luck on a small split does not count) says the
-    parent was under-trained: every verdict judged against it would flatter the children.
+    Read on the split trainings choose on (`selection_accuracy`, of `held_out_examples`
+    images), where each fine-tuning's curve is. A child better than its parent by more than
+    `validation_margin` (the budget, at least two images' worth, so one image's luck on a
+    small split does not count) says the parent was under-trained: every verdict judged
+    against it would flatter the children.
 
     Returns:
-        Each such model as ``name (its val accuracy vs the baseline's)``.
+        Each such model as ``name (its accuracy vs the baseline's)``.
     """
-    base = baseline.metrics.get("best_val_accuracy")
-    if base is None or val_examples <= 0:
+    base = selection_accuracy(baseline)
+    if base is None or held_out_examples <= 0:
         return []
-    margin = validation_margin(budget_points, val_examples)
+    margin = validation_margin(budget_points, held_out_examples)
     beating = []
     for model in models:
         curve = model.history.get("val_accuracy") or []
@@ -196,16 +220,17 @@ def continue_baseline(baseline: ModelArtifact, data: TrainingData, train_cfg: Tr
         The baseline, trained further (``continued_epochs``, its curves extended), or as it was.
     """
     model = load_keras_model(baseline.path)
-    before = baseline.metrics.get("best_val_accuracy", -1.0)
+    before = selection_accuracy(baseline)
+    before = -1.0 if before is None else before
     fitted = fit(model, data, epochs=train_cfg.epochs, learning_rate=train_cfg.learning_rate / 4,
                  callbacks=stopping(train_cfg.model_copy(update={"stop": "plateau"}), data,
                                     deadline),
                  best=KeepBestWeights())
-    gained = best_validation(fitted.curves, model, data).get("best_val_accuracy", -1.0)
+    gained = best_validation(fitted.curves, model, data)
     ran = epochs_run(fitted)
-    if gained <= before:
+    if gained.get("select_accuracy", -1.0) <= before:
         step_logger().info("the baseline trained %d more epochs without beating its own "
-                           "validation accuracy %.4f: kept as it was", ran, before)
+                           "held-out accuracy %.4f: kept as it was", ran, before)
         return baseline.model_copy(update={"params": {
             **baseline.params, "continued_epochs": ran, "continued_gain": "none"}})
     path = keras_model_path(out_dir, "baseline-continued")
@@ -219,7 +244,7 @@ def continue_baseline(baseline: ModelArtifact, data: TrainingData, train_cfg: Tr
                    "converged": bool(fitted.stop.get("converged")),
                    "stopped_by": fitted.stop.get("stopped_by", ""),
                    "stop_reason": f"continued after compression: {fitted.stop['stop_reason']}"},
-        "metrics": {**baseline.metrics, "best_val_accuracy": gained,
+        "metrics": {**baseline.metrics, **gained,
                     "test_accuracy": evaluate_test_accuracy(model, data)}})
 
 
@@ -234,15 +259,16 @@ def validation_margin(budget_points: float, val_examples: int) -> float:
 
 
 def recovery_target(baseline: ModelArtifact, budget_points: float,
-                    val_examples: int) -> float | None:
-    """The validation accuracy a compressed model's fine-tuning is back within the budget at.
+                    held_out_examples: int) -> float | None:
+    """The held-out accuracy a compressed model's fine-tuning is back within the budget at.
 
-    The baseline's best validation accuracy less `validation_margin`; the files a search
-    converts it to are then judged against the budget exactly (`kept_val_accuracy`).
+    The baseline's accuracy on the split trainings choose on (`selection_accuracy`, of
+    `held_out_examples` images) less `validation_margin`; the files a search converts it to
+    are then judged on the validation split against the budget exactly (`kept_val_accuracy`).
     """
-    best = baseline.metrics.get("best_val_accuracy")
+    best = selection_accuracy(baseline)
     return None if best is None else (
-        best - validation_margin(budget_points, val_examples) - ROUNDING)
+        best - validation_margin(budget_points, held_out_examples) - ROUNDING)
 
 
 def epoch_seconds(baseline: ModelArtifact) -> float:

@@ -6,9 +6,10 @@ the statistics of its activations: in training mode it is right, in inference mo
 near chance. NNCF's BatchNorm adaptation is the cure this follows: run training images through
 the model in training mode with the moving averages turned into a plain mean over those images,
 then judge it. Before each validation of a training (`ReestimateBatchNorm`, which `fit` adds),
-the model is scored on the validation split with its moving statistics as they are and as
-re-estimated, and keeps whichever is better: the plateau, the best epoch, and every file made
-from the kept weights see statistics that match the data.
+the model is scored on the split the training validates on (the selection split where there is
+one) with its moving statistics as they are and as re-estimated, and keeps whichever is better:
+the plateau, the best epoch, and every file made from the kept weights see statistics that match
+the data.
 
 Models whose layers tensorflow-model-optimization wraps (pruning, clustering, QAT) are
 re-estimated too, their batch-norm layers found inside the wrappers; their wrappers keep state
@@ -177,22 +178,24 @@ def reestimating_callback(model: Any, data: TrainingData, target: Any = None) ->
     """A Keras callback that re-estimates `target`'s statistics before each validation.
 
     `target` is the model whose batch norm is judged (the student of a distiller; default
-    `model`). None when it has no batch norm to re-estimate or the run has no validation split.
+    `model`). None when it has no batch norm to re-estimate or the run has no held-out split.
 
-    The callback scores the validation split before and after (`reestimated_if_better`) when
+    The callback scores the split Keras validates on (the selection split where there is one:
+    `DatasetArtifact.selection_split`) before and after (`reestimated_if_better`) when
     Keras starts validating, and adds both accuracies and whether the new statistics were kept
     to the epoch's logs (``bn_val_accuracy_before``, ``bn_val_accuracy_after``,
     ``bn_reestimated``), so they land in the training's curves.
     """
     target = model if target is None else target
     layers = batch_norm_layers(target)
-    if not layers or not data.dataset.splits["val"].examples or _distributed(target):
+    held_out = data.dataset.selection_split
+    if not layers or not data.dataset.examples(held_out) or _distributed(target):
         return None
     from tfopt.data.pipeline import load_split
 
     def images() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         train, _ = load_split(data.dataset, "train", REESTIMATION_IMAGES, data.input_scale)
-        val, labels = load_split(data.dataset, "val", scale=data.input_scale)
+        val, labels = load_split(data.dataset, held_out, scale=data.input_scale)
         return train, val, labels
 
     class ReestimateBatchNorm(_keras_callback_base(model)):

@@ -48,10 +48,15 @@ class Fitted:
 def training_data(
     data: TrainingData,
 ) -> tuple[tf.data.Dataset, tf.data.Dataset | None, dict[str, str | float | bool]]:
-    """The run's tuned training and validation pipelines, and the training reader's settings.
+    """The run's tuned training and held-out pipelines, and the training reader's settings.
+
+    The held-out pipeline reads the selection split where there is one
+    (`DatasetArtifact.selection_split`): Keras' ``val_*`` figures during a training, and every
+    choice made on them (best epoch, early stop), then never touch the validation split, which
+    judges the trained model's files.
 
     Returns:
-        The training pipeline, the validation pipeline (None without a val split), and the
+        The training pipeline, the held-out pipeline (None without one), and the
         training reader's settings as built (cache mode, crop area, determinism).
     """
     dataset = data.dataset
@@ -64,12 +69,13 @@ def training_data(
     reader = {"input.cache": decision.mode,
               "input.random_crop_min_area": train_options.random_crop_min_area,
               "input.deterministic": train_options.deterministic}
-    if not dataset.splits["val"].files:
+    held_out = dataset.selection_split
+    if not dataset.examples(held_out):
         return train, None, reader
-    val_options, _ = reader_options(dataset, "val", data.input, training=False,
+    val_options, _ = reader_options(dataset, held_out, data.input, training=False,
                                     scale=data.input_scale)
-    val = tuned_dataset(dataset.splits["val"].files, dataset.image_size, data.batch_size,
-                        options=val_options, examples_hint=dataset.splits["val"].examples)
+    val = tuned_dataset(dataset.splits[held_out].files, dataset.image_size, data.batch_size,
+                        options=val_options, examples_hint=dataset.examples(held_out))
     return train, val.with_options(_shared_by_workers()), reader
 
 

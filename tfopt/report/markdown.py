@@ -256,12 +256,13 @@ def search_lines(summary: dict[str, Any]) -> list[str]:
     for technique, search in (summary.get("search") or {}).items():
         target = search.get("target_val_accuracy")
         file_target = search.get("target_file_val_accuracy")
-        lines += ["", f"Search of {technique}.{search['knob']} (validation accuracy to keep: "
-                  f"its model {or_dash(target, '.4f')}, a TFLite file "
-                  f"{or_dash(file_target, '.4f')}; test reported, not chosen on; chosen: "
+        lines += ["", f"Search of {technique}.{search['knob']} (accuracy to keep: its model "
+                  f"{or_dash(target, '.4f')} on the split its training chose on, a TFLite file "
+                  f"{or_dash(file_target, '.4f')} on validation; test reported, not chosen on; "
+                  "chosen: "
                   f"{_chosen_label(search)}"
                   + (f"; {search['cut']}" if search.get("cut") else "") + "):", "",
-                  f"| {search['knob']} | status | val accuracy | file | file val accuracy "
+                  f"| {search['knob']} | status | held-out accuracy | file | file val accuracy "
                   "| test accuracy | p50 ms | speed-up (x, side by side) | epochs | s |",
                   "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
         for trial in search["trials"]:

@@ -21,11 +21,16 @@ _LATENCY_KEYS = ("p50", "p90", "p99", "mean", "std", "min", "max", "p95", "trimm
 
 
 def dataset_entry(dataset: DatasetArtifact) -> dict[str, Any]:
-    """The summary's ``dataset`` block: examples per split, shards, skipped records."""
+    """The summary's ``dataset`` block: examples per split, shards, skipped records.
+
+    ``select_examples`` is the selection split carved from training (0: none; the trainings
+    then chose on validation).
+    """
     return {
         "train_examples": dataset.splits["train"].examples,
         "val_examples": dataset.splits["val"].examples,
         "test_examples": dataset.splits["test"].examples,
+        "select_examples": dataset.examples("select"),
         "shards": dataset.shards,
         "skipped_records": dataset.skipped_records,
         "classes": dataset.num_classes,
