@@ -211,7 +211,7 @@ class TrainConfig(Section):
     )
     min_delta: float = Field(
         0.002, ge=0.0, le=1.0,
-        description="stop: plateau: the smallest validation-accuracy gain that counts (0.002: "
+        description="stop: plateau: the smallest held-out accuracy gain that counts (0.002: "
                     "0.2 points).",
     )
     cool_down_epochs: int = Field(

@@ -101,7 +101,7 @@ def test_on_its_plateau_the_baseline_takes_its_rate_to_zero_before_it_ends():
     outcome = judge.outcome(cap=50)
     assert outcome["epochs_run"] == 6, "on the plateau after epoch 4, then 2 epochs cooling down"
     assert outcome["converged"] and outcome["stop_reason"] == (
-        "plateau: no validation-accuracy gain of 0.01 for 2 epochs, then 2 epochs cooling down")
+        "plateau: no held-out accuracy gain of 0.01 for 2 epochs, then 2 epochs cooling down")
     assert outcome["best_epoch"] == 5, "a gain while cooling counts for the kept epoch"
     assert rates[:12] == pytest.approx([1e-3] * 12)
     assert rates[12:16] == pytest.approx([5e-4] * 4), "halved after half the patience"
@@ -126,7 +126,7 @@ def test_on_its_plateau_the_baseline_takes_its_rate_to_zero_before_it_ends():
     _run_batches([capped], [0.5, 0.5, 0.5], per_epoch)  # train.epochs: 3 ends it while cooling
     assert capped.outcome(cap=3)["converged"] and capped.outcome(cap=3)["stopped_by"] == "plateau"
     assert capped.outcome(cap=3)["stop_reason"] == (
-        "plateau: no validation-accuracy gain of 0.01 for 1 epoch, then 1 epoch cooling down "
+        "plateau: no held-out accuracy gain of 0.01 for 1 epoch, then 1 epoch cooling down "
         "(cap: 3 epochs run)")
 
 

@@ -228,7 +228,7 @@ class StopWhenDone(keras.callbacks.Callback):
                 f"(>= {self._target:.4f})"
                 + ("" if self._cool_down else f" and no gain for {_epochs(self._wait)}"))
         if self._patience is not None and self._wait >= self._patience:
-            return "plateau", (f"plateau: no validation-accuracy gain of {self._min_delta:g} "
+            return "plateau", (f"plateau: no held-out accuracy gain of {self._min_delta:g} "
                                f"for {_epochs(self._patience)}")
         return "cap", ""
 

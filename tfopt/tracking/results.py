@@ -244,7 +244,8 @@ def log_continued_training(run: TrackedRun, model: ModelArtifact) -> None:
         key: model.params[key] for key in keys if key in model.params}})
     log_metrics(run.client, run.run_id, {
         f"baseline_continued_{key}": model.metrics[key]
-        for key in ("test_accuracy", "best_val_accuracy") if key in model.metrics})
+        for key in ("test_accuracy", "best_val_accuracy", "select_accuracy")
+        if key in model.metrics})
 
 
 def log_baseline_health(run: TrackedRun, health: Mapping[str, Any]) -> None:
