@@ -144,7 +144,7 @@ def test_a_fine_tuning_ends_once_back_within_the_budget_and_no_longer_improving(
     outcome = judge.outcome(cap=10)
     assert outcome["epochs_run"] == 6, "the ramp's epochs do not count; 0.93 did not improve"
     assert outcome["recovered"] and outcome["converged"]
-    assert outcome["stop_reason"].startswith("recovered: validation accuracy 0.9300")
+    assert outcome["stop_reason"].startswith("recovered: held-out accuracy 0.9300")
 
     settled = StopWhenDone(target=0.9, settle=3)
     _run(settled, [0.85, 0.92, 0.91, 0.94, 0.93, 0.93, 0.94, 0.95])

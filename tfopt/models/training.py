@@ -155,10 +155,11 @@ def _epochs(count: int) -> str:
 class StopWhenDone(keras.callbacks.Callback):
     """Ends a training when more epochs would not pay: on its plateau, once recovered, or in time.
 
-    - plateau (`patience`): the validation accuracy has not improved by `min_delta` for
-      `patience` epochs; after half of them the learning rate is halved (a constant rate only:
-      a schedule keeps its own course), so a plateau is tried at a finer step before it ends;
-    - recovered (`target`): the validation accuracy reached `target` (a fine-tuning back within
+    - plateau (`patience`): the held-out accuracy (Keras' ``val_accuracy``: the selection split
+      where there is one) has not improved by `min_delta` for `patience` epochs; after half of
+      them the learning rate is halved (a constant rate only: a schedule keeps its own course),
+      so a plateau is tried at a finer step before it ends;
+    - recovered (`target`): the held-out accuracy reached `target` (a fine-tuning back within
       the accuracy budget of its baseline) and the last `settle` epochs did not improve it;
     - deadline (`deadline`, a `time.time()` value): the next epoch would end after it.
 
@@ -224,7 +225,7 @@ class StopWhenDone(keras.callbacks.Callback):
         if self._target is not None and self._best >= self._target and (
                 self._cool_down is not None or self._wait >= self._settle):
             return "recovered", (
-                f"recovered: validation accuracy {self._best:.4f} within the budget "
+                f"recovered: held-out accuracy {self._best:.4f} within the budget "
                 f"(>= {self._target:.4f})"
                 + ("" if self._cool_down else f" and no gain for {_epochs(self._wait)}"))
         if self._patience is not None and self._wait >= self._patience:
