@@ -84,7 +84,8 @@ class DataConfig(Section):
     val_fraction: float | Literal["auto"] = Field(
         "auto",
         description=(
-            "Share of examples in the validation split, where every choice is made. auto: "
+            "Share of examples in the validation split, where every model's files are judged. "
+            "auto: "
             f"enough that one image is at most auto_val_image_points accuracy points (between "
             f"{AUTO_VAL_SHARES[0]} and {AUTO_VAL_SHARES[1]} of the examples; the run says so "
             "when even the largest share cannot resolve it)."

@@ -36,6 +36,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 RUN_TIMEOUT_S = 15 * 60
+SUBMIT_TIMEOUT_S = 120
 FINAL_STATES = {"Completed", "Failed", "Crashed", "Cancelled"}
 
 
@@ -117,6 +118,33 @@ def _parameters_menu(page):
     return page.get_by_text("Parameters", exact=True).locator("xpath=..").get_by_role("button")
 
 
+def _deployment_runs(api_url: str, deployment_id: str) -> set[str]:
+    """The ids of the deployment's flow runs, as Prefect's API lists them."""
+    body = json.dumps({"deployments": {"id": {"any_": [deployment_id]}}}).encode()
+    request = urllib.request.Request(f"{api_url}/flow_runs/filter", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return {run["id"] for run in json.load(answer)}
+
+
+def _submitted_run(page, api_url: str) -> str:
+    """Submit the run form; the id of the flow run it created, read from Prefect's API.
+
+    Not from the confirmation toast's link: under CI's load the toast came and went before the
+    link was found (ci18, ci29), while the run had been created.
+    """
+    deployment_id = page.url.split("/deployments/deployment/", 1)[1].split("/", 1)[0]
+    before = _deployment_runs(api_url, deployment_id)
+    page.get_by_role("button", name="Submit").click()
+    deadline = time.monotonic() + SUBMIT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if created := _deployment_runs(api_url, deployment_id) - before:
+            return created.pop()
+        time.sleep(1)
+    page.screenshot(path=SCREENSHOTS / "prefect-2b-not-submitted.png")
+    raise AssertionError(f"the form's Submit created no flow run in {SUBMIT_TIMEOUT_S} s")
+
+
 def _wait_for_final_state(page, api_url: str) -> str:
     """The state the flow run's page shows once Prefect's API says the run has ended.
 
@@ -172,11 +200,8 @@ def ui_flow_run(made_run, browser_page, smoke_parameters) -> dict:
         .to_have_value("60")
     page.screenshot(path=SCREENSHOTS / "prefect-2-form-filled.png")
 
-    page.get_by_role("button", name="Submit").click()
-    # The toast's "View run" link (the toast animates, so follow its address instead of clicking).
-    run_link = page.locator("a[href*='/runs/flow-run/']").first
-    run_link.wait_for()
-    page.goto(settings.prefect_url + run_link.get_attribute("href"))
+    flow_run_id = _submitted_run(page, settings.prefect_api_url)
+    page.goto(f"{settings.prefect_url}/runs/flow-run/{flow_run_id}")
     flow_run_url = page.url
     state = _wait_for_final_state(page, settings.prefect_api_url)
     assert state == "Completed", f"the run ended {state}"
