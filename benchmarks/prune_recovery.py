@@ -33,7 +33,7 @@ from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
 from techniques import registry
 from tfopt.artifacts import TrainingData
-from tfopt.models.baseline import recovery_target
+from tfopt.models.baseline import recovery_target, selection_examples
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                               checkpoints[0] if checkpoints else args.work / "checkpoints"
                               / "baseline-benchmark")
     budget = config.benchmark.accuracy_budget_points
-    target = recovery_target(baseline, budget, dataset.examples(dataset.selection_split))
+    target = recovery_target(baseline, budget, selection_examples(data))
     test_target = baseline.metrics["test_accuracy"] - budget / 100.0
     print(f"baseline: val {baseline.metrics.get('best_val_accuracy'):.4f} test "
           f"{baseline.metrics['test_accuracy']:.4f}; recover to held-out {target:.4f}, the test "

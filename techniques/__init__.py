@@ -243,12 +243,12 @@ def cut_short(model: ModelArtifact, data: TrainingData, margin: float) -> str | 
     """Why `model`'s forms are not worth building: the time budget stopped it far from back.
 
     Its fine-tuning stopped by the budget (``stopped_by`` budget) with the accuracy of the epoch
-    it kept (`kept_accuracy`) more than `margin` below the accuracy it had to keep
+    it kept (`ModelArtifact.at_kept_epoch`) more than `margin` below the accuracy it had to keep
     (`TrainingData.recover_to`): its files would be converted and measured for a verdict they
     cannot win (EfficientNetB0, 30 minutes: distillation stopped after 1 epoch at 0.73 with
     0.97 to keep, its 5 files built and timed while the run overran its budget).
     """
-    kept = kept_accuracy(model)
+    kept = model.at_kept_epoch("val_accuracy")
     keep = data.recover_to
     if kept is None or keep is None or model.params.get("stopped_by") != "budget":
         return None
@@ -257,21 +257,6 @@ def cut_short(model: ModelArtifact, data: TrainingData, margin: float) -> str | 
     return (f"{model.name}'s fine-tuning, stopped by the time budget after "
             f"{model.params.get('epochs_run')} epochs, kept a model at held-out accuracy "
             f"{kept:.4f}, more than the budget below {keep:.4f}: its forms were not built")
-
-
-def kept_accuracy(model: ModelArtifact) -> float | None:
-    """The held-out accuracy of the epoch `model`'s training kept (its last when none was judged).
-
-    Not the curve's best: a pruning fine-tune stopped before its sparsity ramp ended keeps its
-    last epoch, far below the accurate epochs of the ramp's start (the demo: 0.56 kept where
-    its curve had read 0.99).
-    """
-    curve = model.history.get("val_accuracy") or []
-    if not curve:
-        return None
-    kept = model.params.get("kept_epoch")
-    index = kept - 1 if isinstance(kept, int) and 0 < kept <= len(curve) else -1
-    return float(curve[index])
 
 
 def apply_here(name: str, model: ModelArtifact, cfg: TechniqueSection, data: TrainingData,

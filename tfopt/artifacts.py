@@ -182,6 +182,20 @@ class ModelArtifact(_Frozen):
     metrics: dict[str, float] = Field(default_factory=dict)
     history: dict[str, list[float]] = Field(default_factory=dict)
 
+    def at_kept_epoch(self, curve: str) -> float | None:
+        """`curve`'s value at the epoch its training kept (``kept_epoch``; else its last).
+
+        Not the curve's best: a pruning fine-tune stopped before its sparsity ramp ended keeps
+        its last epoch, far below the accurate epochs of the ramp's start (the demo: 0.56 kept
+        where its curve had read 0.99). None without the curve.
+        """
+        values = self.history.get(curve) or []
+        if not values:
+            return None
+        kept = self.params.get("kept_epoch")
+        index = kept - 1 if isinstance(kept, int) and 0 < kept <= len(values) else -1
+        return float(values[index])
+
 
 class ModelFacts(_Frozen):
     """What the baseline's model is, found before any work on the data (`inspect_model`).

@@ -28,13 +28,6 @@ def at_chance_below(classes: int) -> float:
     return chance + CHANCE_SHARE * (1.0 - chance)
 
 
-def _at_kept_epoch(values: list[float], kept: Any) -> float | None:
-    if not values:
-        return None
-    index = kept - 1 if isinstance(kept, int) and 0 < kept <= len(values) else -1
-    return float(values[index])
-
-
 def baseline_health(baseline: ModelArtifact) -> dict[str, Any]:
     """The baseline's health: its status, the reasons, and the figures they rest on.
 
@@ -45,8 +38,7 @@ def baseline_health(baseline: ModelArtifact) -> dict[str, Any]:
     """
     taken_as_is = "stop_reason" not in baseline.params or not baseline.params.get("epochs_run")
     val = baseline.metrics.get("best_val_accuracy")
-    train = _at_kept_epoch(baseline.history.get("accuracy") or [],
-                           baseline.params.get("kept_epoch"))
+    train = baseline.at_kept_epoch("accuracy")
     chance = 1.0 / max(baseline.num_classes, 1)
     figures = {"train_accuracy": train, "val_accuracy": val, "chance_accuracy": chance}
     if val is None:
