@@ -351,6 +351,7 @@ def _compressed_variants(
                                      "speedup_reference": baseline_int8(baseline_variants,
                                                                         baseline.name),
                                      "deadline": budget.compression_deadline,
+                                     "variant_tail_s": budget.compressed_variant_s,
                                      "epoch_s": epoch_seconds(baseline)})
     compressing = compress_model.with_options(task_runner=task_runner(config.scale))(
         config, baseline, tuning, run_dir, inputs, run.ref, return_state=True)

@@ -156,3 +156,7 @@ def test_measured_baseline_variants_price_the_compressed_ones_and_hand_back_the_
         planned.started + LEAST_WORK_SHARE * 300.0), "the work before keeps its least share"
     assert "measured" in cheap.plan_line()
     assert Budget(minutes=None).with_measured(1.0).compression_deadline is None
+    assert cheap.compressed_variant_s == pytest.approx(planned.build_s + 3.0), (
+        "one variant's share of the tail: what a technique that builds none gives back")
+    assert planned.compressed_variant_s == pytest.approx(planned.build_s + planned.measure_s)
+    assert Budget(minutes=5.0).compressed_variant_s == 0.0, "no compressed variant planned"

@@ -115,6 +115,10 @@ class TrainingData(_Frozen):
     the rest (`techniques.own_deadline`): the first technique cannot take the last one's time."""
     shortest_queued_s: float = 0.0
     """The shortest runs of those fine-tunings together (`techniques.shortest_run_s`)."""
+    variant_tail_s: float = 0.0
+    """What the time budget keeps after `deadline` for each planned compressed variant's
+    conversion and measurement (0: nothing kept). A technique known never to build its
+    variants gives that time back to the compression (`techniques.planner.Planner`)."""
     epoch_s: float = 0.0
     """The baseline's seconds per training epoch (0: not trained here): a technique does not
     start with less time left before `deadline` than its shortest run takes at that pace

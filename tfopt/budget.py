@@ -189,6 +189,19 @@ class Budget(BaseModel):
             self.compressed_variants * self.build_s + compressed_measurements_s
             + self.finish_s)})
 
+    @property
+    def compressed_variant_s(self) -> float:
+        """What the time after the compression keeps for one compressed variant.
+
+        Its conversion and its measurement, as the baseline's measurements priced them
+        (`with_measured`; before those, as planned).
+        """
+        if self.compressed_variants <= 0:
+            return 0.0
+        if self.measured_tail_s is None:
+            return self.build_s + self.measure_s
+        return max(0.0, self.measured_tail_s - self.finish_s) / self.compressed_variants
+
     def deadline(self, share: float) -> float | None:
         """When the phase ending at `share` of the budget must end (None: no budget)."""
         return None if self.minutes is None else self.started + share * self.minutes * 60.0

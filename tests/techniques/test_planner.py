@@ -81,3 +81,38 @@ def test_a_fine_tuning_continuing_from_a_searched_model_runs_once_the_searches_a
     (refused,) = [p for p in plan(alone, tiny_baseline) if p.technique.name == "thinned_qat"]
     assert refused.refusal == ("thinned_qat continues from the channel_prune technique's "
                                "model: enable compress.channel_prune")
+
+
+def test_techniques_that_build_nothing_give_their_variants_time_back_to_the_compression(
+        tiny_baseline, tiny_data, tmp_path):
+    from prefect.states import Completed, Failed
+
+    from techniques import skipped_state
+    from techniques.base import Skipped
+
+    config = PipelineConfig.model_validate({"name": "plan", "compress": {
+        "distill": {"enabled": True, "epochs": 2}, "qat": {"enabled": True, "epochs": 2},
+        "prune": {"enabled": True, "epochs": 2}, "cluster": {"enabled": True, "epochs": 2}}})
+    plans = plan(config, tiny_baseline)
+    variants = {p.technique.name: sum(1 for spec in p.variants if spec.status == "ok")
+                for p in plans}
+    deadline = time.time() + 60.0
+    data = tiny_data.model_copy(update={"deadline": deadline, "variant_tail_s": 10.0,
+                                        "recover_to": 0.95})
+    planner = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial)
+    far_from_back = tiny_baseline.model_copy(update={
+        "name": "qat", "history": {"val_accuracy": [0.52]},
+        "params": {"stopped_by": "budget", "epochs_run": 1, "kept_epoch": "last"}})
+    back = far_from_back.model_copy(update={"name": "prune", "history": {
+        "val_accuracy": [0.96]}})
+    planner._outcomes.update({
+        "distill": skipped_state(Skipped(technique="distill", kind="cut", reason="no time")),
+        "qat": Completed(data=far_from_back), "prune": Completed(data=back),
+        "cluster": Failed(message="it crashed")})
+    given = planner.give_back_unbuilt(plans)
+    assert given == 10.0 * (variants["distill"] + variants["qat"] + variants["cluster"]) > 0
+    assert planner.data.deadline == deadline + given, "prune's forms will be built: kept"
+    assert planner.give_back_unbuilt(plans) == 0.0, "each technique gives back once"
+    unbudgeted = Planner(config, tiny_baseline, tiny_data, tmp_path, None, None, run_trial)
+    unbudgeted._outcomes.update(planner._outcomes)
+    assert unbudgeted.give_back_unbuilt(plans) == 0.0 and unbudgeted.data.deadline is None
