@@ -208,9 +208,9 @@ class Planner:
         The time after the compression is kept for every planned compressed variant's
         conversion and measurement (`TrainingData.variant_tail_s`); a technique that ended
         skipped, failed, or cut short by the budget (`cut_short`) builds none, and its
-        variants' time goes to the searches and fine-tunings still to run (EfficientNetB0, 25
-        minutes: 5 of 24 variants built, the run ended 4.8 minutes early while two searches
-        were stopped after one trial). Each technique gives back once.
+        variants' time goes to the searches and fine-tunings still to run (kept back, it made
+        runs end minutes early while searches were stopped after one trial:
+        docs/measurements.md). Each technique gives back once.
 
         Returns:
             The seconds given back by this call.

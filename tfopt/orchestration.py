@@ -115,8 +115,8 @@ def _holder_variable() -> str:
 def ensure_benchmark_limit() -> None:
     """Create the benchmark limit with one slot unless it exists (a user may have raised it).
 
-    Read first: Prefect's server on SQLite answers a duplicate with a 409 but logs each as an
-    error with two tracebacks (four per run of the smoke config in its log).
+    Read first: Prefect's server on SQLite answers a duplicate with a 409 but logs it as an
+    error with two tracebacks, once per measurement of every run.
     """
     with get_client(sync_client=True) as client:
         with suppress(ObjectNotFound):
