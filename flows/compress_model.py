@@ -17,12 +17,11 @@ from flows.common import build_forms, build_sources
 from flows.parameters import PipelineConfig
 from tasks.export_savedmodel import export_savedmodel
 from tasks.run_trial import run_trial
-from techniques import Planned, cut_short, plan
+from techniques import Planned, cut_short_in_run, plan
 from techniques.base import Skipped
 from techniques.outcomes import not_built, replanned, with_read_back
 from techniques.planner import Planner
 from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
-from tfopt.models.baseline import selection_examples, validation_margin
 from tfopt.orchestration import claim_flow_run, final_state
 from tfopt.search import search_summary
 from tfopt.tracking import RunRef
@@ -40,7 +39,7 @@ def compress_model(
     task run and a nested MLflow run) and its chosen trial's model is its model. A technique
     that fails marks its variants failed, one that is `Skipped` (not applicable, cut by the
     budget, or continuing from a skipped one) skipped with its reason, as are the forms of a
-    model the time budget stopped far from the accuracy it had to keep (`cut_short`); the
+    model the time budget stopped far from the accuracy it had to keep (`cut_short_in_run`); the
     others go on.
 
     Args:
@@ -83,9 +82,9 @@ def _built(planned: Planned, model: ModelArtifact, config: PipelineConfig,
     """A technique's forms of its model (added to `made`), or why they are not worth building."""
     baseline, data = start
     again = replanned(planned, model, config, baseline, made)
-    margin = validation_margin(config.benchmark.accuracy_budget_points, selection_examples(data))
     made[planned.technique.name] = model
-    if (short := cut_short(model, data, margin)) is not None:
+    if (short := cut_short_in_run(model, data,
+                                  config.benchmark.accuracy_budget_points)) is not None:
         get_run_logger().warning(short)
         return [skipped(spec, short) for spec in again.variants]
     savedmodel = (model if model.format == "savedmodel"

@@ -259,6 +259,19 @@ def cut_short(model: ModelArtifact, data: TrainingData, margin: float) -> str | 
             f"{kept:.4f}, more than the budget below {keep:.4f}: its forms were not built")
 
 
+
+def cut_short_in_run(model: ModelArtifact, data: TrainingData,
+                     budget_points: float) -> str | None:
+    """`cut_short` with the run's margin, as the flow and the planner both judge it.
+
+    The margin is the accuracy budget, or at least two images of the split trainings choose on
+    (`tfopt.models.baseline.validation_margin`).
+    """
+    from tfopt.models.baseline import selection_examples, validation_margin
+
+    return cut_short(model, data, validation_margin(budget_points, selection_examples(data)))
+
+
 def apply_here(name: str, model: ModelArtifact, cfg: TechniqueSection, data: TrainingData,
                out_dir: Path) -> ModelArtifact:
     """Apply technique `name` in this process (what its child process runs: `contained`).

@@ -28,7 +28,7 @@ from techniques import (
     Planned,
     after_skipped,
     contained,
-    cut_short,
+    cut_short_in_run,
     epochs_of,
     finishing,
     open_search,
@@ -39,7 +39,6 @@ from techniques.base import Skipped
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
 from tfopt.budget import CUT_BY_BUDGET, Clock
 from tfopt.logs import step_logger
-from tfopt.models.baseline import selection_examples, validation_margin
 from tfopt.orchestration import final_state
 from tfopt.search import Joint, Search, search_line, trial_of
 from tfopt.tracking import RunRef
@@ -207,7 +206,7 @@ class Planner:
 
         The time after the compression is kept for every planned compressed variant's
         conversion and measurement (`TrainingData.variant_tail_s`); a technique that ended
-        skipped, failed, or cut short by the budget (`cut_short`) builds none, and its
+        skipped, failed, or cut short by the budget (`cut_short_in_run`) builds none, and its
         variants' time goes to the searches and fine-tunings still to run (kept back, it made
         runs end minutes early while searches were stopped after one trial:
         docs/measurements.md). Each technique gives back once.
@@ -239,9 +238,8 @@ class Planner:
         made = state.result(raise_on_failure=False) if state.is_completed() else None
         if not isinstance(made, ModelArtifact):
             return True
-        margin = validation_margin(self.config.benchmark.accuracy_budget_points,
-                                   selection_examples(self.data))
-        return cut_short(made, self.data, margin) is not None
+        return cut_short_in_run(made, self.data,
+                                self.config.benchmark.accuracy_budget_points) is not None
 
     def finished(self, name: str, reserved_s: float = 0.0) -> Any:
         """A technique's outcome; a search's once it has deepened in the time left.
