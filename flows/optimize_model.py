@@ -19,13 +19,13 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.common import (
-    benchmark_one,
     build_forms,
     build_sources,
     error_of,
     sharded_data,
 )
 from flows.compress_model import compress_model
+from flows.measurements import Measurements, in_plan_order
 from flows.parameters import PipelineConfig
 from tasks.confirm_slowdowns import confirm_slowdowns
 from tasks.continue_training import continue_training
@@ -42,7 +42,7 @@ from tasks.runoff import run_off
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_report import write_report
-from techniques import all_failed, compressed_formats, full_runs_s, plan, planned_counts
+from techniques import all_failed, plan, planned_counts
 from tfopt import tracking
 from tfopt.artifacts import (
     BatchSweepResult,
@@ -60,7 +60,6 @@ from tfopt.artifacts import (
 )
 from tfopt.budget import (
     Budget,
-    MeasurementCosts,
     ModelSizes,
     budget_cuts,
     confirmation_cuts,
@@ -72,7 +71,6 @@ from tfopt.measurement.champion import (
     champion_speedup,
     champion_speedup_over_int8,
 )
-from tfopt.measurement.floor import floor_key
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
 from tfopt.models.baseline import (
     children_beating,
@@ -84,8 +82,8 @@ from tfopt.models.baseline import (
 from tfopt.models.health import verdicts_note
 from tfopt.models.sources import source_stamp
 from tfopt.models.step_timing import unswept
-from tfopt.native import contain_native_steps, read_record, release_workers
-from tfopt.orchestration import StepProgress, claim_flow_run
+from tfopt.native import contain_native_steps, read_record
+from tfopt.orchestration import claim_flow_run
 from tfopt.prefect_artifacts import (
     emit_regression_event,
     publish_comparison,
@@ -150,7 +148,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
         variants, budget = _baseline_variants(config, measured.data, (baseline, savedmodel),
                                               inputs, run_dir, run, budget)
-        bench = _Measurements(config, budget)
+        bench = Measurements(config, budget)
         measured_baseline, budget = bench.baseline_first(baseline, variants, inputs)
         compressed = _compressed_variants(config, measured.data, baseline, run_dir, run,
                                           inputs, budget, variants)
@@ -159,9 +157,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                                run, budget)
         baseline, inputs, technique_models = held.baseline, held.inputs, compressed.models
         _share_inputs(config, run, inputs)
-        results = [*(measured_baseline if held.variants is variants  # else trained further
-                     else bench.measure(held.variants, inputs)),
-                   *bench.measure(compressed.variants, inputs)]
+        results = _measured(bench, (variants, measured_baseline), held, compressed.variants)
         runoff = run_off(results, inputs, config.benchmark)
         packaged = package_models(results, inputs, measured.data.dataset.class_names,
                                   measured.data.input_scale, run_dir / "mlflow-models")
@@ -449,81 +445,22 @@ def _trained_further(
     return _Held(further, savedmodel, inputs, variants, note=None)
 
 
-class _Measurements:
-    """The run's measurements, one variant at a time, in two turns: the baseline's, the rest.
+def _measured(bench: Measurements,
+              first: tuple[list[VariantSpec], list[VariantResult]], held: _Held,
+              compressed: list[VariantSpec]) -> list[VariantResult]:
+    """Every variant's row: the baseline's forms (in plan order), then the compressed ones.
 
-    The baseline's variants are measured before the compression: what they cost by format
-    (`MeasurementCosts`) then prices the compressed ones' (`resized`), so the searches and
-    fine-tunings get the time a guess would have kept. The harness's floor of each runner is
-    timed with the first variant that goes through it and handed on to the others
-    (`BenchmarkInputs.floor_ms`). Within a time budget each measurement's protocol is sized
-    to what is left. A progress artifact counts every planned variant.
+    `first` is the baseline's forms and those measured before the compression; the others are
+    measured after the compressed variants (`Measurements.later`). A baseline trained further
+    has all its new forms measured first instead.
     """
-
-    def __init__(self, config: PipelineConfig, budget: Budget) -> None:
-        self.config, self.cfg, self.budget = config, config.benchmark, budget
-        self.cuts: list[str] = []
-        self._costs = MeasurementCosts(lambda variant_format: budget.planned_measurement_s(
-            runtime_of(variant_format).name == "tensorflow"))
-        self._floors: dict[str, float] = {}
-        self._done, self._total = 0, budget.baseline_variants + budget.compressed_variants
-        self._progress = StepProgress("benchmark-variants", "variants benchmarked")
-
-    def measure(self, variants: list[VariantSpec], inputs: BenchmarkInputs
-                ) -> list[VariantResult]:
-        """Benchmark `variants` on `inputs`, one at a time."""
-        release_workers()  # the trainings' memory back before the measurements
-        results: list[VariantResult] = []
-        for index, spec in enumerate(variants):
-            left = [s.format for s in variants[index:] if s.status == "ok"]
-            protocol = self.budget.measurement_protocol(
-                self.cfg, len(left), self._costs.expected(left, self.cfg.profile), self.cuts)
-            started = time.monotonic()
-            result = benchmark_one(spec, inputs.model_copy(update={"floor_ms": {
-                **inputs.floor_ms, **self._floors}}), protocol)
-            if spec.status == "ok":
-                self._costs.add(spec.format, time.monotonic() - started - protocol.min_seconds,
-                                result.profile_seconds)
-            if result.harness_floor_ms is not None:
-                self._floors.setdefault(floor_key(result.format, self.cfg.threads),
-                                        result.harness_floor_ms)
-            results.append(result)
-            self._done += 1
-            self._progress.update(self._done, max(self._total, self._done))
-        return results
-
-    def baseline_first(self, baseline: ModelArtifact, variants: list[VariantSpec],
-                       inputs: BenchmarkInputs) -> tuple[list[VariantResult], Budget]:
-        """The baseline's variants measured, and the budget they resized (`resized`)."""
-        results = self.measure(variants, inputs)
-        plans = plan(self.config, baseline)
-        return results, self.resized(compressed_formats(plans),
-                                     full_runs_s(plans, epoch_seconds(baseline)))
-
-    def resized(self, formats: list[str], needed_s: float) -> Budget:
-        """The budget with the measurements of `formats` priced by those made so far.
-
-        When the compression's window would be shorter than the techniques' full runs
-        (`needed_s`), those measurements leave out the operator profiles and other APIs
-        (the baseline's variants have them): the fine-tunings are what the run is for.
-        """
-        expected = self._costs.expected(formats)
-        if self.budget.minutes is None or expected is None:
-            return self.budget
-        timing = len(formats) * self.budget.timing_s
-        budget = self.budget.with_measured(expected + timing)
-        window = float(budget.compression_deadline or 0.0) - time.time()
-        if self.cfg.profile and window < needed_s:
-            budget = self.budget.with_measured(
-                (self._costs.expected(formats, profiled=False) or 0.0) + timing)
-            self.cfg = self.cfg.model_copy(update={"profile": False})
-            self.cuts.append(
-                f"operator profiles and other APIs measured on the baseline's variants only: "
-                f"{window:.0f} s left the techniques less than their full runs "
-                f"({needed_s:.0f} s)")
-        self.budget = budget
-        get_run_logger().info("resized by the baseline's measurements: %s", budget.plan_line())
-        return budget
+    variants, measured = first
+    if held.variants is not variants:
+        return [*bench.measure(held.variants, held.inputs),
+                *bench.measure(compressed, held.inputs)]
+    compressed_results = bench.measure(compressed, held.inputs)
+    return [*in_plan_order(variants, [*measured, *bench.later(held.inputs)]),
+            *compressed_results]
 
 
 def _summarize(

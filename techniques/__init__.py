@@ -437,10 +437,14 @@ def _trainings(cfg: TechniqueSection) -> int:
 
 def shortest_run_s(cfg: TechniqueSection, data: TrainingData) -> float:
     """What a technique's shortest useful run takes at the baseline's pace (0: unknown)."""
-    if data.epoch_s <= 0.0:
+    return _shortest_s(cfg, data.epoch_s)
+
+
+def _shortest_s(cfg: TechniqueSection, epoch_s: float) -> float:
+    if epoch_s <= 0.0:
         return 0.0
     epochs = min(SHORTEST_EPOCHS, _cap(cfg)) * _trainings(cfg)
-    return STARTUP_S + epochs * data.epoch_s * WRAPPED_EPOCH_SHARE
+    return STARTUP_S + epochs * epoch_s * WRAPPED_EPOCH_SHARE
 
 
 def after_skipped(name: str, start: Skipped) -> Skipped:
@@ -507,6 +511,22 @@ def full_runs_s(plans: list[Planned], epoch_s: float) -> float:
     """
     return sum(STARTUP_S + epochs_of(planned.cfg) * epoch_s * WRAPPED_EPOCH_SHARE
                for planned in plans if planned.refusal is None)
+
+
+def shortest_runs_s(plans: list[Planned], epoch_s: float, workers: int = 1) -> float:
+    """What every planned technique's shortest run takes, `workers` of them at once.
+
+    The compression's least useful time: the planner cuts a technique whose shortest run does
+    not fit (`techniques.planner`). `epoch_s` is the baseline's epoch (0: unknown, 0 s).
+    """
+    return sum(_shortest_s(planned.cfg, epoch_s) for planned in plans
+               if planned.refusal is None) / max(1, workers)
+
+
+def compression_workers(config: Any) -> int:
+    """How many trials or fine-tunings the compression's task runner runs at once."""
+    scale = config.scale
+    return scale.dask_workers if scale.task_runner == "dask" else 1
 
 
 def compressed_formats(plans: list[Planned]) -> list[str]:

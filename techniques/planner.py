@@ -27,6 +27,7 @@ from prefect.states import Completed, State
 from techniques import (
     Planned,
     after_skipped,
+    compression_workers,
     contained,
     cut_short_in_run,
     epochs_of,
@@ -145,8 +146,7 @@ class Planner:
     @property
     def workers(self) -> int:
         """How many trials or fine-tunings the task runner runs at once."""
-        scale = self.config.scale
-        return scale.dask_workers if scale.task_runner == "dask" else 1
+        return compression_workers(self.config)
 
     def searched(self, planned: Planned) -> bool:
         """Whether a technique is searched here (its strength ``auto``, with inputs to time)."""

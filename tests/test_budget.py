@@ -160,3 +160,14 @@ def test_measured_baseline_variants_price_the_compressed_ones_and_hand_back_the_
         "one variant's share of the tail: what a technique that builds none gives back")
     assert planned.compressed_variant_s == pytest.approx(planned.build_s + planned.measure_s)
     assert Budget(minutes=5.0).compressed_variant_s == 0.0, "no compressed variant planned"
+
+
+def test_the_compression_window_shrinks_by_the_work_still_before_it():
+    budget = Budget(minutes=5.0, compressed_variants=10, started=time.time() - 100.0)
+    # The tail: 10 conversions at 1.5 s, 80 s of measurements and the finish.
+    tail = 10 * budget.build_s + 80.0 + budget.finish_s
+    assert budget.window_after(0.0, 80.0) == pytest.approx(300.0 - tail - 100.0, abs=1.0)
+    assert budget.window_after(30.0, 80.0) == pytest.approx(300.0 - tail - 130.0, abs=1.0)
+    assert budget.left_for_measurements() == pytest.approx(200.0 - budget.finish_s, abs=1.0)
+    assert Budget(minutes=None).window_after(30.0, 80.0) is None
+    assert Budget(minutes=None).left_for_measurements() is None

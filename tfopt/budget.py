@@ -189,6 +189,20 @@ class Budget(BaseModel):
             self.compressed_variants * self.build_s + compressed_measurements_s
             + self.finish_s)})
 
+    def window_after(self, before_s: float, compressed_measurements_s: float) -> float | None:
+        """The compression's time if the work before it takes `before_s` more from now.
+
+        The compressed variants' measurements are priced at `compressed_measurements_s`, as in
+        `with_measured` (None: no budget; negative: the compression has no time at all).
+        """
+        deadline = self.with_measured(compressed_measurements_s).compression_deadline
+        return None if deadline is None else deadline - time.time() - before_s
+
+    def left_for_measurements(self) -> float | None:
+        """The seconds the measurements still have before the finish (None: no budget)."""
+        end = self.deadline(1.0)
+        return None if end is None else end - time.time() - self.finish_s
+
     @property
     def compressed_variant_s(self) -> float:
         """What the time after the compression keeps for one compressed variant.

@@ -8,6 +8,8 @@ precision and `derived_from` travel as fields.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from itertools import zip_longest
 from pathlib import Path
 
 from tfopt.artifacts import Precision, VariantFormat, VariantSpec
@@ -76,3 +78,19 @@ def failed(spec: VariantSpec, error: str) -> VariantSpec:
 def skipped(spec: VariantSpec, reason: str) -> VariantSpec:
     """`spec` marked skipped (it cannot be built here) with the reason."""
     return spec.model_copy(update={"status": "skipped", "error": reason, "path": None})
+
+
+def breadth_first(specs: Sequence[VariantSpec], group_of: Callable[[VariantSpec], str],
+                  first: str | None = None) -> list[VariantSpec]:
+    """`specs` with each group's first, then each one's second, and so on (plan order within).
+
+    The variant named `first`, if any, leads as its group's first: a budget that stops partway
+    through has then seen every group (runtime) before any group's second form.
+    """
+    leading = [spec for spec in specs if spec.name == first]
+    groups: dict[str, list[VariantSpec]] = {group_of(spec): [spec] for spec in leading}
+    for spec in specs:
+        if spec.name != first:
+            groups.setdefault(group_of(spec), []).append(spec)
+    turns = zip_longest(*groups.values())
+    return [spec for turn in turns for spec in turn if spec is not None]

@@ -116,3 +116,15 @@ def test_techniques_that_build_nothing_give_their_variants_time_back_to_the_comp
     unbudgeted = Planner(config, tiny_baseline, tiny_data, tmp_path, None, None, run_trial)
     unbudgeted._outcomes.update(planner._outcomes)
     assert unbudgeted.give_back_unbuilt(plans) == 0.0 and unbudgeted.data.deadline is None
+
+
+def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tiny_baseline,
+                                                                             tiny_data):
+    from techniques import shortest_run_s, shortest_runs_s
+
+    plans = plan(_config(), tiny_baseline)
+    data = tiny_data.model_copy(update={"epoch_s": 1.0})
+    each = [shortest_run_s(p.cfg, data) for p in plans if p.refusal is None]
+    assert shortest_runs_s(plans, 1.0) == sum(each) == 40.0
+    assert shortest_runs_s(plans, 1.0, workers=2) == 20.0
+    assert shortest_runs_s(plans, 0.0) == 0.0, "an unknown epoch: nothing to reserve"

@@ -1,0 +1,188 @@
+"""The run's measurements, one variant at a time: the baseline's forms, the compressed ones.
+
+The baseline's forms are measured before the compression, breadth-first over the runtimes
+(`tfopt.variants.breadth_first`, the speedup reference `baseline-tflite-int8` first): what
+they cost by format (`MeasurementCosts`) prices the compressed variants' measurements
+(`Measurements.resized`), so the searches and fine-tunings get the time a guess would have
+kept. On a slow machine those forms alone could take the compression's whole time: a form
+whose measurement would leave the techniques less than their shortest runs waits, with the
+rest, until after the compressed variants, and is measured then while the budget lasts
+(`Measurements.later`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from flows.common import benchmark_one
+from flows.parameters import PipelineConfig
+from techniques import (
+    compressed_formats,
+    compression_workers,
+    full_runs_s,
+    plan,
+    shortest_runs_s,
+)
+from tfopt.artifacts import BenchmarkInputs, ModelArtifact, VariantResult, VariantSpec
+from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
+from tfopt.logs import step_logger
+from tfopt.measurement.floor import floor_key
+from tfopt.models.baseline import epoch_seconds
+from tfopt.native import release_workers
+from tfopt.orchestration import StepProgress
+from tfopt.runtimes import runtime_of
+from tfopt.search import baseline_int8
+from tfopt.variants import breadth_first, skipped
+
+
+class Measurements:
+    """The run's measurements, one variant at a time, and what the budget cut of them.
+
+    The harness's floor of each runner is timed with the first variant that goes through it
+    and handed on to the others (`BenchmarkInputs.floor_ms`). Within a time budget each
+    measurement's protocol is sized to what is left. A progress artifact counts every planned
+    variant.
+    """
+
+    def __init__(self, config: PipelineConfig, budget: Budget,
+                 costs: MeasurementCosts | None = None) -> None:
+        self.config, self.cfg, self.budget = config, config.benchmark, budget
+        self.cuts: list[str] = []
+        self._costs = costs or MeasurementCosts(
+            lambda variant_format: budget.planned_measurement_s(
+                runtime_of(variant_format).name == "tensorflow"))
+        self.waiting: list[VariantSpec] = []
+        """The baseline's forms that wait until after the compressed variants (`later`)."""
+        self._floors: dict[str, float] = {}
+        self._done, self._total = 0, budget.baseline_variants + budget.compressed_variants
+        self._progress = StepProgress("benchmark-variants", "variants benchmarked")
+
+    def measure(self, variants: list[VariantSpec], inputs: BenchmarkInputs,
+                waits: Callable[[list[VariantSpec]], bool] | None = None,
+                ) -> list[VariantResult]:
+        """Benchmark `variants` on `inputs`, one at a time, in their order.
+
+        `waits`, given the variants not measured yet, says whether they wait (the measuring
+        stops there; the ones measured are returned).
+        """
+        release_workers()  # the trainings' memory back before the measurements
+        results: list[VariantResult] = []
+        for index, spec in enumerate(variants):
+            if waits is not None and waits(variants[index:]):
+                break
+            left = [s.format for s in variants[index:] if s.status == "ok"]
+            protocol = self.budget.measurement_protocol(
+                self.cfg, len(left), self._costs.expected(left, self.cfg.profile), self.cuts)
+            started = time.monotonic()
+            result = benchmark_one(spec, inputs.model_copy(update={"floor_ms": {
+                **inputs.floor_ms, **self._floors}}), protocol)
+            if spec.status == "ok":
+                self._costs.add(spec.format, time.monotonic() - started - protocol.min_seconds,
+                                result.profile_seconds)
+            if result.harness_floor_ms is not None:
+                self._floors.setdefault(floor_key(result.format, self.cfg.threads),
+                                        result.harness_floor_ms)
+            results.append(result)
+            self._done += 1
+            self._progress.update(self._done, max(self._total, self._done))
+        return results
+
+    def baseline_first(self, baseline: ModelArtifact, variants: list[VariantSpec],
+                       inputs: BenchmarkInputs) -> tuple[list[VariantResult], Budget]:
+        """The baseline's forms measured before the compression, and the budget they resized.
+
+        Breadth-first over the runtimes, the speedup reference first. The first form is always
+        measured (it prices the others); from then on, the forms that would leave the
+        techniques less than their shortest runs wait for `later`, and the log says which.
+        """
+        plans = plan(self.config, baseline)
+        formats, epoch_s = compressed_formats(plans), epoch_seconds(baseline)
+        reference = baseline_int8(variants, baseline.name)
+        ordered = breadth_first(variants, lambda spec: runtime_of(spec.format).name,
+                                reference.name if reference else None)
+        shortest_s = shortest_runs_s(plans, epoch_s, compression_workers(self.config))
+        results = self.measure(ordered, inputs,
+                               lambda rest: self.would_starve(rest, formats, shortest_s))
+        self.waiting = ordered[len(results):]
+        if self.waiting:
+            step_logger().info(
+                "measured now, the baseline's %s would leave the compression less than its "
+                "techniques' shortest runs (%.0f s): measured after the compressed variants, "
+                "while the time budget lasts", ", ".join(s.name for s in self.waiting),
+                shortest_s)
+        return results, self.resized(formats, full_runs_s(plans, epoch_s))
+
+    def would_starve(self, rest: list[VariantSpec], formats: list[str], shortest_s: float) -> bool:
+        """Whether measuring `rest` now leaves the compression less than `shortest_s`.
+
+        The compressed variants priced without their profiles: `resized` leaves them out
+        when the window is short.
+        """
+        rest_formats = [spec.format for spec in rest if spec.status == "ok"]
+        before = self._costs.expected(rest_formats)
+        compressed = self._costs.expected(formats, profiled=False)
+        if not rest_formats or before is None or compressed is None:
+            return False
+        timing = self.budget.timing_s
+        window = self.budget.window_after(before + len(rest_formats) * timing,
+                                          compressed + len(formats) * timing)
+        return window is not None and window < shortest_s
+
+    def later(self, inputs: BenchmarkInputs) -> list[VariantResult]:
+        """The baseline's forms that waited for the compression, measured while the time lasts.
+
+        Each in turn, if its expected measurement still fits before the finish; one that does
+        not is cut (its row skipped with the reason), and the cuts say which.
+        """
+        waiting, self.waiting = self.waiting, []
+        results: list[VariantResult] = []
+        cut: list[str] = []
+        for spec in waiting:
+            if not self._fits(spec):
+                spec = skipped(spec, f"{CUT_BY_BUDGET}: not measured, its time went to the "
+                                     "compression")
+                cut.append(spec.name)
+            results += self.measure([spec], inputs)
+        if cut:
+            self.cuts.append(f"the baseline's {', '.join(cut)} not measured: their time went "
+                             "to the compression")
+        return results
+
+    def _fits(self, spec: VariantSpec) -> bool:
+        left = self.budget.left_for_measurements()
+        expected = self._costs.expected([spec.format], self.cfg.profile)
+        return (left is None or expected is None or spec.status != "ok"
+                or left >= expected + self.budget.timing_s)
+
+    def resized(self, formats: list[str], needed_s: float) -> Budget:
+        """The budget with the measurements of `formats` priced by those made so far.
+
+        When the compression's window would be shorter than the techniques' full runs
+        (`needed_s`), those measurements leave out the operator profiles and other APIs
+        (the baseline's variants have them): the fine-tunings are what the run is for.
+        """
+        expected = self._costs.expected(formats)
+        if self.budget.minutes is None or expected is None:
+            return self.budget
+        timing = len(formats) * self.budget.timing_s
+        budget = self.budget.with_measured(expected + timing)
+        window = float(budget.compression_deadline or 0.0) - time.time()
+        if self.cfg.profile and window < needed_s:
+            budget = self.budget.with_measured(
+                (self._costs.expected(formats, profiled=False) or 0.0) + timing)
+            self.cfg = self.cfg.model_copy(update={"profile": False})
+            self.cuts.append(
+                f"operator profiles and other APIs measured on the baseline's variants only: "
+                f"{window:.0f} s left the techniques less than their full runs "
+                f"({needed_s:.0f} s)")
+        self.budget = budget
+        step_logger().info("resized by the baseline's measurements: %s", budget.plan_line())
+        return budget
+
+
+def in_plan_order(variants: list[VariantSpec], results: list[VariantResult]
+                  ) -> list[VariantResult]:
+    """`results` in the order their `variants` were planned (the report's rows)."""
+    rank = {spec.name: index for index, spec in enumerate(variants)}
+    return sorted(results, key=lambda result: rank.get(result.name, len(rank)))

@@ -1,0 +1,72 @@
+"""The baseline's forms measured breadth-first, and those that would starve the compression wait."""
+
+import time
+from pathlib import Path
+
+from flows.measurements import Measurements, in_plan_order
+from flows.parameters import PipelineConfig
+from tfopt.artifacts import BenchmarkInputs, VariantResult
+from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
+from tfopt.runtimes import plan_forms, plan_variant, runtime_of
+from tfopt.runtimes.base import PlanRequest
+from tfopt.variants import breadth_first
+
+
+def _demo_forms():
+    config = PipelineConfig.model_validate({"name": "m", "convert": {
+        "tflite": ["fp32", "dynamic", "int8"], "xla": ["jit_compile"], "onnx": True},
+        "runtimes": {"openvino": {"precisions": ["fp32", "int8"]}}})
+    forms = plan_forms(PlanRequest(source="baseline", kind="keras"), config)
+    return [spec for spec in forms if spec.status == "ok"]
+
+
+def test_each_runtime_gets_its_first_form_measured_before_any_gets_its_second():
+    forms = _demo_forms()
+    runtime = lambda spec: runtime_of(spec.format).name  # noqa: E731
+    ordered = breadth_first(forms, runtime, "baseline-tflite-int8")
+    assert ordered[0].name == "baseline-tflite-int8", "the speedup reference leads"
+    runtimes = {runtime(spec) for spec in forms}
+    assert len(runtimes) >= 3
+    assert {runtime(spec) for spec in ordered[:len(runtimes)]} == runtimes
+    assert sorted(s.name for s in ordered) == sorted(s.name for s in forms)
+    for name in runtimes:
+        assert [s.name for s in ordered if runtime(s) == name and s.name != ordered[0].name] \
+            == [s.name for s in forms if runtime(s) == name and s.name != ordered[0].name]
+    shuffled = [VariantResult(name=s.name, source=s.source, format=s.format,
+                              precision=s.precision, status="skipped") for s in ordered]
+    assert [r.name for r in in_plan_order(forms, shuffled)] == [s.name for s in forms]
+
+
+def _measurements(started: float) -> Measurements:
+    costs = MeasurementCosts()
+    costs.add("tflite", 8.0)
+    costs.add("graph", 12.0)
+    budget = Budget(minutes=5.0, compressed_variants=10, started=started)
+    return Measurements(PipelineConfig.model_validate({"name": "m"}), budget, costs)
+
+
+def test_forms_that_would_leave_the_techniques_less_than_their_shortest_runs_wait():
+    forms = [plan_variant("baseline", "graph"), plan_variant("baseline", "xla"),
+             plan_variant("baseline", "savedmodel")]
+    compressed = ["tflite"] * 10
+    # 10 compressed variants at 1.5 + 8 s and the finish leave the compression until about
+    # +3m02s; with 2m30s gone the three TensorFlow forms (about 37 s) would take all of it.
+    late = _measurements(time.time() - 150.0)
+    assert late.would_starve(forms, compressed, shortest_s=20.0)
+    assert not late.would_starve([], compressed, shortest_s=20.0)
+    assert not _measurements(time.time()).would_starve(forms, compressed, shortest_s=20.0)
+    unbounded = Measurements(PipelineConfig.model_validate({"name": "m"}), Budget(minutes=None))
+    assert not unbounded.would_starve(forms, compressed, shortest_s=20.0)
+
+
+def test_waiting_forms_the_time_left_cannot_hold_are_cut_with_their_reason(tmp_path: Path):
+    over = _measurements(time.time() - 400.0)
+    over.waiting = [plan_variant("baseline", "graph"), plan_variant("baseline", "xla")]
+    inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=tmp_path / "labels.npy",
+                             reference_logits=None, examples=10)
+    rows = over.later(inputs)
+    assert [row.name for row in rows] == ["baseline-graph", "baseline-xla"]
+    assert all(row.status == "skipped" and row.error.startswith(CUT_BY_BUDGET) for row in rows)
+    assert over.cuts == ["the baseline's baseline-graph, baseline-xla not measured: their time "
+                         "went to the compression"]
+    assert over.waiting == [] and over.later(inputs) == []
