@@ -4,10 +4,11 @@ The baseline's forms are measured before the compression, breadth-first over the
 (`tfopt.variants.breadth_first`, the speedup reference `baseline-tflite-int8` first): what
 they cost by format (`MeasurementCosts`) prices the compressed variants' measurements
 (`Measurements.resized`), so the searches and fine-tunings get the time a guess would have
-kept. On a slow machine those forms alone could take the compression's whole time: a form
-whose measurement would leave the techniques less than their shortest runs waits, with the
-rest, until after the compressed variants, and is measured then while the budget lasts
-(`Measurements.later`).
+kept. On a slow machine the measurements could take the compression's whole time: then each
+compressed model's int8 TFLite file is measured before its other forms
+(`tfopt.variants.primaries`), and a baseline form whose measurement would leave the techniques
+less than their shortest runs waits. What waits is measured after the compressed models' first
+forms, while the budget lasts (`Measurements.later`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from tfopt.native import release_workers
 from tfopt.orchestration import StepProgress
 from tfopt.runtimes import runtime_of
 from tfopt.search import baseline_int8
-from tfopt.variants import breadth_first, skipped
+from tfopt.variants import breadth_first, primaries, skipped
 
 
 class Measurements:
@@ -55,6 +56,9 @@ class Measurements:
         self.waiting: list[VariantSpec] = []
         """The baseline's forms that wait until after the compressed variants (`later`)."""
         self._floors: dict[str, float] = {}
+        self.primaries_first = False
+        """Whether each compressed model's int8 TFLite file is measured before its other forms
+        (the time short: `baseline_first`)."""
         self._done, self._total = 0, budget.baseline_variants + budget.compressed_variants
         self._progress = StepProgress("benchmark-variants", "variants benchmarked")
 
@@ -92,18 +96,33 @@ class Measurements:
                        inputs: BenchmarkInputs) -> tuple[list[VariantResult], Budget]:
         """The baseline's forms measured before the compression, and the budget they resized.
 
-        Breadth-first over the runtimes, the speedup reference first. The first form is always
-        measured (it prices the others); from then on, the forms that would leave the
-        techniques less than their shortest runs wait for `later`, and the log says which.
+        Breadth-first over the runtimes, the speedup reference first. Each runtime's first form
+        is always measured (the baseline on every runtime, and the prices of the others). If
+        the compressed variants' measurements would then leave the techniques less than their
+        shortest runs, only each compressed model's int8 TFLite file is priced and measured
+        before the rest (`compressed`). From then on, the baseline's forms that would leave
+        the techniques less than their shortest runs wait for `later`; the log says which.
         """
         plans = plan(self.config, baseline)
-        formats, epoch_s = compressed_formats(plans), epoch_seconds(baseline)
+        epoch_s = epoch_seconds(baseline)
+        formats = compressed_formats(plans)
         reference = baseline_int8(variants, baseline.name)
         ordered = breadth_first(variants, lambda spec: runtime_of(spec.format).name,
                                 reference.name if reference else None)
         shortest_s = shortest_runs_s(plans, epoch_s, compression_workers(self.config))
-        results = self.measure(ordered, inputs,
-                               lambda rest: self.would_starve(rest, formats, shortest_s))
+        first_round = len({runtime_of(spec.format).name for spec in ordered})
+        results = self.measure(ordered[:first_round], inputs)
+        if self.would_starve([], formats, shortest_s):
+            planned = [spec for p in plans for spec in p.variants if spec.status == "ok"]
+            formats = [spec.format for spec in primaries(planned)]
+            self.primaries_first = True
+            step_logger().info(
+                "the compressed models' %d forms would leave the compression less than its "
+                "techniques' shortest runs (%.0f s): each one's int8 TFLite file is measured "
+                "first, its other forms after, while the time budget lasts",
+                len(planned), shortest_s)
+        results += self.measure(ordered[first_round:], inputs,
+                                lambda rest: self.would_starve(rest, formats, shortest_s))
         self.waiting = ordered[len(results):]
         if self.waiting:
             step_logger().info(
@@ -114,23 +133,37 @@ class Measurements:
         return results, self.resized(formats, full_runs_s(plans, epoch_s))
 
     def would_starve(self, rest: list[VariantSpec], formats: list[str], shortest_s: float) -> bool:
-        """Whether measuring `rest` now leaves the compression less than `shortest_s`.
+        """Whether measuring `rest` (maybe none) now leaves the compression less than `shortest_s`.
 
-        The compressed variants priced without their profiles: `resized` leaves them out
-        when the window is short.
+        `formats` are the compressed variants' measured before the finish, priced without
+        their profiles: `resized` leaves them out when the window is short.
         """
         rest_formats = [spec.format for spec in rest if spec.status == "ok"]
         before = self._costs.expected(rest_formats)
         compressed = self._costs.expected(formats, profiled=False)
-        if not rest_formats or before is None or compressed is None:
+        if before is None or compressed is None:
             return False
         timing = self.budget.timing_s
         window = self.budget.window_after(before + len(rest_formats) * timing,
                                           compressed + len(formats) * timing)
         return window is not None and window < shortest_s
 
+    def compressed(self, variants: list[VariantSpec], inputs: BenchmarkInputs
+                   ) -> list[VariantResult]:
+        """The compressed variants' measurements: all, or each model's primary form first.
+
+        When the baseline's turn found the time short (`primaries_first`), each model's int8
+        TFLite file is measured now and its other forms join those waiting for `later`.
+        """
+        if not self.primaries_first:
+            return self.measure(variants, inputs)
+        first = primaries([spec for spec in variants if spec.status == "ok"])
+        self.waiting += [spec for spec in variants if spec.status == "ok" and spec not in first]
+        return self.measure([spec for spec in variants
+                             if spec.status != "ok" or spec in first], inputs)
+
     def later(self, inputs: BenchmarkInputs) -> list[VariantResult]:
-        """The baseline's forms that waited for the compression, measured while the time lasts.
+        """The forms that waited for the compression, measured while the time lasts.
 
         Each in turn, if its expected measurement still fits before the finish; one that does
         not is cut (its row skipped with the reason), and the cuts say which.
@@ -145,8 +178,8 @@ class Measurements:
                 cut.append(spec.name)
             results += self.measure([spec], inputs)
         if cut:
-            self.cuts.append(f"the baseline's {', '.join(cut)} not measured: their time went "
-                             "to the compression")
+            self.cuts.append(f"{', '.join(cut)} not measured: their time went to the "
+                             "compression")
         return results
 
     def _fits(self, spec: VariantSpec) -> bool:

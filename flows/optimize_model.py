@@ -448,19 +448,18 @@ def _trained_further(
 def _measured(bench: Measurements,
               first: tuple[list[VariantSpec], list[VariantResult]], held: _Held,
               compressed: list[VariantSpec]) -> list[VariantResult]:
-    """Every variant's row: the baseline's forms (in plan order), then the compressed ones.
+    """Every variant's row, in plan order: the baseline's forms, then the compressed ones.
 
-    `first` is the baseline's forms and those measured before the compression; the others are
-    measured after the compressed variants (`Measurements.later`). A baseline trained further
-    has all its new forms measured first instead.
+    `first` is the baseline's forms and those measured before the compression; the compressed
+    variants come next, then the forms that waited (`Measurements.later`). A baseline trained
+    further has its new forms measured first instead (its old ones waiting are dropped).
     """
     variants, measured = first
     if held.variants is not variants:
-        return [*bench.measure(held.variants, held.inputs),
-                *bench.measure(compressed, held.inputs)]
-    compressed_results = bench.measure(compressed, held.inputs)
-    return [*in_plan_order(variants, [*measured, *bench.later(held.inputs)]),
-            *compressed_results]
+        bench.waiting = []
+        measured = bench.measure(held.variants, held.inputs)
+    rows = [*measured, *bench.compressed(compressed, held.inputs), *bench.later(held.inputs)]
+    return in_plan_order([*held.variants, *compressed], rows)
 
 
 def _summarize(
