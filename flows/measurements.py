@@ -193,7 +193,8 @@ class Measurements:
 
         When the compression's window would be shorter than the techniques' full runs
         (`needed_s`), those measurements leave out the operator profiles and other APIs
-        (the baseline's variants have them): the fine-tunings are what the run is for.
+        (the baseline's forms measured before it have them): the fine-tunings are what the run
+        is for.
         """
         expected = self._costs.expected(formats)
         if self.budget.minutes is None or expected is None:
@@ -206,7 +207,7 @@ class Measurements:
                 (self._costs.expected(formats, profiled=False) or 0.0) + timing)
             self.cfg = self.cfg.model_copy(update={"profile": False})
             self.cuts.append(
-                f"operator profiles and other APIs measured on the baseline's variants only: "
+                f"operator profiles and other APIs measured before the compression only: "
                 f"{window:.0f} s left the techniques less than their full runs "
                 f"({needed_s:.0f} s)")
         self.budget = budget

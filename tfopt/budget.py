@@ -271,8 +271,8 @@ class Budget(BaseModel):
         if self.minutes is None:
             return "no time budget (budget.minutes): every step runs as configured"
         if self.measured_tail_s is not None:
-            return (f"time budget {self.minutes:g} min, the baseline's {self.baseline_variants} "
-                    f"variants measured: searches and fine-tunings by "
+            return (f"time budget {self.minutes:g} min, priced by the baseline's measurements: "
+                    f"searches and fine-tunings by "
                     f"{_clock(self.compression_deadline - self.started)}, the "
                     f"{self.compressed_variants} compressed variants' conversions and "
                     f"benchmarks by {_clock(self._seconds)}")
