@@ -5,10 +5,10 @@ The baseline's forms are measured before the compression, breadth-first over the
 they cost by format (`MeasurementCosts`) prices the compressed variants' measurements
 (`Measurements.resized`), so the searches and fine-tunings get the time a guess would have
 kept. On a slow machine the measurements could take the compression's whole time: then each
-compressed model's int8 TFLite file is measured before its other forms
-(`tfopt.variants.primaries`), and a baseline form whose measurement would leave the techniques
-less than their shortest runs waits. What waits is measured after the compressed models' first
-forms, while the budget lasts (`Measurements.later`).
+compressed model is built and measured as its int8 TFLite file alone
+(``compress.forms: tflite_int8``), and a baseline form whose measurement would leave the
+techniques less than their shortest runs waits until after the compressed variants, measured
+then while the budget lasts (`Measurements.later`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from flows.common import benchmark_one
 from flows.parameters import PipelineConfig
 from techniques import (
+    Planned,
     compressed_formats,
     compression_workers,
     full_runs_s,
@@ -34,7 +35,7 @@ from tfopt.native import release_workers
 from tfopt.orchestration import StepProgress
 from tfopt.runtimes import runtime_of
 from tfopt.search import baseline_int8
-from tfopt.variants import breadth_first, primaries, skipped
+from tfopt.variants import breadth_first, skipped
 
 
 class Measurements:
@@ -43,7 +44,8 @@ class Measurements:
     The harness's floor of each runner is timed with the first variant that goes through it
     and handed on to the others (`BenchmarkInputs.floor_ms`). Within a time budget each
     measurement's protocol is sized to what is left. A progress artifact counts every planned
-    variant.
+    variant. `config` is the pipeline's, with the compressed models narrowed to their int8
+    TFLite files when the baseline's turn found the time short (the compression takes it).
     """
 
     def __init__(self, config: PipelineConfig, budget: Budget,
@@ -56,9 +58,6 @@ class Measurements:
         self.waiting: list[VariantSpec] = []
         """The baseline's forms that wait until after the compressed variants (`later`)."""
         self._floors: dict[str, float] = {}
-        self.primaries_first = False
-        """Whether each compressed model's int8 TFLite file is measured before its other forms
-        (the time short: `baseline_first`)."""
         self._done, self._total = 0, budget.baseline_variants + budget.compressed_variants
         self._progress = StepProgress("benchmark-variants", "variants benchmarked")
 
@@ -99,28 +98,22 @@ class Measurements:
         Breadth-first over the runtimes, the speedup reference first. Each runtime's first form
         is always measured (the baseline on every runtime, and the prices of the others). If
         the compressed variants' measurements would then leave the techniques less than their
-        shortest runs, only each compressed model's int8 TFLite file is priced and measured
-        before the rest (`compressed`). From then on, the baseline's forms that would leave
-        the techniques less than their shortest runs wait for `later`; the log says which.
+        shortest runs, the compressed models are narrowed to their int8 TFLite files
+        (`config` then says ``compress.forms: tflite_int8``; the cuts say why). From then on,
+        the baseline's forms that would leave the techniques less than their shortest runs
+        wait for `later`; the log says which.
         """
         plans = plan(self.config, baseline)
         epoch_s = epoch_seconds(baseline)
-        formats = compressed_formats(plans)
         reference = baseline_int8(variants, baseline.name)
         ordered = breadth_first(variants, lambda spec: runtime_of(spec.format).name,
                                 reference.name if reference else None)
         shortest_s = shortest_runs_s(plans, epoch_s, compression_workers(self.config))
         first_round = len({runtime_of(spec.format).name for spec in ordered})
         results = self.measure(ordered[:first_round], inputs)
-        if self.would_starve([], formats, shortest_s):
-            planned = [spec for p in plans for spec in p.variants if spec.status == "ok"]
-            formats = [spec.format for spec in primaries(planned)]
-            self.primaries_first = True
-            step_logger().info(
-                "the compressed models' %d forms would leave the compression less than its "
-                "techniques' shortest runs (%.0f s): each one's int8 TFLite file is measured "
-                "first, its other forms after, while the time budget lasts",
-                len(planned), shortest_s)
+        if self.would_starve([], compressed_formats(plans), shortest_s):
+            plans = self._narrowed(baseline, plans, shortest_s)
+        formats = compressed_formats(plans)
         results += self.measure(ordered[first_round:], inputs,
                                 lambda rest: self.would_starve(rest, formats, shortest_s))
         self.waiting = ordered[len(results):]
@@ -132,11 +125,30 @@ class Measurements:
                 shortest_s)
         return results, self.resized(formats, full_runs_s(plans, epoch_s))
 
+    def _narrowed(self, baseline: ModelArtifact, plans: list[Planned],
+                  shortest_s: float) -> list[Planned]:
+        """The compressed models planned as their int8 TFLite files alone, said as a cut."""
+        narrowed = self.config.model_copy(update={"compress": self.config.compress.model_copy(
+            update={"forms": "tflite_int8"})})
+        narrow_plans = plan(narrowed, baseline)
+        before, after = len(compressed_formats(plans)), len(compressed_formats(narrow_plans))
+        if after >= before:
+            return plans
+        self.config = narrowed
+        self.budget = self.budget.model_copy(update={"compressed_variants": after})
+        self._total = self.budget.baseline_variants + after
+        line = (f"each compressed model built and measured as its int8 TFLite file only "
+                f"(compress.forms: tflite_int8): its {before} forms would have left the "
+                f"techniques less than their shortest runs ({shortest_s:.0f} s)")
+        step_logger().info(line)
+        self.cuts.append(line)
+        return narrow_plans
+
     def would_starve(self, rest: list[VariantSpec], formats: list[str], shortest_s: float) -> bool:
         """Whether measuring `rest` (maybe none) now leaves the compression less than `shortest_s`.
 
-        `formats` are the compressed variants' measured before the finish, priced without
-        their profiles: `resized` leaves them out when the window is short.
+        `formats` are the compressed variants', priced without their profiles: `resized`
+        leaves them out when the window is short.
         """
         rest_formats = [spec.format for spec in rest if spec.status == "ok"]
         before = self._costs.expected(rest_formats)
@@ -148,22 +160,8 @@ class Measurements:
                                           compressed + len(formats) * timing)
         return window is not None and window < shortest_s
 
-    def compressed(self, variants: list[VariantSpec], inputs: BenchmarkInputs
-                   ) -> list[VariantResult]:
-        """The compressed variants' measurements: all, or each model's primary form first.
-
-        When the baseline's turn found the time short (`primaries_first`), each model's int8
-        TFLite file is measured now and its other forms join those waiting for `later`.
-        """
-        if not self.primaries_first:
-            return self.measure(variants, inputs)
-        first = primaries([spec for spec in variants if spec.status == "ok"])
-        self.waiting += [spec for spec in variants if spec.status == "ok" and spec not in first]
-        return self.measure([spec for spec in variants
-                             if spec.status != "ok" or spec in first], inputs)
-
     def later(self, inputs: BenchmarkInputs) -> list[VariantResult]:
-        """The forms that waited for the compression, measured while the time lasts.
+        """The baseline's forms that waited for the compression, measured while the time lasts.
 
         Each in turn, if its expected measurement still fits before the finish; one that does
         not is cut (its row skipped with the reason), and the cuts say which.

@@ -150,7 +150,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                                               inputs, run_dir, run, budget)
         bench = Measurements(config, budget)
         measured_baseline, budget = bench.baseline_first(baseline, variants, inputs)
-        compressed = _compressed_variants(config, measured.data, baseline, run_dir, run,
+        compressed = _compressed_variants(bench.config, measured.data, baseline, run_dir, run,
                                           inputs, budget, variants)
         held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs,
                                                             variants), compressed, run_dir,
@@ -451,14 +451,15 @@ def _measured(bench: Measurements,
     """Every variant's row, in plan order: the baseline's forms, then the compressed ones.
 
     `first` is the baseline's forms and those measured before the compression; the compressed
-    variants come next, then the forms that waited (`Measurements.later`). A baseline trained
-    further has its new forms measured first instead (its old ones waiting are dropped).
+    variants come next, then the baseline's forms that waited (`Measurements.later`). A
+    baseline trained further has its new forms measured first instead (its old ones waiting
+    are dropped).
     """
     variants, measured = first
     if held.variants is not variants:
         bench.waiting = []
         measured = bench.measure(held.variants, held.inputs)
-    rows = [*measured, *bench.compressed(compressed, held.inputs), *bench.later(held.inputs)]
+    rows = [*measured, *bench.measure(compressed, held.inputs), *bench.later(held.inputs)]
     return in_plan_order([*held.variants, *compressed], rows)
 
 

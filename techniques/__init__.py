@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import Task, task
 from prefect.states import Completed, State
@@ -110,6 +110,15 @@ _MOVED_COMPRESS_KEYS = {
 
 class CompressSection(Section):
     """Model compression: one section per technique, and the forms of their models."""
+
+    forms: Literal["all", "tflite_int8"] = Field(
+        "all",
+        description=(
+            "The forms of every compressed model: all those the runtimes' keys ask for, or only "
+            "its int8 TFLite file. A run whose time budget cannot hold the measurements of all "
+            "of them narrows to tflite_int8 on its own and says so."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

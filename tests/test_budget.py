@@ -154,7 +154,7 @@ def test_measured_baseline_variants_price_the_compressed_ones_and_hand_back_the_
     dear = planned.with_measured(19 * 30.0)
     assert dear.compression_deadline == pytest.approx(
         planned.started + LEAST_WORK_SHARE * 300.0), "the work before keeps its least share"
-    assert "measured" in cheap.plan_line()
+    assert "priced by the baseline's measurements" in cheap.plan_line()
     assert Budget(minutes=None).with_measured(1.0).compression_deadline is None
     assert cheap.compressed_variant_s == pytest.approx(planned.build_s + 3.0), (
         "one variant's share of the tail: what a technique that builds none gives back")

@@ -95,17 +95,3 @@ def breadth_first(specs: Sequence[VariantSpec], group_of: Callable[[VariantSpec]
     turns = zip_longest(*groups.values())
     return [spec for turn in turns for spec in turn if spec is not None]
 
-
-def primaries(specs: Sequence[VariantSpec]) -> list[VariantSpec]:
-    """Each model's (each source's) int8 TFLite form among `specs`, else its first one.
-
-    The form a compressed model's speed-up is quoted on (`baseline-tflite-int8`'s): what a run
-    short of time measures of it first.
-    """
-    chosen: dict[str, VariantSpec] = {}
-    for spec in specs:
-        held = chosen.get(spec.source)
-        if held is None or (spec.format, spec.precision) == ("tflite", "int8") != (
-                held.format, held.precision):
-            chosen[spec.source] = spec
-    return [spec for spec in specs if chosen.get(spec.source) is spec]

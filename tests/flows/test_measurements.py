@@ -9,7 +9,7 @@ from tfopt.artifacts import BenchmarkInputs, VariantResult
 from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
 from tfopt.runtimes import plan_forms, plan_variant, runtime_of
 from tfopt.runtimes.base import PlanRequest
-from tfopt.variants import breadth_first, primaries
+from tfopt.variants import breadth_first
 
 
 def _demo_forms():
@@ -71,11 +71,3 @@ def test_waiting_forms_the_time_left_cannot_hold_are_cut_with_their_reason(tmp_p
                          "compression"]
     assert over.waiting == [] and over.later(inputs) == []
 
-
-def test_each_compressed_model_is_first_measured_on_its_int8_tflite_file_else_its_first_form():
-    forms = [plan_variant("pruned-80", "tflite", "fp32"), plan_variant("pruned-80", "openvino",
-                                                                       "int8"),
-             plan_variant("pruned-80", "tflite", "int8"), plan_variant("qat", "openvino", "int8"),
-             plan_variant("distilled-8", "onnx"), plan_variant("distilled-8", "tflite", "fp32")]
-    assert [s.name for s in primaries(forms)] == [
-        "pruned-80-tflite-int8", "qat-openvino-int8", "distilled-8-onnx"]

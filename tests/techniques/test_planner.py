@@ -128,3 +128,14 @@ def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tin
     assert shortest_runs_s(plans, 1.0) == sum(each) == 40.0
     assert shortest_runs_s(plans, 1.0, workers=2) == 20.0
     assert shortest_runs_s(plans, 0.0) == 0.0, "an unknown epoch: nothing to reserve"
+
+
+def test_compressed_models_narrowed_to_their_int8_tflite_files_plan_nothing_else(tiny_baseline):
+    config = _config()
+    narrowed = config.model_copy(update={"compress": config.compress.model_copy(
+        update={"forms": "tflite_int8"})})
+    wide = [s for p in plan(config, tiny_baseline) for s in p.variants if s.status == "ok"]
+    narrow = [s for p in plan(narrowed, tiny_baseline) for s in p.variants if s.status == "ok"]
+    assert len(narrow) < len(wide)
+    assert narrow and all((s.format, s.precision) == ("tflite", "int8") for s in narrow)
+    assert {s.source for s in narrow} == {s.source for s in wide}, "every model keeps one form"

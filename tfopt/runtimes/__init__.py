@@ -184,8 +184,10 @@ def compressed_forms(config: Any) -> dict[str, tuple[str, ...]]:
     """The one rule for a technique's model: the precisions each runtime's format is asked for.
 
     Every runtime says it from the config (`Runtime.compressed_forms`); formats asked for
-    nothing are left out.
+    nothing are left out. ``compress.forms: tflite_int8`` asks for the int8 TFLite file alone.
     """
+    if getattr(config.compress, "forms", "all") == "tflite_int8":
+        return {"tflite": ("int8",)}
     return {fmt: precisions for runtime in registry().values()
             for fmt, precisions in runtime.compressed_forms(settings_of(runtime, config),
                                                             config.compress).items()
