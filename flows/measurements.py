@@ -81,7 +81,8 @@ class Measurements:
             result = benchmark_one(spec, inputs.model_copy(update={"floor_ms": {
                 **inputs.floor_ms, **self._floors}}), protocol)
             if spec.status == "ok":
-                self._costs.add(spec.format, time.monotonic() - started - protocol.min_seconds,
+                timed = result.timing_seconds or protocol.min_seconds
+                self._costs.add(spec.format, time.monotonic() - started - timed,
                                 result.profile_seconds)
             if result.harness_floor_ms is not None:
                 self._floors.setdefault(floor_key(result.format, self.cfg.threads),
@@ -101,7 +102,8 @@ class Measurements:
         shortest runs, the compressed models are narrowed to their int8 TFLite files
         (`config` then says ``compress.forms: tflite_int8``; the cuts say why). From then on,
         the baseline's forms that would leave the techniques less than their shortest runs
-        wait for `later`; the log says which.
+        wait for `later`: the first whose measurement would, and those after it (the log says
+        which).
         """
         plans = plan(self.config, baseline)
         epoch_s = epoch_seconds(baseline)
@@ -115,7 +117,7 @@ class Measurements:
             plans = self._narrowed(baseline, plans, shortest_s)
         formats = compressed_formats(plans)
         results += self.measure(ordered[first_round:], inputs,
-                                lambda rest: self.would_starve(rest, formats, shortest_s))
+                                lambda rest: self.would_starve(rest[:1], formats, shortest_s))
         self.waiting = ordered[len(results):]
         if self.waiting:
             step_logger().info(

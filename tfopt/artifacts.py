@@ -469,6 +469,10 @@ class VariantResult(_Frozen):
     harness_floor_ms: float | None = None
     profile_seconds: float = 0.0
     """What its operator profile and other APIs' timings took (a budget prices them apart)."""
+    timing_seconds: float = 0.0
+    """What the protocol's timing took: the timed windows with their warm-up, the load
+    scenarios and the batch throughput (0: not recorded). The rest of its measurement is
+    what the protocol cannot shorten."""
     gflops_per_inference: float | None = None
     offline_examples_per_s: float | None = None
     offline_batch_size: int | None = None

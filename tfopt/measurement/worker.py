@@ -369,17 +369,23 @@ def measure_variant(
     prepared = runner.prepare(images)
     cores_before = background_cores(_LOAD_PROBE_S)
     probe = LoadProbe.start()
+    timing = time.perf_counter()
     samples = time_runs(runner.invoke, prepared, cfg)
+    timing_seconds = time.perf_counter() - timing
     cores_during = probe.cores()
     floor_ms = harness_floor_ms(spec, inputs, images, cfg)
     flops = flops_per_inference(spec, runner)
+    timing = time.perf_counter()
     scenarios = load_scenarios(spec, runner, images, prepared, samples, inputs.batch_size, cfg)
+    timing_seconds += time.perf_counter() - timing
     profiling = time.perf_counter()
     profile = (operator_profile(spec, runner, prepared, cfg.threads) if cfg.profile
                else OpProfile(method="not profiled (benchmark.profile: false)"))
     profile_seconds = time.perf_counter() - profiling
+    timing = time.perf_counter()
     throughput_at_batch = batch_throughput(runner, images, inputs.batch_size,
                                            max(0.2, cfg.min_seconds / P50_WINDOWS))
+    timing_seconds += time.perf_counter() - timing
     intra, inter = runtime.threads_in_force() or (None, None)
     extra_files = runtime.extra_files(runner, spec, images)
     peak_mb = peak_rss_mb()  # before another API's copy of the model is opened
@@ -422,6 +428,7 @@ def measure_variant(
         gflops_per_inference=None if flops is None else flops / 1e9,
         op_profile=profile,
         profile_seconds=profile_seconds,
+        timing_seconds=timing_seconds,
         **scenarios,
         under_load=any(cores is not None and cores > cfg.max_background_cores
                        for cores in (cores_before, cores_during)),
