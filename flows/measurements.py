@@ -119,12 +119,12 @@ class Measurements:
         results += self.measure(ordered[first_round:], inputs,
                                 lambda rest: self.would_starve(rest[:1], formats, shortest_s))
         self.waiting = ordered[len(results):]
-        if self.waiting:
+        if any(spec.status == "ok" for spec in self.waiting):
             step_logger().info(
                 "measured now, the baseline's %s would leave the compression less than its "
                 "techniques' shortest runs (%.0f s): measured after the compressed variants, "
-                "while the time budget lasts", ", ".join(s.name for s in self.waiting),
-                shortest_s)
+                "while the time budget lasts",
+                ", ".join(s.name for s in self.waiting if s.status == "ok"), shortest_s)
         return results, self.resized(formats, full_runs_s(plans, epoch_s))
 
     def _narrowed(self, baseline: ModelArtifact, plans: list[Planned],

@@ -9,7 +9,7 @@ from tfopt.artifacts import BenchmarkInputs, VariantResult
 from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
 from tfopt.runtimes import plan_forms, plan_variant, runtime_of
 from tfopt.runtimes.base import PlanRequest
-from tfopt.variants import breadth_first
+from tfopt.variants import breadth_first, skipped
 
 
 def _demo_forms():
@@ -71,3 +71,36 @@ def test_waiting_forms_the_time_left_cannot_hold_are_cut_with_their_reason(tmp_p
                          "compression"]
     assert over.waiting == [] and over.later(inputs) == []
 
+
+
+def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_forms_waiting(
+        tiny_baseline, tmp_path: Path):
+    from techniques import compressed_formats, plan
+
+    config = PipelineConfig.model_validate({"name": "m", "compress": {
+        "prune": {"enabled": True, "epochs": 2}, "qat": {"enabled": True, "epochs": 2}}})
+    forms = plan_forms(PlanRequest(source=tiny_baseline.name, kind="keras"), config)
+    runtimes = {runtime_of(spec.format).name for spec in forms}
+    # Not built here (no files), the speedup reference does not lead. Each runtime's first form
+    # is taken as not buildable either: nothing is measured for real.
+    ordered = breadth_first(forms, lambda spec: runtime_of(spec.format).name)
+    unbuilt = {spec.name for spec in ordered[:len(runtimes)]}
+    forms = [skipped(spec, "not built in this test") if spec.name in unbuilt else spec
+             for spec in forms]
+    wide = len(compressed_formats(plan(config, tiny_baseline)))
+    bench = _measurements(time.time() - 290.0)
+    bench.config, bench.budget = config, bench.budget.model_copy(
+        update={"compressed_variants": wide})
+    inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=tmp_path / "labels.npy",
+                             reference_logits=None, examples=10)
+    rows, budget = bench.baseline_first(tiny_baseline, forms, inputs)
+    assert len(rows) == len(runtimes) and all(row.status == "skipped" for row in rows)
+    assert bench.config.compress.forms == "tflite_int8"
+    narrow = compressed_formats(plan(bench.config, tiny_baseline))
+    assert narrow == ["tflite"] * len(narrow) and budget.compressed_variants == len(narrow) < wide
+    assert any("int8 TFLite file only" in cut for cut in bench.cuts)
+    waiting = [spec.name for spec in bench.waiting if spec.status == "ok"]
+    assert waiting and len(waiting) + len(unbuilt) <= len(forms)
+    later = bench.later(inputs)
+    assert {row.name for row in later if row.status == "skipped"
+            and row.error.startswith(CUT_BY_BUDGET)} == set(waiting)
