@@ -72,7 +72,6 @@ def test_waiting_forms_the_time_left_cannot_hold_are_cut_with_their_reason(tmp_p
     assert over.waiting == [] and over.later(inputs) == []
 
 
-
 def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_forms_waiting(
         tiny_baseline, tmp_path: Path):
     from techniques import compressed_formats, plan
