@@ -137,7 +137,7 @@ class Measurements:
         if after >= before:
             return plans
         self.config = narrowed
-        self.budget = self.budget.model_copy(update={"compressed_variants": after})
+        self.budget = self.budget.with_compressed(after)
         self._total = self.budget.baseline_variants + after
         line = (f"each compressed model built and measured as its int8 TFLite file only "
                 f"(compress.forms: tflite_int8): its {before} forms would have left the "

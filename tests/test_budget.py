@@ -171,3 +171,13 @@ def test_the_compression_window_shrinks_by_the_work_still_before_it():
     assert budget.left_for_measurements() == pytest.approx(200.0 - budget.finish_s, abs=1.0)
     assert Budget(minutes=None).window_after(30.0, 80.0) is None
     assert Budget(minutes=None).left_for_measurements() is None
+
+
+def test_fewer_compressed_variants_planned_shrink_the_finish_that_packages_them():
+    planned = Budget(minutes=25.0, baseline_variants=16, compressed_variants=24)
+    sized = planned.with_builds(60.0, 16, ModelSizes(model_bytes=21_000_000))
+    narrowed = sized.with_compressed(6)
+    assert sized.finish_s == pytest.approx(FINISH_S + 0.2 * 21.0 * 40)
+    assert narrowed.compressed_variants == 6
+    assert narrowed.finish_s == pytest.approx(FINISH_S + 0.2 * 21.0 * 22)
+    assert planned.with_compressed(6).finish_s == FINISH_S, "not sized yet: the fixed part"

@@ -189,6 +189,18 @@ class Budget(BaseModel):
             self.compressed_variants * self.build_s + compressed_measurements_s
             + self.finish_s)})
 
+    def with_compressed(self, count: int) -> Budget:
+        """The budget with `count` compressed variants planned instead, its finish with them.
+
+        The finish's part beyond `FINISH_S` packages each variant (`with_builds`): it scales
+        with the variants planned.
+        """
+        variants = self.baseline_variants + self.compressed_variants
+        per_variant = (self.finish_s - FINISH_S) / variants if variants > 0 else 0.0
+        return self.model_copy(update={
+            "compressed_variants": count,
+            "finish_s": FINISH_S + per_variant * (self.baseline_variants + count)})
+
     def window_after(self, before_s: float, compressed_measurements_s: float) -> float | None:
         """The compression's time if the work before it takes `before_s` more from now.
 
