@@ -201,7 +201,7 @@ class Measurements:
             return self.budget
         timing = len(formats) * self.budget.timing_s
         budget = self.budget.with_measured(expected + timing)
-        window = float(budget.compression_deadline or 0.0) - time.time()
+        window = self.budget.window_after(0.0, expected + timing) or 0.0
         if self.cfg.profile and window < needed_s:
             budget = self.budget.with_measured(
                 (self._costs.expected(formats, profiled=False) or 0.0) + timing)

@@ -268,7 +268,6 @@ def cut_short(model: ModelArtifact, data: TrainingData, margin: float) -> str | 
             f"{kept:.4f}, more than the budget below {keep:.4f}: its forms were not built")
 
 
-
 def cut_short_in_run(model: ModelArtifact, data: TrainingData,
                      budget_points: float) -> str | None:
     """`cut_short` with the run's margin, as the flow and the planner both judge it.
