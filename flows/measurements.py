@@ -110,9 +110,10 @@ class Measurements:
         reference = baseline_int8(variants, baseline.name)
         ordered = breadth_first(variants, lambda spec: runtime_of(spec.format).name,
                                 reference.name if reference else None)
-        shortest_s = shortest_runs_s(plans, epoch_s, compression_workers(self.config))
         first_round = len({runtime_of(spec.format).name for spec in ordered})
         results = self.measure(ordered[:first_round], inputs)
+        shortest_s = shortest_runs_s(plans, epoch_s, compression_workers(self.config),
+                                     self._file_s())
         if self.would_starve([], compressed_formats(plans), shortest_s):
             plans = self._narrowed(baseline, plans, shortest_s)
         formats = compressed_formats(plans)
@@ -126,6 +127,15 @@ class Measurements:
                 "while the time budget lasts",
                 ", ".join(s.name for s in self.waiting if s.status == "ok"), shortest_s)
         return results, self.resized(formats, full_runs_s(plans, epoch_s))
+
+    def _file_s(self) -> float:
+        """What a LiteRT file's conversion and measurement cost, as the baseline's priced them.
+
+        A search trial's files are those (`techniques.first_trial_s`).
+        """
+        measured = self._costs.expected(["tflite"], profiled=False)
+        return self.budget.build_s + (self.budget.measure_s if measured is None
+                                      else measured + self.budget.timing_s)
 
     def _narrowed(self, baseline: ModelArtifact, plans: list[Planned],
                   shortest_s: float) -> list[Planned]:

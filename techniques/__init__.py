@@ -28,7 +28,7 @@ from tfopt.budget import Clock
 from tfopt.config import Section
 from tfopt.native import NativeStep, run_native
 from tfopt.runtimes import compress_keys
-from tfopt.search import Point, Search, Trial, open_study, study_key
+from tfopt.search import TRIAL_FORMS, Point, Search, Trial, open_study, study_key
 from tfopt.variants import failed, skipped
 
 NOT_TECHNIQUES = frozenset({"base", "planner", "outcomes"})
@@ -443,9 +443,45 @@ def _trainings(cfg: TechniqueSection) -> int:
     return max(1, int(getattr(cfg, "trainings", 1)))
 
 
-def shortest_run_s(cfg: TechniqueSection, data: TrainingData) -> float:
-    """What a technique's shortest useful run takes at the baseline's pace (0: unknown)."""
+def shortest_run_s(cfg: TechniqueSection, data: TrainingData, searched: bool = False) -> float:
+    """What a technique's shortest useful run takes at the baseline's pace (0: unknown).
+
+    A searched technique's is its search's first trial (`first_trial_s`), its files priced as
+    the compressed variants are (`TrainingData.variant_tail_s`).
+    """
+    if searched:
+        return first_trial_s(cfg, data.epoch_s, data.variant_tail_s)
     return _shortest_s(cfg, data.epoch_s)
+
+
+def first_trial_s(cfg: TechniqueSection, epoch_s: float, file_s: float) -> float:
+    """What a search's first trial takes at the baseline's pace (0: unknown).
+
+    A trial's fine-tuning has no share of the time to end on (cut short, it would misjudge its
+    strength): it ends once back within the budget and settled, or cooled down
+    (`after_recovery_epochs`). Its files (`tfopt.search.TRIAL_FORMS`) are then converted and
+    measured, and timed side by side with the baseline's int8 file: each of those costs about
+    what a compressed variant's conversion and measurement does (`file_s`).
+    """
+    if epoch_s <= 0.0:
+        return 0.0
+    epochs = min(_cap(cfg), 1 + after_recovery_epochs(cfg)) * _trainings(cfg)
+    return (STARTUP_S + epochs * epoch_s * WRAPPED_EPOCH_SHARE
+            + (len(TRIAL_FORMS) + 1) * file_s)
+
+
+def after_recovery_epochs(cfg: TechniqueSection) -> int:
+    """The epochs a fine-tuning runs once back within the budget (`recovery`).
+
+    A cosine rate's cool-down (`cool_down_field`), else the epochs it settles for.
+    """
+    from tfopt.models.training import SETTLE_EPOCHS
+
+    if getattr(cfg, "learning_rate_schedule", None) == "cosine":
+        cool_down = int(getattr(cfg, "cool_down_epochs", 0) or 0)
+        if cool_down:
+            return cool_down
+    return SETTLE_EPOCHS
 
 
 def _shortest_s(cfg: TechniqueSection, epoch_s: float) -> float:
@@ -521,14 +557,18 @@ def full_runs_s(plans: list[Planned], epoch_s: float) -> float:
                for planned in plans if planned.refusal is None)
 
 
-def shortest_runs_s(plans: list[Planned], epoch_s: float, workers: int = 1) -> float:
+def shortest_runs_s(plans: list[Planned], epoch_s: float, workers: int = 1,
+                    file_s: float = 0.0) -> float:
     """What every planned technique's shortest run takes, `workers` of them at once.
 
     The compression's least useful time: the planner cuts a technique whose shortest run does
-    not fit (`techniques.planner`). `epoch_s` is the baseline's epoch (0: unknown, 0 s).
+    not fit (`techniques.planner`). `epoch_s` is the baseline's epoch (0: unknown, 0 s); a
+    searched technique's is its first trial, its files priced at `file_s` each
+    (`first_trial_s`).
     """
-    return sum(_shortest_s(planned.cfg, epoch_s) for planned in plans
-               if planned.refusal is None) / max(1, workers)
+    return sum(first_trial_s(planned.cfg, epoch_s, file_s)
+               if planned.technique.searched(planned.cfg) else _shortest_s(planned.cfg, epoch_s)
+               for planned in plans if planned.refusal is None) / max(1, workers)
 
 
 def compression_workers(config: Any) -> int:

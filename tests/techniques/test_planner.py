@@ -58,6 +58,30 @@ def test_the_longest_fine_tuning_runs_last_and_takes_what_those_before_left(tiny
     assert sorted(ordered) == sorted(p.technique.name for p in plan(config, tiny_baseline))
 
 
+def test_a_window_too_short_for_every_shortest_run_moves_the_combinations_after_the_others(
+        tiny_baseline, tiny_data, tmp_path):
+    config = PipelineConfig.model_validate({"name": "plan", "compress": {
+        "distill": {"enabled": True, "epochs": 30}, "qat": {"enabled": True, "epochs": 2},
+        "prune": {"enabled": True, "epochs": 10},
+        "cluster": {"enabled": True, "epochs": 6, "preserve_sparsity": True},
+        "pqat": {"enabled": True, "epochs": 2}, "cqat": {"enabled": True, "epochs": 2}}})
+    plans = plan(config, tiny_baseline)
+
+    def planned_after(seconds: float) -> str:
+        data = tiny_data.model_copy(update={"epoch_s": 1.0,
+                                            "deadline": time.time() + seconds})
+        planner = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial)
+        return planner.plan_line(plans).split(" for ")[1]
+
+    assert planned_after(600.0).startswith("prune, cluster, qat, pqat, cqat, distill, then"), (
+        "room for all: the longest last, a technique another continues from before it")
+    # Shortest runs: 9 s each (5 s + 2 epochs x 1 s x 2), distillation's 17 s (its student and
+    # two controls): 40 s hold pruning, QAT and distillation, not the combinations as well.
+    short = planned_after(40.0)
+    assert short.startswith("prune, qat, distill, then"), short
+    assert short.endswith("; cut unless those before end sooner: cluster, pqat, cqat"), short
+
+
 def test_a_fine_tuning_continuing_from_a_searched_model_runs_once_the_searches_are_done(
         tiny_baseline, tiny_data, tmp_path):
     config = PipelineConfig.model_validate({"name": "plan", "compress": {
@@ -128,6 +152,33 @@ def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tin
     assert shortest_runs_s(plans, 1.0) == sum(each) == 40.0
     assert shortest_runs_s(plans, 1.0, workers=2) == 20.0
     assert shortest_runs_s(plans, 0.0) == 0.0, "an unknown epoch: nothing to reserve"
+
+
+def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_baseline,
+                                                                         tiny_data):
+    from techniques import first_trial_s, shortest_run_s, shortest_runs_s
+    from tfopt.search import TRIAL_FORMS
+
+    config = PipelineConfig.model_validate({"name": "plan", "compress": {
+        "channel_prune": {"enabled": True, "fraction": "auto", "epochs": 20,
+                          "learning_rate_schedule": "cosine", "cool_down_epochs": 3},
+        "qat": {"enabled": True, "epochs": 20}}})
+    plans = plan(config, tiny_baseline)
+    channel = next(p for p in plans if p.technique.name == "channel_prune")
+    qat = next(p for p in plans if p.technique.name == "qat")
+    data = tiny_data.model_copy(update={"epoch_s": 1.0, "variant_tail_s": 4.0})
+    files_s = (len(TRIAL_FORMS) + 1) * 4.0
+    assert first_trial_s(channel.cfg, 1.0, 4.0) == 5.0 + (1 + 3) * 1.0 * 2.0 + files_s, (
+        "back within the budget after an epoch, then 3 cooling down; 2 files and a run-off")
+    assert shortest_run_s(channel.cfg, data, searched=True) == first_trial_s(
+        channel.cfg, 1.0, 4.0)
+    assert shortest_run_s(channel.cfg, data) == 9.0, "a fixed strength: its shortest run"
+    each = [shortest_run_s(p.cfg, data, p.technique.searched(p.cfg))
+            for p in plans if p.refusal is None]
+    assert first_trial_s(channel.cfg, 1.0, 4.0) in each and shortest_run_s(qat.cfg, data) in each
+    assert shortest_runs_s(plans, 1.0, file_s=4.0) == sum(each) > shortest_runs_s(plans, 1.0)
+    capped = channel.cfg.model_copy(update={"epochs": 2})
+    assert first_trial_s(capped, 1.0, 0.0) == 5.0 + 2 * 2.0, "no more epochs than its cap"
 
 
 def test_compressed_models_narrowed_to_their_int8_tflite_files_plan_nothing_else(tiny_baseline):
