@@ -25,6 +25,7 @@ from techniques import (
     full_runs_s,
     plan,
     shortest_runs_s,
+    trial_forms,
 )
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, VariantResult, VariantSpec
 from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
@@ -112,10 +113,10 @@ class Measurements:
                                 reference.name if reference else None)
         first_round = len({runtime_of(spec.format).name for spec in ordered})
         results = self.measure(ordered[:first_round], inputs)
-        shortest_s = shortest_runs_s(plans, epoch_s, compression_workers(self.config),
-                                     self._file_s())
+        shortest_s = self._shortest_runs_s(plans, epoch_s)
         if self.would_starve([], compressed_formats(plans), shortest_s):
             plans = self._narrowed(baseline, plans, shortest_s)
+            shortest_s = self._shortest_runs_s(plans, epoch_s)
         formats = compressed_formats(plans)
         results += self.measure(ordered[first_round:], inputs,
                                 lambda rest: self.would_starve(rest[:1], formats, shortest_s))
@@ -127,6 +128,11 @@ class Measurements:
                 "while the time budget lasts",
                 ", ".join(s.name for s in self.waiting if s.status == "ok"), shortest_s)
         return results, self.resized(formats, full_runs_s(plans, epoch_s))
+
+    def _shortest_runs_s(self, plans: list[Planned], epoch_s: float) -> float:
+        """The techniques' shortest runs together, per worker (`techniques.shortest_runs_s`)."""
+        return shortest_runs_s(plans, epoch_s, compression_workers(self.config), self._file_s(),
+                               len(trial_forms(self.config)))
 
     def _file_s(self) -> float:
         """What a LiteRT file's conversion and measurement cost, as the baseline's priced them.

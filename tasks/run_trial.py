@@ -20,13 +20,14 @@ from tfopt.tracking import RunRef, log_trial
 @task(name="search_trial", task_run_name="trial-{technique}-{setting}", tags=["compression"])
 def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
               cfg: TechniqueSection,
-              data: TrainingData, out_dir: Path, convert: Any, inputs: BenchmarkInputs,
-              protocol: MeasurementProtocol, parent: RunRef) -> Trial | State:
+              data: TrainingData, out_dir: Path, convert: Any, forms: tuple[str, ...],
+              inputs: BenchmarkInputs, protocol: MeasurementProtocol,
+              parent: RunRef) -> Trial | State:
     """Make the technique's model at `point`, fine-tune, convert to TFLite, time it, log it.
 
     The model is made in a child process (`tfopt.native`: a crash fails this trial only),
     fine-tuned until back within the accuracy budget or stopped by the study's pruner
-    (`data.trial`); its int8 and fp32 TFLite files are timed holding the machine's benchmark
+    (`data.trial`); its TFLite files (`forms`) are timed holding the machine's benchmark
     slot (those within the budget side by side with `data.speedup_reference`) and their
     validation accuracy checked against `data.file_target`. The trial is a nested MLflow run
     of the pipeline's run, a crashed one (FAILED, its error a tag) and a refused one included;
@@ -41,6 +42,7 @@ def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
         data: The run's training data, with the recovery target and the trial to report to.
         out_dir: The trial's folder (its model and files).
         convert: The ``convert`` section (int8 calibration).
+        forms: The TFLite precisions of its files (`techniques.trial_forms`).
         inputs: The benchmark inputs (the run's test split).
         protocol: The run's benchmark protocol (shortened for a trial).
         parent: The pipeline's MLflow run.
@@ -54,7 +56,7 @@ def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
     name = f"{technique} " + " ".join(f"{field}={value:g}" for field, value in point.items())
     try:
         made = run_native(step, make_trial, technique, point, start, cfg, data, out_dir, convert,
-                          data.recover_to)
+                          data.recover_to, forms)
     except NotApplicable as refusal:
         refused = Trial(params=point, status="not_applicable", error=str(refusal))
         log_trial(parent, name, {"technique": technique, **refused.summary()})

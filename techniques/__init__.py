@@ -27,7 +27,7 @@ from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.budget import Clock
 from tfopt.config import Section
 from tfopt.native import NativeStep, run_native
-from tfopt.runtimes import compress_keys
+from tfopt.runtimes import compress_keys, compressed_forms
 from tfopt.search import TRIAL_FORMS, Point, Search, Trial, open_study, study_key
 from tfopt.variants import failed, skipped
 
@@ -312,12 +312,13 @@ def apply_here(name: str, model: ModelArtifact, cfg: TechniqueSection, data: Tra
 
 
 def make_trial(name: str, point: Point, start: ModelArtifact, cfg: TechniqueSection,
-               data: TrainingData, out_dir: Path, convert: Any, target: float | None) -> Trial:
+               data: TrainingData, out_dir: Path, convert: Any, target: float | None,
+               forms: tuple[str, ...] = TRIAL_FORMS) -> Trial:
     """One search trial in this process (what its child process runs): model, then its files.
 
     The technique's model at `point` is fine-tuned until back within the budget (or stopped
-    by the study's pruner), then exported and converted to TFLite in each of
-    `tfopt.search.TRIAL_FORMS`, the files the search times. Their timing is the parent's
+    by the study's pruner), then exported and converted to TFLite in each of `forms`
+    (`trial_forms`), the files the search times. Their timing is the parent's
     (`tfopt.search.time_files`), holding the benchmark slot.
 
     Args:
@@ -329,11 +330,12 @@ def make_trial(name: str, point: Point, start: ModelArtifact, cfg: TechniqueSect
         out_dir: The trial's folder.
         convert: The ``convert`` section (calibration and int8 settings).
         target: The validation accuracy within the budget.
+        forms: The TFLite precisions its files are converted to.
     """
     from tfopt.models.serving_export import export_serving_savedmodel
     from tfopt.runtimes import build_here, plan_variant
     from tfopt.runtimes.base import BuildSources
-    from tfopt.search import TRIAL_FORMS, trial_status
+    from tfopt.search import trial_status
 
     technique = registry()[name]
     started = time.monotonic()
@@ -351,7 +353,7 @@ def make_trial(name: str, point: Point, start: ModelArtifact, cfg: TechniqueSect
     sources = BuildSources(model=model, savedmodel=savedmodel, dataset=data.dataset,
                            out_dir=out_dir, calibration_examples=convert.calibration_examples)
     files = tuple(build_here(plan_variant(model.name, "tflite", precision), sources, convert)
-                  for precision in TRIAL_FORMS)
+                  for precision in forms)
     return Trial(params=point, status=status, val_accuracy=val,
                  epochs_run=ran, seconds=time.monotonic() - started, model=model, files=files)
 
@@ -367,9 +369,20 @@ def open_search(planned: Planned, config: Any, start: ModelArtifact,
     assert technique.knob is not None
     settings = planned.cfg.model_dump(mode="json")
     key = study_key(technique.name, technique.knob, start, settings,
-                    (data.recover_to, data.file_target))
+                    (data.recover_to, data.file_target), trial_forms(config))
     return open_study(technique.knob, config.work_dir.resolve() / "searches" / key, key,
                       data.recover_to, data.file_target, seed=data.seed)
+
+
+def trial_forms(config: Any) -> tuple[str, ...]:
+    """The TFLite precisions a search's trials convert and time.
+
+    Those of `tfopt.search.TRIAL_FORMS` the compressed models are built in
+    (`tfopt.runtimes.compressed_forms`; all of them if none is): narrowed to their int8 files
+    (``compress.forms: tflite_int8``), a trial's float file would be timed for nothing.
+    """
+    built = compressed_forms(config).get("tflite", ())
+    return tuple(form for form in TRIAL_FORMS if form in built) or TRIAL_FORMS
 
 
 @cache
@@ -443,31 +456,33 @@ def _trainings(cfg: TechniqueSection) -> int:
     return max(1, int(getattr(cfg, "trainings", 1)))
 
 
-def shortest_run_s(cfg: TechniqueSection, data: TrainingData, searched: bool = False) -> float:
+def shortest_run_s(cfg: TechniqueSection, data: TrainingData, trial_files: int = 0) -> float:
     """What a technique's shortest useful run takes at the baseline's pace (0: unknown).
 
-    A searched technique's is its search's first trial (`first_trial_s`), its files priced as
-    the compressed variants are (`TrainingData.variant_tail_s`).
+    A searched technique's is its search's first trial, converting and timing `trial_files`
+    files (`first_trial_s`; 0: not searched), each priced as a compressed variant
+    (`TrainingData.variant_tail_s`).
     """
-    if searched:
-        return first_trial_s(cfg, data.epoch_s, data.variant_tail_s)
+    if trial_files:
+        return first_trial_s(cfg, data.epoch_s, data.variant_tail_s, trial_files)
     return _shortest_s(cfg, data.epoch_s)
 
 
-def first_trial_s(cfg: TechniqueSection, epoch_s: float, file_s: float) -> float:
+def first_trial_s(cfg: TechniqueSection, epoch_s: float, file_s: float,
+                  files: int = len(TRIAL_FORMS)) -> float:
     """What a search's first trial takes at the baseline's pace (0: unknown).
 
     A trial's fine-tuning has no share of the time to end on (cut short, it would misjudge its
     strength): it ends once back within the budget and settled, or cooled down
-    (`after_recovery_epochs`). Its files (`tfopt.search.TRIAL_FORMS`) are then converted and
-    measured, and timed side by side with the baseline's int8 file: each of those costs about
-    what a compressed variant's conversion and measurement does (`file_s`).
+    (`after_recovery_epochs`). Its `files` (`trial_forms`) are then converted and measured,
+    and timed side by side with the baseline's int8 file: each of those costs about what a
+    compressed variant's conversion and measurement does (`file_s`).
     """
     if epoch_s <= 0.0:
         return 0.0
     epochs = min(_cap(cfg), 1 + after_recovery_epochs(cfg)) * _trainings(cfg)
     return (STARTUP_S + epochs * epoch_s * WRAPPED_EPOCH_SHARE
-            + (len(TRIAL_FORMS) + 1) * file_s)
+            + (files + 1) * file_s)
 
 
 def after_recovery_epochs(cfg: TechniqueSection) -> int:
@@ -558,15 +573,15 @@ def full_runs_s(plans: list[Planned], epoch_s: float) -> float:
 
 
 def shortest_runs_s(plans: list[Planned], epoch_s: float, workers: int = 1,
-                    file_s: float = 0.0) -> float:
+                    file_s: float = 0.0, trial_files: int = len(TRIAL_FORMS)) -> float:
     """What every planned technique's shortest run takes, `workers` of them at once.
 
     The compression's least useful time: the planner cuts a technique whose shortest run does
     not fit (`techniques.planner`). `epoch_s` is the baseline's epoch (0: unknown, 0 s); a
-    searched technique's is its first trial, its files priced at `file_s` each
+    searched technique's is its first trial, its `trial_files` priced at `file_s` each
     (`first_trial_s`).
     """
-    return sum(first_trial_s(planned.cfg, epoch_s, file_s)
+    return sum(first_trial_s(planned.cfg, epoch_s, file_s, trial_files)
                if planned.technique.searched(planned.cfg) else _shortest_s(planned.cfg, epoch_s)
                for planned in plans if planned.refusal is None) / max(1, workers)
 

@@ -36,6 +36,7 @@ from techniques import (
     open_search,
     shortest_run_s,
     skipped_state,
+    trial_forms,
 )
 from techniques.base import Skipped
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
@@ -310,7 +311,8 @@ class Planner:
 
     def _shortest_s(self, planned: Planned) -> float:
         """A technique's shortest run here: a searched one's first trial (`shortest_run_s`)."""
-        return shortest_run_s(planned.cfg, self.data, self.searched(planned))
+        return shortest_run_s(planned.cfg, self.data,
+                              len(trial_forms(self.config)) if self.searched(planned) else 0)
 
     def _queued(self, queued: list[Planned]) -> TrainingData:
         """The training data of the first of `queued` fine-tunings: what the queue shares."""
@@ -358,7 +360,8 @@ class Planner:
             futures = [(point, self.trial_task.submit(
                 name, point, "-".join(f"{v:g}" for v in point.values()), start, planned.cfg,
                 self.data.model_copy(update={"trial": ref}), search.trial_folder(point),
-                self.config.convert, self.inputs, self.config.benchmark, self.parent))
+                self.config.convert, trial_forms(self.config), self.inputs,
+                self.config.benchmark, self.parent))
                 for point, ref in opened]
             for point, future in futures:
                 search.finish(trial_of(final_state(future), search, point))

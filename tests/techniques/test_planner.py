@@ -170,10 +170,12 @@ def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_b
     files_s = (len(TRIAL_FORMS) + 1) * 4.0
     assert first_trial_s(channel.cfg, 1.0, 4.0) == 5.0 + (1 + 3) * 1.0 * 2.0 + files_s, (
         "back within the budget after an epoch, then 3 cooling down; 2 files and a run-off")
-    assert shortest_run_s(channel.cfg, data, searched=True) == first_trial_s(
+    assert shortest_run_s(channel.cfg, data, trial_files=2) == first_trial_s(
         channel.cfg, 1.0, 4.0)
+    assert first_trial_s(channel.cfg, 1.0, 4.0, files=1) == first_trial_s(
+        channel.cfg, 1.0, 4.0) - 4.0, "one file fewer to convert and time"
     assert shortest_run_s(channel.cfg, data) == 9.0, "a fixed strength: its shortest run"
-    each = [shortest_run_s(p.cfg, data, p.technique.searched(p.cfg))
+    each = [shortest_run_s(p.cfg, data, len(TRIAL_FORMS) if p.technique.searched(p.cfg) else 0)
             for p in plans if p.refusal is None]
     assert first_trial_s(channel.cfg, 1.0, 4.0) in each and shortest_run_s(qat.cfg, data) in each
     assert shortest_runs_s(plans, 1.0, file_s=4.0) == sum(each) > shortest_runs_s(plans, 1.0)
@@ -182,6 +184,8 @@ def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_b
 
 
 def test_compressed_models_narrowed_to_their_int8_tflite_files_plan_nothing_else(tiny_baseline):
+    from techniques import trial_forms
+
     config = _config()
     narrowed = config.model_copy(update={"compress": config.compress.model_copy(
         update={"forms": "tflite_int8"})})
@@ -189,4 +193,6 @@ def test_compressed_models_narrowed_to_their_int8_tflite_files_plan_nothing_else
     narrow = [s for p in plan(narrowed, tiny_baseline) for s in p.variants if s.status == "ok"]
     assert len(narrow) < len(wide)
     assert narrow and all((s.format, s.precision) == ("tflite", "int8") for s in narrow)
+    assert trial_forms(config) == ("int8", "fp32")
+    assert trial_forms(narrowed) == ("int8",), "a search times only the file that is built"
     assert {s.source for s in narrow} == {s.source for s in wide}, "every model keeps one form"

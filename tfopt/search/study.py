@@ -41,15 +41,17 @@ DUPLICATE_ASKS = 20
 
 
 def study_key(technique: str, knob: Space, baseline: ModelArtifact, settings: dict[str, Any],
-              targets: tuple[float | None, float | None]) -> str:
+              targets: tuple[float | None, float | None],
+              forms: tuple[str, ...] = TRIAL_FORMS) -> str:
     """The study's name: the same baseline file, settings and targets resume the same study.
 
-    `TRIAL_FORMS` is part of it: a study whose trials timed other files is not resumed.
+    The `forms` its trials time are part of it: a study whose trials timed other files is not
+    resumed.
     """
     digest = hashlib.sha256(baseline.path.read_bytes() if baseline.path.is_file()
                             else str(baseline.path).encode()).hexdigest()[:12]
     candidates = [[k.field, k.values] for k in knob.knobs]
-    parts = json.dumps([technique, candidates, digest, settings, *targets, TRIAL_FORMS, 2],
+    parts = json.dumps([technique, candidates, digest, settings, *targets, forms, 2],
                        sort_keys=True, default=str)
     return f"{technique}-{hashlib.sha256(parts.encode()).hexdigest()[:16]}"
 
