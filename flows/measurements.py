@@ -178,6 +178,17 @@ class Measurements:
                                           compressed + len(formats) * timing)
         return window is not None and window < shortest_s
 
+    def finish_for(self, measured: list[VariantResult], built: list[VariantSpec]) -> None:
+        """Price the finish for the variants it will package (`Budget.with_packaged`).
+
+        Those `measured` ok, those `built` ok and the forms waiting: a technique that built
+        nothing, or a form that failed, is not packaged, and priced as planned the finish
+        kept the time the waiting forms could have been measured in.
+        """
+        packaged = (sum(result.status == "ok" for result in measured)
+                    + sum(spec.status == "ok" for spec in [*built, *self.waiting]))
+        self.budget = self.budget.with_packaged(packaged)
+
     def later(self, inputs: BenchmarkInputs) -> list[VariantResult]:
         """The baseline's forms that waited for the compression, measured while the time lasts.
 

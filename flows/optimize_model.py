@@ -459,6 +459,7 @@ def _measured(bench: Measurements,
     if held.variants is not variants:
         bench.waiting = []
         measured = bench.measure(held.variants, held.inputs)
+    bench.finish_for(measured, compressed)
     rows = [*measured, *bench.measure(compressed, held.inputs), *bench.later(held.inputs)]
     return in_plan_order([*held.variants, *compressed], rows)
 

@@ -181,3 +181,6 @@ def test_fewer_compressed_variants_planned_shrink_the_finish_that_packages_them(
     assert narrowed.compressed_variants == 6
     assert narrowed.finish_s == pytest.approx(FINISH_S + 0.2 * 21.0 * 22)
     assert planned.with_compressed(6).finish_s == FINISH_S, "not sized yet: the fixed part"
+    assert narrowed.with_packaged(15).finish_s == pytest.approx(FINISH_S + 0.2 * 21.0 * 15)
+    assert narrowed.with_packaged(15).with_packaged(20).finish_s == pytest.approx(
+        FINISH_S + 0.2 * 21.0 * 20), "priced again, not compounded"

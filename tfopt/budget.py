@@ -137,6 +137,8 @@ class Budget(BaseModel):
     tensorflow_measure_s: float = 0.0
     """What each of the `tensorflow_variants` costs beside `measure_s`."""
     finish_s: float = FINISH_S
+    package_s: float = 0.0
+    """The part of `finish_s` per variant it packages (`with_builds`), beside `FINISH_S`."""
     measured_tail_s: float | None = None
     """Once the baseline's variants are measured: the compressed ones' conversions and
     measurements and the finish, as those measurements price them (`with_measured`)."""
@@ -171,6 +173,7 @@ class Budget(BaseModel):
         model_mb, inputs_mb = sizes.model_bytes / 1e6, sizes.input_bytes / 1e6
         update: dict[str, float] = {
             "finish_s": FINISH_S + FINISH_S_PER_MB * model_mb * variants,
+            "package_s": FINISH_S_PER_MB * model_mb,
             "measure_s": self.measure_s + MEASURE_S_PER_INPUT_MB * inputs_mb,
             "tensorflow_variants": sizes.tensorflow_variants,
             "tensorflow_measure_s": TENSORFLOW_MEASURE_S_PER_MB * model_mb}
@@ -190,16 +193,17 @@ class Budget(BaseModel):
             + self.finish_s)})
 
     def with_compressed(self, count: int) -> Budget:
-        """The budget with `count` compressed variants planned instead, its finish with them.
+        """The budget with `count` compressed variants planned instead, its finish with them."""
+        return self.model_copy(update={"compressed_variants": count}).with_packaged(
+            self.baseline_variants + count)
 
-        The finish's part beyond `FINISH_S` packages each variant (`with_builds`): it scales
-        with the variants planned.
+    def with_packaged(self, count: int) -> Budget:
+        """The budget with its finish priced for packaging `count` variants.
+
+        The finish's part beyond `FINISH_S` packages each variant measured (`package_s`); one
+        that failed or was skipped is not packaged.
         """
-        variants = self.baseline_variants + self.compressed_variants
-        per_variant = (self.finish_s - FINISH_S) / variants if variants > 0 else 0.0
-        return self.model_copy(update={
-            "compressed_variants": count,
-            "finish_s": FINISH_S + per_variant * (self.baseline_variants + count)})
+        return self.model_copy(update={"finish_s": FINISH_S + self.package_s * count})
 
     def window_after(self, before_s: float, compressed_measurements_s: float) -> float | None:
         """The compression's time if the work before it takes `before_s` more from now.

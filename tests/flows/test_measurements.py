@@ -72,6 +72,25 @@ def test_waiting_forms_the_time_left_cannot_hold_are_cut_with_their_reason(tmp_p
     assert over.waiting == [] and over.later(inputs) == []
 
 
+def test_the_finish_is_priced_for_the_variants_it_will_package():
+    from tfopt.budget import FINISH_S, ModelSizes
+
+    planned = Budget(minutes=25.0, baseline_variants=4, compressed_variants=6)
+    bench = Measurements(PipelineConfig.model_validate({"name": "m"}), planned.with_builds(
+        10.0, 4, ModelSizes(model_bytes=20_000_000)))
+    per_variant = bench.budget.package_s
+    assert bench.budget.finish_s == FINISH_S + 10 * per_variant > FINISH_S
+    measured = [VariantResult(name=f"baseline-{n}", source="baseline", format="tflite",
+                              precision="fp32", status=status)
+                for n, status in enumerate(["ok", "ok", "failed"])]
+    built = [plan_variant("qat", "tflite", "int8"),
+             skipped(plan_variant("distilled", "tflite", "int8"), "cut by the time budget")]
+    bench.waiting = [plan_variant("baseline", "xla")]
+    bench.finish_for(measured, built)
+    assert bench.budget.finish_s == FINISH_S + 4 * per_variant, (
+        "two measured, one built and one waiting: the failed and the skipped are not packaged")
+
+
 def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_forms_waiting(
         tiny_baseline, tmp_path: Path):
     from techniques import compressed_formats, plan
