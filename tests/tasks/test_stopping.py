@@ -166,6 +166,28 @@ def test_a_deadline_ends_a_training_before_an_epoch_would_pass_it():
     assert ended["stopped_by"] == "budget" and not ended["converged"]
 
 
+def test_a_deadline_passed_within_a_long_epoch_ends_it_at_that_batch_validation_still_run():
+    class SlowSteps(keras.callbacks.Callback):
+        batches = 0
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            SlowSteps.batches += 1
+            time.sleep(0.05)
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    images = np.random.default_rng(0).normal(size=(200, 4)).astype("float32")
+    labels = np.arange(200) % 3
+    judge = StopWhenDone(patience=10, deadline=time.time() + 0.5)
+    history = model.fit(images, labels, batch_size=2, epochs=3, verbose=0,
+                        validation_data=(images[:20], labels[:20]),
+                        callbacks=[SlowSteps(), judge])
+    assert SlowSteps.batches < 50, "100 batches of 50 ms an epoch: stopped within the first"
+    assert len(history.history["val_accuracy"]) == 1, "the cut epoch still validated"
+    ended = judge.outcome(cap=3)
+    assert ended["stopped_by"] == "budget" and ended["epochs_run"] == 1
+
+
 def test_the_baseline_trains_until_its_plateau_and_says_so(tiny_data, tmp_path):
     from tasks.train_model import train_model
     from tfopt.config import TrainConfig

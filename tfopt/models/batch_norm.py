@@ -146,7 +146,7 @@ def reestimated_if_better(model: Any, layers: list[Any], train_images: np.ndarra
             "bn_reestimated": float(after >= before)}
 
 
-def _distributed(model: Any) -> bool:
+def distributed(model: Any) -> bool:
     """Whether several worker processes train `model` (a pass in one misses the others)."""
     strategy = getattr(model, "distribute_strategy", None)
     return strategy is not None and "MultiWorker" in type(strategy).__name__
@@ -189,7 +189,7 @@ def reestimating_callback(model: Any, data: TrainingData, target: Any = None) ->
     target = model if target is None else target
     layers = batch_norm_layers(target)
     held_out = data.dataset.selection_split
-    if not layers or not data.dataset.examples(held_out) or _distributed(target):
+    if not layers or not data.dataset.examples(held_out) or distributed(target):
         return None
     from tfopt.data.pipeline import load_split
 

@@ -161,7 +161,10 @@ class StopWhenDone(keras.callbacks.Callback):
       so a plateau is tried at a finer step before it ends;
     - recovered (`target`): the held-out accuracy reached `target` (a fine-tuning back within
       the accuracy budget of its baseline) and the last `settle` epochs did not improve it;
-    - deadline (`deadline`, a `time.time()` value): the next epoch would end after it.
+    - deadline (`deadline`, a `time.time()` value): the next epoch would end after it, or it
+      has passed within an epoch (the epoch ends at that batch, its validation still run: an
+      epoch can take many times a fine-tuning's share of the time, as CQAT's first does on a
+      slow machine; not under several workers, whose steps must stay in lockstep).
 
     Given a `cool_down`, a plateau or a recovery (at once, without `settle`) does not end the
     training yet: the cool-down takes the rate to zero over its epochs first, and a deadline met
@@ -181,11 +184,24 @@ class StopWhenDone(keras.callbacks.Callback):
         self._best, self._best_epoch, self._wait, self._reference = -1.0, -1, 0, -1.0
         self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
         self._done_why, self.reason, self._out_of_time = "", "", False
+        self._checks_batches, self._passed_within_epoch = False, False
         self._done_kind: StoppedBy = "cap"
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """Time the epoch (the deadline check needs the next one's length)."""
         self._epoch_started = time.monotonic()
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """Whether the deadline may end an epoch early (not under several workers)."""
+        from tfopt.models.batch_norm import distributed
+
+        self._checks_batches = self._deadline is not None and not distributed(self.model)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        """End the epoch at this batch once the deadline has passed (see the class)."""
+        if self._checks_batches and not self.reason and time.time() > self._deadline:
+            self._passed_within_epoch = True
+            self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Stop when the plateau, the recovery or the deadline says so."""
@@ -195,7 +211,8 @@ class StopWhenDone(keras.callbacks.Callback):
         if value is not None and epoch >= self._from_epoch:
             self._judge(epoch, float(value))
         if not self.reason and self._deadline is not None and (
-                time.time() + self._slowest_epoch > self._deadline):
+                self._passed_within_epoch
+                or time.time() + self._slowest_epoch > self._deadline):
             self.reason = (f"{self._done_why}, then {_epochs(epoch - self._cooling_from)} cooling "
                            f"down ({TRAINING_TIME_USED})"
                            if self._done_why else f"budget: {TRAINING_TIME_USED}")
