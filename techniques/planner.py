@@ -2,10 +2,9 @@
 
 Coverage first: each search's first round (one trial, at its knob's `Knob.first` or the middle;
 the searches from the baseline first, `searches_first`), then every other technique's
-fine-tuning, submitted in order (the longest last, `longest_last`) and waited for, each ending
-by its epochs' share of the time left when it starts (`TrainingData.epochs_queued`); when the
-window does not hold every shortest run, the combinations of two techniques go after the
-others, in what those leave (`PlanOrder.spare`); then a joint search's first round (its knobs'
+fine-tuning, submitted in order (the combinations of two techniques after the others, each group
+the longest last: `chained_last`) and waited for, each ending by its epochs' share of the time
+left when it starts (`TrainingData.epochs_queued`); then a joint search's first round (its knobs'
 own searches covered it); only then do the searches deepen, in the time left, the one that paid
 most per second so far first (`Search.paid_per_second`). The fine-tunings that continue from a
 searched technique's model (QAT of channel pruning's) run last: the fine-tunings before them
@@ -80,6 +79,21 @@ def longest_last(plans: list[Planned]) -> list[Planned]:
     return [*(p for p in plans if p.technique.name in continued), *leaves]
 
 
+def chained_last(plans: list[Planned]) -> list[Planned]:
+    """`plans` with the combinations of two techniques after the others, each group `longest_last`.
+
+    A combination continues from another technique's model (clustering a pruned model, QAT
+    keeping its sparsity or its clusters). When the time runs short those last are cut, so the
+    techniques on their own (pruning, QAT, distillation: the mission's steps) keep it: with the
+    longest of all last, a slow machine's demo cut distillation in every run while CQAT, whose
+    graph takes many times a plain fine-tuning's to build, ran past its share
+    (docs/measurements.md). Distillation still takes most of the time the others leave: its
+    share counts its controls' epochs.
+    """
+    alone = [p for p in plans if p.starts_from is None]
+    return [*longest_last(alone), *longest_last([p for p in plans if p not in alone])]
+
+
 def searched_from_baseline(planned: Planned) -> bool:
     """Whether a technique's strength is searched, starting from the baseline."""
     return planned.starts_from is None and planned.technique.searched(planned.cfg)
@@ -102,12 +116,7 @@ class PlanOrder:
     Attributes:
         first: The searches from the baseline: their first rounds before anything else.
         after: Every other technique's fine-tuning (and the searches continuing from another
-            technique's model), the longest last.
-        spare: The fine-tunings continuing from another's model (clustering a pruned one, QAT
-            keeping its sparsity or clusters) that the window does not hold beside the others'
-            shortest runs: after those, in what they leave. The techniques on their own
-            (pruning, QAT, distillation: the mission's steps) then keep the time and their
-            order, the longest last.
+            technique's model), the combinations of two last (`chained_last`).
         combined: The joint searches: their first rounds once every fine-tuning is done.
         last: The fine-tunings that continue from a searched technique's model: once the
             searches have deepened, in the time they leave them (their shortest runs kept).
@@ -115,13 +124,12 @@ class PlanOrder:
 
     first: list[Planned]
     after: list[Planned]
-    spare: list[Planned]
     combined: list[Planned]
     last: list[Planned]
 
     def in_order(self) -> list[Planned]:
         """Every technique of the plan, in the order they start."""
-        return [*self.first, *self.after, *self.spare, *self.combined, *self.last]
+        return [*self.first, *self.after, *self.combined, *self.last]
 
 
 @dataclass
@@ -186,16 +194,15 @@ class Planner:
         order = self._groups(plans)
         for planned in order.first:
             self._first_round(planned, self.baseline)
-        for group in (order.after, order.spare):
-            fine_tunes = [p for p in group if not self.searched(p)]
-            for planned in group:
-                start = (self.baseline if planned.starts_from is None
-                         else self.finished(planned.starts_from))
-                if self.searched(planned):
-                    self._search_after(planned, start)
-                else:
-                    self._submit(planned, start,
-                                 [*fine_tunes[fine_tunes.index(planned):], *order.last])
+        fine_tunes = [p for p in order.after if not self.searched(p)]
+        for planned in order.after:
+            start = (self.baseline if planned.starts_from is None
+                     else self.finished(planned.starts_from))
+            if self.searched(planned):
+                self._search_after(planned, start)
+            else:
+                self._submit(planned, start,
+                             [*fine_tunes[fine_tunes.index(planned):], *order.last])
         self._wait()
         self.give_back_unbuilt(plans)
         reserved = sum(shortest_run_s(p.cfg, self.data) for p in order.last) / self.workers
@@ -283,31 +290,8 @@ class Planner:
         first = [p for p in searches_first(enabled)
                  if searched_from_baseline(p) and self.searched(p) and p not in combined]
         last = [p for p in enabled if p.starts_from in searched and not self.searched(p)]
-        after = longest_last([p for p in enabled if p not in first + combined + last])
-        spare = self._spare([*first, *after, *last], after)
-        return PlanOrder(first, [p for p in after if p not in spare], spare, combined, last)
-
-    def _spare(self, planned: list[Planned], after: list[Planned]) -> list[Planned]:
-        """The combinations in `after` the window cannot hold beside the others (`PlanOrder`).
-
-        Taken from the end of `after`, each only once no technique kept continues from it,
-        until the shortest runs of those `planned` left fit the time left.
-        """
-        left = Clock(deadline=self.data.deadline).left()
-        if left is None:
-            return []
-        need = sum(self._shortest_s(p) for p in planned) / self.workers
-        spare: list[Planned] = []
-        for candidate in reversed(after):
-            if need <= left:
-                break
-            kept = [p for p in after if p is not candidate and p not in spare]
-            if candidate.starts_from is None or any(
-                    p.starts_from == candidate.technique.name for p in kept):
-                continue
-            spare.insert(0, candidate)
-            need -= self._shortest_s(candidate) / self.workers
-        return spare
+        after = chained_last([p for p in enabled if p not in first + combined + last])
+        return PlanOrder(first, after, combined, last)
 
     def _shortest_s(self, planned: Planned) -> float:
         """A technique's shortest run here: a searched one's first trial (`shortest_run_s`)."""

@@ -58,28 +58,25 @@ def test_the_longest_fine_tuning_runs_last_and_takes_what_those_before_left(tiny
     assert sorted(ordered) == sorted(p.technique.name for p in plan(config, tiny_baseline))
 
 
-def test_a_window_too_short_for_every_shortest_run_moves_the_combinations_after_the_others(
+def test_combinations_of_two_techniques_run_after_those_on_their_own_and_are_cut_first(
         tiny_baseline, tiny_data, tmp_path):
+    from techniques.planner import chained_last
+
     config = PipelineConfig.model_validate({"name": "plan", "compress": {
         "distill": {"enabled": True, "epochs": 30}, "qat": {"enabled": True, "epochs": 2},
         "prune": {"enabled": True, "epochs": 10},
         "cluster": {"enabled": True, "epochs": 6, "preserve_sparsity": True},
         "pqat": {"enabled": True, "epochs": 2}, "cqat": {"enabled": True, "epochs": 2}}})
     plans = plan(config, tiny_baseline)
-
-    def planned_after(seconds: float) -> str:
-        data = tiny_data.model_copy(update={"epoch_s": 1.0,
-                                            "deadline": time.time() + seconds})
-        planner = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial)
-        return planner.plan_line(plans).split(" for ")[1]
-
-    assert planned_after(600.0).startswith("prune, cluster, qat, pqat, cqat, distill, then"), (
-        "room for all: the longest last, a technique another continues from before it")
+    assert [p.technique.name for p in chained_last(plans)] == [
+        "qat", "prune", "distill", "cluster", "pqat", "cqat"], (
+        "on their own, the longest last; then the combinations, cluster before CQAT")
     # Shortest runs: 9 s each (5 s + 2 epochs x 1 s x 2), distillation's 17 s (its student and
     # two controls): 40 s hold pruning, QAT and distillation, not the combinations as well.
-    short = planned_after(40.0)
-    assert short.startswith("prune, qat, distill, then"), short
-    assert short.endswith("; cut unless those before end sooner: cluster, pqat, cqat"), short
+    data = tiny_data.model_copy(update={"epoch_s": 1.0, "deadline": time.time() + 40.0})
+    line = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial).plan_line(plans)
+    assert line.split(" for ")[1].startswith("qat, prune, distill, then"), line
+    assert line.endswith("; cut unless those before end sooner: cluster, pqat, cqat"), line
 
 
 def test_a_fine_tuning_continuing_from_a_searched_model_runs_once_the_searches_are_done(
@@ -99,7 +96,8 @@ def test_a_fine_tuning_continuing_from_a_searched_model_runs_once_the_searches_a
         "channel_prune (search), qat, prune, distill, thinned_qat (after the searches), then")
     fine_tuned = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial)
     assert fine_tuned.plan_line(plans).split(" for ")[1].startswith(
-        "channel_prune, qat, thinned_qat, prune, distill,"), "nothing searched: the usual order"
+        "channel_prune, qat, prune, distill, thinned_qat,"), (
+        "nothing searched: QAT of the thinned model after the techniques on their own")
     alone = PipelineConfig.model_validate({"name": "plan", "compress": {
         "thinned_qat": {"enabled": True}}})
     (refused,) = [p for p in plan(alone, tiny_baseline) if p.technique.name == "thinned_qat"]
