@@ -162,9 +162,9 @@ class StopWhenDone(keras.callbacks.Callback):
     - recovered (`target`): the held-out accuracy reached `target` (a fine-tuning back within
       the accuracy budget of its baseline) and the last `settle` epochs did not improve it;
     - deadline (`deadline`, a `time.time()` value): the next epoch would end after it, or it
-      has passed within an epoch (the epoch ends at that batch, its validation still run: an
-      epoch can take many times a fine-tuning's share of the time, as CQAT's first does on a
-      slow machine; not under several workers, whose steps must stay in lockstep).
+      has passed within an epoch (the epoch ends at that batch, its validation still run: a
+      large model's epoch can take many times a fine-tuning's share of the time; not under
+      several workers, whose steps must stay in lockstep).
 
     Given a `cool_down`, a plateau or a recovery (at once, without `settle`) does not end the
     training yet: the cool-down takes the rate to zero over its epochs first, and a deadline met
