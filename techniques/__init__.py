@@ -27,7 +27,7 @@ from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.budget import Clock
 from tfopt.config import Section
 from tfopt.native import NativeStep, run_native
-from tfopt.runtimes import compress_keys, compressed_forms
+from tfopt.runtimes import compress_keys, narrowed_to_int8
 from tfopt.search import TRIAL_FORMS, Point, Search, Trial, open_study, study_key
 from tfopt.variants import failed, skipped
 
@@ -377,12 +377,12 @@ def open_search(planned: Planned, config: Any, start: ModelArtifact,
 def trial_forms(config: Any) -> tuple[str, ...]:
     """The TFLite precisions a search's trials convert and time.
 
-    Those of `tfopt.search.TRIAL_FORMS` the compressed models are built in
-    (`tfopt.runtimes.compressed_forms`; all of them if none is): narrowed to their int8 files
-    (``compress.forms: tflite_int8``), a trial's float file would be timed for nothing.
+    `tfopt.search.TRIAL_FORMS` (int8 is not the faster file everywhere, and the float file
+    stands for the models' float forms on every runtime), or int8 alone once the compressed
+    models are narrowed to their int8 files (`tfopt.runtimes.narrowed_to_int8`): a trial's
+    float file would then be timed for nothing.
     """
-    built = compressed_forms(config).get("tflite", ())
-    return tuple(form for form in TRIAL_FORMS if form in built) or TRIAL_FORMS
+    return ("int8",) if narrowed_to_int8(config) else TRIAL_FORMS
 
 
 @cache

@@ -186,12 +186,20 @@ def compressed_forms(config: Any) -> dict[str, tuple[str, ...]]:
     Every runtime says it from the config (`Runtime.compressed_forms`); formats asked for
     nothing are left out. ``compress.forms: tflite_int8`` asks for the int8 TFLite file alone.
     """
-    if getattr(config.compress, "forms", "all") == "tflite_int8":
+    if narrowed_to_int8(config):
         return {"tflite": ("int8",)}
     return {fmt: precisions for runtime in registry().values()
             for fmt, precisions in runtime.compressed_forms(settings_of(runtime, config),
                                                             config.compress).items()
             if precisions}
+
+
+def narrowed_to_int8(config: Any) -> bool:
+    """Whether the compressed models are narrowed to their int8 TFLite files.
+
+    ``compress.forms: tflite_int8``: a config's, or the time budget's on a slow machine.
+    """
+    return getattr(config.compress, "forms", "all") == "tflite_int8"
 
 
 def compress_keys() -> dict[str, tuple[Any, Any]]:
