@@ -22,7 +22,7 @@ from prefect.states import Completed, State
 from pydantic import Field, create_model, model_validator
 
 import tfopt  # noqa: F401  (environment before TensorFlow)
-from techniques.base import NotApplicable, Skipped, Technique, TechniqueSection
+from techniques.base import NotApplicable, Skipped, Technique, TechniqueSection, cooling_epochs
 from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.budget import Clock
 from tfopt.config import Section
@@ -463,9 +463,7 @@ def shortest_run_s(cfg: TechniqueSection, data: TrainingData, trial_files: int =
     files (`first_trial_s`; 0: not searched), each priced as a compressed variant
     (`TrainingData.variant_tail_s`).
     """
-    if trial_files:
-        return first_trial_s(cfg, data.epoch_s, data.variant_tail_s, trial_files)
-    return _shortest_s(cfg, data.epoch_s)
+    return _shortest_s(cfg, data.epoch_s, data.variant_tail_s, trial_files)
 
 
 def first_trial_s(cfg: TechniqueSection, epoch_s: float, file_s: float,
@@ -481,8 +479,7 @@ def first_trial_s(cfg: TechniqueSection, epoch_s: float, file_s: float,
     if epoch_s <= 0.0:
         return 0.0
     epochs = min(_cap(cfg), 1 + after_recovery_epochs(cfg)) * _trainings(cfg)
-    return (STARTUP_S + epochs * epoch_s * WRAPPED_EPOCH_SHARE
-            + (files + 1) * file_s)
+    return _fine_tuning_s(epochs, epoch_s) + (files + 1) * file_s
 
 
 def after_recovery_epochs(cfg: TechniqueSection) -> int:
@@ -492,17 +489,21 @@ def after_recovery_epochs(cfg: TechniqueSection) -> int:
     """
     from tfopt.models.training import SETTLE_EPOCHS
 
-    if getattr(cfg, "learning_rate_schedule", None) == "cosine":
-        cool_down = int(getattr(cfg, "cool_down_epochs", 0) or 0)
-        if cool_down:
-            return cool_down
-    return SETTLE_EPOCHS
+    return cooling_epochs(cfg) or SETTLE_EPOCHS
 
 
-def _shortest_s(cfg: TechniqueSection, epoch_s: float) -> float:
+def _shortest_s(cfg: TechniqueSection, epoch_s: float, file_s: float = 0.0,
+                trial_files: int = 0) -> float:
+    """`shortest_run_s` at `epoch_s`, a searched technique's (`trial_files`) its first trial's."""
+    if trial_files:
+        return first_trial_s(cfg, epoch_s, file_s, trial_files)
     if epoch_s <= 0.0:
         return 0.0
-    epochs = min(SHORTEST_EPOCHS, _cap(cfg)) * _trainings(cfg)
+    return _fine_tuning_s(min(SHORTEST_EPOCHS, _cap(cfg)) * _trainings(cfg), epoch_s)
+
+
+def _fine_tuning_s(epochs: int, epoch_s: float) -> float:
+    """A fine-tuning of `epochs` at twice the baseline's `epoch_s`, its process's start beside."""
     return STARTUP_S + epochs * epoch_s * WRAPPED_EPOCH_SHARE
 
 
@@ -568,7 +569,7 @@ def full_runs_s(plans: list[Planned], epoch_s: float) -> float:
 
     A searched technique counts one trial; `epoch_s` is the baseline's epoch (0: unknown).
     """
-    return sum(STARTUP_S + epochs_of(planned.cfg) * epoch_s * WRAPPED_EPOCH_SHARE
+    return sum(_fine_tuning_s(epochs_of(planned.cfg), epoch_s)
                for planned in plans if planned.refusal is None)
 
 
@@ -581,8 +582,8 @@ def shortest_runs_s(plans: list[Planned], epoch_s: float, workers: int = 1,
     searched technique's is its first trial, its `trial_files` priced at `file_s` each
     (`first_trial_s`).
     """
-    return sum(first_trial_s(planned.cfg, epoch_s, file_s, trial_files)
-               if planned.technique.searched(planned.cfg) else _shortest_s(planned.cfg, epoch_s)
+    return sum(_shortest_s(planned.cfg, epoch_s, file_s,
+                           trial_files if planned.technique.searched(planned.cfg) else 0)
                for planned in plans if planned.refusal is None) / max(1, workers)
 
 

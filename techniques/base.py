@@ -110,8 +110,7 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
     )
 
     cool_down = None
-    if cfg.learning_rate_schedule == "cosine" and cfg.cool_down_epochs and (
-            data.recover_to is not None):
+    if cooling_epochs(cfg) and data.recover_to is not None:
         per_epoch = steps_per_epoch(data)
         cool_down = CosineCoolDown(cfg.learning_rate, cfg.epochs * per_epoch, per_epoch,
                                    cfg.cool_down_epochs)
@@ -124,6 +123,16 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
     distiller = compiled_distiller(model, teacher, cfg.teacher_alpha, 1.0, learning_rate)
     return fit_compiled(distiller, data, epochs=cfg.epochs, callbacks=callbacks,
                         best=KeepBestWeights())
+
+
+def cooling_epochs(cfg: Any) -> int:
+    """The epochs a fine-tuning's cosine rate cools down over once back within the budget.
+
+    0 for a technique without a cool-down (``cool_down_epochs``) or a constant rate.
+    """
+    if getattr(cfg, "learning_rate_schedule", None) != "cosine":
+        return 0
+    return int(getattr(cfg, "cool_down_epochs", 0) or 0)
 
 
 def cool_down_field() -> Any:

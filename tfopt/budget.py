@@ -171,9 +171,9 @@ class Budget(BaseModel):
         """
         variants = self.baseline_variants + self.compressed_variants
         model_mb, inputs_mb = sizes.model_bytes / 1e6, sizes.input_bytes / 1e6
+        package_s = FINISH_S_PER_MB * model_mb
         update: dict[str, float] = {
-            "finish_s": FINISH_S + FINISH_S_PER_MB * model_mb * variants,
-            "package_s": FINISH_S_PER_MB * model_mb,
+            "finish_s": FINISH_S + package_s * variants, "package_s": package_s,
             "measure_s": self.measure_s + MEASURE_S_PER_INPUT_MB * inputs_mb,
             "tensorflow_variants": sizes.tensorflow_variants,
             "tensorflow_measure_s": TENSORFLOW_MEASURE_S_PER_MB * model_mb}
