@@ -27,7 +27,13 @@ from techniques import (
     shortest_runs_s,
     trial_forms,
 )
-from tfopt.artifacts import BenchmarkInputs, ModelArtifact, VariantResult, VariantSpec
+from tfopt.artifacts import (
+    BenchmarkInputs,
+    LearnedCosts,
+    ModelArtifact,
+    VariantResult,
+    VariantSpec,
+)
 from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
 from tfopt.logs import step_logger
 from tfopt.measurement.floor import floor_key
@@ -94,7 +100,8 @@ class Measurements:
         return results
 
     def baseline_first(self, baseline: ModelArtifact, variants: list[VariantSpec],
-                       inputs: BenchmarkInputs) -> tuple[list[VariantResult], Budget]:
+                       inputs: BenchmarkInputs, learned: LearnedCosts | None = None,
+                       ) -> tuple[list[VariantResult], Budget]:
         """The baseline's forms measured before the compression, and the budget they resized.
 
         Breadth-first over the runtimes, the speedup reference first. Each runtime's first form
@@ -104,7 +111,7 @@ class Measurements:
         (`config` then says ``compress.forms: tflite_int8``; the cuts say why). From then on,
         the baseline's forms that would leave the techniques less than their shortest runs
         wait for `later`: the first whose measurement would, and those after it (the log says
-        which).
+        which). `learned`: the techniques' fixed parts as this machine's earlier runs took them.
         """
         plans = plan(self.config, baseline)
         epoch_s = epoch_seconds(baseline)
@@ -113,10 +120,10 @@ class Measurements:
                                 reference.name if reference else None)
         first_round = len({runtime_of(spec.format).name for spec in ordered})
         results = self.measure(ordered[:first_round], inputs)
-        shortest_s = self._shortest_runs_s(plans, epoch_s)
+        shortest_s = self._shortest_runs_s(plans, epoch_s, learned)
         if self.would_starve([], compressed_formats(plans), shortest_s):
             plans = self._narrowed(baseline, plans, shortest_s)
-            shortest_s = self._shortest_runs_s(plans, epoch_s)
+            shortest_s = self._shortest_runs_s(plans, epoch_s, learned)
         formats = compressed_formats(plans)
         results += self.measure(ordered[first_round:], inputs,
                                 lambda rest: self.would_starve(rest[:1], formats, shortest_s))
@@ -127,12 +134,13 @@ class Measurements:
                 "techniques' shortest runs (%.0f s): measured after the compressed variants, "
                 "while the time budget lasts",
                 ", ".join(s.name for s in self.waiting if s.status == "ok"), shortest_s)
-        return results, self.resized(formats, full_runs_s(plans, epoch_s))
+        return results, self.resized(formats, full_runs_s(plans, epoch_s, learned))
 
-    def _shortest_runs_s(self, plans: list[Planned], epoch_s: float) -> float:
+    def _shortest_runs_s(self, plans: list[Planned], epoch_s: float,
+                         learned: LearnedCosts | None) -> float:
         """The techniques' shortest runs together, per worker (`techniques.shortest_runs_s`)."""
         return shortest_runs_s(plans, epoch_s, compression_workers(self.config), self._file_s(),
-                               len(trial_forms(self.config)))
+                               len(trial_forms(self.config)), learned)
 
     def _file_s(self) -> float:
         """What a LiteRT file's conversion and measurement cost, as the baseline's priced them.

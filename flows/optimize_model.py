@@ -66,6 +66,7 @@ from tfopt.budget import (
 )
 from tfopt.config import resolve_cpus
 from tfopt.fileio import atomic_write_json, path_size_bytes
+from tfopt.learned_costs import costs_key, load_costs
 from tfopt.measurement.champion import (
     accuracy_verdict,
     champion_speedup,
@@ -149,7 +150,8 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         variants, budget = _baseline_variants(config, measured.data, (baseline, savedmodel),
                                               inputs, run_dir, run, budget)
         bench = Measurements(config, budget)
-        measured_baseline, budget = bench.baseline_first(baseline, variants, inputs)
+        measured_baseline, budget = bench.baseline_first(baseline, variants, inputs,
+                                                         measured.data.costs)
         compressed = _compressed_variants(bench.config, measured.data, baseline, run_dir, run,
                                           inputs, budget, variants)
         held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs,
@@ -168,7 +170,8 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                              held.note, inputs)
         summary = _with_budget(_since_last_run(
             config, run, {**summary, "search": compressed.searches}, run_dir,
-            (results, inputs), budget), budget, [*compressed.cuts, *bench.cuts])
+            (results, inputs), budget), budget, [*compressed.cuts, *bench.cuts],
+            _learned(measured.data, baseline))
         summary = _write_outputs(summary, results, run_dir, run)
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
@@ -216,7 +219,9 @@ def _prepare_data(
             get_run_logger().warning("the layout measurement failed; the run goes on without "
                                      "it: %s", error_of(measuring))
     data = TrainingData(dataset=dataset, batch_size=batch_size, seed=config.train.seed,
-                        input=config.input, input_scale=config.model.input_scale)
+                        input=config.input, input_scale=config.model.input_scale,
+                        costs=load_costs(work_dir, costs_key(config.model,
+                                                             config.data.image_size)))
     return _Measured(data, sweep, pipeline, layout, facts)
 
 
@@ -525,15 +530,26 @@ def _summarize(
     )
 
 
-def _with_budget(summary: dict[str, Any], budget: Budget, cuts: list[str]) -> dict[str, Any]:
+def _with_budget(summary: dict[str, Any], budget: Budget, cuts: list[str],
+                 learned: dict[str, float]) -> dict[str, Any]:
     """The summary with the budget: planned, used and what it cut (the measurements' `cuts` too).
 
     Its use is taken here, at the end: the checks since the last run are inside the budget.
+    `learned`: the techniques' fixed parts this run priced from earlier runs (`_learned`).
     """
     cuts = [*cuts, *budget_cuts(summary["baseline_training"], summary["techniques"],
                                 summary["search"]),
             *confirmation_cuts(summary.get("since_last_run"))]
-    return {**summary, "budget": budget.summary(cuts)}
+    return {**summary, "budget": {**budget.summary(cuts), "learned_startup_s": learned}}
+
+
+def _learned(data: TrainingData, baseline: ModelArtifact) -> dict[str, float]:
+    """The techniques' fixed parts, in seconds, as this run's prices took them from earlier runs.
+
+    Learned on this machine for this model (`tfopt.learned_costs`); a technique not named was
+    priced at `techniques.STARTUP_S`.
+    """
+    return data.costs.summary(epoch_seconds(baseline)) if data.costs is not None else {}
 
 
 def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: dict[str, Any],

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.states import Completed, State
 
-from techniques import make_trial
+from techniques import learn_cost, make_trial
 from techniques.base import NotApplicable, TechniqueSection
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
 from tfopt.config import MeasurementProtocol
@@ -54,6 +55,7 @@ def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
                       f"the {technique} trial's fine-tuning and conversion",
                       "the search goes on without this setting")
     name = f"{technique} " + " ".join(f"{field}={value:g}" for field, value in point.items())
+    started = time.monotonic()
     try:
         made = run_native(step, make_trial, technique, point, start, cfg, data, out_dir, convert,
                           data.recover_to, forms)
@@ -68,5 +70,7 @@ def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
         log_trial(parent, name, {"technique": technique, **crashed.summary()})
         raise
     timed = time_files(made, inputs, protocol, data.file_target, data.speedup_reference)
+    learn_cost(technique, cfg, data, timed.epochs_run, time.monotonic() - started,
+               files=len(timed.files) + (timed.speedup is not None))
     log_trial(parent, name, {"technique": technique, **timed.summary()})
     return timed

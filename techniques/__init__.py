@@ -23,9 +23,10 @@ from pydantic import Field, create_model, model_validator
 
 import tfopt  # noqa: F401  (environment before TensorFlow)
 from techniques.base import NotApplicable, Skipped, Technique, TechniqueSection, cooling_epochs
-from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
+from tfopt.artifacts import LearnedCosts, ModelArtifact, TrainingData, VariantSpec
 from tfopt.budget import Clock
 from tfopt.config import Section
+from tfopt.learned_costs import record_cost
 from tfopt.native import NativeStep, run_native
 from tfopt.runtimes import compress_keys, narrowed_to_int8
 from tfopt.search import TRIAL_FORMS, Point, Search, Trial, open_study, study_key
@@ -403,18 +404,35 @@ def contained(name: str) -> Task:
                       out_dir: Path) -> ModelArtifact | State:
         if isinstance(model, Skipped):
             return skipped_state(after_skipped(name, model))
-        shortest, clock = shortest_run_s(cfg, data), Clock(deadline=data.deadline)
+        shortest, clock = shortest_run_s(name, cfg, data), Clock(deadline=data.deadline)
         if not clock.can_start(shortest):
             return skipped_state(Skipped(technique=name, kind="cut", reason=clock.cut(
                 f"{name}'s fine-tuning", shortest)))
-        data = own_deadline(data, epochs_of(cfg), shortest)
+        data, started = own_deadline(data, epochs_of(cfg), shortest), time.monotonic()
         try:
-            return run_native(step, apply_here, name, model, cfg, data, out_dir)
+            made = run_native(step, apply_here, name, model, cfg, data, out_dir)
         except NotApplicable as refusal:
             return skipped_state(Skipped(technique=name, kind="not_applicable",
                                          reason=str(refusal)))
+        learn_cost(name, cfg, data, int(made.params.get("epochs_run") or 0),
+                   time.monotonic() - started)
+        return made
 
     return _in_place_of(technique.apply, run_technique)
+
+
+def learn_cost(name: str, cfg: TechniqueSection, data: TrainingData, epochs_run: int,
+               wall_s: float, files: int = 0) -> None:
+    """Keep what technique `name`'s run of `epochs_run` took beside its price (`learned_costs`).
+
+    Its epochs are priced as `_fine_tuning_s` prices them, its `files` (a search trial's, the
+    side-by-side timing's reference among them) at `TrainingData.variant_tail_s` each: the rest
+    is its fixed part, which the next run's `startup_s` prices it with.
+    """
+    if data.costs is None:
+        return
+    priced = epochs_run * _trainings(cfg) * data.epoch_s * WRAPPED_EPOCH_SHARE
+    record_cost(data.costs, name, wall_s, priced + files * data.variant_tail_s, data.epoch_s)
 
 
 SHORTEST_EPOCHS = 2
@@ -423,7 +441,8 @@ WRAPPED_EPOCH_SHARE = 2.0
 """How much longer an epoch of a technique's model takes than the baseline's (tfmot's wrappers,
 the distiller's teacher pass), for the estimate of its shortest run."""
 STARTUP_S = 5.0
-"""A technique's process start, model load and export, beside its epochs."""
+"""A technique's process start, model load and export, beside its epochs, until learned on this
+machine (`startup_s`)."""
 
 
 def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> TrainingData:
@@ -456,30 +475,43 @@ def _trainings(cfg: TechniqueSection) -> int:
     return max(1, int(getattr(cfg, "trainings", 1)))
 
 
-def shortest_run_s(cfg: TechniqueSection, data: TrainingData, trial_files: int = 0) -> float:
-    """What a technique's shortest useful run takes at the baseline's pace (0: unknown).
+def startup_s(name: str, costs: LearnedCosts | None, epoch_s: float) -> float:
+    """Technique `name`'s fixed part at the baseline's `epoch_s`: learned here, else STARTUP_S.
+
+    Its process's start, model load, graph and export, beside its epochs: a technique whose
+    graph takes long to build (CQAT's) is priced as it ran in this config's earlier runs on this
+    machine (`tfopt.learned_costs`).
+    """
+    learned = costs.startup_s(name, epoch_s) if costs is not None else None
+    return STARTUP_S if learned is None else learned
+
+
+def shortest_run_s(name: str, cfg: TechniqueSection, data: TrainingData,
+                   trial_files: int = 0) -> float:
+    """What technique `name`'s shortest useful run takes at the baseline's pace (0: unknown).
 
     A searched technique's is its search's first trial, converting and timing `trial_files`
     files (`first_trial_s`; 0: not searched), each priced as a compressed variant
-    (`TrainingData.variant_tail_s`).
+    (`TrainingData.variant_tail_s`). Its fixed part is `startup_s`.
     """
-    return _shortest_s(cfg, data.epoch_s, data.variant_tail_s, trial_files)
+    return _shortest_s(cfg, data.epoch_s, data.variant_tail_s, trial_files,
+                       startup_s(name, data.costs, data.epoch_s))
 
 
 def first_trial_s(cfg: TechniqueSection, epoch_s: float, file_s: float,
-                  files: int = len(TRIAL_FORMS)) -> float:
+                  files: int = len(TRIAL_FORMS), startup: float = STARTUP_S) -> float:
     """What a search's first trial takes at the baseline's pace (0: unknown).
 
     A trial's fine-tuning has no share of the time to end on (cut short, it would misjudge its
     strength): it ends once back within the budget and settled, or cooled down
     (`after_recovery_epochs`). Its `files` (`trial_forms`) are then converted and measured,
     and timed side by side with the baseline's int8 file: each of those costs about what a
-    compressed variant's conversion and measurement does (`file_s`).
+    compressed variant's conversion and measurement does (`file_s`). `startup`: its fixed part.
     """
     if epoch_s <= 0.0:
         return 0.0
     epochs = min(_cap(cfg), 1 + after_recovery_epochs(cfg)) * _trainings(cfg)
-    return _fine_tuning_s(epochs, epoch_s) + (files + 1) * file_s
+    return _fine_tuning_s(epochs, epoch_s, startup) + (files + 1) * file_s
 
 
 def after_recovery_epochs(cfg: TechniqueSection) -> int:
@@ -493,18 +525,18 @@ def after_recovery_epochs(cfg: TechniqueSection) -> int:
 
 
 def _shortest_s(cfg: TechniqueSection, epoch_s: float, file_s: float = 0.0,
-                trial_files: int = 0) -> float:
+                trial_files: int = 0, startup: float = STARTUP_S) -> float:
     """`shortest_run_s` at `epoch_s`, a searched technique's (`trial_files`) its first trial's."""
     if trial_files:
-        return first_trial_s(cfg, epoch_s, file_s, trial_files)
+        return first_trial_s(cfg, epoch_s, file_s, trial_files, startup)
     if epoch_s <= 0.0:
         return 0.0
-    return _fine_tuning_s(min(SHORTEST_EPOCHS, _cap(cfg)) * _trainings(cfg), epoch_s)
+    return _fine_tuning_s(min(SHORTEST_EPOCHS, _cap(cfg)) * _trainings(cfg), epoch_s, startup)
 
 
-def _fine_tuning_s(epochs: int, epoch_s: float) -> float:
-    """A fine-tuning of `epochs` at twice the baseline's `epoch_s`, its process's start beside."""
-    return STARTUP_S + epochs * epoch_s * WRAPPED_EPOCH_SHARE
+def _fine_tuning_s(epochs: int, epoch_s: float, startup: float = STARTUP_S) -> float:
+    """A fine-tuning of `epochs` at twice the baseline's `epoch_s`, its fixed part beside."""
+    return startup + epochs * epoch_s * WRAPPED_EPOCH_SHARE
 
 
 def after_skipped(name: str, start: Skipped) -> Skipped:
@@ -564,26 +596,30 @@ def planned_counts(config: Any) -> tuple[int, int]:
             sum(1 for spec in compressed if spec.status == "ok"))
 
 
-def full_runs_s(plans: list[Planned], epoch_s: float) -> float:
+def full_runs_s(plans: list[Planned], epoch_s: float, costs: LearnedCosts | None = None) -> float:
     """What every planned technique's fine-tuning to its epoch cap takes at the baseline's pace.
 
-    A searched technique counts one trial; `epoch_s` is the baseline's epoch (0: unknown).
+    A searched technique counts one trial; `epoch_s` is the baseline's epoch (0: unknown);
+    each one's fixed part is `startup_s`.
     """
-    return sum(_fine_tuning_s(epochs_of(planned.cfg), epoch_s)
+    return sum(_fine_tuning_s(epochs_of(planned.cfg), epoch_s,
+                              startup_s(planned.technique.name, costs, epoch_s))
                for planned in plans if planned.refusal is None)
 
 
 def shortest_runs_s(plans: list[Planned], epoch_s: float, workers: int = 1,
-                    file_s: float = 0.0, trial_files: int = len(TRIAL_FORMS)) -> float:
+                    file_s: float = 0.0, trial_files: int = len(TRIAL_FORMS),
+                    costs: LearnedCosts | None = None) -> float:
     """What every planned technique's shortest run takes, `workers` of them at once.
 
     The compression's least useful time: the planner cuts a technique whose shortest run does
     not fit (`techniques.planner`). `epoch_s` is the baseline's epoch (0: unknown, 0 s); a
     searched technique's is its first trial, its `trial_files` priced at `file_s` each
-    (`first_trial_s`).
+    (`first_trial_s`); each one's fixed part is `startup_s`.
     """
     return sum(_shortest_s(planned.cfg, epoch_s, file_s,
-                           trial_files if planned.technique.searched(planned.cfg) else 0)
+                           trial_files if planned.technique.searched(planned.cfg) else 0,
+                           startup_s(planned.technique.name, costs, epoch_s))
                for planned in plans if planned.refusal is None) / max(1, workers)
 
 

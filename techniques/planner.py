@@ -25,6 +25,7 @@ from prefect import Task, get_run_logger
 from prefect.states import Completed, State
 
 from techniques import (
+    STARTUP_S,
     Planned,
     after_skipped,
     compression_workers,
@@ -187,7 +188,18 @@ class Planner:
         line = (f"compression plan, {max(0.0, left):.0f} s: shortest runs first "
                 f"({sum(shortest):.0f} s together) for {', '.join(fits) or 'none'}, then "
                 "their epochs' share of the rest, then the searches deepen")
-        return line + (f"; cut unless those before end sooner: {', '.join(cut)}" if cut else "")
+        line += f"; cut unless those before end sooner: {', '.join(cut)}" if cut else ""
+        return line + self._learned_line(ordered)
+
+    def _learned_line(self, ordered: list[Planned]) -> str:
+        """The techniques priced by this machine's earlier runs (`tfopt.learned_costs`), if any."""
+        costs, epoch_s = self.data.costs, self.data.epoch_s
+        learned = [(p.technique.name, costs.startup_s(p.technique.name, epoch_s))
+                   for p in ordered] if costs is not None else []
+        said = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in learned
+                         if seconds is not None)
+        return (f"; fixed parts as this machine's earlier runs took them: {said} (else "
+                f"{STARTUP_S:.0f} s)") if said else ""
 
     def run(self, plans: list[Planned]) -> dict[str, Any]:
         """Each technique's outcome (a final state, or a future): every technique before depth."""
@@ -205,7 +217,8 @@ class Planner:
                              [*fine_tunes[fine_tunes.index(planned):], *order.last])
         self._wait()
         self.give_back_unbuilt(plans)
-        reserved = sum(shortest_run_s(p.cfg, self.data) for p in order.last) / self.workers
+        reserved = sum(shortest_run_s(p.technique.name, p.cfg, self.data)
+                       for p in order.last) / self.workers
         for planned in order.combined:
             self._first_round(planned, self.baseline, reserved)
             self.give_back_unbuilt(plans)
@@ -295,14 +308,14 @@ class Planner:
 
     def _shortest_s(self, planned: Planned) -> float:
         """A technique's shortest run here: a searched one's first trial (`shortest_run_s`)."""
-        return shortest_run_s(planned.cfg, self.data,
+        return shortest_run_s(planned.technique.name, planned.cfg, self.data,
                               len(trial_forms(self.config)) if self.searched(planned) else 0)
 
     def _queued(self, queued: list[Planned]) -> TrainingData:
         """The training data of the first of `queued` fine-tunings: what the queue shares."""
         return self.data.model_copy(update={
             "epochs_queued": sum(epochs_of(p.cfg) for p in queued) // self.workers,
-            "shortest_queued_s": sum(shortest_run_s(p.cfg, self.data)
+            "shortest_queued_s": sum(shortest_run_s(p.technique.name, p.cfg, self.data)
                                      for p in queued) / self.workers})
 
     def _first_round(self, planned: Planned, start: ModelArtifact,

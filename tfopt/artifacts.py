@@ -79,6 +79,32 @@ class TrialRef(_Frozen):
     trial_id: int
 
 
+class LearnedCosts(_Frozen):
+    """What each technique's runs took beside their priced epochs, on this machine and model.
+
+    Kept in the work folder across runs (`tfopt.learned_costs`): the time budget prices a
+    technique's fixed part (its process's start, its graph, its export) with it, where a first
+    run can only guess (`techniques.STARTUP_S`).
+    """
+
+    path: Path
+    """The work folder's costs file."""
+    key: str
+    """This machine's CPU and cores, and the model (`tfopt.learned_costs.costs_key`)."""
+    startup_epochs: dict[str, float] = Field(default_factory=dict)
+    """Technique -> the median fixed part of its last runs here, in the baseline's epochs."""
+
+    def startup_s(self, technique: str, epoch_s: float) -> float | None:
+        """`technique`'s fixed part at the baseline's `epoch_s` (None: not learned yet)."""
+        epochs = self.startup_epochs.get(technique)
+        return None if epochs is None or epoch_s <= 0.0 else epochs * epoch_s
+
+    def summary(self, epoch_s: float) -> dict[str, float]:
+        """Each learned technique's fixed part in seconds at `epoch_s` (the summary's)."""
+        return {technique: round(epochs * epoch_s, 1)
+                for technique, epochs in sorted(self.startup_epochs.items()) if epoch_s > 0.0}
+
+
 class TrainingData(_Frozen):
     """What every training step of a run learns from: the same shards, batch, seed and reader.
 
@@ -124,6 +150,9 @@ class TrainingData(_Frozen):
     start with less time left before `deadline` than its shortest run takes at that pace
     (`techniques.shortest_run_s`); with less it would stop far from back
     (`techniques.cut_short`) and its time go to nothing."""
+    costs: LearnedCosts | None = None
+    """The techniques' fixed costs learned in earlier runs (None: each priced at
+    `techniques.STARTUP_S`, nothing recorded)."""
 
 
 class InputPipelineResult(_Frozen):

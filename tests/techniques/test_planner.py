@@ -146,7 +146,7 @@ def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tin
 
     plans = plan(_config(), tiny_baseline)
     data = tiny_data.model_copy(update={"epoch_s": 1.0})
-    each = [shortest_run_s(p.cfg, data) for p in plans if p.refusal is None]
+    each = [shortest_run_s(p.technique.name, p.cfg, data) for p in plans if p.refusal is None]
     assert shortest_runs_s(plans, 1.0) == sum(each) == 40.0
     assert shortest_runs_s(plans, 1.0, workers=2) == 20.0
     assert shortest_runs_s(plans, 0.0) == 0.0, "an unknown epoch: nothing to reserve"
@@ -168,14 +168,17 @@ def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_b
     files_s = (len(TRIAL_FORMS) + 1) * 4.0
     assert first_trial_s(channel.cfg, 1.0, 4.0) == 5.0 + (1 + 3) * 1.0 * 2.0 + files_s, (
         "back within the budget after an epoch, then 3 cooling down; 2 files and a run-off")
-    assert shortest_run_s(channel.cfg, data, trial_files=2) == first_trial_s(
+    assert shortest_run_s("channel_prune", channel.cfg, data, trial_files=2) == first_trial_s(
         channel.cfg, 1.0, 4.0)
     assert first_trial_s(channel.cfg, 1.0, 4.0, files=1) == first_trial_s(
         channel.cfg, 1.0, 4.0) - 4.0, "one file fewer to convert and time"
-    assert shortest_run_s(channel.cfg, data) == 9.0, "a fixed strength: its shortest run"
-    each = [shortest_run_s(p.cfg, data, len(TRIAL_FORMS) if p.technique.searched(p.cfg) else 0)
+    assert shortest_run_s("channel_prune", channel.cfg, data) == 9.0, (
+        "a fixed strength: its shortest run")
+    each = [shortest_run_s(p.technique.name, p.cfg, data,
+                           len(TRIAL_FORMS) if p.technique.searched(p.cfg) else 0)
             for p in plans if p.refusal is None]
-    assert first_trial_s(channel.cfg, 1.0, 4.0) in each and shortest_run_s(qat.cfg, data) in each
+    assert first_trial_s(channel.cfg, 1.0, 4.0) in each
+    assert shortest_run_s("qat", qat.cfg, data) in each
     assert shortest_runs_s(plans, 1.0, file_s=4.0) == sum(each) > shortest_runs_s(plans, 1.0)
     capped = channel.cfg.model_copy(update={"epochs": 2})
     assert first_trial_s(capped, 1.0, 0.0) == 5.0 + 2 * 2.0, "no more epochs than its cap"

@@ -1,0 +1,93 @@
+"""A technique's fixed cost, learned on this machine for this model, prices its next run."""
+
+import re
+import time
+
+from tfopt.learned_costs import COSTS_FILE, KEPT, costs_key, load_costs, record_cost
+
+
+def test_the_median_of_a_techniques_last_runs_prices_it_per_machine_and_model(tmp_path):
+    costs = load_costs(tmp_path, "cpu-a model-1")
+    assert costs.startup_epochs == {} and costs.startup_s("cqat", 1.0) is None, "a first run"
+    walls = [60.0, 12.0, 16.0, 13.0]
+    for wall in walls:
+        assert record_cost(costs, "cqat", wall, priced_s=2.0, epoch_s=2.0) == wall - 2.0
+    learned = load_costs(tmp_path, "cpu-a model-1")
+    kept = sorted((wall - 2.0) / 2.0 for wall in walls[-KEPT:])
+    assert learned.startup_epochs == {"cqat": kept[1]}, "the median of the last runs"
+    assert learned.startup_s("cqat", 4.0) == kept[1] * 4.0, "in the baseline's epochs"
+    assert learned.startup_s("cqat", 0.0) is None, "no pace: not priced"
+    assert load_costs(tmp_path, "cpu-b model-1").startup_epochs == {}, "another machine"
+    assert record_cost(costs, "qat", 1.0, priced_s=5.0, epoch_s=2.0) == 0.0, "never negative"
+    assert record_cost(costs, "qat", 10.0, priced_s=5.0, epoch_s=0.0) is None, "no pace"
+    (tmp_path / COSTS_FILE).write_text("{half a json")
+    assert load_costs(tmp_path, "cpu-a model-1").startup_epochs == {}, "a broken file: a guess"
+    assert record_cost(costs, "qat", 9.0, priced_s=5.0, epoch_s=2.0) == 4.0
+    assert load_costs(tmp_path, "cpu-a model-1").startup_epochs == {"qat": 2.0}
+    (tmp_path / "a-file").write_text("")
+    elsewhere = load_costs(tmp_path / "a-file", "cpu-a model-1")
+    assert record_cost(elsewhere, "qat", 9.0, 5.0, 2.0) is None, "not writable: not recorded"
+
+
+def test_the_costs_key_names_the_machine_and_changes_with_the_model():
+    from tfopt.models.config import ModelConfig
+    from tfopt.provenance import cpu_model
+
+    key = costs_key(ModelConfig(width=8), 16)
+    assert key.startswith(cpu_model()) and key == costs_key(ModelConfig(width=8), 16)
+    assert key != costs_key(ModelConfig(width=16), 16) != costs_key(ModelConfig(width=8), 32)
+
+
+def test_a_techniques_run_is_recorded_and_prices_its_next_start(tiny_baseline, tiny_data,
+                                                                tmp_path):
+    from flows.parameters import PipelineConfig
+    from techniques import STARTUP_S, contained, plan, shortest_run_s
+    from tfopt.budget import CUT_BY_BUDGET
+
+    config = PipelineConfig.model_validate({"name": "learned", "compress": {
+        "qat": {"enabled": True, "epochs": 1}}})
+    (qat,) = [p for p in plan(config, tiny_baseline) if p.technique.name == "qat"]
+    costs = load_costs(tmp_path / "work", "this machine, this model")
+    data = tiny_data.model_copy(update={"epoch_s": 0.5, "costs": costs})
+    started = time.monotonic()
+    made = contained("qat").fn(tiny_baseline, qat.cfg, data, tmp_path / "qat")
+    wall = time.monotonic() - started
+    assert made.params["epochs_run"] == 1
+    learned = load_costs(tmp_path / "work", "this machine, this model")
+    fixed = learned.startup_s("qat", data.epoch_s)
+    assert fixed is not None and 0.0 < fixed < wall, "what its run took beside its epoch"
+    priced = data.model_copy(update={"costs": learned})
+    assert shortest_run_s("qat", qat.cfg, priced) == fixed + 1 * 0.5 * 2.0
+    assert shortest_run_s("qat", qat.cfg, data.model_copy(update={"costs": None})) == (
+        STARTUP_S + 1.0), "not learned: the guess"
+
+    record_cost(learned, "qat", 60.0, priced_s=0.0, epoch_s=0.5)
+    record_cost(learned, "qat", 60.0, priced_s=0.0, epoch_s=0.5)
+    slow = load_costs(tmp_path / "work", "this machine, this model")
+    short = data.model_copy(update={"costs": slow, "deadline": time.time() + 30.0})
+    state = contained("qat").fn(tiny_baseline, qat.cfg, short, tmp_path / "cut")
+    assert state.name == "Skipped", "60 s in its last runs: not started with 30 s left"
+    assert re.search(rf"{CUT_BY_BUDGET}: .* less than its shortest run \(61.0 s\)",
+                     state.result().line())
+
+
+def test_the_plan_line_says_which_techniques_are_priced_by_earlier_runs(tiny_baseline,
+                                                                         tiny_data, tmp_path):
+    from flows.parameters import PipelineConfig
+    from tasks.run_trial import run_trial
+    from techniques import plan
+    from techniques.planner import Planner
+
+    config = PipelineConfig.model_validate({"name": "learned", "compress": {
+        "distill": {"enabled": False},
+        **{name: {"enabled": True, "epochs": 2} for name in ("qat", "prune")}}})
+    costs = load_costs(tmp_path, "here")
+    record_cost(costs, "qat", 31.0, priced_s=1.0, epoch_s=1.0)
+    data = tiny_data.model_copy(update={"epoch_s": 1.0, "deadline": time.time() + 40.0,
+                                        "costs": load_costs(tmp_path, "here")})
+    line = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial).plan_line(
+        plan(config, tiny_baseline))
+    assert "shortest runs first (43 s together) for prune, then" in line, (
+        "prune 5 + 4 s, qat 30 + 4 s: qat last, the longest")
+    assert line.endswith("; cut unless those before end sooner: qat; fixed parts as this "
+                         "machine's earlier runs took them: qat 30 s (else 5 s)")
