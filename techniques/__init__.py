@@ -449,13 +449,35 @@ def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> Training
     """`data` with this fine-tuning's deadline, from now (coverage before depth).
 
     Its shortest run, and its `epochs`' share of what the shortest runs of those queued leave.
+    Those whose shortest run no longer fits behind the ones before them (`fitting`) keep no
+    time: they would be cut at their start, and the time kept for them would go unused.
     """
-    if data.deadline is None or data.epochs_queued <= epochs:
+    left = Clock(deadline=data.deadline).left()
+    if left is None or not data.queued:
         return data
-    clock = Clock(deadline=data.deadline).share(shortest_s, data.shortest_queued_s,
-                                                epochs / data.epochs_queued)
-    return data.model_copy(update={"deadline": clock.deadline, "epochs_queued": 0,
-                                   "shortest_queued_s": 0.0})
+    (own_s, own_epochs), after = data.queued[0], data.queued[1:]
+    kept = [(own_s, own_epochs), *(run for run, fits in zip(
+        after, fitting([s for s, _ in after], left - own_s), strict=True) if fits)]
+    epochs_queued = sum(queued_epochs for _, queued_epochs in kept)
+    if epochs_queued <= epochs:
+        return data.model_copy(update={"queued": ()})
+    clock = Clock(deadline=data.deadline).share(
+        shortest_s, sum(queued_s for queued_s, _ in kept), epochs / epochs_queued)
+    return data.model_copy(update={"deadline": clock.deadline, "queued": ()})
+
+
+def fitting(shortest_s: list[float], left_s: float) -> list[bool]:
+    """Which of the runs queued in this order get their shortest run in `left_s`.
+
+    Each fits if the shortest runs of those that fit before it and its own end within `left_s`;
+    one that does not is passed over (cut at its start unless those before end sooner), and a
+    shorter one after it may still fit.
+    """
+    fits, taken = [], 0.0
+    for seconds in shortest_s:
+        fits.append(taken + seconds <= left_s)
+        taken += seconds if fits[-1] else 0.0
+    return fits
 
 
 def epochs_of(cfg: TechniqueSection) -> int:

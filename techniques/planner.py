@@ -33,6 +33,7 @@ from techniques import (
     cut_short_in_run,
     epochs_of,
     finishing,
+    fitting,
     open_search,
     shortest_run_s,
     skipped_state,
@@ -182,9 +183,9 @@ class Planner:
         clock = Clock(deadline=self.data.deadline)
         left = clock.left() or 0.0
         shortest = [self._shortest_s(p) for p in ordered]
-        fits = [name for name, end in zip(names, _running_sums(shortest), strict=True)
-                if clock.can_start(end / self.workers)]
-        cut = names[len(fits):]
+        starts = fitting([seconds / self.workers for seconds in shortest], left)
+        fits = [name for name, starts_too in zip(names, starts, strict=True) if starts_too]
+        cut = [name for name in names if name not in fits]
         line = (f"compression plan, {max(0.0, left):.0f} s: shortest runs first "
                 f"({sum(shortest):.0f} s together) for {', '.join(fits) or 'none'}, then "
                 "their epochs' share of the rest, then the searches deepen")
@@ -314,9 +315,8 @@ class Planner:
     def _queued(self, queued: list[Planned]) -> TrainingData:
         """The training data of the first of `queued` fine-tunings: what the queue shares."""
         return self.data.model_copy(update={
-            "epochs_queued": sum(epochs_of(p.cfg) for p in queued) // self.workers,
-            "shortest_queued_s": sum(shortest_run_s(p.technique.name, p.cfg, self.data)
-                                     for p in queued) / self.workers})
+            "queued": tuple((shortest_run_s(p.technique.name, p.cfg, self.data) / self.workers,
+                             epochs_of(p.cfg) / self.workers) for p in queued)})
 
     def _first_round(self, planned: Planned, start: ModelArtifact,
                      reserved_s: float = 0.0) -> None:
@@ -384,11 +384,3 @@ class Planner:
         return final_state(finishing(name).submit(
             start, planned.technique.at(planned.cfg, chosen.params), self.data,
             search.trial_folder(chosen.params), chosen.model))
-
-
-def _running_sums(values: list[float]) -> list[float]:
-    sums, total = [], 0.0
-    for value in values:
-        total += value
-        sums.append(total)
-    return sums

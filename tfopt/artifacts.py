@@ -135,12 +135,12 @@ class TrainingData(_Frozen):
     deadline: float | None = None
     """When every fine-tuning must have ended (a `time.time()` value: the run's time budget,
     `tfopt.budget`); None: no limit."""
-    epochs_queued: int = 0
-    """The epochs of the fine-tunings, this one included, still to run one after another before
-    `deadline` (0: this one alone). Each gets its shortest run first and its epochs' share of
-    the rest (`techniques.own_deadline`): the first technique cannot take the last one's time."""
-    shortest_queued_s: float = 0.0
-    """The shortest runs of those fine-tunings together (`techniques.shortest_run_s`)."""
+    queued: tuple[tuple[float, float], ...] = ()
+    """The fine-tunings still to run one after another before `deadline`, this one first, each
+    as (its shortest run's seconds, its epochs), per worker (empty: this one alone). Each gets
+    its shortest run first and its epochs' share of the rest (`techniques.own_deadline`): the
+    first technique cannot take the last one's time, and one whose shortest run no longer fits
+    behind those before it keeps none (`techniques.fitting`)."""
     variant_tail_s: float = 0.0
     """What the time budget keeps after `deadline` for each planned compressed variant's
     conversion and measurement (0: nothing kept). A technique known never to build its

@@ -286,15 +286,19 @@ def test_each_fine_tuning_gets_its_shortest_run_then_its_epochs_share_of_the_res
     from techniques import own_deadline
 
     now = time.time()
-    queued = tiny_data.model_copy(update={"deadline": now + 100.0, "epochs_queued": 30,
-                                          "shortest_queued_s": 40.0})
+    queued = tiny_data.model_copy(update={"deadline": now + 100.0,
+                                          "queued": ((10.0, 20.0), (30.0, 10.0))})
     first = own_deadline(queued, 20, 10.0)
     assert first.deadline - now == pytest.approx(10.0 + 60.0 * 20 / 30, abs=1.0)
-    assert (first.epochs_queued, first.shortest_queued_s) == (0, 0.0), "its own, not shared on"
+    assert first.queued == (), "its own, not shared on"
     tight = queued.model_copy(update={"deadline": now + 30.0})
-    assert own_deadline(tight, 20, 10.0).deadline - now == pytest.approx(10.0, abs=1.0), (
-        "less time than the shortest runs: its shortest run, the others theirs")
-    last = queued.model_copy(update={"epochs_queued": 2})
+    assert own_deadline(tight, 20, 10.0).deadline == tight.deadline, (
+        "the one after it cannot have its shortest run behind it: it keeps none")
+    three = queued.model_copy(update={"deadline": now + 60.0,
+                                      "queued": ((10.0, 20.0), (15.0, 5.0), (40.0, 5.0))})
+    assert own_deadline(three, 20, 10.0).deadline - now == pytest.approx(
+        10.0 + (60.0 - 25.0) * 20 / 25, abs=1.0), "the second's shortest run kept, the third's not"
+    last = queued.model_copy(update={"queued": ((10.0, 2.0),)})
     assert own_deadline(last, 2, 10.0).deadline == queued.deadline, "the last takes what is left"
     assert own_deadline(tiny_data, 20, 10.0) == tiny_data, "no budget: no deadline"
 

@@ -197,3 +197,11 @@ def test_compressed_models_narrowed_to_their_int8_tflite_files_plan_nothing_else
     assert trial_forms(config) == ("int8", "fp32")
     assert trial_forms(narrowed) == ("int8",), "a search times only the file that is built"
     assert {s.source for s in narrow} == {s.source for s in wide}, "every model keeps one form"
+
+
+def test_a_run_that_cannot_have_its_shortest_run_is_passed_over_and_a_shorter_one_after_fits():
+    from techniques import fitting
+
+    assert fitting([10.0, 15.0, 40.0, 5.0], 32.0) == [True, True, False, True]
+    assert fitting([40.0, 5.0], 30.0) == [False, True], "the first is checked too"
+    assert fitting([], 10.0) == []
