@@ -4,9 +4,10 @@ Coverage first: each search's first round (one trial, at its knob's `Knob.first`
 the searches from the baseline first, `searches_first`), then every other technique's
 fine-tuning, submitted in order (the combinations of two techniques after the others, each group
 the longest last: `chained_last`) and waited for, each ending by its epochs' share of the time
-left when it starts (`TrainingData.epochs_queued`); then a joint search's first round (its knobs'
-own searches covered it); only then do the searches deepen, in the time left, the one that paid
-most per second so far first (`Search.paid_per_second`). The fine-tunings that continue from a
+left when it starts (`TrainingData.queued`: those after it whose shortest run no longer fits,
+`fitting`, keep none); then a joint search's first round (its knobs' own searches covered it);
+only then do the searches deepen, in the time left, the one that paid most per second so far
+first (`Search.paid_per_second`). The fine-tunings that continue from a
 searched technique's model (QAT of channel pruning's) run last: the fine-tunings before them
 share the time with them, and the joint searches and the deepening leave them their shortest
 runs. A technique is cut only when even its shortest run (`shortest_run_s`) does not fit, and
