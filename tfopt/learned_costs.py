@@ -39,8 +39,9 @@ def costs_key(model: Any, image_size: int) -> str:
         image_size: The images' side in pixels.
     """
     made = json.dumps(model.model_dump(mode="json"), sort_keys=True) + f"|{image_size}"
-    return (f"{cpu_model()} x{len(os.sched_getaffinity(0))} "
-            f"{hashlib.sha256(made.encode()).hexdigest()[:12]}")
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count() or 1)
+    return f"{cpu_model()} x{cores} {hashlib.sha256(made.encode()).hexdigest()[:12]}"
 
 
 def load_costs(work_dir: Path, key: str) -> LearnedCosts:
