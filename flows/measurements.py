@@ -139,10 +139,10 @@ class Measurements:
     def _shortest_runs_s(self, plans: list[Planned], epoch_s: float,
                          learned: LearnedCosts | None) -> float:
         """The techniques' shortest runs together, per worker (`techniques.shortest_runs_s`)."""
-        return shortest_runs_s(plans, epoch_s, compression_workers(self.config), self._file_s(),
+        return shortest_runs_s(plans, epoch_s, compression_workers(self.config), self.file_s(),
                                len(trial_forms(self.config)), learned)
 
-    def _file_s(self) -> float:
+    def file_s(self) -> float:
         """What a LiteRT file's conversion and measurement cost, as the baseline's priced them.
 
         A search trial's files are those (`techniques.first_trial_s`).

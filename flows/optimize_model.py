@@ -152,8 +152,9 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         bench = Measurements(config, budget)
         measured_baseline, budget = bench.baseline_first(baseline, variants, inputs,
                                                          measured.data.costs)
-        compressed = _compressed_variants(bench.config, measured.data, baseline, run_dir, run,
-                                          inputs, budget, variants)
+        compressed = _compressed_variants(
+            bench.config, measured.data.model_copy(update={"file_s": bench.file_s()}),
+            baseline, run_dir, run, inputs, budget, variants)
         held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs,
                                                             variants), compressed, run_dir,
                                run, budget)

@@ -426,13 +426,13 @@ def learn_cost(name: str, cfg: TechniqueSection, data: TrainingData, epochs_run:
     """Keep what technique `name`'s run of `epochs_run` took beside its price (`learned_costs`).
 
     Its epochs are priced as `_fine_tuning_s` prices them, its `files` (a search trial's, the
-    side-by-side timing's reference among them) at `TrainingData.variant_tail_s` each: the rest
-    is its fixed part, which the next run's `startup_s` prices it with.
+    side-by-side timing's reference among them) at `trial_file_s` each: the rest is its fixed
+    part, which the next run's `startup_s` prices it with.
     """
     if data.costs is None:
         return
     priced = epochs_run * _trainings(cfg) * data.epoch_s * WRAPPED_EPOCH_SHARE
-    record_cost(data.costs, name, wall_s, priced + files * data.variant_tail_s, data.epoch_s)
+    record_cost(data.costs, name, wall_s, priced + files * trial_file_s(data), data.epoch_s)
 
 
 SHORTEST_EPOCHS = 2
@@ -514,10 +514,19 @@ def shortest_run_s(name: str, cfg: TechniqueSection, data: TrainingData,
 
     A searched technique's is its search's first trial, converting and timing `trial_files`
     files (`first_trial_s`; 0: not searched), each priced as a compressed variant
-    (`TrainingData.variant_tail_s`). Its fixed part is `startup_s`.
+    (`trial_file_s`). Its fixed part is `startup_s`.
     """
-    return _shortest_s(cfg, data.epoch_s, data.variant_tail_s, trial_files,
+    return _shortest_s(cfg, data.epoch_s, trial_file_s(data), trial_files,
                        startup_s(name, data.costs, data.epoch_s))
+
+
+def trial_file_s(data: TrainingData) -> float:
+    """What one of a search trial's files costs to convert and time.
+
+    As the baseline's LiteRT files did (`TrainingData.file_s`), else a compressed variant's
+    share of the budget's tail (`TrainingData.variant_tail_s`).
+    """
+    return data.file_s or data.variant_tail_s
 
 
 def first_trial_s(cfg: TechniqueSection, epoch_s: float, file_s: float,

@@ -141,6 +141,10 @@ class TrainingData(_Frozen):
     its shortest run first and its epochs' share of the rest (`techniques.own_deadline`): the
     first technique cannot take the last one's time, and one whose shortest run no longer fits
     behind those before it keeps none (`techniques.fitting`)."""
+    file_s: float = 0.0
+    """What converting and timing one LiteRT file costs, as the baseline's measurements priced
+    it (`flows.measurements.Measurements.file_s`): a search trial's files are priced at it
+    (`techniques.first_trial_s`; 0: at `variant_tail_s`)."""
     variant_tail_s: float = 0.0
     """What the time budget keeps after `deadline` for each planned compressed variant's
     conversion and measurement (0: nothing kept). A technique known never to build its

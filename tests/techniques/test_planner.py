@@ -170,6 +170,9 @@ def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_b
         "back within the budget after an epoch, then 3 cooling down; 2 files and a run-off")
     assert shortest_run_s("channel_prune", channel.cfg, data, trial_files=2) == first_trial_s(
         channel.cfg, 1.0, 4.0)
+    priced = data.model_copy(update={"file_s": 3.0})
+    assert shortest_run_s("channel_prune", channel.cfg, priced, trial_files=2) == first_trial_s(
+        channel.cfg, 1.0, 3.0), "its files as the baseline's LiteRT files cost, where known"
     assert first_trial_s(channel.cfg, 1.0, 4.0, files=1) == first_trial_s(
         channel.cfg, 1.0, 4.0) - 4.0, "one file fewer to convert and time"
     assert shortest_run_s("channel_prune", channel.cfg, data) == 9.0, (
