@@ -152,9 +152,8 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         bench = Measurements(config, budget)
         measured_baseline, budget = bench.baseline_first(baseline, variants, inputs,
                                                          measured.data.costs)
-        compressed = _compressed_variants(
-            bench.config, measured.data.model_copy(update={"file_s": bench.file_s()}),
-            baseline, run_dir, run, inputs, budget, variants)
+        compressed = _compressed_variants(bench, measured.data, baseline, run_dir, run, inputs,
+                                          budget, variants)
         held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs,
                                                             variants), compressed, run_dir,
                                run, budget)
@@ -332,7 +331,7 @@ def _export_bundles(sources: BuildSources, config: PipelineConfig, run_dir: Path
 
 
 def _compressed_variants(
-    config: PipelineConfig, data: TrainingData, baseline: ModelArtifact, run_dir: Path,
+    bench: Measurements, data: TrainingData, baseline: ModelArtifact, run_dir: Path,
     run: tracking.TrackedRun, inputs: BenchmarkInputs, budget: Budget,
     baseline_variants: list[VariantSpec],
 ) -> Compressed:
@@ -344,8 +343,10 @@ def _compressed_variants(
     accuracy, read on images no training chose on, the champion's
     rule (`kept_val_accuracy`), and is timed side by side with the baseline's int8 file
     (`baseline_int8`). If the subflow fails as a whole (e.g. its Dask cluster), every planned
-    compressed variant is marked failed and the baseline variants still go on.
+    compressed variant is marked failed and the baseline variants still go on. `bench` holds
+    the config (its compressed forms narrowed or not) and prices a trial's files.
     """
+    config = bench.config
     budget_points = config.benchmark.accuracy_budget_points
     tuning = data.model_copy(update={"recover_to": recovery_target(baseline, budget_points,
                                                                    selection_examples(data)),
@@ -354,6 +355,7 @@ def _compressed_variants(
                                                                         baseline.name),
                                      "deadline": budget.compression_deadline,
                                      "variant_tail_s": budget.compressed_variant_s,
+                                     "file_s": bench.file_s(),
                                      "epoch_s": epoch_seconds(baseline)})
     compressing = compress_model.with_options(task_runner=task_runner(config.scale))(
         config, baseline, tuning, run_dir, inputs, run.ref, return_state=True)
