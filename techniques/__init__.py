@@ -431,7 +431,7 @@ def learn_cost(name: str, cfg: TechniqueSection, data: TrainingData, epochs_run:
     """
     if data.costs is None:
         return
-    priced = epochs_run * _trainings(cfg) * data.epoch_s * WRAPPED_EPOCH_SHARE
+    priced = _fine_tuning_s(epochs_run * _trainings(cfg), data.epoch_s, startup=0.0)
     record_cost(data.costs, name, wall_s, priced + files * trial_file_s(data), data.epoch_s)
 
 
@@ -452,7 +452,8 @@ def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> Training
     Those whose shortest run no longer fits behind the ones before them (`fitting`) keep no
     time: they would be cut at their start, and the time kept for them would go unused.
     """
-    left = Clock(deadline=data.deadline).left()
+    clock = Clock(deadline=data.deadline)
+    left = clock.left()
     if left is None or not data.queued:
         return data
     (own_s, own_epochs), after = data.queued[0], data.queued[1:]
@@ -461,9 +462,9 @@ def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> Training
     epochs_queued = sum(queued_epochs for _, queued_epochs in kept)
     if epochs_queued <= epochs:
         return data.model_copy(update={"queued": ()})
-    clock = Clock(deadline=data.deadline).share(
-        shortest_s, sum(queued_s for queued_s, _ in kept), epochs / epochs_queued)
-    return data.model_copy(update={"deadline": clock.deadline, "queued": ()})
+    shared = clock.share(shortest_s, sum(queued_s for queued_s, _ in kept),
+                         epochs / epochs_queued)
+    return data.model_copy(update={"deadline": shared.deadline, "queued": ()})
 
 
 def fitting(shortest_s: list[float], left_s: float) -> list[bool]:
