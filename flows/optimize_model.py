@@ -534,23 +534,23 @@ def _summarize(
 
 
 def _with_budget(summary: dict[str, Any], budget: Budget, cuts: list[str],
-                 learned: dict[str, float]) -> dict[str, Any]:
+                 learned: dict[str, dict[str, float]]) -> dict[str, Any]:
     """The summary with the budget: planned, used and what it cut (the measurements' `cuts` too).
 
     Its use is taken here, at the end: the checks since the last run are inside the budget.
-    `learned`: the techniques' fixed parts this run priced from earlier runs (`_learned`).
+    `learned`: the techniques' prices this run took from earlier runs (`_learned`).
     """
     cuts = [*cuts, *budget_cuts(summary["baseline_training"], summary["techniques"],
                                 summary["search"]),
             *confirmation_cuts(summary.get("since_last_run"))]
-    return {**summary, "budget": {**budget.summary(cuts), "learned_startup_s": learned}}
+    return {**summary, "budget": {**budget.summary(cuts), "learned_costs": learned}}
 
 
-def _learned(data: TrainingData, baseline: ModelArtifact) -> dict[str, float]:
-    """The techniques' fixed parts, in seconds, as this run's prices took them from earlier runs.
+def _learned(data: TrainingData, baseline: ModelArtifact) -> dict[str, dict[str, float]]:
+    """Each technique's fixed part in seconds and epoch share as this run priced them.
 
-    Learned on this machine for this model (`tfopt.learned_costs`); a technique not named was
-    priced at `techniques.STARTUP_S`.
+    Learned on this machine for this model (`tfopt.learned_costs`); a technique not named, or a
+    number missing, was priced at `techniques.STARTUP_S` and `techniques.WRAPPED_EPOCH_SHARE`.
     """
     return data.costs.summary(epoch_seconds(baseline)) if data.costs is not None else {}
 

@@ -70,7 +70,7 @@ def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
         log_trial(parent, name, {"technique": technique, **crashed.summary()})
         raise
     timed = time_files(made, inputs, protocol, data.file_target, data.speedup_reference)
-    learn_cost(technique, cfg, data, timed.epochs_run, time.monotonic() - started,
+    learn_cost(technique, cfg, data, timed.model, time.monotonic() - started,
                files=len(timed.files) + (timed.speedup is not None))
     log_trial(parent, name, {"technique": technique, **timed.summary()})
     return timed

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from prefect import Task, task
 from prefect.states import Completed, State
@@ -408,49 +408,73 @@ def contained(name: str) -> Task:
         if not clock.can_start(shortest):
             return skipped_state(Skipped(technique=name, kind="cut", reason=clock.cut(
                 f"{name}'s fine-tuning", shortest)))
-        data, started = own_deadline(data, epochs_of(cfg), shortest), time.monotonic()
+        data = own_deadline(data, full_run_epochs(name, cfg, data), shortest)
+        started = time.monotonic()
         try:
             made = run_native(step, apply_here, name, model, cfg, data, out_dir)
         except NotApplicable as refusal:
             return skipped_state(Skipped(technique=name, kind="not_applicable",
                                          reason=str(refusal)))
-        learn_cost(name, cfg, data, int(made.params.get("epochs_run") or 0),
-                   time.monotonic() - started)
+        learn_cost(name, cfg, data, made, time.monotonic() - started)
         return made
 
     return _in_place_of(technique.apply, run_technique)
 
 
-def learn_cost(name: str, cfg: TechniqueSection, data: TrainingData, epochs_run: int,
-               wall_s: float, files: int = 0) -> None:
-    """Keep what technique `name`'s run of `epochs_run` took beside its price (`learned_costs`).
+def learn_cost(name: str, cfg: TechniqueSection, data: TrainingData,
+               made: ModelArtifact | None, wall_s: float, files: int = 0) -> None:
+    """Keep what technique `name`'s run that `made` a model took (`tfopt.learned_costs`).
 
-    Its epochs are priced as `_fine_tuning_s` prices them, its `files` (a search trial's, the
-    side-by-side timing's reference among them) at `trial_file_s` each: the rest is its fixed
-    part, which the next run's `startup_s` prices it with.
+    Its trainings' own seconds (``fit_seconds``, a distilled student's controls'
+    ``controls_fit_seconds`` with them) over its epochs give its epoch share; its `files` (a
+    search trial's, the side-by-side timing's reference among them; a trial trains its model
+    alone) are priced at `trial_file_s` each; the rest is its fixed part. The next run's
+    `price_of` prices it with both. A run without its trainings' seconds keeps its epochs at
+    the guess (`WRAPPED_EPOCH_SHARE`).
     """
-    if data.costs is None:
+    if data.costs is None or made is None:
         return
-    priced = _fine_tuning_s(epochs_run * _trainings(cfg), data.epoch_s, startup=0.0)
-    record_cost(data.costs, name, wall_s, priced + files * trial_file_s(data), data.epoch_s)
+    epochs = int(made.params.get("epochs_run") or 0) * (1 if files else _trainings(cfg))
+    fit_s = made.metrics.get("fit_seconds")
+    if fit_s is None:
+        trained, share = _fine_tuning_s(epochs, data.epoch_s, RunPrice(startup_s=0.0)), None
+    else:
+        trained = fit_s + made.metrics.get("controls_fit_seconds", 0.0)
+        share = trained / (epochs * data.epoch_s) if epochs and data.epoch_s > 0.0 else None
+    record_cost(data.costs, name, wall_s, trained + files * trial_file_s(data), data.epoch_s,
+                epoch_share=share)
 
 
 SHORTEST_EPOCHS = 2
 """The epochs of a technique's shortest useful run (fewer when its cap is lower)."""
 WRAPPED_EPOCH_SHARE = 2.0
 """How much longer an epoch of a technique's model takes than the baseline's (tfmot's wrappers,
-the distiller's teacher pass), for the estimate of its shortest run."""
+the distiller's teacher pass), until learned on this machine (`price_of`)."""
 STARTUP_S = 5.0
 """A technique's process start, model load and export, beside its epochs, until learned on this
-machine (`startup_s`)."""
+machine (`price_of`)."""
 
 
-def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> TrainingData:
+class RunPrice(NamedTuple):
+    """What a technique's run costs beside and per epoch, at the baseline's pace."""
+
+    startup_s: float = STARTUP_S
+    """Its fixed part: process start, model load, graph, export."""
+    epoch_share: float = WRAPPED_EPOCH_SHARE
+    """One of its epochs in the baseline's epochs (a training of each model it trains)."""
+
+
+GUESSED_PRICE = RunPrice()
+"""A technique's price until this machine has run it for this model."""
+
+
+def own_deadline(data: TrainingData, full_epochs: float, shortest_s: float) -> TrainingData:
     """`data` with this fine-tuning's deadline, from now (coverage before depth).
 
-    Its shortest run, and its `epochs`' share of what the shortest runs of those queued leave.
-    Those whose shortest run no longer fits behind the ones before them (`fitting`) keep no
-    time: they would be cut at their start, and the time kept for them would go unused.
+    Its shortest run, and its full run's share (`full_epochs`, in the baseline's epochs:
+    `full_run_epochs`) of what the shortest runs of those queued leave. Those whose shortest
+    run no longer fits behind the ones before them (`fitting`) keep no time: they would be cut
+    at their start, and the time kept for them would go unused.
     """
     clock = Clock(deadline=data.deadline)
     left = clock.left()
@@ -460,10 +484,10 @@ def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> Training
     kept = [(own_s, own_epochs), *(run for run, fits in zip(
         after, fitting([s for s, _ in after], left - own_s), strict=True) if fits)]
     epochs_queued = sum(queued_epochs for _, queued_epochs in kept)
-    if epochs_queued <= epochs:
+    if epochs_queued <= full_epochs:
         return data.model_copy(update={"queued": ()})
     shared = clock.share(shortest_s, sum(queued_s for queued_s, _ in kept),
-                         epochs / epochs_queued)
+                         full_epochs / epochs_queued)
     return data.model_copy(update={"deadline": shared.deadline, "queued": ()})
 
 
@@ -498,15 +522,28 @@ def _trainings(cfg: TechniqueSection) -> int:
     return max(1, int(getattr(cfg, "trainings", 1)))
 
 
-def startup_s(name: str, costs: LearnedCosts | None, epoch_s: float) -> float:
-    """Technique `name`'s fixed part at the baseline's `epoch_s`: learned here, else STARTUP_S.
+def price_of(name: str, costs: LearnedCosts | None, epoch_s: float) -> RunPrice:
+    """Technique `name`'s price at the baseline's `epoch_s`: learned here, else the guesses.
 
-    Its process's start, model load, graph and export, beside its epochs: a technique whose
-    graph takes long to build (CQAT's) is priced as it ran in this config's earlier runs on this
-    machine (`tfopt.learned_costs`).
+    Its fixed part (process start, model load, graph, export) and its epochs' share: a technique
+    whose graph takes long to build (CQAT's) or whose model is thinner than the baseline (a
+    distilled student, a pruned trial) is priced as it ran in this config's earlier runs on this
+    machine (`tfopt.learned_costs`); what was not learned is `STARTUP_S`, `WRAPPED_EPOCH_SHARE`.
     """
-    learned = costs.startup_s(name, epoch_s) if costs is not None else None
-    return STARTUP_S if learned is None else learned
+    if costs is None:
+        return GUESSED_PRICE
+    startup, share = costs.startup_s(name, epoch_s), costs.epoch_share(name)
+    return RunPrice(STARTUP_S if startup is None else startup,
+                    WRAPPED_EPOCH_SHARE if share is None else share)
+
+
+def full_run_epochs(name: str, cfg: TechniqueSection, data: TrainingData) -> float:
+    """Technique `name`'s epochs to its cap in the baseline's epochs (at its `price_of`).
+
+    What its share of a queue's time is weighed by (`own_deadline`): a thinner student's
+    epochs cost less than a QAT model's.
+    """
+    return epochs_of(cfg) * price_of(name, data.costs, data.epoch_s).epoch_share
 
 
 def shortest_run_s(name: str, cfg: TechniqueSection, data: TrainingData,
@@ -515,10 +552,10 @@ def shortest_run_s(name: str, cfg: TechniqueSection, data: TrainingData,
 
     A searched technique's is its search's first trial, converting and timing `trial_files`
     files (`first_trial_s`; 0: not searched), each priced as a compressed variant
-    (`trial_file_s`). Its fixed part is `startup_s`.
+    (`trial_file_s`). It is priced by `price_of`.
     """
     return _shortest_s(cfg, data.epoch_s, trial_file_s(data), trial_files,
-                       startup_s(name, data.costs, data.epoch_s))
+                       price_of(name, data.costs, data.epoch_s))
 
 
 def trial_file_s(data: TrainingData) -> float:
@@ -531,19 +568,20 @@ def trial_file_s(data: TrainingData) -> float:
 
 
 def first_trial_s(cfg: TechniqueSection, epoch_s: float, file_s: float,
-                  files: int = len(TRIAL_FORMS), startup: float = STARTUP_S) -> float:
+                  files: int = len(TRIAL_FORMS), price: RunPrice = GUESSED_PRICE) -> float:
     """What a search's first trial takes at the baseline's pace (0: unknown).
 
     A trial's fine-tuning has no share of the time to end on (cut short, it would misjudge its
     strength): it ends once back within the budget and settled, or cooled down
-    (`after_recovery_epochs`). Its `files` (`trial_forms`) are then converted and measured,
-    and timed side by side with the baseline's int8 file: each of those costs about what a
-    compressed variant's conversion and measurement does (`file_s`). `startup`: its fixed part.
+    (`after_recovery_epochs`); it trains its model alone (a distilled student's controls are
+    trained once, for the setting chosen). Its `files` (`trial_forms`) are then converted and
+    measured, and timed side by side with the baseline's int8 file: each of those costs about
+    what a compressed variant's conversion and measurement does (`file_s`).
     """
     if epoch_s <= 0.0:
         return 0.0
-    epochs = min(_cap(cfg), 1 + after_recovery_epochs(cfg)) * _trainings(cfg)
-    return _fine_tuning_s(epochs, epoch_s, startup) + (files + 1) * file_s
+    epochs = min(_cap(cfg), 1 + after_recovery_epochs(cfg))
+    return _fine_tuning_s(epochs, epoch_s, price) + (files + 1) * file_s
 
 
 def after_recovery_epochs(cfg: TechniqueSection) -> int:
@@ -557,18 +595,18 @@ def after_recovery_epochs(cfg: TechniqueSection) -> int:
 
 
 def _shortest_s(cfg: TechniqueSection, epoch_s: float, file_s: float = 0.0,
-                trial_files: int = 0, startup: float = STARTUP_S) -> float:
+                trial_files: int = 0, price: RunPrice = GUESSED_PRICE) -> float:
     """`shortest_run_s` at `epoch_s`, a searched technique's (`trial_files`) its first trial's."""
     if trial_files:
-        return first_trial_s(cfg, epoch_s, file_s, trial_files, startup)
+        return first_trial_s(cfg, epoch_s, file_s, trial_files, price)
     if epoch_s <= 0.0:
         return 0.0
-    return _fine_tuning_s(min(SHORTEST_EPOCHS, _cap(cfg)) * _trainings(cfg), epoch_s, startup)
+    return _fine_tuning_s(min(SHORTEST_EPOCHS, _cap(cfg)) * _trainings(cfg), epoch_s, price)
 
 
-def _fine_tuning_s(epochs: int, epoch_s: float, startup: float = STARTUP_S) -> float:
-    """A fine-tuning of `epochs` at twice the baseline's `epoch_s`, its fixed part beside."""
-    return startup + epochs * epoch_s * WRAPPED_EPOCH_SHARE
+def _fine_tuning_s(epochs: int, epoch_s: float, price: RunPrice = GUESSED_PRICE) -> float:
+    """A fine-tuning of `epochs` at the baseline's `epoch_s`, at `price`."""
+    return price.startup_s + epochs * epoch_s * price.epoch_share
 
 
 def after_skipped(name: str, start: Skipped) -> Skipped:
@@ -632,10 +670,10 @@ def full_runs_s(plans: list[Planned], epoch_s: float, costs: LearnedCosts | None
     """What every planned technique's fine-tuning to its epoch cap takes at the baseline's pace.
 
     A searched technique counts one trial; `epoch_s` is the baseline's epoch (0: unknown);
-    each one's fixed part is `startup_s`.
+    each one is priced by `price_of`.
     """
     return sum(_fine_tuning_s(epochs_of(planned.cfg), epoch_s,
-                              startup_s(planned.technique.name, costs, epoch_s))
+                              price_of(planned.technique.name, costs, epoch_s))
                for planned in plans if planned.refusal is None)
 
 
@@ -647,11 +685,11 @@ def shortest_runs_s(plans: list[Planned], epoch_s: float, workers: int = 1,
     The compression's least useful time: the planner cuts a technique whose shortest run does
     not fit (`techniques.planner`). `epoch_s` is the baseline's epoch (0: unknown, 0 s); a
     searched technique's is its first trial, its `trial_files` priced at `file_s` each
-    (`first_trial_s`); each one's fixed part is `startup_s`.
+    (`first_trial_s`); each one is priced by `price_of`.
     """
     return sum(_shortest_s(planned.cfg, epoch_s, file_s,
                            trial_files if planned.technique.searched(planned.cfg) else 0,
-                           startup_s(planned.technique.name, costs, epoch_s))
+                           price_of(planned.technique.name, costs, epoch_s))
                for planned in plans if planned.refusal is None) / max(1, workers)
 
 

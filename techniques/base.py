@@ -62,7 +62,9 @@ def derived_model(
     Its training's curves become its history; the epoch it kept, the epochs it ran, whether it
     recovered (came back within the budget: `tfopt.models.training.recovery`) and the reader
     settings it trained with join `params` (``epochs_run`` and ``recovered`` the metrics too,
-    and the batch-norm re-estimation's figures at the kept epoch, `kept_epoch_figures`);
+    the training's seconds ``fit_seconds``, which price the technique's next run on this machine
+    (`techniques.learn_cost`), and the batch-norm re-estimation's figures at the kept epoch,
+    `kept_epoch_figures`);
     a Keras 3 model's translation (`tfmot_model`) and its check join the params and metrics.
     """
     from tfopt.models.batch_norm import kept_epoch_figures
@@ -81,6 +83,7 @@ def derived_model(
                    if fitted.stop else {}),
                 **fitted.reader},
         metrics={**metrics, **{key: float(value) for key, value in ran.items()},
+                 "fit_seconds": round(fitted.seconds, 3),
                  **kept_epoch_figures(fitted.curves, fitted.best_epoch)},
         history=fitted.curves,
     ))

@@ -432,6 +432,8 @@ class Accuracies(NamedTuple):
 
     val: float
     test: float
+    seconds: float = 0.0
+    """Its training's seconds (a control's: they price distillation's next run here)."""
 
 
 def against_controls(students: Students, distilled: Accuracies, cfg: DistillConfig,
@@ -463,7 +465,8 @@ def against_controls(students: Students, distilled: Accuracies, cfg: DistillConf
                             f"({val_gain:+.2f} points)")
     judged = {"scratch_test_accuracy": accuracies["scratch"].test,
               "scratch_val_accuracy": accuracies["scratch"].val,
-              "distillation_gain_points": gain, "distillation_val_gain_points": val_gain}
+              "distillation_gain_points": gain, "distillation_val_gain_points": val_gain,
+              "controls_fit_seconds": round(sum(a.seconds for a in accuracies.values()), 3)}
     if "same_start" in accuracies:
         judged |= {"same_start_test_accuracy": accuracies["same_start"].test,
                    "teacher_outputs_gain_points":
@@ -487,9 +490,9 @@ def student_share(data: TrainingData, students: Students) -> TrainingData:
 def _trained_on_labels(student: keras.Model, cfg: DistillConfig, data: TrainingData,
                        epochs: int) -> Accuracies:
     """A control: `student` trained on labels alone for `epochs`; its accuracies."""
-    fit(student, data, epochs=epochs, learning_rate=students_learning_rate(cfg, data))
+    fitted = fit(student, data, epochs=epochs, learning_rate=students_learning_rate(cfg, data))
     return Accuracies(evaluate_split_accuracy(student, data, "val"),
-                      evaluate_test_accuracy(student, data))
+                      evaluate_test_accuracy(student, data), fitted.seconds)
 
 
 TECHNIQUE = Technique(

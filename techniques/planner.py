@@ -27,6 +27,7 @@ from prefect.states import Completed, State
 
 from techniques import (
     STARTUP_S,
+    WRAPPED_EPOCH_SHARE,
     Planned,
     after_skipped,
     compression_workers,
@@ -35,6 +36,7 @@ from techniques import (
     epochs_of,
     finishing,
     fitting,
+    full_run_epochs,
     open_search,
     shortest_run_s,
     skipped_state,
@@ -196,12 +198,17 @@ class Planner:
     def _learned_line(self, ordered: list[Planned]) -> str:
         """The techniques priced by this machine's earlier runs (`tfopt.learned_costs`), if any."""
         costs, epoch_s = self.data.costs, self.data.epoch_s
-        learned = [(p.technique.name, costs.startup_s(p.technique.name, epoch_s))
-                   for p in ordered] if costs is not None else []
-        said = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in learned
-                         if seconds is not None)
-        return (f"; fixed parts as this machine's earlier runs took them: {said} (else "
-                f"{STARTUP_S:.0f} s)") if said else ""
+        if costs is None:
+            return ""
+        said = []
+        for name in (p.technique.name for p in ordered):
+            startup, share = costs.startup_s(name, epoch_s), costs.epoch_share(name)
+            if startup is not None:
+                said.append(f"{name} {startup:.0f} s" + (
+                    f" + epochs at {share:.2g}x" if share is not None else ""))
+        return (f"; priced as this machine's earlier runs took them: {', '.join(said)} (else "
+                f"{STARTUP_S:.0f} s + epochs at {WRAPPED_EPOCH_SHARE:.0f}x the baseline's)"
+                ) if said else ""
 
     def run(self, plans: list[Planned]) -> dict[str, Any]:
         """Each technique's outcome (a final state, or a future): every technique before depth."""
@@ -317,7 +324,8 @@ class Planner:
         """The training data of the first of `queued` fine-tunings: what the queue shares."""
         return self.data.model_copy(update={
             "queued": tuple((shortest_run_s(p.technique.name, p.cfg, self.data) / self.workers,
-                             epochs_of(p.cfg) / self.workers) for p in queued)})
+                             full_run_epochs(p.technique.name, p.cfg, self.data) / self.workers)
+                            for p in queued)})
 
     def _first_round(self, planned: Planned, start: ModelArtifact,
                      reserved_s: float = 0.0) -> None:

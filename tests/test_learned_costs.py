@@ -1,5 +1,6 @@
 """A technique's fixed cost, learned on this machine for this model, prices its next run."""
 
+import json
 import re
 import time
 
@@ -29,6 +30,24 @@ def test_the_median_of_a_techniques_last_runs_prices_it_per_machine_and_model(tm
     assert record_cost(elsewhere, "qat", 9.0, 5.0, 2.0) is None, "not writable: not recorded"
 
 
+def test_a_techniques_epoch_share_is_learned_beside_its_fixed_part(tmp_path):
+    costs = load_costs(tmp_path, "cpu-a model-1")
+    assert costs.epoch_share("distill") is None, "a first run"
+    for share in (0.4, 3.0, 0.6, 0.5):
+        record_cost(costs, "distill", 20.0, priced_s=10.0, epoch_s=2.0, epoch_share=share)
+    record_cost(costs, "distill", 20.0, priced_s=10.0, epoch_s=2.0)
+    learned = load_costs(tmp_path, "cpu-a model-1")
+    assert learned.epoch_share("distill") == 0.55, "of the last three runs, those that measured it"
+    assert learned.startup_s("distill", 2.0) == 10.0
+    assert learned.summary(2.0) == {"distill": {"startup_s": 10.0, "epoch_share": 0.55}}
+    (tmp_path / COSTS_FILE).write_text(json.dumps({"cpu-a model-1": {
+        "qat": [4.0, {"fixed": 6.0, "share": 1.5}, "nonsense", {"share": 9.0}],
+        "prune": "nonsense"}}))
+    older = load_costs(tmp_path, "cpu-a model-1")
+    assert older.startup_epochs == {"qat": 5.0}, "a bare number: a fixed part kept before shares"
+    assert older.epoch_shares == {"qat": 1.5}, "what cannot be read is left out"
+
+
 def test_the_costs_key_names_the_machine_and_changes_with_the_model():
     from tfopt.models.config import ModelConfig
     from tfopt.provenance import cpu_model
@@ -41,7 +60,7 @@ def test_the_costs_key_names_the_machine_and_changes_with_the_model():
 def test_a_techniques_run_is_recorded_and_prices_its_next_start(tiny_baseline, tiny_data,
                                                                 tmp_path):
     from flows.parameters import PipelineConfig
-    from techniques import STARTUP_S, contained, plan, shortest_run_s
+    from techniques import STARTUP_S, WRAPPED_EPOCH_SHARE, contained, plan, shortest_run_s
     from tfopt.budget import CUT_BY_BUDGET
 
     config = PipelineConfig.model_validate({"name": "learned", "compress": {
@@ -54,12 +73,14 @@ def test_a_techniques_run_is_recorded_and_prices_its_next_start(tiny_baseline, t
     wall = time.monotonic() - started
     assert made.params["epochs_run"] == 1
     learned = load_costs(tmp_path / "work", "this machine, this model")
-    fixed = learned.startup_s("qat", data.epoch_s)
-    assert fixed is not None and 0.0 < fixed < wall, "what its run took beside its epoch"
+    fixed, share = learned.startup_s("qat", data.epoch_s), learned.epoch_share("qat")
+    fit_s = made.metrics["fit_seconds"]
+    assert fixed is not None and 0.0 < fixed < wall - fit_s, "what its run took beside its epoch"
+    assert share == round(fit_s / data.epoch_s, 3), "its epoch's seconds over the baseline's"
     priced = data.model_copy(update={"costs": learned})
-    assert shortest_run_s("qat", qat.cfg, priced) == fixed + 1 * 0.5 * 2.0
+    assert shortest_run_s("qat", qat.cfg, priced) == fixed + 1 * 0.5 * share
     assert shortest_run_s("qat", qat.cfg, data.model_copy(update={"costs": None})) == (
-        STARTUP_S + 1.0), "not learned: the guess"
+        STARTUP_S + 1 * 0.5 * WRAPPED_EPOCH_SHARE), "not learned: the guesses"
 
     record_cost(learned, "qat", 60.0, priced_s=0.0, epoch_s=0.5)
     record_cost(learned, "qat", 60.0, priced_s=0.0, epoch_s=0.5)
@@ -67,8 +88,8 @@ def test_a_techniques_run_is_recorded_and_prices_its_next_start(tiny_baseline, t
     short = data.model_copy(update={"costs": slow, "deadline": time.time() + 30.0})
     state = contained("qat").fn(tiny_baseline, qat.cfg, short, tmp_path / "cut")
     assert state.name == "Skipped", "60 s in its last runs: not started with 30 s left"
-    assert re.search(rf"{CUT_BY_BUDGET}: .* less than its shortest run \(61.0 s\)",
-                     state.result().line())
+    assert re.search(rf"{CUT_BY_BUDGET}: .* less than its shortest run "
+                     rf"\({60.0 + 1 * 0.5 * share:.1f} s\)", state.result().line())
 
 
 def test_the_plan_line_says_which_techniques_are_priced_by_earlier_runs(tiny_baseline,
@@ -89,5 +110,12 @@ def test_the_plan_line_says_which_techniques_are_priced_by_earlier_runs(tiny_bas
         plan(config, tiny_baseline))
     assert "shortest runs first (43 s together) for prune, then" in line, (
         "prune 5 + 4 s, qat 30 + 4 s: qat last, the longest")
-    assert line.endswith("; cut unless those before end sooner: qat; fixed parts as this "
-                         "machine's earlier runs took them: qat 30 s (else 5 s)")
+    assert line.endswith("; cut unless those before end sooner: qat; priced as this machine's "
+                         "earlier runs took them: qat 30 s (else 5 s + epochs at 2x the "
+                         "baseline's)")
+    record_cost(costs, "prune", 11.0, priced_s=1.0, epoch_s=1.0, epoch_share=0.5)
+    learned = data.model_copy(update={"costs": load_costs(tmp_path, "here")})
+    line = Planner(config, tiny_baseline, learned, tmp_path, None, None, run_trial).plan_line(
+        plan(config, tiny_baseline))
+    assert "(45 s together) for prune, then" in line, "prune 10 + 2 x 1 x 0.5 s, qat 30 + 4 s"
+    assert "prune 10 s + epochs at 0.5x, qat 30 s (else" in line

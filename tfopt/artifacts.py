@@ -80,11 +80,11 @@ class TrialRef(_Frozen):
 
 
 class LearnedCosts(_Frozen):
-    """What each technique's runs took beside their priced epochs, on this machine and model.
+    """What each technique's runs took, on this machine and model: epochs and fixed part.
 
     Kept in the work folder across runs (`tfopt.learned_costs`): the time budget prices a
-    technique's fixed part (its process's start, its graph, its export) with it, where a first
-    run can only guess (`techniques.STARTUP_S`).
+    technique's epochs and its fixed part (its process's start, its graph, its export) with it,
+    where a first run can only guess (`techniques.WRAPPED_EPOCH_SHARE`, `techniques.STARTUP_S`).
     """
 
     path: Path
@@ -93,15 +93,23 @@ class LearnedCosts(_Frozen):
     """This machine's CPU and cores, and the model (`tfopt.learned_costs.costs_key`)."""
     startup_epochs: dict[str, float] = Field(default_factory=dict)
     """Technique -> the median fixed part of its last runs here, in the baseline's epochs."""
+    epoch_shares: dict[str, float] = Field(default_factory=dict)
+    """Technique -> the median of its last runs' seconds per epoch over the baseline's."""
+
+    def epoch_share(self, technique: str) -> float | None:
+        """How many of the baseline's epochs one of `technique`'s costs (None: not learned)."""
+        return self.epoch_shares.get(technique)
 
     def startup_s(self, technique: str, epoch_s: float) -> float | None:
         """`technique`'s fixed part at the baseline's `epoch_s` (None: not learned yet)."""
         epochs = self.startup_epochs.get(technique)
         return None if epochs is None or epoch_s <= 0.0 else epochs * epoch_s
 
-    def summary(self, epoch_s: float) -> dict[str, float]:
-        """Each learned technique's fixed part in seconds at `epoch_s` (the summary's)."""
-        return {technique: round(epochs * epoch_s, 1)
+    def summary(self, epoch_s: float) -> dict[str, dict[str, float]]:
+        """Each learned technique's fixed part in seconds at `epoch_s` and its epoch share."""
+        return {technique: {"startup_s": round(epochs * epoch_s, 1),
+                            **({"epoch_share": self.epoch_shares[technique]}
+                               if technique in self.epoch_shares else {})}
                 for technique, epochs in sorted(self.startup_epochs.items()) if epoch_s > 0.0}
 
 
@@ -137,10 +145,11 @@ class TrainingData(_Frozen):
     `tfopt.budget`); None: no limit."""
     queued: tuple[tuple[float, float], ...] = ()
     """The fine-tunings still to run one after another before `deadline`, this one first, each
-    as (its shortest run's seconds, its epochs), per worker (empty: this one alone). Each gets
-    its shortest run first and its epochs' share of the rest (`techniques.own_deadline`): the
-    first technique cannot take the last one's time, and one whose shortest run no longer fits
-    behind those before it keeps none (`techniques.fitting`)."""
+    as (its shortest run's seconds, its epochs in the baseline's: `techniques.full_run_epochs`),
+    per worker (empty: this one alone). Each gets its shortest run first and its epochs' share
+    of the rest (`techniques.own_deadline`): the first technique cannot take the last one's
+    time, and one whose shortest run no longer fits behind those before it keeps none
+    (`techniques.fitting`)."""
     file_s: float = 0.0
     """What converting and timing one LiteRT file costs, as the baseline's measurements priced
     it (`flows.measurements.Measurements.file_s`): a search trial's files are priced at it

@@ -1,13 +1,16 @@
-"""What each technique's run took beside its priced epochs, learned on this machine for a model.
+"""What each technique's run took, learned on this machine for a model: two numbers per technique.
 
-The time budget prices a technique's run as its epochs at twice the baseline's pace plus a fixed
-part (`techniques.STARTUP_S`: its process's start, the model's load, its export). For some
-techniques the fixed part is many times that guess: CQAT builds a graph that took 40 s on a slow
-CPU where 10 s were priced, and a technique run past its price takes the time of those after it
-(docs/measurements.md). A first run can only guess; a scheduled deployment runs the same config
-on the same machine again and again. Each run's measured fixed part, in the baseline's epochs
-(so that a busier machine scales it as it scales the epochs), is kept in the work folder per CPU,
-cores and model; the next run prices each technique with the median of its last `KEPT` runs.
+The time budget prices a technique's run as its epochs at a multiple of the baseline's pace
+(`techniques.WRAPPED_EPOCH_SHARE`, 2: tfmot's wrappers, a teacher's pass) plus a fixed part
+(`techniques.STARTUP_S`: its process's start, the model's load, its export). Both guesses are
+wrong by several times for some techniques: CQAT builds a graph that took 40 s on a slow CPU
+where 10 s were priced, a thinner student's epochs cost less than the baseline's, and a technique
+run past its price takes the time of those after it (docs/measurements.md). A first run can only
+guess; a scheduled deployment runs the same config on the same machine again and again. Each
+run's epoch share (its trainings' seconds per epoch over the baseline's) and fixed part (the rest
+of its wall time, in the baseline's epochs, so that a busier machine scales it as it scales the
+epochs) are kept in the work folder per CPU, cores and model; the next run prices each technique
+with the medians of its last `KEPT` runs.
 """
 
 from __future__ import annotations
@@ -47,14 +50,22 @@ def costs_key(model: Any, image_size: int) -> str:
 def load_costs(work_dir: Path, key: str) -> LearnedCosts:
     """The fixed costs learned under `key` in `work_dir` (none for a first run or a bad file)."""
     path = work_dir / COSTS_FILE
-    runs = _read(path).get(key, {})
+    runs = {technique: [entry for run in kept if (entry := _entry(run)) is not None]
+            for technique, kept in _read(path).get(key, {}).items() if isinstance(kept, list)}
     return LearnedCosts(path=path, key=key, startup_epochs={
-        technique: statistics.median(kept) for technique, kept in runs.items() if kept})
+        technique: statistics.median(run["fixed"] for run in kept)
+        for technique, kept in runs.items() if kept
+    }, epoch_shares={
+        technique: statistics.median(shares) for technique, kept in runs.items()
+        if (shares := [run["share"] for run in kept if "share" in run])})
 
 
 def record_cost(costs: LearnedCosts, technique: str, wall_s: float, priced_s: float,
-                epoch_s: float) -> float | None:
+                epoch_s: float, epoch_share: float | None = None) -> float | None:
     """Keep what `technique`'s run took beside `priced_s` (its epochs, its files as priced).
+
+    `epoch_share`: its trainings' seconds per epoch over the baseline's `epoch_s`, as measured
+    (None: not measured; its epochs then stay priced at the guess).
 
     Returns the fixed part recorded, in seconds (None: not recorded: no baseline pace, or the
     work folder not writable; a technique never fails on its bookkeeping).
@@ -62,11 +73,14 @@ def record_cost(costs: LearnedCosts, technique: str, wall_s: float, priced_s: fl
     if epoch_s <= 0.0 or wall_s <= 0.0:
         return None
     fixed_s = max(0.0, wall_s - priced_s)
+    run = {"fixed": round(fixed_s / epoch_s, 3)}
+    if epoch_share is not None and epoch_share > 0.0:
+        run["share"] = round(epoch_share, 3)
     try:
         with file_lock(costs.path.with_name(f".{costs.path.name}.lock")):
             book = _read(costs.path)
             kept = book.setdefault(costs.key, {}).setdefault(technique, [])
-            kept[:] = [*kept, round(fixed_s / epoch_s, 3)][-KEPT:]
+            kept[:] = [*kept, run][-KEPT:]
             atomic_write_json(costs.path, book)
     except OSError as error:
         log.warning("%s's cost was not recorded in %s: %s", technique, costs.path, error)
@@ -74,7 +88,17 @@ def record_cost(costs: LearnedCosts, technique: str, wall_s: float, priced_s: fl
     return fixed_s
 
 
-def _read(path: Path) -> dict[str, dict[str, list[float]]]:
+def _entry(run: Any) -> dict[str, float] | None:
+    """One recorded run (None: unreadable); a bare number is a fixed part recorded alone."""
+    if isinstance(run, int | float):
+        return {"fixed": float(run)}
+    if not isinstance(run, dict) or not isinstance(run.get("fixed"), int | float):
+        return None
+    return {name: float(run[name]) for name in ("fixed", "share")
+            if isinstance(run.get(name), int | float)}
+
+
+def _read(path: Path) -> dict[str, dict[str, list[Any]]]:
     """The costs file's contents; a missing or unreadable one is empty (it is only a guess)."""
     try:
         book = json.loads(path.read_text())
