@@ -40,7 +40,7 @@ from tfopt.measurement.floor import floor_key
 from tfopt.models.baseline import epoch_seconds
 from tfopt.native import release_workers
 from tfopt.orchestration import StepProgress
-from tfopt.runtimes import runtime_of
+from tfopt.runtimes import int8_only, runtime_of
 from tfopt.search import baseline_int8
 from tfopt.variants import breadth_first, skipped
 
@@ -154,8 +154,7 @@ class Measurements:
     def _narrowed(self, baseline: ModelArtifact, plans: list[Planned],
                   shortest_s: float) -> list[Planned]:
         """The compressed models planned as their int8 TFLite files alone, said as a cut."""
-        narrowed = self.config.model_copy(update={"compress": self.config.compress.model_copy(
-            update={"forms": "tflite_int8"})})
+        narrowed = int8_only(self.config)
         narrow_plans = plan(narrowed, baseline)
         before, after = len(compressed_formats(plans)), len(compressed_formats(narrow_plans))
         if after >= before:

@@ -95,7 +95,14 @@ from tfopt.provenance import environment, mlflow_tracking_uri
 from tfopt.report.compare import compare, settle, to_confirm
 from tfopt.report.markdown import run_description
 from tfopt.report.summary import baseline_training, build_summary, champion_card
-from tfopt.runtimes import plan_forms, plan_variant, registry, runtime_of, settings_of
+from tfopt.runtimes import (
+    int8_only,
+    plan_forms,
+    plan_variant,
+    registry,
+    runtime_of,
+    settings_of,
+)
 from tfopt.runtimes.base import BuildSources, PlanRequest
 from tfopt.scaling import task_runner
 from tfopt.search import baseline_int8
@@ -143,7 +150,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         get_run_logger().info("MLflow run: %s", run.url)
         run_dir = work_dir / "runs" / f"{config.name}-{run.run_id[:12]}"
         crashes = contain_native_steps(run_dir)
-        budget = Budget.planned(config.budget.minutes, planned_counts(config), config.benchmark)
+        budget = _planned_budget(config)
         measured = _prepare_data(config, work_dir, run_dir, run, budget)
         baseline, savedmodel = _baseline(config, measured.data, work_dir, run_dir, run, budget)
         inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
@@ -544,6 +551,16 @@ def _with_budget(summary: dict[str, Any], budget: Budget, cuts: list[str],
                                 summary["search"]),
             *confirmation_cuts(summary.get("since_last_run"))]
     return {**summary, "budget": {**budget.summary(cuts), "learned_costs": learned}}
+
+
+def _planned_budget(config: PipelineConfig) -> Budget:
+    """The run's budget as planned at its start, from the variants its config plans.
+
+    The baseline's training is priced as if the compressed models were narrowed to their int8
+    files (`Budget.least_compressed_variants`).
+    """
+    return Budget.planned(config.budget.minutes, planned_counts(config), config.benchmark,
+                          least_compressed=planned_counts(int8_only(config))[1])
 
 
 def _learned(data: TrainingData, baseline: ModelArtifact) -> dict[str, dict[str, float]]:

@@ -184,3 +184,18 @@ def test_fewer_compressed_variants_planned_shrink_the_finish_that_packages_them(
     assert narrowed.with_packaged(15).finish_s == pytest.approx(FINISH_S + 0.2 * 21.0 * 15)
     assert narrowed.with_packaged(15).with_packaged(20).finish_s == pytest.approx(
         FINISH_S + 0.2 * 21.0 * 20), "priced again, not compounded"
+
+
+def test_the_baselines_training_is_not_cut_for_forms_the_run_would_narrow_away():
+    """The demo's plan on a slow CPU: 19 compressed forms priced whole left the baseline 40 s."""
+    planned = Budget.planned(5.0, (16, 19), PROTOCOL)
+    narrowable = Budget.planned(5.0, (16, 19), PROTOCOL, least_compressed=7)
+    assert narrowable.started + 60.0 < narrowable.baseline_deadline, "its share with int8 alone"
+    assert planned.baseline_deadline - planned.started < narrowable.baseline_deadline - (
+        narrowable.started) - 20.0
+    assert narrowable.compression_deadline - narrowable.started == pytest.approx(
+        planned.compression_deadline - planned.started, abs=0.01), "the rest as planned"
+    few, fewer = (Budget.planned(5.0, (16, 5), PROTOCOL, least_compressed=least)
+                  for least in (7, None))
+    assert few.baseline_deadline - few.started == pytest.approx(
+        fewer.baseline_deadline - fewer.started, abs=0.01), "never more variants than planned"

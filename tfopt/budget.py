@@ -129,6 +129,10 @@ class Budget(BaseModel):
     minutes: float | None
     baseline_variants: int = 0
     compressed_variants: int = 0
+    least_compressed_variants: int | None = None
+    """The compressed variants if each model keeps its int8 TFLite file alone: what the run
+    narrows to when the time runs short (`flows.measurements`), so the baseline's training,
+    which every verdict rests on, is not cut for forms that would be (None: as planned)."""
     build_s: float = BUILD_S
     measure_s: float = MEASURE_S + MIN_TIMING_S
     timing_s: float = MIN_TIMING_S
@@ -146,15 +150,18 @@ class Budget(BaseModel):
 
     @classmethod
     def planned(cls, minutes: float | None, counts: tuple[int, int],
-                protocol: MeasurementProtocol) -> Budget:
+                protocol: MeasurementProtocol, least_compressed: int | None = None) -> Budget:
         """The budget of a run planning `counts` (baseline, compressed) variants.
 
         Each measurement is expected to take `MEASURE_S` beside its timing (at least
         ``min_seconds``) and its load scenarios (a few LoadGen runs each).
+        `least_compressed`: the compressed variants the run may narrow to
+        (`least_compressed_variants`).
         """
         timing = max(MIN_TIMING_S, min(protocol.min_seconds, protocol.max_seconds))
         scenarios = 4.0 * protocol.scenario_seconds * (len(protocol.scenarios) - 1)
         return cls(minutes=minutes, baseline_variants=counts[0], compressed_variants=counts[1],
+                   least_compressed_variants=least_compressed,
                    measure_s=MEASURE_S + timing + scenarios, timing_s=timing)
 
     def planned_measurement_s(self, tensorflow: bool) -> float:
@@ -245,8 +252,12 @@ class Budget(BaseModel):
         """What the conversions and measurements need after the compression."""
         if self.measured_tail_s is not None:
             return self.measured_tail_s
-        variants = self.baseline_variants + self.compressed_variants
-        return (self.compressed_variants * self.build_s + variants * self.measure_s
+        return self._planned_tail(self.compressed_variants)
+
+    def _planned_tail(self, compressed: int) -> float:
+        """`_tail` before the baseline's measurements, with `compressed` compressed variants."""
+        variants = self.baseline_variants + compressed
+        return (compressed * self.build_s + variants * self.measure_s
                 + self.tensorflow_variants * self.tensorflow_measure_s + self.finish_s)
 
     @property
@@ -260,10 +271,18 @@ class Budget(BaseModel):
 
     @property
     def baseline_deadline(self) -> float | None:
-        """When the baseline's training must end."""
+        """When the baseline's training must end.
+
+        Its share of the work before the conversions, with the compressed models priced as
+        the int8 files alone they are narrowed to when time runs short
+        (`least_compressed_variants`): the forms cut first do not cut the baseline's training.
+        """
         if self.minutes is None:
             return None
-        work = self._seconds - self._tail - self.baseline_variants * self.build_s
+        least = self.compressed_variants if self.least_compressed_variants is None else min(
+            self.compressed_variants, self.least_compressed_variants)
+        tail = self._tail if self.measured_tail_s is not None else self._planned_tail(least)
+        work = self._seconds - tail - self.baseline_variants * self.build_s
         return self.started + BASELINE_SHARE * max(LEAST_WORK_SHARE * self._seconds, work)
 
     @property

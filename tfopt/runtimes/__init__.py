@@ -194,6 +194,12 @@ def compressed_forms(config: Any) -> dict[str, tuple[str, ...]]:
             if precisions}
 
 
+def int8_only(config: Any) -> Any:
+    """`config` with each compressed model narrowed to its int8 TFLite file (`narrowed_to_int8`)."""
+    return config.model_copy(update={"compress": config.compress.model_copy(
+        update={"forms": "tflite_int8"})})
+
+
 def narrowed_to_int8(config: Any) -> bool:
     """Whether the compressed models are narrowed to their int8 TFLite files.
 
