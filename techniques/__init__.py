@@ -408,8 +408,7 @@ def contained(name: str) -> Task:
         if not clock.can_start(shortest):
             return skipped_state(Skipped(technique=name, kind="cut", reason=clock.cut(
                 f"{name}'s fine-tuning", shortest)))
-        data = own_deadline(data, full_run_epochs(name, cfg, data), shortest)
-        started = time.monotonic()
+        data, started = own_deadline(data, epochs_of(cfg), shortest), time.monotonic()
         try:
             made = run_native(step, apply_here, name, model, cfg, data, out_dir)
         except NotApplicable as refusal:
@@ -468,13 +467,14 @@ GUESSED_PRICE = RunPrice()
 """A technique's price until this machine has run it for this model."""
 
 
-def own_deadline(data: TrainingData, full_epochs: float, shortest_s: float) -> TrainingData:
+def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> TrainingData:
     """`data` with this fine-tuning's deadline, from now (coverage before depth).
 
-    Its shortest run, and its full run's share (`full_epochs`, in the baseline's epochs:
-    `full_run_epochs`) of what the shortest runs of those queued leave. Those whose shortest
-    run no longer fits behind the ones before them (`fitting`) keep no time: they would be cut
-    at their start, and the time kept for them would go unused.
+    Its shortest run, and its `epochs`' share of what the shortest runs of those queued leave:
+    by their count, not their price, so a technique whose epochs cost less (a distilled
+    student's) reaches further into its cap (docs/measurements.md, session 12). Those whose
+    shortest run no longer fits behind the ones before them (`fitting`) keep no time: they
+    would be cut at their start, and the time kept for them would go unused.
     """
     clock = Clock(deadline=data.deadline)
     left = clock.left()
@@ -484,10 +484,10 @@ def own_deadline(data: TrainingData, full_epochs: float, shortest_s: float) -> T
     kept = [(own_s, own_epochs), *(run for run, fits in zip(
         after, fitting([s for s, _ in after], left - own_s), strict=True) if fits)]
     epochs_queued = sum(queued_epochs for _, queued_epochs in kept)
-    if epochs_queued <= full_epochs:
+    if epochs_queued <= epochs:
         return data.model_copy(update={"queued": ()})
     shared = clock.share(shortest_s, sum(queued_s for queued_s, _ in kept),
-                         full_epochs / epochs_queued)
+                         epochs / epochs_queued)
     return data.model_copy(update={"deadline": shared.deadline, "queued": ()})
 
 
@@ -535,15 +535,6 @@ def price_of(name: str, costs: LearnedCosts | None, epoch_s: float) -> RunPrice:
     startup, share = costs.startup_s(name, epoch_s), costs.epoch_share(name)
     return RunPrice(STARTUP_S if startup is None else startup,
                     WRAPPED_EPOCH_SHARE if share is None else share)
-
-
-def full_run_epochs(name: str, cfg: TechniqueSection, data: TrainingData) -> float:
-    """Technique `name`'s epochs to its cap in the baseline's epochs (at its `price_of`).
-
-    What its share of a queue's time is weighed by (`own_deadline`): a thinner student's
-    epochs cost less than a QAT model's.
-    """
-    return epochs_of(cfg) * price_of(name, data.costs, data.epoch_s).epoch_share
 
 
 def shortest_run_s(name: str, cfg: TechniqueSection, data: TrainingData,

@@ -36,7 +36,6 @@ from techniques import (
     epochs_of,
     finishing,
     fitting,
-    full_run_epochs,
     open_search,
     shortest_run_s,
     skipped_state,
@@ -324,8 +323,7 @@ class Planner:
         """The training data of the first of `queued` fine-tunings: what the queue shares."""
         return self.data.model_copy(update={
             "queued": tuple((shortest_run_s(p.technique.name, p.cfg, self.data) / self.workers,
-                             full_run_epochs(p.technique.name, p.cfg, self.data) / self.workers)
-                            for p in queued)})
+                             epochs_of(p.cfg) / self.workers) for p in queued)})
 
     def _first_round(self, planned: Planned, start: ModelArtifact,
                      reserved_s: float = 0.0) -> None:

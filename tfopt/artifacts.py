@@ -145,11 +145,10 @@ class TrainingData(_Frozen):
     `tfopt.budget`); None: no limit."""
     queued: tuple[tuple[float, float], ...] = ()
     """The fine-tunings still to run one after another before `deadline`, this one first, each
-    as (its shortest run's seconds, its epochs in the baseline's: `techniques.full_run_epochs`),
-    per worker (empty: this one alone). Each gets its shortest run first and its epochs' share
-    of the rest (`techniques.own_deadline`): the first technique cannot take the last one's
-    time, and one whose shortest run no longer fits behind those before it keeps none
-    (`techniques.fitting`)."""
+    as (its shortest run's seconds, its epochs), per worker (empty: this one alone). Each gets
+    its shortest run first and its epochs' share of the rest (`techniques.own_deadline`): the
+    first technique cannot take the last one's time, and one whose shortest run no longer fits
+    behind those before it keeps none (`techniques.fitting`)."""
     file_s: float = 0.0
     """What converting and timing one LiteRT file costs, as the baseline's measurements priced
     it (`flows.measurements.Measurements.file_s`): a search trial's files are priced at it
