@@ -250,12 +250,12 @@ class Budget(BaseModel):
     @property
     def _tail(self) -> float:
         """What the conversions and measurements need after the compression."""
+        return self._tail_with(self.compressed_variants)
+
+    def _tail_with(self, compressed: int) -> float:
+        """`_tail` with `compressed` compressed variants (as measured, once it is)."""
         if self.measured_tail_s is not None:
             return self.measured_tail_s
-        return self._planned_tail(self.compressed_variants)
-
-    def _planned_tail(self, compressed: int) -> float:
-        """`_tail` before the baseline's measurements, with `compressed` compressed variants."""
         variants = self.baseline_variants + compressed
         return (compressed * self.build_s + variants * self.measure_s
                 + self.tensorflow_variants * self.tensorflow_measure_s + self.finish_s)
@@ -281,8 +281,7 @@ class Budget(BaseModel):
             return None
         least = self.compressed_variants if self.least_compressed_variants is None else min(
             self.compressed_variants, self.least_compressed_variants)
-        tail = self._tail if self.measured_tail_s is not None else self._planned_tail(least)
-        work = self._seconds - tail - self.baseline_variants * self.build_s
+        work = self._seconds - self._tail_with(least) - self.baseline_variants * self.build_s
         return self.started + BASELINE_SHARE * max(LEAST_WORK_SHARE * self._seconds, work)
 
     @property

@@ -48,7 +48,7 @@ def costs_key(model: Any, image_size: int) -> str:
 
 
 def load_costs(work_dir: Path, key: str) -> LearnedCosts:
-    """The fixed costs learned under `key` in `work_dir` (none for a first run or a bad file)."""
+    """The fixed parts and epoch shares learned under `key` in `work_dir` (none: a first run)."""
     path = work_dir / COSTS_FILE
     runs = {technique: [entry for run in kept if (entry := _entry(run)) is not None]
             for technique, kept in _read(path).get(key, {}).items() if isinstance(kept, list)}
