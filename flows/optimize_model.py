@@ -60,13 +60,14 @@ from tfopt.artifacts import (
 )
 from tfopt.budget import (
     Budget,
+    FinishWatch,
     ModelSizes,
     budget_cuts,
     confirmation_cuts,
 )
 from tfopt.config import resolve_cpus
 from tfopt.fileio import atomic_write_json, path_size_bytes
-from tfopt.learned_costs import costs_key, load_costs
+from tfopt.learned_costs import costs_key, load_costs, record_finish
 from tfopt.measurement.champion import (
     accuracy_verdict,
     champion_speedup,
@@ -167,6 +168,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         baseline, inputs, technique_models = held.baseline, held.inputs, compressed.models
         _share_inputs(config, run, inputs)
         results = _measured(bench, (variants, measured_baseline), held, compressed.variants)
+        finish = FinishWatch()
         runoff = run_off(results, inputs, config.benchmark)
         packaged = package_models(results, inputs, measured.data.dataset.class_names,
                                   measured.data.input_scale, run_dir / "mlflow-models")
@@ -177,9 +179,15 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                              held.note, inputs)
         summary = _with_budget(_since_last_run(
             config, run, {**summary, "search": compressed.searches}, run_dir,
-            (results, inputs), budget), budget, [*compressed.cuts, *bench.cuts],
+            (results, inputs), budget, finish), budget, [*compressed.cuts, *bench.cuts],
             _learned(measured.data, baseline))
         summary = _write_outputs(summary, results, run_dir, run)
+        record_finish(measured.data.costs, finish.seconds() - budget.package_s * len(packaged))
+    return _said_done(summary)
+
+
+def _said_done(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary, its variants and champion said in one line."""
     failures = sum(1 for v in summary["variants"] if v["status"] == "failed")
     get_run_logger().info("%d variants benchmarked, %d failed; champion: %s",
                           len(summary["variants"]), failures, summary["champion"] or "none")
@@ -557,10 +565,14 @@ def _planned_budget(config: PipelineConfig) -> Budget:
     """The run's budget as planned at its start, from the variants its config plans.
 
     The baseline's training is priced as if the compressed models were narrowed to their int8
-    files (`Budget.least_compressed_variants`).
+    files (`Budget.least_compressed_variants`), the finish as this machine's earlier runs of the
+    model took it (`tfopt.learned_costs.record_finish`).
     """
+    learned = load_costs(config.work_dir.resolve(),
+                         costs_key(config.model, config.data.image_size))
     return Budget.planned(config.budget.minutes, planned_counts(config), config.benchmark,
-                          least_compressed=planned_counts(int8_only(config))[1])
+                          least_compressed=planned_counts(int8_only(config))[1],
+                          learned_finish_s=learned.finish_s)
 
 
 def _learned(data: TrainingData, baseline: ModelArtifact) -> dict[str, dict[str, float]]:
@@ -574,11 +586,12 @@ def _learned(data: TrainingData, baseline: ModelArtifact) -> dict[str, dict[str,
 
 def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: dict[str, Any],
                     run_dir: Path, measured: tuple[list[VariantResult], BenchmarkInputs],
-                    budget: Budget) -> dict[str, Any]:
+                    budget: Budget, finish: FinishWatch) -> dict[str, Any]:
     """Compare with the config's last finished run: the report's section, tag and event.
 
     A slowdown beyond the run-to-run noise is timed again side by side with the previous run's
-    file (`confirm_slowdowns`) while the time budget lasts. A regression (a slowdown so
+    file (`confirm_slowdowns`) while the time budget lasts (not counted in the `finish` the
+    next run keeps time for). A regression (a slowdown so
     confirmed, lower accuracy, a newly failing variant) tags the run ``tfopt.regression``,
     emits the Prefect event of that name and is said on the registered champion's version.
     """
@@ -587,9 +600,11 @@ def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: d
     if previous:
         since = compare(previous, summary, tracking.variant_p50_history(run, config.name),
                         config.benchmark.regression_min_change)
-        checks = confirm_slowdowns(to_confirm(since), since["previous_run_id"], run.tracking_uri,
-                                   *measured, config.benchmark, run_dir / "previous-run",
-                                   budget.deadline(1.0), 2.0 * budget.measure_s)
+        with finish.excluding():
+            checks = confirm_slowdowns(to_confirm(since), since["previous_run_id"],
+                                       run.tracking_uri, *measured, config.benchmark,
+                                       run_dir / "previous-run", budget.deadline(1.0),
+                                       2.0 * budget.measure_s)
         since = settle(since, checks)
         tracking.note_regressions(run, summary.get("champion_model"), since)
     champion = next((v for v in summary["variants"] if v["name"] == summary["champion"]), None)

@@ -10,6 +10,7 @@ from tfopt.budget import (
     LEAST_WORK_SHARE,
     MIN_TIMING_S,
     Budget,
+    FinishWatch,
     MeasurementCosts,
     ModelSizes,
 )
@@ -199,3 +200,32 @@ def test_the_baselines_training_is_not_cut_for_forms_the_run_would_narrow_away()
                   for least in (7, None))
     assert few.baseline_deadline - few.started == pytest.approx(
         fewer.baseline_deadline - fewer.started, abs=0.01), "never more variants than planned"
+
+
+def test_a_learned_finish_is_kept_at_the_end_in_place_of_the_guess():
+    """Runs priced at the guessed 20 s ended past their budget: the finish learned is kept."""
+    guessed = Budget.planned(15.0, (16, 24), PROTOCOL)
+    learned = Budget.planned(15.0, (16, 24), PROTOCOL, learned_finish_s=42.0)
+    assert guessed.finish_s == FINISH_S and learned.finish_s == 42.0
+    assert learned.compression_deadline == pytest.approx(
+        guessed.compression_deadline - 22.0, abs=0.01), "the compression ends sooner"
+    sizes = ModelSizes(model_bytes=5_000_000)
+    sized = learned.with_builds(30.0, 16, sizes)
+    assert sized.finish_s == pytest.approx(42.0 + 0.2 * 5.0 * 40), "packaging beside it"
+    assert sized.with_packaged(10).finish_s == pytest.approx(42.0 + 0.2 * 5.0 * 10)
+    assert "the finish (run-off, MLflow models, report) kept 42 s" in learned.plan_line()
+    assert "the finish" not in guessed.plan_line()
+    assert learned.summary([])["learned_finish_s"] == 42.0
+    assert guessed.summary([])["learned_finish_s"] is None
+
+
+def test_the_finish_watch_leaves_the_checks_since_the_last_run_out():
+    watch = FinishWatch()
+    time.sleep(0.05)
+    with watch.excluding():
+        time.sleep(0.3)
+    assert 0.05 <= watch.seconds() < 0.25
+    with pytest.raises(RuntimeError), watch.excluding():
+        time.sleep(0.2)
+        raise RuntimeError("a failed check is left out too")
+    assert watch.seconds() < 0.25

@@ -4,7 +4,15 @@ import json
 import re
 import time
 
-from tfopt.learned_costs import COSTS_FILE, KEPT, costs_key, load_costs, record_cost
+from tfopt.learned_costs import (
+    COSTS_FILE,
+    FINISH,
+    KEPT,
+    costs_key,
+    load_costs,
+    record_cost,
+    record_finish,
+)
 
 
 def test_the_median_of_a_techniques_last_runs_prices_it_per_machine_and_model(tmp_path):
@@ -119,3 +127,23 @@ def test_the_plan_line_says_which_techniques_are_priced_by_earlier_runs(tiny_bas
         plan(config, tiny_baseline))
     assert "(45 s together) for prune, then" in line, "prune 10 + 2 x 1 x 0.5 s, qat 30 + 4 s"
     assert "prune 10 s + epochs at 0.5x, qat 30 s (else" in line
+
+
+def test_the_runs_finish_is_learned_beside_the_techniques(tmp_path):
+    costs = load_costs(tmp_path, "cpu-a model-1")
+    assert costs.finish_s is None, "a first run"
+    record_cost(costs, "qat", 9.0, priced_s=5.0, epoch_s=2.0)
+    for seconds in (60.0, 31.0, 44.0, 38.0):
+        record_finish(costs, seconds)
+    record_finish(costs, -3.0)
+    learned = load_costs(tmp_path, "cpu-a model-1")
+    assert learned.finish_s == 38.0, "the median of the last three"
+    assert learned.startup_epochs == {"qat": 2.0} and FINISH not in learned.summary(1.0), (
+        "not a technique")
+    assert load_costs(tmp_path, "cpu-b model-1").finish_s is None, "another machine"
+    book = json.loads((tmp_path / COSTS_FILE).read_text())
+    book["cpu-a model-1"][FINISH] = [{"seconds": "slow"}, 7, {"seconds": 12.5}]
+    (tmp_path / COSTS_FILE).write_text(json.dumps(book))
+    assert load_costs(tmp_path, "cpu-a model-1").finish_s == 12.5, "what cannot be read is out"
+    (tmp_path / "a-file").write_text("")
+    record_finish(load_costs(tmp_path / "a-file", "cpu-a model-1"), 9.0)  # logged, not raised

@@ -2,10 +2,11 @@
 
 The plan reserves the end of the budget for the planned variants' conversions and measurements
 (`BUILD_S` and `MEASURE_S` each, from the demo: docs/measurements.md) and the finish (`FINISH_S`,
-more for a larger model), and gives the rest to the work before them: the data and the baseline's
-training end by `BASELINE_SHARE` of it, the searches and fine-tunings at its end. The baseline's
-variants are measured before the compression starts, and what they cost sizes the compressed
-ones' (`Budget.with_measured`): the searches and fine-tunings get the time a guess would keep.
+more for a larger model, or as this machine's earlier runs took it: `FinishWatch`), and gives the
+rest to the work before them: the data and the baseline's training end by `BASELINE_SHARE` of it,
+the searches and fine-tunings at its end. The baseline's variants are measured before the
+compression starts, and what they cost sizes the compressed ones' (`Budget.with_measured`): the
+searches and fine-tunings get the time a guess would keep.
 Trainings stop at their phase's deadline (`tfopt.models.training.StopWhenDone`), a search starts
 no round it cannot finish, and the benchmark protocol is shortened to what the time left allows
 for the variants built.
@@ -15,7 +16,8 @@ Every cut is recorded, and the run says at its start what it plans and at its en
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,8 +39,8 @@ TENSORFLOW_MEASURE_S_PER_MB = 1.2
 SavedModel, XLA): its process loads and traces the model (the same runs: 11 s a variant for
 MobileNetV3Small's 3.3 MB, 28-33 s for MobileNetV2's 11.9 MB and EfficientNetB0's 20.9 MB)."""
 FINISH_S = 20.0
-"""After the measurements: the run-off, the MLflow models and child runs, the report (the demo's
-took 15-20 s)."""
+"""After the measurements: the run-off, the MLflow models and child runs, the report (the demo's:
+docs/measurements.md), until learned on this machine for the model (`Budget.finish_fixed_s`)."""
 FINISH_S_PER_MB = 0.2
 """Beside `FINISH_S`, per variant and per MB of the baseline's SavedModel: packaging each
 variant as an MLflow model copies and loads it (the same runs: 52-88 s for MobileNetV2's 23
@@ -141,8 +143,14 @@ class Budget(BaseModel):
     tensorflow_measure_s: float = 0.0
     """What each of the `tensorflow_variants` costs beside `measure_s`."""
     finish_s: float = FINISH_S
+    finish_learned: bool = False
+    """Whether `finish_fixed_s` was learned (the plan line says so)."""
+    finish_fixed_s: float = FINISH_S
+    """The part of `finish_s` beside packaging: `FINISH_S`, or as this machine's earlier runs
+    of this model took it (`tfopt.learned_costs`): a larger model's run-off and MLflow models
+    take longer than the demo's, and runs priced at the guess ended past their budget."""
     package_s: float = 0.0
-    """The part of `finish_s` per variant it packages (`with_builds`), beside `FINISH_S`."""
+    """The part of `finish_s` per variant it packages (`with_builds`), beside `finish_fixed_s`."""
     measured_tail_s: float | None = None
     """Once the baseline's variants are measured: the compressed ones' conversions and
     measurements and the finish, as those measurements price them (`with_measured`)."""
@@ -150,19 +158,24 @@ class Budget(BaseModel):
 
     @classmethod
     def planned(cls, minutes: float | None, counts: tuple[int, int],
-                protocol: MeasurementProtocol, least_compressed: int | None = None) -> Budget:
+                protocol: MeasurementProtocol, least_compressed: int | None = None,
+                learned_finish_s: float | None = None) -> Budget:
         """The budget of a run planning `counts` (baseline, compressed) variants.
 
         Each measurement is expected to take `MEASURE_S` beside its timing (at least
         ``min_seconds``) and its load scenarios (a few LoadGen runs each).
         `least_compressed`: the compressed variants the run may narrow to
-        (`least_compressed_variants`).
+        (`least_compressed_variants`). `learned_finish_s`: the finish beside its packaging as
+        this machine's earlier runs took it (None: `FINISH_S`).
         """
         timing = max(MIN_TIMING_S, min(protocol.min_seconds, protocol.max_seconds))
         scenarios = 4.0 * protocol.scenario_seconds * (len(protocol.scenarios) - 1)
+        finish = FINISH_S if learned_finish_s is None else learned_finish_s
         return cls(minutes=minutes, baseline_variants=counts[0], compressed_variants=counts[1],
                    least_compressed_variants=least_compressed,
-                   measure_s=MEASURE_S + timing + scenarios, timing_s=timing)
+                   measure_s=MEASURE_S + timing + scenarios, timing_s=timing,
+                   finish_s=finish, finish_fixed_s=finish,
+                   finish_learned=learned_finish_s is not None)
 
     def planned_measurement_s(self, tensorflow: bool) -> float:
         """What one measurement is planned to cost beside its timing (TensorFlow's or a file's)."""
@@ -180,7 +193,7 @@ class Budget(BaseModel):
         model_mb, inputs_mb = sizes.model_bytes / 1e6, sizes.input_bytes / 1e6
         package_s = FINISH_S_PER_MB * model_mb
         update: dict[str, float] = {
-            "finish_s": FINISH_S + package_s * variants, "package_s": package_s,
+            "finish_s": self.finish_fixed_s + package_s * variants, "package_s": package_s,
             "measure_s": self.measure_s + MEASURE_S_PER_INPUT_MB * inputs_mb,
             "tensorflow_variants": sizes.tensorflow_variants,
             "tensorflow_measure_s": TENSORFLOW_MEASURE_S_PER_MB * model_mb}
@@ -207,10 +220,10 @@ class Budget(BaseModel):
     def with_packaged(self, count: int) -> Budget:
         """The budget with its finish priced for packaging `count` variants.
 
-        The finish's part beyond `FINISH_S` packages each variant measured (`package_s`); one
-        that failed or was skipped is not packaged.
+        The finish's part beyond `finish_fixed_s` packages each variant measured (`package_s`);
+        one that failed or was skipped is not packaged.
         """
-        return self.model_copy(update={"finish_s": FINISH_S + self.package_s * count})
+        return self.model_copy(update={"finish_s": self.finish_fixed_s + self.package_s * count})
 
     def window_after(self, before_s: float, compressed_measurements_s: float) -> float | None:
         """The compression's time if the work before it takes `before_s` more from now.
@@ -314,7 +327,13 @@ class Budget(BaseModel):
                 f"{self.compressed_variants} compressed variants: data and the baseline's "
                 f"training by {_clock(self.baseline_deadline - self.started)}, searches and "
                 f"fine-tunings by {_clock(self.compression_deadline - self.started)}, "
-                f"conversions and benchmarks by {_clock(self._seconds)}")
+                f"conversions and benchmarks by {_clock(self._seconds)}" + self._finish_words())
+
+    def _finish_words(self) -> str:
+        if not self.finish_learned:
+            return ""
+        return (f"; the finish (run-off, MLflow models, report) kept {self.finish_fixed_s:.0f} s "
+                "beside packaging, as this machine's earlier runs took it")
 
     def measurement_protocol(self, protocol: MeasurementProtocol, remaining: int,
                              overheads_s: float | None, cuts: list[str]) -> MeasurementProtocol:
@@ -351,7 +370,34 @@ class Budget(BaseModel):
         used = (time.time() - self.started) / 60.0
         return {"minutes": self.minutes, "used_minutes": round(used, 2),
                 "within": self.minutes is None or used <= self.minutes,
-                "plan": self.plan_line(), "cuts": cuts}
+                "plan": self.plan_line(), "cuts": cuts,
+                "learned_finish_s": round(self.finish_fixed_s, 1) if self.finish_learned
+                else None}
+
+
+class FinishWatch:
+    """How long a run's finish took: from its last measurement to its end, for the next run.
+
+    The checks since the last run are left out (`excluding`): they take what the budget leaves
+    them, so counted in they would teach the next run to keep ever more time for themselves.
+    """
+
+    def __init__(self) -> None:
+        self._started = time.monotonic()
+        self._excluded = 0.0
+
+    @contextmanager
+    def excluding(self) -> Iterator[None]:
+        """Leave the time spent in this block out of the finish."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self._excluded += time.monotonic() - started
+
+    def seconds(self) -> float:
+        """The finish's own seconds so far."""
+        return time.monotonic() - self._started - self._excluded
 
 
 class MeasurementCosts:

@@ -10,7 +10,8 @@ guess; a scheduled deployment runs the same config on the same machine again and
 run's epoch share (its trainings' seconds per epoch over the baseline's) and fixed part (the rest
 of its wall time, in the baseline's epochs, so that a busier machine scales it as it scales the
 epochs) are kept in the work folder per CPU, cores and model; the next run prices each technique
-with the medians of its last `KEPT` runs.
+with the medians of its last `KEPT` runs. The run's finish (the run-off, the MLflow models, the
+report: `tfopt.budget.FinishWatch`) is kept there too, in seconds, and sizes the next run's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from tfopt.provenance import cpu_model
 COSTS_FILE = "technique-costs.json"
 KEPT = 3
 """The runs a technique's price follows (their median: one slow run does not set it)."""
+FINISH = "the run's finish"
+"""Where the run's finish is kept beside the techniques (no technique can be so named)."""
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +51,19 @@ def costs_key(model: Any, image_size: int) -> str:
 
 
 def load_costs(work_dir: Path, key: str) -> LearnedCosts:
-    """The fixed parts and epoch shares learned under `key` in `work_dir` (none: a first run)."""
+    """The fixed parts and epoch shares learned under `key` in `work_dir` (none: a first run).
+
+    With the run's finish beside its packaging (`record_finish`), the median of its last runs.
+    """
     path = work_dir / COSTS_FILE
+    book = _read(path).get(key, {})
+    book = book if isinstance(book, dict) else {}
+    finishes = [run["seconds"] for run in book.get(FINISH, [])
+                if isinstance(run, dict) and isinstance(run.get("seconds"), int | float)]
     runs = {technique: [entry for run in kept if (entry := _entry(run)) is not None]
-            for technique, kept in _read(path).get(key, {}).items() if isinstance(kept, list)}
-    return LearnedCosts(path=path, key=key, startup_epochs={
+            for technique, kept in book.items() if isinstance(kept, list) and technique != FINISH}
+    return LearnedCosts(path=path, key=key, finish_s=(
+        statistics.median(finishes) if finishes else None), startup_epochs={
         technique: statistics.median(run["fixed"] for run in kept)
         for technique, kept in runs.items() if kept
     }, epoch_shares={
@@ -77,15 +88,34 @@ def record_cost(costs: LearnedCosts, technique: str, wall_s: float, priced_s: fl
     if epoch_share is not None and epoch_share > 0.0:
         run["share"] = round(epoch_share, 3)
     try:
-        with file_lock(costs.path.with_name(f".{costs.path.name}.lock")):
-            book = _read(costs.path)
-            kept = book.setdefault(costs.key, {}).setdefault(technique, [])
-            kept[:] = [*kept, run][-KEPT:]
-            atomic_write_json(costs.path, book)
+        _append(costs, technique, run)
     except OSError as error:
         log.warning("%s's cost was not recorded in %s: %s", technique, costs.path, error)
         return None
     return fixed_s
+
+
+def record_finish(costs: LearnedCosts, seconds: float) -> None:
+    """Keep what this run's finish took beside its packaging (`tfopt.budget.FinishWatch`).
+
+    The next run's budget keeps the median of the last `KEPT` for it (`Budget.finish_fixed_s`).
+    A work folder that cannot be written is logged; the run never fails on its bookkeeping.
+    """
+    if seconds < 0.0:
+        return
+    try:
+        _append(costs, FINISH, {"seconds": round(seconds, 1)})
+    except OSError as error:
+        log.warning("the run's finish was not recorded in %s: %s", costs.path, error)
+
+
+def _append(costs: LearnedCosts, name: str, run: dict[str, float]) -> None:
+    """Add one run to `name`'s last `KEPT` under the costs' key, the file locked."""
+    with file_lock(costs.path.with_name(f".{costs.path.name}.lock")):
+        book = _read(costs.path)
+        kept = book.setdefault(costs.key, {}).setdefault(name, [])
+        kept[:] = [*kept, run][-KEPT:]
+        atomic_write_json(costs.path, book)
 
 
 def _entry(run: Any) -> dict[str, float] | None:

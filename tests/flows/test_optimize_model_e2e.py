@@ -210,6 +210,18 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert "Prefect UI" in stdout and "MLflow UI" in stdout
 
 
+def test_the_runs_finish_is_kept_for_the_next_runs_budget(smoke_run):
+    """What the run-off, the MLflow models and the report took, for the next run to keep."""
+    from tfopt.learned_costs import COSTS_FILE, FINISH
+
+    _, summary, _, demo = smoke_run
+    book = json.loads((demo.parent / "work" / COSTS_FILE).read_text())
+    (kept,) = book.values()
+    (finish,) = kept[FINISH]
+    assert 0.0 < finish["seconds"] < 600.0, finish
+    assert summary["budget"]["learned_finish_s"] is None, "the first run of its key"
+
+
 def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     settings, summary, _, _ = smoke_run
     client = MlflowClient(settings.mlflow_url)
