@@ -182,7 +182,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
             (results, inputs), budget, finish), budget, [*compressed.cuts, *bench.cuts],
             _learned(measured.data, baseline))
         summary = _write_outputs(summary, results, run_dir, run)
-        record_finish(measured.data.costs, finish.seconds() - budget.package_s * len(packaged))
+    record_finish(measured.data.costs, finish.seconds() - budget.package_s * len(packaged))
     return _said_done(summary)
 
 
