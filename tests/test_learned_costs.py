@@ -145,5 +145,9 @@ def test_the_runs_finish_is_learned_beside_the_techniques(tmp_path):
     book["cpu-a model-1"][FINISH] = [{"seconds": "slow"}, 7, {"seconds": 12.5}]
     (tmp_path / COSTS_FILE).write_text(json.dumps(book))
     assert load_costs(tmp_path, "cpu-a model-1").finish_s == 12.5, "what cannot be read is out"
+    book["cpu-a model-1"][FINISH] = 7
+    (tmp_path / COSTS_FILE).write_text(json.dumps(book))
+    assert load_costs(tmp_path, "cpu-a model-1").finish_s is None
+    record_finish(None, 9.0)  # a run without a costs file: nothing to keep
     (tmp_path / "a-file").write_text("")
     record_finish(load_costs(tmp_path / "a-file", "cpu-a model-1"), 9.0)  # logged, not raised

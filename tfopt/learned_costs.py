@@ -58,7 +58,8 @@ def load_costs(work_dir: Path, key: str) -> LearnedCosts:
     path = work_dir / COSTS_FILE
     book = _read(path).get(key, {})
     book = book if isinstance(book, dict) else {}
-    finishes = [run["seconds"] for run in book.get(FINISH, [])
+    kept_finishes = book.get(FINISH)
+    finishes = [run["seconds"] for run in (kept_finishes if isinstance(kept_finishes, list) else [])
                 if isinstance(run, dict) and isinstance(run.get("seconds"), int | float)]
     runs = {technique: [entry for run in kept if (entry := _entry(run)) is not None]
             for technique, kept in book.items() if isinstance(kept, list) and technique != FINISH}
@@ -95,13 +96,13 @@ def record_cost(costs: LearnedCosts, technique: str, wall_s: float, priced_s: fl
     return fixed_s
 
 
-def record_finish(costs: LearnedCosts, seconds: float) -> None:
+def record_finish(costs: LearnedCosts | None, seconds: float) -> None:
     """Keep what this run's finish took beside its packaging (`tfopt.budget.FinishWatch`).
 
     The next run's budget keeps the median of the last `KEPT` for it (`Budget.finish_fixed_s`).
     A work folder that cannot be written is logged; the run never fails on its bookkeeping.
     """
-    if seconds < 0.0:
+    if costs is None or seconds < 0.0:
         return
     try:
         _append(costs, FINISH, {"seconds": round(seconds, 1)})
