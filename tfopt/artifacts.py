@@ -96,7 +96,7 @@ class LearnedCosts(_Frozen):
     epoch_shares: dict[str, float] = Field(default_factory=dict)
     """Technique -> the median of its last runs' seconds per epoch over the baseline's."""
     finish_s: float | None = None
-    """The median of the last runs' finish beside packaging, in seconds (None: not learned)."""
+    """The longest of the last runs' finish beside packaging, in seconds (None: not learned)."""
 
     def epoch_share(self, technique: str) -> float | None:
         """How many of the baseline's epochs one of `technique`'s costs (None: not learned)."""

@@ -11,7 +11,8 @@ run's epoch share (its trainings' seconds per epoch over the baseline's) and fix
 of its wall time, in the baseline's epochs, so that a busier machine scales it as it scales the
 epochs) are kept in the work folder per CPU, cores and model; the next run prices each technique
 with the medians of its last `KEPT` runs. The run's finish (the run-off, the MLflow models, the
-report: `tfopt.budget.FinishWatch`) is kept there too, in seconds, and sizes the next run's.
+report: `tfopt.budget.FinishWatch`) is kept there too, in seconds, and the next run keeps the
+longest of its last `KEPT` for it: a reserve before a deadline, where a price is a median.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def costs_key(model: Any, image_size: int) -> str:
 def load_costs(work_dir: Path, key: str) -> LearnedCosts:
     """The fixed parts and epoch shares learned under `key` in `work_dir` (none: a first run).
 
-    With the run's finish beside its packaging (`record_finish`), the median of its last runs.
+    With the run's finish beside its packaging (`record_finish`), the longest of its last runs:
+    the budget keeps it before its end, and a finish past it ends the run past its budget.
     """
     path = work_dir / COSTS_FILE
     book = _read(path).get(key, {})
@@ -64,7 +66,7 @@ def load_costs(work_dir: Path, key: str) -> LearnedCosts:
     runs = {technique: [entry for run in kept if (entry := _entry(run)) is not None]
             for technique, kept in book.items() if isinstance(kept, list) and technique != FINISH}
     return LearnedCosts(path=path, key=key, finish_s=(
-        statistics.median(finishes) if finishes else None), startup_epochs={
+        max(finishes) if finishes else None), startup_epochs={
         technique: statistics.median(run["fixed"] for run in kept)
         for technique, kept in runs.items() if kept
     }, epoch_shares={
@@ -99,7 +101,7 @@ def record_cost(costs: LearnedCosts, technique: str, wall_s: float, priced_s: fl
 def record_finish(costs: LearnedCosts | None, seconds: float) -> None:
     """Keep what this run's finish took beside its packaging (`tfopt.budget.FinishWatch`).
 
-    The next run's budget keeps the median of the last `KEPT` for it (`Budget.finish_fixed_s`).
+    The next run's budget keeps the longest of the last `KEPT` for it (`Budget.finish_fixed_s`).
     A work folder that cannot be written is logged; the run never fails on its bookkeeping.
     """
     if costs is None or seconds < 0.0:
