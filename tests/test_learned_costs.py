@@ -148,6 +148,11 @@ def test_the_runs_finish_is_learned_beside_the_techniques(tmp_path):
     book["cpu-a model-1"][FINISH] = 7
     (tmp_path / COSTS_FILE).write_text(json.dumps(book))
     assert load_costs(tmp_path, "cpu-a model-1").finish_s is None
+    record_finish(costs, 21.0)
+    assert load_costs(tmp_path, "cpu-a model-1").finish_s == 21.0, "written over, not raised"
+    (tmp_path / COSTS_FILE).write_text(json.dumps({"cpu-a model-1": "nonsense"}))
+    record_cost(costs, "qat", 9.0, priced_s=5.0, epoch_s=2.0)
+    assert load_costs(tmp_path, "cpu-a model-1").startup_epochs == {"qat": 2.0}
     record_finish(None, 9.0)  # a run without a costs file: nothing to keep
     (tmp_path / "a-file").write_text("")
     record_finish(load_costs(tmp_path / "a-file", "cpu-a model-1"), 9.0)  # logged, not raised

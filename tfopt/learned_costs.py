@@ -113,11 +113,16 @@ def record_finish(costs: LearnedCosts | None, seconds: float) -> None:
 
 
 def _append(costs: LearnedCosts, name: str, run: dict[str, float]) -> None:
-    """Add one run to `name`'s last `KEPT` under the costs' key, the file locked."""
+    """Add one run to `name`'s last `KEPT` under the costs' key, the file locked.
+
+    What is there that cannot hold runs (a hand-edited entry) is written over.
+    """
     with file_lock(costs.path.with_name(f".{costs.path.name}.lock")):
         book = _read(costs.path)
-        kept = book.setdefault(costs.key, {}).setdefault(name, [])
-        kept[:] = [*kept, run][-KEPT:]
+        runs = book.get(costs.key)
+        runs = book[costs.key] = runs if isinstance(runs, dict) else {}
+        kept = runs.get(name)
+        runs[name] = [*(kept if isinstance(kept, list) else []), run][-KEPT:]
         atomic_write_json(costs.path, book)
 
 
