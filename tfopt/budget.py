@@ -143,12 +143,10 @@ class Budget(BaseModel):
     tensorflow_measure_s: float = 0.0
     """What each of the `tensorflow_variants` costs beside `measure_s`."""
     finish_s: float = FINISH_S
-    finish_learned: bool = False
-    """Whether `finish_fixed_s` was learned (the plan line says so)."""
-    finish_fixed_s: float = FINISH_S
-    """The part of `finish_s` beside packaging: `FINISH_S`, or as this machine's earlier runs
-    of this model took it (`tfopt.learned_costs`): a larger model's run-off and MLflow models
-    take longer than the demo's, and runs priced at the guess ended past their budget."""
+    learned_finish_s: float | None = None
+    """The finish beside packaging as this machine's earlier runs of this model took it
+    (`tfopt.learned_costs`; None: not learned, `FINISH_S`): a larger model's run-off and MLflow
+    models take longer than the demo's, and runs priced at the guess ended past their budget."""
     package_s: float = 0.0
     """The part of `finish_s` per variant it packages (`with_builds`), beside `finish_fixed_s`."""
     measured_tail_s: float | None = None
@@ -170,12 +168,16 @@ class Budget(BaseModel):
         """
         timing = max(MIN_TIMING_S, min(protocol.min_seconds, protocol.max_seconds))
         scenarios = 4.0 * protocol.scenario_seconds * (len(protocol.scenarios) - 1)
-        finish = FINISH_S if learned_finish_s is None else learned_finish_s
-        return cls(minutes=minutes, baseline_variants=counts[0], compressed_variants=counts[1],
-                   least_compressed_variants=least_compressed,
-                   measure_s=MEASURE_S + timing + scenarios, timing_s=timing,
-                   finish_s=finish, finish_fixed_s=finish,
-                   finish_learned=learned_finish_s is not None)
+        planned = cls(minutes=minutes, baseline_variants=counts[0],
+                      compressed_variants=counts[1], least_compressed_variants=least_compressed,
+                      measure_s=MEASURE_S + timing + scenarios, timing_s=timing,
+                      learned_finish_s=learned_finish_s)
+        return planned.model_copy(update={"finish_s": planned.finish_fixed_s})
+
+    @property
+    def finish_fixed_s(self) -> float:
+        """The part of `finish_s` beside packaging: learned, else `FINISH_S`."""
+        return FINISH_S if self.learned_finish_s is None else self.learned_finish_s
 
     def planned_measurement_s(self, tensorflow: bool) -> float:
         """What one measurement is planned to cost beside its timing (TensorFlow's or a file's)."""
@@ -330,7 +332,7 @@ class Budget(BaseModel):
                 f"conversions and benchmarks by {_clock(self._seconds)}" + self._finish_words())
 
     def _finish_words(self) -> str:
-        if not self.finish_learned:
+        if self.learned_finish_s is None:
             return ""
         return (f"; the finish (run-off, MLflow models, report) kept {self.finish_fixed_s:.0f} s "
                 "beside packaging, as this machine's earlier runs took it")
@@ -371,8 +373,8 @@ class Budget(BaseModel):
         return {"minutes": self.minutes, "used_minutes": round(used, 2),
                 "within": self.minutes is None or used <= self.minutes,
                 "plan": self.plan_line(), "cuts": cuts,
-                "learned_finish_s": round(self.finish_fixed_s, 1) if self.finish_learned
-                else None}
+                "learned_finish_s": None if self.learned_finish_s is None
+                else round(self.learned_finish_s, 1)}
 
 
 class FinishWatch:
