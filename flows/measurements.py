@@ -6,9 +6,11 @@ they cost by format (`MeasurementCosts`) prices the compressed variants' measure
 (`Measurements.resized`), so the searches and fine-tunings get the time a guess would have
 kept. On a slow machine the measurements could take the compression's whole time: then each
 compressed model is built and measured as its int8 TFLite file alone
-(``compress.forms: tflite_int8``), and a baseline form whose measurement would leave the
-techniques less than their shortest runs waits until after the compressed variants, measured
-then while the budget lasts (`Measurements.later`).
+(``compress.forms: tflite_int8``). Past each runtime's first form, a baseline form whose
+measurement would leave the techniques less than their full runs waits until after the
+compressed variants, measured then while the budget lasts (`Measurements.later`): the
+fine-tunings are what the run is for, and the first round already put the baseline on every
+runtime and priced the compressed variants' measurements.
 """
 
 from __future__ import annotations
@@ -109,9 +111,9 @@ class Measurements:
         the compressed variants' measurements would then leave the techniques less than their
         shortest runs, the compressed models are narrowed to their int8 TFLite files
         (`config` then says ``compress.forms: tflite_int8``; the cuts say why). From then on,
-        the baseline's forms that would leave the techniques less than their shortest runs
-        wait for `later`: the first whose measurement would, and those after it (the log says
-        which). `learned`: the techniques' fixed parts as this machine's earlier runs took them.
+        the baseline's forms that would leave the techniques less than their full runs wait for
+        `later`: the first whose measurement would, and those after it (the log says which).
+        `learned`: the techniques' fixed parts as this machine's earlier runs took them.
         """
         plans = plan(self.config, baseline)
         epoch_s = epoch_seconds(baseline)
@@ -123,18 +125,17 @@ class Measurements:
         shortest_s = self._shortest_runs_s(plans, epoch_s, learned)
         if self.would_starve([], compressed_formats(plans), shortest_s):
             plans = self._narrowed(baseline, plans, shortest_s)
-            shortest_s = self._shortest_runs_s(plans, epoch_s, learned)
-        formats = compressed_formats(plans)
+        formats, full_s = compressed_formats(plans), full_runs_s(plans, epoch_s, learned)
         results += self.measure(ordered[first_round:], inputs,
-                                lambda rest: self.would_starve(rest[:1], formats, shortest_s))
+                                lambda rest: self.would_starve(rest[:1], formats, full_s))
         self.waiting = ordered[len(results):]
         if any(spec.status == "ok" for spec in self.waiting):
             step_logger().info(
                 "measured now, the baseline's %s would leave the compression less than its "
-                "techniques' shortest runs (%.0f s): measured after the compressed variants, "
+                "techniques' full runs (%.0f s): measured after the compressed variants, "
                 "while the time budget lasts",
-                ", ".join(s.name for s in self.waiting if s.status == "ok"), shortest_s)
-        return results, self.resized(formats, full_runs_s(plans, epoch_s, learned))
+                ", ".join(s.name for s in self.waiting if s.status == "ok"), full_s)
+        return results, self.resized(formats, full_s)
 
     def _shortest_runs_s(self, plans: list[Planned], epoch_s: float,
                          learned: LearnedCosts | None) -> float:
@@ -169,8 +170,8 @@ class Measurements:
         self.cuts.append(line)
         return narrow_plans
 
-    def would_starve(self, rest: list[VariantSpec], formats: list[str], shortest_s: float) -> bool:
-        """Whether measuring `rest` (maybe none) now leaves the compression less than `shortest_s`.
+    def would_starve(self, rest: list[VariantSpec], formats: list[str], needed_s: float) -> bool:
+        """Whether measuring `rest` (maybe none) now leaves the compression less than `needed_s`.
 
         `formats` are the compressed variants', priced without their profiles: `resized`
         leaves them out when the window is short.
@@ -183,7 +184,7 @@ class Measurements:
         timing = self.budget.timing_s
         window = self.budget.window_after(before + len(rest_formats) * timing,
                                           compressed + len(formats) * timing)
-        return window is not None and window < shortest_s
+        return window is not None and window < needed_s
 
     def finish_for(self, measured: list[VariantResult], built: list[VariantSpec]) -> None:
         """Price the finish for the variants it will package (`Budget.with_packaged`).

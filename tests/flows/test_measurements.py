@@ -52,11 +52,11 @@ def test_forms_that_would_leave_the_techniques_less_than_their_shortest_runs_wai
     # 10 compressed variants at 1.5 + 8 s and the finish leave the compression until about
     # +3m02s; with 2m30s gone the three TensorFlow forms (about 37 s) would take all of it.
     late = _measurements(time.time() - 150.0)
-    assert late.would_starve(forms, compressed, shortest_s=20.0)
-    assert not late.would_starve([], compressed, shortest_s=20.0)
-    assert not _measurements(time.time()).would_starve(forms, compressed, shortest_s=20.0)
+    assert late.would_starve(forms, compressed, needed_s=20.0)
+    assert not late.would_starve([], compressed, needed_s=20.0)
+    assert not _measurements(time.time()).would_starve(forms, compressed, needed_s=20.0)
     unbounded = Measurements(PipelineConfig.model_validate({"name": "m"}), Budget(minutes=None))
-    assert not unbounded.would_starve(forms, compressed, shortest_s=20.0)
+    assert not unbounded.would_starve(forms, compressed, needed_s=20.0)
 
 
 def test_waiting_forms_the_time_left_cannot_hold_are_cut_with_their_reason(tmp_path: Path):
@@ -122,3 +122,40 @@ def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_fo
     later = bench.later(inputs)
     assert {row.name for row in later if row.status == "skipped"
             and row.error.startswith(CUT_BY_BUDGET)} == set(waiting)
+
+
+def test_past_the_first_round_forms_wait_while_the_techniques_would_miss_their_full_runs(
+        tiny_baseline, tmp_path: Path):
+    from techniques import compressed_formats, full_runs_s, plan
+    from tfopt.models.baseline import epoch_seconds
+
+    config = PipelineConfig.model_validate({"name": "m", "compress": {
+        "prune": {"enabled": True, "epochs": 60}, "qat": {"enabled": True, "epochs": 60}}})
+    forms = plan_forms(PlanRequest(source=tiny_baseline.name, kind="keras"), config)
+    runtimes = {runtime_of(spec.format).name for spec in forms}
+    ordered = breadth_first(forms, lambda spec: runtime_of(spec.format).name)
+    unbuilt = {spec.name for spec in ordered[:len(runtimes)]}
+    forms = [skipped(spec, "not built in this test") if spec.name in unbuilt else spec
+             for spec in forms]
+    plans = plan(config, tiny_baseline)
+    formats = compressed_formats(plans)
+    full_s = full_runs_s(plans, epoch_seconds(tiny_baseline))
+    bench = _measurements(time.time())
+    bench.config, bench.budget = config, bench.budget.model_copy(
+        update={"compressed_variants": len(formats)})
+    shortest_s = bench._shortest_runs_s(plans, epoch_seconds(tiny_baseline), None)
+    assert full_s > shortest_s + 20.0, "the test needs room between the two"
+    compressed_s = (bench._costs.expected(formats, profiled=False)
+                    + len(formats) * bench.budget.timing_s)
+    # Started so that the compression's window falls halfway between the two.
+    window = bench.budget.window_after(0.0, compressed_s)
+    bench.budget = bench.budget.model_copy(update={
+        "started": bench.budget.started + (shortest_s + full_s) / 2 - window})
+    assert not bench.would_starve([], formats, shortest_s)
+    assert bench.would_starve([], formats, full_s)
+    inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=tmp_path / "labels.npy",
+                             reference_logits=None, examples=10)
+    rows, _ = bench.baseline_first(tiny_baseline, forms, inputs)
+    assert {row.name for row in rows} == unbuilt, "nothing past the first round measured now"
+    assert bench.config.compress.forms != "tflite_int8", "the shortest runs fit: not narrowed"
+    assert {spec.name for spec in bench.waiting} == {spec.name for spec in forms} - unbuilt
