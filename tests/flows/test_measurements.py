@@ -91,20 +91,32 @@ def test_the_finish_is_priced_for_the_variants_it_will_package():
         "two measured, one built and one waiting: the failed and the skipped are not packaged")
 
 
+def _pruned_and_qat(epochs: int) -> PipelineConfig:
+    return PipelineConfig.model_validate({"name": "m", "compress": {
+        "prune": {"enabled": True, "epochs": epochs}, "qat": {"enabled": True, "epochs": epochs}}})
+
+
+def _forms_of(config: PipelineConfig, baseline) -> tuple[list, set[str]]:
+    """The baseline's planned forms, each runtime's first marked not built, and those names.
+
+    Not built here (no files), the speedup reference does not lead. Each runtime's first form
+    is taken as not buildable either: nothing is measured for real.
+    """
+    forms = plan_forms(PlanRequest(source=baseline.name, kind="keras"), config)
+    runtimes = {runtime_of(spec.format).name for spec in forms}
+    ordered = breadth_first(forms, lambda spec: runtime_of(spec.format).name)
+    unbuilt = {spec.name for spec in ordered[:len(runtimes)]}
+    return ([skipped(spec, "not built in this test") if spec.name in unbuilt else spec
+             for spec in forms], unbuilt)
+
+
 def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_forms_waiting(
         tiny_baseline, tmp_path: Path):
     from techniques import compressed_formats, plan
 
-    config = PipelineConfig.model_validate({"name": "m", "compress": {
-        "prune": {"enabled": True, "epochs": 2}, "qat": {"enabled": True, "epochs": 2}}})
-    forms = plan_forms(PlanRequest(source=tiny_baseline.name, kind="keras"), config)
+    config = _pruned_and_qat(epochs=2)
+    forms, unbuilt = _forms_of(config, tiny_baseline)
     runtimes = {runtime_of(spec.format).name for spec in forms}
-    # Not built here (no files), the speedup reference does not lead. Each runtime's first form
-    # is taken as not buildable either: nothing is measured for real.
-    ordered = breadth_first(forms, lambda spec: runtime_of(spec.format).name)
-    unbuilt = {spec.name for spec in ordered[:len(runtimes)]}
-    forms = [skipped(spec, "not built in this test") if spec.name in unbuilt else spec
-             for spec in forms]
     wide = len(compressed_formats(plan(config, tiny_baseline)))
     bench = _measurements(time.time() - 290.0)
     bench.config, bench.budget = config, bench.budget.model_copy(
@@ -129,14 +141,8 @@ def test_past_the_first_round_forms_wait_while_the_techniques_would_miss_their_f
     from techniques import compressed_formats, full_runs_s, plan
     from tfopt.models.baseline import epoch_seconds
 
-    config = PipelineConfig.model_validate({"name": "m", "compress": {
-        "prune": {"enabled": True, "epochs": 60}, "qat": {"enabled": True, "epochs": 60}}})
-    forms = plan_forms(PlanRequest(source=tiny_baseline.name, kind="keras"), config)
-    runtimes = {runtime_of(spec.format).name for spec in forms}
-    ordered = breadth_first(forms, lambda spec: runtime_of(spec.format).name)
-    unbuilt = {spec.name for spec in ordered[:len(runtimes)]}
-    forms = [skipped(spec, "not built in this test") if spec.name in unbuilt else spec
-             for spec in forms]
+    config = _pruned_and_qat(epochs=60)
+    forms, unbuilt = _forms_of(config, tiny_baseline)
     plans = plan(config, tiny_baseline)
     formats = compressed_formats(plans)
     full_s = full_runs_s(plans, epoch_seconds(tiny_baseline))
