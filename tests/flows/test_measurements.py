@@ -5,7 +5,7 @@ from pathlib import Path
 
 from flows.measurements import Measurements, in_plan_order
 from flows.parameters import PipelineConfig
-from tfopt.artifacts import BenchmarkInputs, VariantResult
+from tfopt.artifacts import BenchmarkInputs, ModelArtifact, VariantResult, VariantSpec
 from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
 from tfopt.runtimes import plan_forms, plan_variant, runtime_of
 from tfopt.runtimes.base import PlanRequest
@@ -96,7 +96,8 @@ def _pruned_and_qat(epochs: int) -> PipelineConfig:
         "prune": {"enabled": True, "epochs": epochs}, "qat": {"enabled": True, "epochs": epochs}}})
 
 
-def _forms_of(config: PipelineConfig, baseline) -> tuple[list, set[str]]:
+def _forms_of(config: PipelineConfig, baseline: ModelArtifact,
+              ) -> tuple[list[VariantSpec], set[str]]:
     """The baseline's planned forms, each runtime's first marked not built, and those names.
 
     Not built here (no files), the speedup reference does not lead. Each runtime's first form
@@ -143,13 +144,13 @@ def test_past_the_first_round_forms_wait_while_the_techniques_would_miss_their_f
 
     config = _pruned_and_qat(epochs=60)
     forms, unbuilt = _forms_of(config, tiny_baseline)
-    plans = plan(config, tiny_baseline)
+    plans, epoch_s = plan(config, tiny_baseline), epoch_seconds(tiny_baseline)
     formats = compressed_formats(plans)
-    full_s = full_runs_s(plans, epoch_seconds(tiny_baseline))
+    full_s = full_runs_s(plans, epoch_s)
     bench = _measurements(time.time())
     bench.config, bench.budget = config, bench.budget.model_copy(
         update={"compressed_variants": len(formats)})
-    shortest_s = bench._shortest_runs_s(plans, epoch_seconds(tiny_baseline), None)
+    shortest_s = bench._shortest_runs_s(plans, epoch_s, None)
     assert full_s > shortest_s + 20.0, "the test needs room between the two"
     compressed_s = (bench._costs.expected(formats, profiled=False)
                     + len(formats) * bench.budget.timing_s)
