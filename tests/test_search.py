@@ -362,12 +362,39 @@ def test_a_trials_fine_tuning_stops_once_hopeless(tmp_path, knob):
     callback.on_epoch_end(3, {"val_accuracy": 0.84})
     assert callback.pruned and callback.model.stop_training
 
-    longer = ReportToTrial(ref)
-    longer.set_model(keras.Sequential([keras.layers.Dense(1, input_shape=(1,))]))
-    longer.set_params({"epochs": 40})
-    longer.on_train_begin()
+    rising = _callback_for(ref, epochs=40)
     for epoch in range(10):  # a quarter of a 40-epoch cap: a deep cut relearns slowly
-        longer.on_epoch_end(epoch, {"val_accuracy": 0.5})
-    assert not longer.pruned
-    longer.on_epoch_end(10, {"val_accuracy": 0.5})
-    assert longer.pruned
+        rising.on_epoch_end(epoch, {"val_accuracy": 0.3 + 0.05 * epoch})
+    assert not rising.pruned, "still rising fast enough to reach the target by its cap"
+    rising.on_epoch_end(10, {"val_accuracy": 0.8})
+    assert rising.pruned, "past its warm-up, however it moves"
+
+
+@pytest.mark.parametrize("knob", [KNOB, JOINT], ids=["one knob", "joint"])
+def test_a_trial_far_below_and_no_longer_rising_stops_before_its_warm_up_ends(tmp_path, knob):
+    search = open_study(knob, tmp_path / "flat", "flat", target=0.95)
+    (_, ref), = search.next_trials()
+    flat = _callback_for(ref, epochs=40)
+    for epoch, value in enumerate([0.79, 0.78, 0.79]):
+        flat.on_epoch_end(epoch, {"val_accuracy": value})
+    assert not flat.pruned, "its gain is read over three epochs"
+    flat.on_epoch_end(3, {"val_accuracy": 0.80})
+    assert flat.pruned, "a point in three epochs, kept up to its cap, stays under 0.95"
+
+    slow = _callback_for(ref, epochs=40)
+    for epoch in range(4):
+        slow.on_epoch_end(epoch, {"val_accuracy": 0.60 + 0.01 * epoch})
+    assert not slow.pruned, "a point an epoch to its cap would reach 0.95"
+
+
+def _callback_for(ref, epochs: int):
+    """A trial's `ReportToTrial` for a fine-tuning of `epochs`, begun."""
+    import tf_keras as keras
+
+    from tfopt.models.training import ReportToTrial
+
+    callback = ReportToTrial(ref)
+    callback.set_model(keras.Sequential([keras.layers.Dense(1, input_shape=(1,))]))
+    callback.set_params({"epochs": epochs})
+    callback.on_train_begin()
+    return callback

@@ -366,20 +366,58 @@ def set_learning_rate(optimizer: Any, value: float) -> None:
         optimizer.learning_rate.assign(value)
 
 
+@dataclass(frozen=True)
+class HopelessRule:
+    """When a search trial's fine-tuning stops itself (its study's user attributes).
+
+    Attributes:
+        below: The validation accuracy a hopeless trial is under (the target less ten points).
+        least_epochs: Epochs every trial gets.
+        warmup: Epochs after which a trial under `below` is stopped, however it moves.
+        target: The validation accuracy the trial must reach (None: only `warmup` applies).
+        trend_epochs: Epochs whose gain is extrapolated (0: only `warmup` applies).
+        epochs: The fine-tuning's epoch cap.
+    """
+
+    below: float
+    least_epochs: int
+    warmup: int
+    target: float | None
+    trend_epochs: int
+    epochs: int
+
+    def stops(self, best: list[float], value: float) -> bool:
+        """Whether a trial is hopeless after the epochs whose best-so-far accuracies are `best`.
+
+        Under `below` past its warm-up; or sooner, past `trend_epochs` and `least_epochs`, when
+        even its gain over its last `trend_epochs`, kept up to its cap, would not bring its
+        best to the target (a learning curve flattens: the straight line is optimistic).
+        """
+        step = len(best) - 1
+        if value >= self.below:
+            return False
+        if step >= self.warmup:
+            return True
+        if self.target is None or not self.trend_epochs or step < max(self.trend_epochs,
+                                                                        self.least_epochs):
+            return False
+        gain = (best[-1] - best[-1 - self.trend_epochs]) / self.trend_epochs
+        return best[-1] + gain * (self.epochs - 1 - step) < self.target
+
+
 class ReportToTrial(keras.callbacks.Callback):
     """A search trial's fine-tuning, reporting each epoch's validation accuracy to its trial.
 
-    It stops a hopeless one itself: past its warm-up (the study's ``warmup_share`` of the
-    fine-tuning's epochs, at least its ``warmup_epochs``) once below its ``hopeless_below``
-    (the study's user attributes; `tfopt.search`). Optuna's own pruning cannot: a study loaded
-    by name here has Optuna's default pruner, and a multi-objective study's trials are never
-    pruned.
+    It stops a hopeless one itself, by the rule its study keeps in its user attributes
+    (`HopelessRule`; `tfopt.search`). Optuna's own pruning cannot: a study loaded by name here
+    has Optuna's default pruner, and a multi-objective study's trials are never pruned.
     """
 
     def __init__(self, trial: TrialRef, from_epoch: int = 0) -> None:
         super().__init__()
         self._ref, self._from_epoch, self._trial = trial, from_epoch, None
-        self._hopeless: tuple[float, int] | None = None
+        self._rule: HopelessRule | None = None
+        self._best: list[float] = []
         self._single = True
         self.pruned = False
 
@@ -394,9 +432,13 @@ class ReportToTrial(keras.callbacks.Callback):
         if "hopeless_below" in rule:
             epochs = int((getattr(self, "params", None) or {}).get("epochs") or 0)
             epochs -= self._from_epoch
-            warmup = max(int(rule["warmup_epochs"]),
-                         math.ceil(float(rule.get("warmup_share", 0.0)) * epochs))
-            self._hopeless = (float(rule["hopeless_below"]), warmup)
+            least = int(rule["warmup_epochs"])
+            warmup = max(least, math.ceil(float(rule.get("warmup_share", 0.0)) * epochs))
+            target = rule.get("target")
+            self._rule = HopelessRule(
+                below=float(rule["hopeless_below"]), least_epochs=least, warmup=warmup,
+                target=None if target is None else float(target),
+                trend_epochs=int(rule.get("trend_epochs", 0)), epochs=epochs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Report the epoch; stop the training once it is hopeless by the study's rule."""
@@ -406,8 +448,8 @@ class ReportToTrial(keras.callbacks.Callback):
         step = epoch - self._from_epoch
         if self._single:
             self._trial.report(float(value), step)
-        below, warmup = self._hopeless or (-1.0, 0)
-        if step >= warmup and float(value) < below:
+        self._best.append(max([float(value), *self._best[-1:]]))
+        if self._rule is not None and self._rule.stops(self._best, float(value)):
             self.pruned = True
             self.model.stop_training = True
 

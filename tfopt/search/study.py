@@ -26,13 +26,17 @@ TIE_SHARE = 0.03
 HOPELESS_POINTS = 10.0
 """A trial whose validation accuracy is this far below the target after its warm-up epochs is
 stopped (pruned): more fine-tuning would not bring it back."""
+TREND_EPOCHS = 3
+"""Epochs whose gain a trial this far below is judged by before its warm-up ends: one that
+would not reach the target by its epoch cap even at that gain is stopped then
+(`tfopt.models.training.HopelessRule`)."""
 WARMUP_EPOCHS = 2
 """Epochs every trial gets before the pruner may stop it."""
 WARMUP_SHARE = 0.25
-"""The share of its epoch cap a trial gets before the pruner may stop it, where that is more
-than `WARMUP_EPOCHS`: a residual network's model with 62.5% of its filters removed was below
-0.80 after 3 epochs in one run and back within the budget (0.98) by its 49th in another
-(docs/measurements.md)."""
+"""The share of its epoch cap after which a trial this far below is stopped however it moves
+(sooner only by `TREND_EPOCHS`' rule), where that is more than `WARMUP_EPOCHS`: a residual
+network's model with 62.5% of its filters removed was below 0.80 after 3 epochs in one run and
+back within the budget (0.98) by its 49th in another (docs/measurements.md)."""
 SAMPLER_STARTUP_TRIALS = 2
 """A joint study's trials before its TPE sampler models the objectives (the first point is
 `Joint.first`; the next ones are drawn at random): its budget holds a handful of trials."""
@@ -123,6 +127,8 @@ class Search:
         study.set_user_attr("hopeless_below", self.hopeless_below)
         study.set_user_attr("warmup_epochs", WARMUP_EPOCHS)
         study.set_user_attr("warmup_share", WARMUP_SHARE)
+        study.set_user_attr("target", self.target)
+        study.set_user_attr("trend_epochs", TREND_EPOCHS)
         return study
 
     def trials(self) -> list[Trial]:
