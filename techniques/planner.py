@@ -7,11 +7,11 @@ the longest last: `chained_last`) and waited for, each ending by its epochs' sha
 left when it starts (`TrainingData.queued`: those after it whose shortest run no longer fits,
 `fitting`, keep none); then a joint search's first round (its knobs' own searches covered it);
 only then do the searches deepen, in the time left, the one that paid most per second so far
-first (`Search.paid_per_second`). The fine-tunings that continue from a
-searched technique's model (QAT of channel pruning's) run last: the fine-tunings before them
-share the time with them, and the joint searches and the deepening leave them their shortest
-runs. A technique is cut only when even its shortest run (`shortest_run_s`) does not fit, and
-`Planner.plan_line` says before any starts which fit.
+first, then the one whose trials were timed fastest (`Search.deepening_key`). The fine-tunings
+that continue from a searched technique's model (QAT of channel pruning's) run last: the
+fine-tunings before them share the time with them, and the joint searches and the deepening
+leave them their shortest runs. A technique is cut only when even its shortest run
+(`shortest_run_s`) does not fit, and `Planner.plan_line` says before any starts which fit.
 A search that ran first no longer takes the time of the techniques after it: on the demo
 channel pruning's bisection once cut distillation, pruning, QAT and clustering.
 """
@@ -230,7 +230,8 @@ class Planner:
         for planned in order.combined:
             self._first_round(planned, self.baseline, reserved)
             self.give_back_unbuilt(plans)
-        for name in sorted(self._deepen, key=lambda n: -self.searches[n].paid_per_second()):
+        for name in sorted(self._deepen, key=lambda n: self.searches[n].deepening_key(),
+                           reverse=True):
             self.finished(name, reserved)
             self.give_back_unbuilt(plans)
         for index, planned in enumerate(order.last):

@@ -398,3 +398,21 @@ def _callback_for(ref, epochs: int):
     callback.set_params({"epochs": epochs})
     callback.on_train_begin()
     return callback
+
+
+def test_searches_that_paid_nothing_deepen_the_one_timed_fastest_first(tmp_path):
+    """Not the one planned first: a knob whose trials were all hopeless has nothing to show."""
+    hopeless = Search(KNOB, tmp_path / "depth", "depth", target=0.9)
+    (value,) = _next(hopeless)
+    hopeless.finish(Trial(params={"fraction": value}, status="pruned", val_accuracy=0.4))
+    near = Search(KNOB, tmp_path / "channels", "channels", target=0.9)
+    (value,) = _next(near)
+    near.finish(Trial(params={"fraction": value}, status="over_budget", val_accuracy=0.89,
+                      p50_ms=0.1, speedup=2.3))
+    paid = Search(KNOB, tmp_path / "paid", "paid", target=0.9)
+    (value,) = _next(paid)
+    paid.finish(Trial(params={"fraction": value}, status="ok", val_accuracy=0.95,
+                      p50_ms=0.2, speedup=1.2, seconds=10.0))
+    searches = {"depth": hopeless, "channels": near, "paid": paid}
+    assert sorted(searches, key=lambda n: searches[n].deepening_key(), reverse=True) == [
+        "paid", "channels", "depth"]

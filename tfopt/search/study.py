@@ -229,6 +229,18 @@ class Search:
         best = max((t.speedup or 1.0 for t in trials if t.status == "ok"), default=1.0)
         return (best - 1.0) / max(sum(t.seconds for t in trials), 1.0)
 
+    def deepening_key(self) -> tuple[float, float]:
+        """Its place when the searches deepen, the first highest.
+
+        What it paid per second (`paid_per_second`); among those that paid nothing yet, the
+        fastest any of its trials was side by side, over the budget too: a knob none of whose
+        trials came back fast enough to time (each stopped as hopeless) is deepened last, not
+        first because its technique was planned first.
+        """
+        seen = max((t.speedup or 1.0 for t in self.trials()
+                    if t.status in ("ok", "over_budget")), default=1.0)
+        return self.paid_per_second(), seen
+
     def trial_folder(self, point: Point) -> Path:
         """Where the trial of one point keeps its model and files."""
         return self.folder / ("trial-" + "-".join(f"{point[field]:g}"
@@ -414,13 +426,18 @@ def trial_of(state: Any, search: Search, point: Point) -> Trial:
 
 
 def search_line(search: Search) -> str:
-    """The trials in one line, strongest last, and the choice."""
+    """The trials in one line, strongest last, the choice, and the accuracies to keep.
+
+    A trial's model is read on the split its fine-tuning chose on (``held-out``), its file on
+    validation (``file val``).
+    """
     knob = search.knob
     parts = []
     for trial in sorted(search.trials(), key=lambda t: knob.strength(t.params)):
-        accuracy = f" val {trial.val_accuracy:.4f}" if trial.val_accuracy is not None else ""
+        accuracy = (f" held-out {trial.val_accuracy:.4f}" if trial.val_accuracy is not None
+                    else "")
         if trial.file_val_accuracy is not None:
-            accuracy += f" file {trial.file_val_accuracy:.4f}"
+            accuracy += f" file val {trial.file_val_accuracy:.4f}"
         timing = f" {trial.p50_ms:.4f} ms" if trial.p50_ms is not None else ""
         if trial.speedup is not None:
             timing += f" ({trial.speedup:.2f}x side by side)"
@@ -428,8 +445,12 @@ def search_line(search: Search) -> str:
             timing += f" {trial.file.rsplit('-', 1)[-1]}"
         parts.append(f"{knob.point_label(trial.params)} {trial.status}{accuracy}{timing}")
     chosen = search.chosen()
+    keep = [f"{name} {value:.4f}" for name, value in (("held-out", search.target),
+                                                       ("file val", search.file_target))
+            if value is not None]
     return (f"{knob.field}: " + ", ".join(parts or ["no trial"])
-            + f" -> {knob.point_label(chosen.params) if chosen else 'none within the budget'}")
+            + f" -> {knob.point_label(chosen.params) if chosen else 'none within the budget'}"
+            + (f" (to keep: {', '.join(keep)})" if keep else ""))
 
 
 def search_summary(search: Search) -> dict[str, Any]:
