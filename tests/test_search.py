@@ -345,15 +345,9 @@ def _trial_at(point: dict[str, float]) -> Trial:
 
 @pytest.mark.parametrize("knob", [KNOB, JOINT], ids=["one knob", "joint"])
 def test_a_trials_fine_tuning_stops_once_hopeless(tmp_path, knob):
-    import tf_keras as keras
-
-    from tfopt.models.training import ReportToTrial
-
     search = open_study(knob, tmp_path / "hopeless", "hopeless", target=0.95)
     (_, ref), = search.next_trials()
-    callback = ReportToTrial(ref)
-    callback.set_model(keras.Sequential([keras.layers.Dense(1, input_shape=(1,))]))
-    callback.on_train_begin()
+    callback = _callback_for(ref, epochs=0)  # no cap known: the warm-up is its two epochs
     for epoch in range(2):  # the warm-up: never stopped
         callback.on_epoch_end(epoch, {"val_accuracy": 0.1})
     assert not callback.pruned
