@@ -3,21 +3,25 @@
 Usage: .venv/bin/python benchmarks/channel_pruning.py [--config configs/bench.yaml]
                                                       [--seeds 1,2,3] [--fractions 0.5]
                                                       [--depths 0.5,1.0] [--distill]
-                                                      [--work DIR]
+                                                      [--then 0.25] [--work DIR]
 
 Runs tfopt's own steps (plain functions, no servers) per seed: train the baseline, channel-prune
 it at each fraction (`compress.channel_prune`'s epochs and learning rate from the config), with
 ``--depths`` depth-prune the baseline and the first fraction's model at each share of their
 residual blocks (`compress.depth_prune`'s budget: ``depth-50`` and ``channels-50+depth-50``),
-and convert each to TFLite full-integer int8 as the pipeline does. Every file is evaluated on the
-same test split, and timed with a bare LiteRT loop (batch 1, `benchmark.threads`) in rounds that
-alternate with the seed's ``baseline-tflite-int8``, so a drifting machine moves both alike.
-Prints per seed and, over seeds, the mean and range of: accuracy against the float baseline
-(points), FLOPs ratio, and the speed-up over ``baseline-tflite-int8`` (its p50 / the variant's).
-Goals (issue 32): a channel-pruned variant >= 1.5x faster than baseline-tflite-int8, within 1
-accuracy point of the baseline; with ``--distill``, the teacher made thinner and distilled
-(`compress.distill`'s budget, ``student: thinner``) within 2 points of its teacher and at least
-as accurate as its scratch control.
+with ``--then`` prune the first fraction's fine-tuned model further (iterative pruning: each
+share of its remaining filters removed and fine-tuned again) beside the same total share removed
+from the baseline at once, and convert each to TFLite full-integer int8 as the pipeline does.
+Every file is evaluated on the same test split, and timed with a bare LiteRT loop (batch 1,
+`benchmark.threads`) in rounds that alternate with the seed's ``baseline-tflite-int8``, so a
+drifting machine moves both alike. Prints each fine-tuning's held-out curve and the epoch it
+first came within a point of the baseline's held-out accuracy, then per seed and, over seeds,
+the mean and range of: accuracy against the float baseline (points), FLOPs ratio, and the
+speed-up over ``baseline-tflite-int8`` (its p50 / the variant's). Goals (issue 32): a
+channel-pruned variant >= 1.5x faster than baseline-tflite-int8, within 1 accuracy point of the
+baseline; with ``--distill``, the teacher made thinner and distilled (`compress.distill`'s
+budget, ``student: thinner``) within 2 points of its teacher and at least as accurate as its
+scratch control.
 """
 
 from __future__ import annotations
@@ -76,13 +80,15 @@ def speedup(path: Path, reference: Path, singles: list[np.ndarray], threads: int
 def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
                  fractions: list[float], work: Path, distill: bool = False,
                  teachers: dict[int, dict[str, float]] | None = None,
-                 depths: tuple[float, ...] = (),
+                 depths: tuple[float, ...] = (), then: tuple[float, ...] = (),
                  ) -> dict[str, dict[str, float]]:
     """One seed's rows: accuracy delta (points), FLOPs ratio and speed-up per variant.
 
     With `distill`, the teacher made thinner by the first fraction is also distilled (with its
     two controls, whose test accuracies go to `teachers[seed]`). Each of `depths` removes that
-    share of the residual blocks of the baseline and of the first fraction's model.
+    share of the residual blocks of the baseline and of the first fraction's model. Each of
+    `then` removes that share of the first fraction's model's remaining filters, beside the
+    same total share removed from the baseline at once.
     """
     teachers = {} if teachers is None else teachers
     data = TrainingData(dataset=dataset, batch_size=config.train.batch_size or 64, seed=seed,
@@ -92,14 +98,28 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
     files = {"baseline-tflite-int8": int8_file(baseline, config, dataset, out)}
     flops = {"baseline-tflite-int8": 1.0}
     starts = [(baseline, 1.0)]
+    pruning = config.compress.channel_prune.fitted_to(baseline)
+    target = baseline.metrics["select_accuracy"] - 0.01
     for fraction in fractions:
-        cfg = config.compress.channel_prune.model_copy(update={"enabled": True,
-                                                               "fraction": fraction})
+        cfg = pruning.model_copy(update={"enabled": True, "fraction": fraction})
         thinner = channel_prune_model.fn(baseline, cfg, data, out)
+        print_curve(seed, thinner.name, thinner, target)
         files[f"{thinner.name}-tflite-int8"] = int8_file(thinner, config, dataset, out)
         flops[f"{thinner.name}-tflite-int8"] = thinner.metrics["flops_ratio"]
         if len(starts) == 1:
             starts.append((thinner, thinner.metrics["flops_ratio"]))
+    for share in then:
+        first, first_flops = starts[1]
+        total = 1.0 - (1.0 - fractions[0]) * (1.0 - share)
+        for start, name in ((baseline, f"channels-{total * 100:g}-at-once"),
+                            (first, f"channels-{total * 100:g}-from-{first.name}")):
+            cfg = pruning.model_copy(update={
+                "enabled": True, "fraction": total if start is baseline else share})
+            thinner = channel_prune_model.fn(start, cfg, data, out / name)
+            print_curve(seed, name, thinner, target)
+            files[f"{name}-tflite-int8"] = int8_file(thinner, config, dataset, out / name)
+            flops[f"{name}-tflite-int8"] = thinner.metrics["flops_ratio"] * (
+                1.0 if start is baseline else first_flops)
     for share in depths:
         for start, start_flops in starts:
             cfg = config.compress.depth_prune.model_copy(update={"enabled": True, "share": share})
@@ -134,6 +154,15 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
     return rows
 
 
+def print_curve(seed: int, name: str, model: ModelArtifact, target: float) -> None:
+    """A fine-tuning's held-out curve and the first epoch it reached `target`."""
+    curve = model.history.get("val_accuracy") or []
+    reached = next((epoch for epoch, value in enumerate(curve, 1) if value >= target), None)
+    when = f"first at epoch {reached}" if reached else "not reached"
+    print(f"seed {seed}: {name}: held-out {target:.4f} (a point below the baseline's) {when}; "
+          f"{len(curve)} epochs: {' '.join(f'{value:.3f}' for value in curve)}", flush=True)
+
+
 def _spread(values: list[float], fmt: str) -> str:
     return f"{np.mean(values):{fmt}} [{min(values):{fmt}}, {max(values):{fmt}}]"
 
@@ -145,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fractions", default="0.5", help="comma-separated shares removed")
     parser.add_argument("--depths", default="",
                         help="comma-separated shares of residual blocks removed (depth pruning)")
+    parser.add_argument("--then", default="",
+                        help="comma-separated shares of the first fraction's model's remaining "
+                             "filters removed (iterative pruning), beside the total at once")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--distill", action="store_true",
                         help="also distill the thinner teacher (compress.distill's budget)")
@@ -157,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     fractions = [float(f) for f in args.fractions.split(",")]
     students: dict[int, dict[str, float]] = {}
     depths = tuple(float(share) for share in args.depths.split(",") if share)
+    then = tuple(float(share) for share in args.then.split(",") if share)
     per_seed = [measure_seed(config, dataset, int(seed), fractions, work, args.distill, students,
-                             depths) for seed in args.seeds.split(",")]
+                             depths, then) for seed in args.seeds.split(",")]
     print(f"\n{len(per_seed)} seeds, {args.config}: mean [range]")
     print(f"{'variant':28s} {'accuracy Δ pts':>24s} {'FLOPs ratio':>12s} {'speed-up':>22s}")
     for name in per_seed[0]:
