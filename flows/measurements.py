@@ -5,8 +5,9 @@ The baseline's forms are measured before the compression, breadth-first over the
 they cost by format (`MeasurementCosts`) prices the compressed variants' measurements
 (`Measurements.resized`), so the searches and fine-tunings get the time a guess would have
 kept. On a slow machine the measurements could take the compression's whole time: then each
-compressed model is built and measured as its int8 TFLite file alone
-(``compress.forms: tflite_int8``). Past each runtime's first form, a baseline form whose
+compressed model is built and measured as its int8 and fp32 TFLite files alone
+(``compress.forms: tflite``), or its int8 file alone when even those would not fit
+(``tflite_int8``). Past each runtime's first form, a baseline form whose
 measurement would leave the techniques less than their full runs waits until after the
 compressed variants, measured then while the budget lasts (`Measurements.later`): the
 fine-tunings are what the run is for, and the first round already put the baseline on every
@@ -42,7 +43,7 @@ from tfopt.measurement.floor import floor_key
 from tfopt.models.baseline import epoch_seconds
 from tfopt.native import release_workers
 from tfopt.orchestration import StepProgress
-from tfopt.runtimes import int8_only, runtime_of
+from tfopt.runtimes import NARROWED_FORMS, runtime_of, with_forms
 from tfopt.search import baseline_int8
 from tfopt.variants import breadth_first, skipped
 
@@ -109,10 +110,11 @@ class Measurements:
         Breadth-first over the runtimes, the speedup reference first. Each runtime's first form
         is always measured (the baseline on every runtime, and the prices of the others). If
         the compressed variants' measurements would then leave the techniques less than their
-        shortest runs, the compressed models are narrowed to their int8 TFLite files
-        (`config` then says ``compress.forms: tflite_int8``; the cuts say why). From then on,
-        the baseline's forms that would leave the techniques less than their full runs wait for
-        `later`: the first whose measurement would, and those after it (the log says which).
+        shortest runs, the compressed models are narrowed to their TFLite files (`_narrowed`:
+        `config` then says ``compress.forms: tflite`` or ``tflite_int8``; the cuts say why).
+        From then on, the baseline's forms that would leave the techniques less than their full
+        runs wait for `later`: the first whose measurement would, and those after it (the log
+        says which).
         `learned`: the techniques' fixed parts as this machine's earlier runs took them.
         """
         plans = plan(self.config, baseline)
@@ -154,36 +156,50 @@ class Measurements:
 
     def _narrowed(self, baseline: ModelArtifact, plans: list[Planned],
                   shortest_s: float) -> list[Planned]:
-        """The compressed models planned as their int8 TFLite files alone, said as a cut."""
-        narrowed = int8_only(self.config)
-        narrow_plans = plan(narrowed, baseline)
-        before, after = len(compressed_formats(plans)), len(compressed_formats(narrow_plans))
-        if after >= before:
-            return plans
-        self.config = narrowed
-        self.budget = self.budget.with_compressed(after)
-        self._total = self.budget.baseline_variants + after
-        line = (f"each compressed model built and measured as its int8 TFLite file only "
-                f"(compress.forms: tflite_int8): its {before} forms would have left the "
-                f"techniques less than their shortest runs ({shortest_s:.0f} s)")
-        step_logger().info(line)
-        self.cuts.append(line)
-        return narrow_plans
+        """The compressed models planned as their TFLite files alone, said as a cut.
 
-    def would_starve(self, rest: list[VariantSpec], formats: list[str], needed_s: float) -> bool:
+        Their int8 and fp32 files (`NARROWED_FORMS`: int8 is not the faster everywhere), or
+        their int8 files alone when measuring even those would leave the techniques less than
+        `shortest_s`.
+        """
+        before = len(compressed_formats(plans))
+        for forms in NARROWED_FORMS:
+            narrowed = with_forms(self.config, forms)
+            narrow_plans = plan(narrowed, baseline)
+            formats = compressed_formats(narrow_plans)
+            if len(formats) >= before or (forms != NARROWED_FORMS[-1] and self.would_starve(
+                    [], formats, shortest_s, self.budget.with_compressed(len(formats)))):
+                continue
+            self.config = narrowed
+            self.budget = self.budget.with_compressed(len(formats))
+            self._total = self.budget.baseline_variants + len(formats)
+            files = ("its int8 TFLite file only" if forms == "tflite_int8"
+                     else "its int8 and fp32 TFLite files only")
+            line = (f"each compressed model built and measured as {files} (compress.forms: "
+                    f"{forms}): its {before} forms would have left the techniques less than "
+                    f"their shortest runs ({shortest_s:.0f} s)")
+            step_logger().info(line)
+            self.cuts.append(line)
+            return narrow_plans
+        return plans
+
+    def would_starve(self, rest: list[VariantSpec], formats: list[str], needed_s: float,
+                     budget: Budget | None = None) -> bool:
         """Whether measuring `rest` (maybe none) now leaves the compression less than `needed_s`.
 
         `formats` are the compressed variants', priced without their profiles: `resized`
-        leaves them out when the window is short.
+        leaves them out when the window is short. `budget`: the run's as it would be planned
+        for them (None: as it is).
         """
+        budget = budget or self.budget
         rest_formats = [spec.format for spec in rest if spec.status == "ok"]
         before = self._costs.expected(rest_formats)
         compressed = self._costs.expected(formats, profiled=False)
         if before is None or compressed is None:
             return False
-        timing = self.budget.timing_s
-        window = self.budget.window_after(before + len(rest_formats) * timing,
-                                          compressed + len(formats) * timing)
+        timing = budget.timing_s
+        window = budget.window_after(before + len(rest_formats) * timing,
+                                     compressed + len(formats) * timing)
         return window is not None and window < needed_s
 
     def finish_for(self, measured: list[VariantResult], built: list[VariantSpec]) -> None:

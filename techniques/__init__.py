@@ -112,12 +112,13 @@ _MOVED_COMPRESS_KEYS = {
 class CompressSection(Section):
     """Model compression: one section per technique, and the forms of their models."""
 
-    forms: Literal["all", "tflite_int8"] = Field(
+    forms: Literal["all", "tflite", "tflite_int8"] = Field(
         "all",
         description=(
-            "The forms of every compressed model: all those the runtimes' keys ask for, or only "
-            "its int8 TFLite file. A run whose time budget cannot hold the measurements of all "
-            "of them narrows to tflite_int8 on its own and says so."
+            "The forms of every compressed model: all those the runtimes' keys ask for, only its "
+            "int8 and fp32 TFLite files, or only its int8 TFLite file. A run whose time budget "
+            "cannot hold the measurements of all of them narrows to tflite on its own, to "
+            "tflite_int8 when even those would not fit, and says so."
         ),
     )
 

@@ -137,6 +137,49 @@ def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_fo
             and row.error.startswith(CUT_BY_BUDGET)} == set(waiting)
 
 
+def test_a_run_with_room_for_the_tflite_pair_narrows_to_it_not_to_int8_alone(
+        tiny_baseline, tmp_path: Path):
+    """Every form would starve the techniques, the int8 and fp32 TFLite files would not.
+
+    int8 is not the faster file everywhere: narrowed to it alone, a thinned network whose fp32
+    file is the fast one (an Intel Xeon with AMX) would never have that file built.
+    """
+    from techniques import compressed_formats, plan
+    from tfopt.models.baseline import epoch_seconds
+    from tfopt.runtimes import with_forms
+
+    config = _pruned_and_qat(epochs=2)
+    forms, _ = _forms_of(config, tiny_baseline)
+    every = compressed_formats(plan(config, tiny_baseline))
+    pair = compressed_formats(plan(with_forms(config, "tflite"), tiny_baseline))
+    assert len(pair) < len(every)
+    bench = _measurements(time.time())
+    bench.config, bench.budget = config, bench.budget.model_copy(
+        update={"compressed_variants": len(every)})
+    shortest_s = bench._shortest_runs_s(plan(config, tiny_baseline),
+                                        epoch_seconds(tiny_baseline), None)
+
+    def window(formats: list[str]) -> float:
+        cost = (bench._costs.expected(formats, profiled=False)
+                + len(formats) * bench.budget.timing_s)
+        return bench.budget.with_compressed(len(formats)).window_after(0.0, cost)
+
+    gap = window(pair) - window(every)
+    assert gap > 2.0, "the test needs room between the two"
+    # Started so that the pair's window ends halfway past the techniques' shortest runs.
+    bench.budget = bench.budget.model_copy(update={
+        "started": bench.budget.started + shortest_s + gap / 2 - window(pair)})
+    assert window(every) < shortest_s < window(pair)
+    inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=tmp_path / "labels.npy",
+                             reference_logits=None, examples=10)
+    _, budget = bench.baseline_first(tiny_baseline, forms, inputs)
+    assert bench.config.compress.forms == "tflite"
+    narrow = plan(bench.config, tiny_baseline)
+    assert sorted({spec.precision for p in narrow for spec in p.variants}) == ["fp32", "int8"]
+    assert compressed_formats(narrow) == pair and budget.compressed_variants == len(pair)
+    assert any("int8 and fp32 TFLite files only" in cut for cut in bench.cuts), bench.cuts
+
+
 def test_past_the_first_round_forms_wait_while_the_techniques_would_miss_their_full_runs(
         tiny_baseline, tmp_path: Path):
     from techniques import compressed_formats, full_runs_s, plan

@@ -180,24 +180,40 @@ def plan_forms(request: PlanRequest, config: Any) -> list[VariantSpec]:
             for spec in runtime.plan(request, settings_of(runtime, config))]
 
 
+NARROWED_FORMS = ("tflite", "tflite_int8")
+"""What a run whose budget cannot hold every compressed form narrows them to, widest first
+(``compress.forms``): the int8 and fp32 TFLite files (int8 is not the faster file everywhere: on
+an Intel Xeon with AMX a thinned network's int8 file was no faster than its baseline's while its
+fp32 file was 1.6x, docs/measurements.md), then the int8 file alone."""
+TFLITE_PAIR = ("int8", "fp32")
+"""The TFLite precisions ``compress.forms: tflite`` asks of every compressed model."""
+
+
 def compressed_forms(config: Any) -> dict[str, tuple[str, ...]]:
     """The one rule for a technique's model: the precisions each runtime's format is asked for.
 
     Every runtime says it from the config (`Runtime.compressed_forms`); formats asked for
-    nothing are left out. ``compress.forms: tflite_int8`` asks for the int8 TFLite file alone.
+    nothing are left out. ``compress.forms: tflite`` asks for the int8 and fp32 TFLite files
+    alone, ``tflite_int8`` for the int8 one.
     """
-    if narrowed_to_int8(config):
-        return {"tflite": ("int8",)}
+    forms = getattr(config.compress, "forms", "all")
+    if forms in NARROWED_FORMS:
+        return {"tflite": ("int8",) if forms == "tflite_int8" else TFLITE_PAIR}
     return {fmt: precisions for runtime in registry().values()
             for fmt, precisions in runtime.compressed_forms(settings_of(runtime, config),
                                                             config.compress).items()
             if precisions}
 
 
+def with_forms(config: Any, forms: str) -> Any:
+    """`config` with each compressed model narrowed to `forms` (one of `NARROWED_FORMS`)."""
+    return config.model_copy(update={"compress": config.compress.model_copy(
+        update={"forms": forms})})
+
+
 def int8_only(config: Any) -> Any:
     """`config` with each compressed model narrowed to its int8 TFLite file (`narrowed_to_int8`)."""
-    return config.model_copy(update={"compress": config.compress.model_copy(
-        update={"forms": "tflite_int8"})})
+    return with_forms(config, "tflite_int8")
 
 
 def narrowed_to_int8(config: Any) -> bool:
