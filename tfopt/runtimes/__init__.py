@@ -182,9 +182,9 @@ def plan_forms(request: PlanRequest, config: Any) -> list[VariantSpec]:
 
 NARROWED_FORMS = ("tflite", "tflite_int8")
 """What a run whose budget cannot hold every compressed form narrows them to, widest first
-(``compress.forms``): the int8 and fp32 TFLite files (int8 is not the faster file everywhere: on
-an Intel Xeon with AMX a thinned network's int8 file was no faster than its baseline's while its
-fp32 file was 1.6x, docs/measurements.md), then the int8 file alone."""
+(``compress.forms``): the int8 and fp32 TFLite files (int8 is not the faster file everywhere:
+on an Intel Xeon with AMX a thinned network's fp32 file was the fast one, docs/measurements.md),
+then the int8 file alone."""
 TFLITE_PAIR = ("int8", "fp32")
 """The TFLite precisions ``compress.forms: tflite`` asks of every compressed model."""
 
