@@ -99,7 +99,8 @@ def measure_seed(config: PipelineConfig, dataset: DatasetArtifact, seed: int,
     flops = {"baseline-tflite-int8": 1.0}
     starts = [(baseline, 1.0)]
     pruning = config.compress.channel_prune.fitted_to(baseline)
-    target = baseline.metrics["select_accuracy"] - 0.01
+    held_out = baseline.metrics.get("select_accuracy", baseline.metrics.get("best_val_accuracy"))
+    target = (held_out or 0.0) - 0.01
     for fraction in fractions:
         cfg = pruning.model_copy(update={"enabled": True, "fraction": fraction})
         thinner = channel_prune_model.fn(baseline, cfg, data, out)
