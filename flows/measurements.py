@@ -163,21 +163,21 @@ class Measurements:
         `shortest_s`.
         """
         before = len(compressed_formats(plans))
-        for forms in NARROWED_FORMS:
+        narrowest = list(NARROWED_FORMS)[-1]
+        for forms, precisions in NARROWED_FORMS.items():
             narrowed = with_forms(self.config, forms)
             narrow_plans = plan(narrowed, baseline)
             formats = compressed_formats(narrow_plans)
-            if len(formats) >= before or (forms != NARROWED_FORMS[-1] and self.would_starve(
-                    [], formats, shortest_s, self.budget.with_compressed(len(formats)))):
+            budget = self.budget.with_compressed(len(formats))
+            if len(formats) >= before or (forms != narrowest and self.would_starve(
+                    [], formats, shortest_s, budget)):
                 continue
-            self.config = narrowed
-            self.budget = self.budget.with_compressed(len(formats))
+            self.config, self.budget = narrowed, budget
             self._total = self.budget.baseline_variants + len(formats)
-            files = ("its int8 TFLite file only" if forms == "tflite_int8"
-                     else "its int8 and fp32 TFLite files only")
-            line = (f"each compressed model built and measured as {files} (compress.forms: "
-                    f"{forms}): its {before} forms would have left the techniques less than "
-                    f"their shortest runs ({shortest_s:.0f} s)")
+            files = f"{' and '.join(precisions)} TFLite file{'s' if len(precisions) > 1 else ''}"
+            line = (f"each compressed model built and measured as its {files} only "
+                    f"(compress.forms: {forms}): its {before} forms would have left the "
+                    f"techniques less than their shortest runs ({shortest_s:.0f} s)")
             step_logger().info(line)
             self.cuts.append(line)
             return narrow_plans

@@ -180,13 +180,11 @@ def plan_forms(request: PlanRequest, config: Any) -> list[VariantSpec]:
             for spec in runtime.plan(request, settings_of(runtime, config))]
 
 
-NARROWED_FORMS = ("tflite", "tflite_int8")
-"""What a run whose budget cannot hold every compressed form narrows them to, widest first
-(``compress.forms``): the int8 and fp32 TFLite files (int8 is not the faster file everywhere:
-on an Intel Xeon with AMX a thinned network's fp32 file was the fast one, docs/measurements.md),
-then the int8 file alone."""
-TFLITE_PAIR = ("int8", "fp32")
-"""The TFLite precisions ``compress.forms: tflite`` asks of every compressed model."""
+NARROWED_FORMS = {"tflite": ("int8", "fp32"), "tflite_int8": ("int8",)}
+"""What a run whose budget cannot hold every compressed form narrows them to, widest first:
+each ``compress.forms`` value and the TFLite precisions it asks of every compressed model. The
+fp32 file comes first with int8 because int8 is not the faster file on every CPU
+(docs/measurements.md)."""
 
 
 def compressed_forms(config: Any) -> dict[str, tuple[str, ...]]:
@@ -198,7 +196,7 @@ def compressed_forms(config: Any) -> dict[str, tuple[str, ...]]:
     """
     forms = getattr(config.compress, "forms", "all")
     if forms in NARROWED_FORMS:
-        return {"tflite": ("int8",) if forms == "tflite_int8" else TFLITE_PAIR}
+        return {"tflite": NARROWED_FORMS[forms]}
     return {fmt: precisions for runtime in registry().values()
             for fmt, precisions in runtime.compressed_forms(settings_of(runtime, config),
                                                             config.compress).items()
