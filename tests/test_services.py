@@ -31,6 +31,20 @@ def test_a_server_that_dies_while_starting_is_quoted_in_the_error(tmp_path):
         _wait_healthy(settings, dying, _spawn(settings, dying), timeout_s=30)
 
 
+def test_a_chosen_free_port_is_below_the_range_outgoing_connections_take():
+    """Else a client's source port can take a test server's port before it binds it."""
+    from pathlib import Path
+
+    from tfopt.processes import free_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) > 1 and all(port < low for port in ports), ports
+    for port in ports:
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", port))
+
+
 def test_down_services_name_the_address_and_tfopt_up():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

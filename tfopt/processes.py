@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 
 def process_alive(pid: int) -> bool:
@@ -64,7 +66,34 @@ def _reap(pid: int) -> None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port of `host` nobody listens on right now."""
+    """A TCP port of `host` nobody listens on right now, below the kernel's ephemeral range.
+
+    A port the kernel hands out for `bind(0)` lies in the range it also takes the source ports
+    of outgoing connections from: between choosing it and a server binding it, any client on
+    the machine may take it ("address already in use"). Ports below that range are only ever
+    taken by a bind that names them (where the range starts too low for that: any free port).
+    """
+    low = _ephemeral_low()
+    for _ in range(200 if low > _LOWEST_CHOSEN_PORT + 1000 else 0):
+        port = random.randrange(_LOWEST_CHOSEN_PORT, low)
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+_LOWEST_CHOSEN_PORT = 20000
+"""Well above the ports services are usually configured on."""
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel picks for outgoing connections (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768

@@ -71,8 +71,12 @@ def test_regressions_hold_only_side_by_side_and_a_failing_variant_is_isolated(
                       f"and tags.`tfopt.variant` = '{gone}'")
     shutil.rmtree(_artifact_folder(live_services, child.info.run_id) / "model")
     summary_path = tmp_path / "out.json"
+    # The history's spread includes the first run, timed beside its twin: on a loaded machine
+    # that spread alone can exceed what four times the width costs. A configured minimum keeps
+    # the side-by-side check, not the two-at-once noise, the thing under test here.
     summary = run_smoke_with(live_services, summary_path,
-                             {**overrides, "model.width": 96, "convert.onnx_atol": 1e-12})
+                             {**overrides, "model.width": 96, "convert.onnx_atol": 1e-12,
+                              "benchmark.regression_min_change": 0.3})
     by_name = {v["name"]: v for v in summary["variants"]}
     onnx = by_name["baseline-onnx"]
     assert onnx["status"] == "failed" and "OnnxMismatchError" in onnx["error"]
@@ -101,7 +105,10 @@ def test_regressions_hold_only_side_by_side_and_a_failing_variant_is_isolated(
     assert ("baseline-onnx", "ok", "failed") in newly_failing, since["regressions"]
     slower = {r["variant"]: r for r in since["regressions"] if r.get("what") == "p50"}
     confirmed = {name: r for name, r in slower.items() if r["verdict"] == "confirmed"}
-    assert confirmed, since["moves"]
+    assert confirmed, [(m["variant"], m["verdict"], m["ratio"], m["minimum_change"],
+                        {k: v for k, v in m.get("side_by_side", {}).items()
+                         if k in ("ratio", "round_ratios", "reason")})
+                       for m in since["moves"] if m.get("what") == "p50"]
     for name, regression in confirmed.items():
         check = regression["side_by_side"]
         assert check["ratio"] >= 1.5 and check["rounds"] in (6, 12), (name, check)
