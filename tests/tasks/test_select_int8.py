@@ -87,10 +87,59 @@ def test_the_outlier_layer_is_ranked_first_and_kept_in_float_until_within_budget
 
 
 def test_a_model_that_quantizes_well_is_not_selected(tiny_savedmodel, tiny_dataset, tmp_path):
-    variant = build(_planned(), tiny_savedmodel, tiny_dataset, CFG, tmp_path,
+    cfg = CFG.model_copy(update={"selective_float_stem": False})
+    variant = build(_planned(), tiny_savedmodel, tiny_dataset, cfg, tmp_path,
                     budget_points=100.0)
     assert variant.status == "skipped" and "not needed: full int8 loses" in variant.error
     assert not list(tmp_path.glob("*.tflite"))
+
+
+@pytest.mark.parametrize("gain", [-1.0, 1.0])
+def test_within_budget_the_first_convolution_is_kept_in_float_only_when_faster(
+        tiny_savedmodel, tiny_dataset, tmp_path, gain):
+    """The quick timing decides: a gain of -100% takes any timing, +100% none."""
+    from tests.steps import sources_for
+    from tfopt.data.pipeline import load_split
+    from tfopt.runtimes._litert_files import representative_images, serving_converter
+    from tfopt.runtimes._litert_selective import (
+        StartingFiles,
+        float_stem_if_faster,
+        int8_with_float_nodes,
+    )
+
+    scale = tiny_savedmodel.input_scale
+    validation = load_split(tiny_dataset, "val", None, scale)
+
+    def calibration():
+        return representative_images(tiny_dataset, CFG.calibration_examples, scale)
+
+    full_int8 = int8_with_float_nodes(tiny_savedmodel, calibration, [])
+    starting = StartingFiles(serving_converter(tiny_savedmodel.path).convert(), full_int8,
+                             1.0, 1.0, 0.0)
+    variant = float_stem_if_faster(
+        tiny_savedmodel, _planned(), calibration, starting, validation,
+        sources_for(tiny_savedmodel, tiny_dataset, tmp_path, CFG, budget_points=100.0),
+        "not needed: full int8 loses nothing", min_gain=gain)
+    if gain > 0:
+        assert variant.status == "skipped", variant
+        assert variant.error.startswith("not needed: full int8 loses nothing; quick p50 with")
+        assert "not 100% faster" in variant.error
+        assert not list(tmp_path.glob("*.tflite"))
+        return
+    assert variant.status == "ok", variant.error
+    params = variant.params
+    assert params["float_layer_count"] == 1 and "first convolution" in params["method"]
+    stem = params["float_layers"]
+    dtypes = {t["name"]: np.dtype(t["dtype"])
+              for t in TFLiteRunner(variant.path).interpreter.get_tensor_details()}
+    assert dtypes[stem] == np.float32, "the stem's output stays float"
+    assert np.dtype(np.int8) in dtypes.values(), "the rest stays int8"
+    assert [p.name for p in tmp_path.glob("*.tflite")] == [f"{variant.name}.tflite"]
+    full = tmp_path / "full.tflite"
+    full.write_bytes(full_int8)
+    full_dtypes = {t["name"]: np.dtype(t["dtype"])
+                   for t in TFLiteRunner(full).interpreter.get_tensor_details()}
+    assert full_dtypes.get(stem) == np.int8, "in full int8 the same tensor is int8"
 
 
 def test_a_budget_no_float_layer_count_reaches_fails_with_the_steps(outlier_savedmodel,

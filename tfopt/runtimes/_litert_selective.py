@@ -14,6 +14,12 @@ grid against its true float values: the share of its channels whose root-mean-sq
 float model on the debug images, is below one quantization step. Ties (layers that crush
 nothing) are broken by the debugger's per-layer error: the mean over channels of the error's
 RMS relative to the float value's RMS.
+
+When full int8 is within the budget already, one float layer may still pay for speed: the first
+convolution sees the image's few input channels at full resolution, where some CPUs' int8
+kernels are slower than their float ones (docs/measurements.md). That file is built when a quick
+timing, alternating with full int8's, finds it `STEM_GAIN` faster and within the budget; the
+benchmark then measures it beside every other variant like any.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -34,9 +41,11 @@ from tfopt.fileio import atomic_write_bytes
 from tfopt.logs import step_logger
 from tfopt.runtimes._litert_files import TFLiteRunner, representative_images, serving_converter
 from tfopt.runtimes.base import BuildSources
+from tfopt.runtimes.litert import STEM_GAIN
 from tfopt.variants import built, failed, skipped
 
 DEBUG_EXAMPLES = 64
+_STEM_ROUNDS = 3
 _TIMED_RUNS = 300
 _WARMUP_RUNS = 50
 _LIVE = 1e-6
@@ -134,23 +143,77 @@ def rank_layers(statistics_csv: str, rms: dict[str, np.ndarray]) -> list[LayerEr
 
 
 def _accuracy_and_p50(content: bytes, images: np.ndarray, labels: np.ndarray, threads: int,
-                      scratch: Path) -> tuple[float, float]:
-    """Accuracy on `images` and a quick batch-1 p50 (bare invoke loop) of a .tflite model."""
+                      scratch: Path, timed: bool = True) -> tuple[float, float]:
+    """Accuracy on `images` and a quick batch-1 p50 (bare invoke loop; NaN untimed) of a file."""
     atomic_write_bytes(scratch, content)
     try:
         runner = TFLiteRunner(scratch, threads)
         accuracy = float(np.mean(np.argmax(runner.predict(images), 1) == labels))
-        prepared = runner.prepare(images[:1])[0]
-        for _ in range(_WARMUP_RUNS):
-            runner.invoke(prepared)
-        times = []
-        for _ in range(_TIMED_RUNS):
-            start = time.perf_counter()
-            runner.invoke(prepared)
-            times.append(time.perf_counter() - start)
+        p50 = _quick_p50(runner, images[:1]) if timed else float("nan")
     finally:
         scratch.unlink(missing_ok=True)
-    return accuracy, float(np.median(times) * 1e3)
+    return accuracy, p50
+
+
+def _quick_p50(runner: TFLiteRunner, image: np.ndarray) -> float:
+    """The median ms of `_TIMED_RUNS` bare invokes on one image, after `_WARMUP_RUNS`."""
+    prepared = runner.prepare(image)[0]
+    for _ in range(_WARMUP_RUNS):
+        runner.invoke(prepared)
+    times = []
+    for _ in range(_TIMED_RUNS):
+        start = time.perf_counter()
+        runner.invoke(prepared)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1e3)
+
+
+def first_convolution(float_model: bytes) -> str | None:
+    """The output tensor of the graph's first ``CONV_2D`` in execution order (None: none)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=float_model)
+    names = {t["index"]: t["name"] for t in interpreter.get_tensor_details()}
+    for op in interpreter._get_ops_details():  # no public API lists the ops
+        if op["op_name"] == "CONV_2D":
+            return names[op["outputs"][0]]
+    return None
+
+
+def int8_with_float_nodes(savedmodel: ModelArtifact,
+                          calibration: Callable[[], Iterator[list[np.ndarray]]],
+                          nodes: list[str]) -> bytes:
+    """Full int8 with the ops writing `nodes` (tensor names) kept in float.
+
+    Built as ``QuantizationDebugger.get_nondebug_quantized_model`` builds it (a calibrated
+    model quantized with a deny list), without opening the debugger's deprecated interpreter.
+    """
+    from tensorflow.lite.python import convert  # the debugger's own quantizer: no public API
+
+    converter = serving_converter(savedmodel.path)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = calibration
+    converter.experimental_mlir_quantizer = True
+    converter._experimental_calibrate_only = True  # as the debugger sets it
+    return convert.mlir_quantize(
+        converter.convert(),
+        disable_per_channel=converter._experimental_disable_per_channel,
+        denylisted_nodes=list(nodes))
+
+
+def _alternating_p50s(files: dict[str, bytes], image: np.ndarray, threads: int,
+                      scratch: Path) -> dict[str, float]:
+    """Each file's median over `_STEM_ROUNDS` rounds of quick p50s, the files alternating."""
+    rounds: dict[str, list[float]] = {name: [] for name in files}
+    for index in range(_STEM_ROUNDS):
+        for name in (list(files) if index % 2 == 0 else list(reversed(files))):
+            path = scratch.with_name(f"{scratch.name}.{name}")
+            atomic_write_bytes(path, files[name])
+            try:
+                rounds[name].append(_quick_p50(TFLiteRunner(path, threads), image))
+            finally:
+                path.unlink(missing_ok=True)
+    return {name: float(np.median(p50s)) for name, p50s in rounds.items()}
 
 
 def _full_int8(savedmodel: ModelArtifact,
@@ -175,8 +238,11 @@ def _debugger(savedmodel: ModelArtifact, debug_images: Callable[[], Iterator[lis
 
 
 def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources: BuildSources,
-                       max_float_layers: int) -> VariantSpec:
+                       max_float_layers: int, float_stem: bool = True) -> VariantSpec:
     """Int8 with the fewest float layers that keeps validation accuracy within the budget.
+
+    When full int8 is within the budget already: with `float_stem`, full int8 with its first
+    convolution in float when that is faster (`float_stem_if_faster`); else skipped.
 
     Args:
         savedmodel: The exported SavedModel (left unchanged).
@@ -185,10 +251,12 @@ def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources:
             the accuracy budget against the float model, the threads of each step's quick
             latency figure, and the folder for ``<variant name>.tflite``.
         max_float_layers: The most layers to keep in float.
+        float_stem: Try the first convolution in float when full int8 is within budget.
 
     Returns:
-        The variant built; skipped when full int8 is within budget already or nothing is
-        quantizable; failed when the most float layers allowed do not bring it within budget.
+        The variant built; skipped when full int8 is within budget already (and no faster
+        with its first convolution in float) or nothing is quantizable; failed when the most
+        float layers allowed do not bring it within budget.
     """
     logger = step_logger()
     dataset, budget_points, threads = (sources.dataset, sources.accuracy_budget_points,
@@ -204,15 +272,21 @@ def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources:
     def calibration() -> Iterator[list[np.ndarray]]:
         return representative_images(dataset, sources.calibration_examples, scale)
 
-    full_accuracy, full_p50 = _accuracy_and_p50(
-        _full_int8(savedmodel, calibration), images, labels, threads, scratch)
+    full_int8 = _full_int8(savedmodel, calibration)
+    full_accuracy, full_p50 = _accuracy_and_p50(full_int8, images, labels, threads, scratch)
     loss = (float_accuracy - full_accuracy) * 100.0
     logger.info("val accuracy: float %.4f (%.3f ms), full int8 %.4f (%.3f ms): %.2f points "
                 "lost, budget %.2f", float_accuracy, float_p50, full_accuracy, full_p50, loss,
                 budget_points)
     if loss <= budget_points:
-        return skipped(variant, f"not needed: full int8 loses {loss:.2f} points on the "
-                                f"validation split, within the {budget_points} budget")
+        not_needed = (f"not needed: full int8 loses {loss:.2f} points on the validation split, "
+                      f"within the {budget_points} budget")
+        if not float_stem:
+            return skipped(variant, not_needed)
+        return float_stem_if_faster(
+            savedmodel, variant, calibration,
+            StartingFiles(float_model, full_int8, float_accuracy, full_accuracy, float_p50),
+            (images, labels), sources, not_needed)
     # Only now: LiteRT's debugger opens the deprecated tf.lite.Interpreter inside LiteRT.
     debugger = _debugger(
         savedmodel, lambda: ([image[np.newaxis]] for image in debug_images), calibration)
@@ -248,6 +322,58 @@ def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources:
     path = out_dir / f"{variant.name}.tflite"
     atomic_write_bytes(path, content)
     return built(variant, path, **record)
+
+
+class StartingFiles(NamedTuple):
+    """The float and full int8 files, and what selective int8 measured of them."""
+
+    model: bytes
+    full_int8: bytes
+    val_accuracy: float
+    full_int8_val_accuracy: float
+    p50_ms: float
+
+
+def float_stem_if_faster(savedmodel: ModelArtifact, variant: VariantSpec,
+                         calibration: Callable[[], Iterator[list[np.ndarray]]],
+                         measured: StartingFiles, validation: tuple[np.ndarray, np.ndarray],
+                         sources: BuildSources, not_needed: str,
+                         min_gain: float = STEM_GAIN) -> VariantSpec:
+    """Full int8 with its first convolution in float, if faster than full int8 and in budget.
+
+    Both files are timed in alternating quick rounds (`_alternating_p50s`, batch 1, the run's
+    threads); the one with the float stem is kept when its p50 is at least `min_gain` lower
+    and its validation accuracy within the budget of the float model's. Else the variant is
+    skipped with `not_needed` and the timing that decided it.
+    """
+    stem = first_convolution(measured.model)
+    if stem is None:
+        return skipped(variant, f"{not_needed}; no convolution to keep in float")
+    images, labels = validation
+    stem_file = int8_with_float_nodes(savedmodel, calibration, [stem])
+    scratch = sources.out_dir / f".{variant.name}.step.tflite"
+    stem_accuracy, _ = _accuracy_and_p50(stem_file, images, labels, sources.threads, scratch,
+                                         timed=False)
+    p50 = _alternating_p50s({"full": measured.full_int8, "stem": stem_file},
+                            images[:1], sources.threads, scratch)
+    timing = (f"quick p50 with the first convolution ({stem}) in float {p50['stem']:.3f} ms, "
+              f"full int8 {p50['full']:.3f} ms")
+    step_logger().info("%s; val accuracy %.4f", timing, stem_accuracy)
+    loss = (measured.val_accuracy - stem_accuracy) * 100.0
+    if p50["stem"] > (1.0 - min_gain) * p50["full"] or loss > sources.accuracy_budget_points:
+        return skipped(variant, f"{not_needed}; {timing}: not {min_gain:.0%} faster"
+                       if loss <= sources.accuracy_budget_points else
+                       f"{not_needed}; the first convolution in float loses {loss:.2f} points")
+    path = sources.out_dir / f"{variant.name}.tflite"
+    atomic_write_bytes(path, stem_file)
+    return built(variant, path, **{
+        "method": "first convolution in float, faster than full int8 in a quick timing",
+        "float_layers": stem, "float_layer_count": 1, "ranked_layers": "",
+        "float_val_accuracy": round(measured.val_accuracy, 4),
+        "full_int8_val_accuracy": round(measured.full_int8_val_accuracy, 4),
+        "float_p50_ms_quick": round(measured.p50_ms, 4),
+        "full_int8_p50_ms_quick": round(p50["full"], 4),
+        "steps": f"+{stem}: val {stem_accuracy:.4f}, {p50['stem']:.3f} ms"})
 
 
 def _record(ranked: list[LayerError], steps: list[Step], float_accuracy: float,
