@@ -43,9 +43,9 @@ from tfopt.measurement.floor import floor_key
 from tfopt.models.baseline import epoch_seconds
 from tfopt.native import release_workers
 from tfopt.orchestration import StepProgress
-from tfopt.runtimes import NARROWED_FORMS, runtime_of, with_forms
+from tfopt.runtimes import NARROWED_FORMS, runtime_of, with_float_stem, with_forms
 from tfopt.search import baseline_int8
-from tfopt.variants import breadth_first, skipped
+from tfopt.variants import breadth_first, quicker_than_reference, skipped
 
 
 class Measurements:
@@ -108,7 +108,9 @@ class Measurements:
         """The baseline's forms measured before the compression, and the budget they resized.
 
         Breadth-first over the runtimes, the speedup reference first. Each runtime's first form
-        is always measured (the baseline on every runtime, and the prices of the others). If
+        is always measured (the baseline on every runtime, and the prices of the others), and
+        so is a form its build already timed faster than the reference
+        (`quicker_than_reference`: the likeliest champion among the rest). If
         the compressed variants' measurements would then leave the techniques less than their
         shortest runs, the compressed models are narrowed to their TFLite files (`_narrowed`:
         `config` then says ``compress.forms: tflite`` or ``tflite_int8``; the cuts say why).
@@ -116,21 +118,30 @@ class Measurements:
         runs wait for `later`: the first whose measurement would, and those after it (the log
         says which).
         `learned`: the techniques' fixed parts as this machine's earlier runs took them.
+        ``compress.float_stem`` left to the run is decided first (`with_float_stem`): the
+        compressed models' forms, and so their price, depend on it.
         """
+        left_to_run = self.config.compress.float_stem is None
+        self.config = with_float_stem(self.config, variants)
+        if left_to_run and self.config.compress.float_stem:
+            step_logger().info(
+                "the baseline's int8 file was faster with its first convolution in float: each "
+                "compressed model's int8 file is built that way too (compress.float_stem)")
         plans = plan(self.config, baseline)
         epoch_s = epoch_seconds(baseline)
         reference = baseline_int8(variants, baseline.name)
         ordered = breadth_first(variants, lambda spec: runtime_of(spec.format).name,
                                 reference.name if reference else None)
-        first_round = len({runtime_of(spec.format).name for spec in ordered})
-        results = self.measure(ordered[:first_round], inputs)
+        first, rest = first_round(ordered)
+        results = self.measure(first, inputs)
         shortest_s = self._shortest_runs_s(plans, epoch_s, learned)
         if self.would_starve([], compressed_formats(plans), shortest_s):
             plans = self._narrowed(baseline, plans, shortest_s)
         formats, full_s = compressed_formats(plans), full_runs_s(plans, epoch_s, learned)
-        results += self.measure(ordered[first_round:], inputs,
-                                lambda rest: self.would_starve(rest[:1], formats, full_s))
-        self.waiting = ordered[len(results):]
+        measured = self.measure(rest, inputs,
+                                lambda left: self.would_starve(left[:1], formats, full_s))
+        results += measured
+        self.waiting = rest[len(measured):]
         if any(spec.status == "ok" for spec in self.waiting):
             step_logger().info(
                 "measured now, the baseline's %s would leave the compression less than its "
@@ -271,3 +282,15 @@ def in_plan_order(variants: list[VariantSpec], results: list[VariantResult]
     """`results` in the order their `variants` were planned (the report's rows)."""
     rank = {spec.name: index for index, spec in enumerate(variants)}
     return sorted(results, key=lambda result: rank.get(result.name, len(rank)))
+
+
+def first_round(ordered: list[VariantSpec]) -> tuple[list[VariantSpec], list[VariantSpec]]:
+    """`ordered`'s forms measured before the compression whatever the budget, and the rest.
+
+    Each runtime's first (`ordered` is breadth-first over the runtimes), then any other whose
+    build already timed it faster than the int8 reference (`quicker_than_reference`).
+    """
+    runtimes = len({runtime_of(spec.format).name for spec in ordered})
+    first = ordered[:runtimes] + [spec for spec in ordered[runtimes:]
+                                  if quicker_than_reference(spec)]
+    return first, [spec for spec in ordered if spec not in first]

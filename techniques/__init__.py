@@ -121,6 +121,15 @@ class CompressSection(Section):
             "tflite_int8 when even those would not fit, and says so."
         ),
     )
+    float_stem: bool | None = Field(
+        None,
+        description=(
+            "Whether every compressed model with an int8 TFLite file also gets selective int8 "
+            "with its first convolution in float (kept when a quick timing finds it faster "
+            "than its full int8 file): null, when the baseline's was found faster on this "
+            "machine (convert.selective_float_stem); true, always; false, never."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

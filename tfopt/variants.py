@@ -95,3 +95,12 @@ def breadth_first(specs: Sequence[VariantSpec], group_of: Callable[[VariantSpec]
     turns = zip_longest(*groups.values())
     return [spec for turn in turns for spec in turn if spec is not None]
 
+
+QUICK_SPEEDUP = "quick_speedup_over_int8"
+"""A built variant's parameter: how much faster than the full int8 file its build timed it
+(selective int8's first convolution in float)."""
+
+
+def quicker_than_reference(spec: VariantSpec) -> bool:
+    """Whether `spec`'s build timed it faster than the int8 reference (`QUICK_SPEEDUP` > 1)."""
+    return spec.status == "ok" and float(spec.params.get(QUICK_SPEEDUP, 0.0)) > 1.0

@@ -3,7 +3,7 @@
 import time
 from pathlib import Path
 
-from flows.measurements import Measurements, in_plan_order
+from flows.measurements import Measurements, first_round, in_plan_order
 from flows.parameters import PipelineConfig
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, VariantResult, VariantSpec
 from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
@@ -35,6 +35,28 @@ def test_each_runtime_gets_its_first_form_measured_before_any_gets_its_second():
     shuffled = [VariantResult(name=s.name, source=s.source, format=s.format,
                               precision=s.precision, status="skipped") for s in ordered]
     assert [r.name for r in in_plan_order(forms, shuffled)] == [s.name for s in forms]
+
+
+def test_a_form_its_build_timed_faster_than_the_reference_is_measured_in_the_first_round():
+    from tfopt.variants import QUICK_SPEEDUP
+
+    selective = plan_variant("baseline", "tflite", "int8", form="tflite-selective")
+    forms = [spec for spec in _demo_forms() if spec.name != selective.name]
+    runtimes = len({runtime_of(spec.format).name for spec in forms})
+
+    def ordered_with(speedup: float | None) -> list[VariantSpec]:
+        spec = (skipped(selective, "not needed") if speedup is None
+                else selective.model_copy(update={"params": {QUICK_SPEEDUP: speedup}}))
+        return breadth_first([*forms, spec], lambda s: runtime_of(s.format).name,
+                             "baseline-tflite-int8")
+
+    ordered = ordered_with(1.4)
+    first, rest = first_round(ordered)
+    assert first[:runtimes] == ordered[:runtimes], "each runtime's first form, as before"
+    assert [spec.name for spec in first[runtimes:]] == [selective.name]
+    assert rest == [spec for spec in ordered[runtimes:] if spec.name != selective.name]
+    for other in (ordered_with(0.9), ordered_with(None)):
+        assert first_round(other) == (other[:runtimes], other[runtimes:])
 
 
 def _measurements(started: float) -> Measurements:

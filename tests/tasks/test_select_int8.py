@@ -151,6 +151,20 @@ def test_a_budget_no_float_layer_count_reaches_fails_with_the_steps(outlier_save
     assert "after keeping 1 layers in float" in variant.error and "val " in variant.error
 
 
+def test_a_compressed_model_s_layers_are_not_searched_only_its_first_convolution_tried(
+        outlier_savedmodel, tmp_path):
+    """Its full int8 collapses (an outlier in `fc`); the float stem does not save it: skipped."""
+    from tfopt.runtimes.litert import FLOAT_STEM_ONLY
+
+    dataset, savedmodel = outlier_savedmodel
+    planned = _planned().model_copy(update={"params": {FLOAT_STEM_ONLY: True}})
+    variant = build(planned, savedmodel, dataset, CFG, tmp_path, budget_points=3.0)
+    assert variant.status == "skipped", variant
+    assert "(a compressed model's layers are not searched)" in variant.error
+    assert "the first convolution in float loses" in variant.error
+    assert not list(tmp_path.glob("*.tflite"))
+
+
 def test_ranking_refuses_an_empty_debugger_run_and_measures_relative_channel_error():
     with pytest.raises(NoQuantizableLayerError, match="no quantizable layer"):
         rank_layers("op_name,tensor_idx,channel_error,scale,zero_point,tensor_name\n", {})

@@ -202,6 +202,39 @@ def test_compressed_models_narrowed_to_their_int8_tflite_files_plan_nothing_else
     assert {s.source for s in narrow} == {s.source for s in wide}, "every model keeps one form"
 
 
+def test_the_float_stem_is_planned_beside_each_int8_file_where_the_baseline_s_was_quicker(
+        tiny_baseline):
+    """Left to the run (null), `compress.float_stem` follows the baseline's selective int8."""
+    from tfopt.runtimes import plan_variant, with_float_stem
+    from tfopt.runtimes.litert import FLOAT_STEM_ONLY
+    from tfopt.variants import QUICK_SPEEDUP, skipped
+
+    config = _config()
+    selective = plan_variant("baseline", "tflite", "int8", form="tflite-selective")
+    quicker = selective.model_copy(update={"params": {QUICK_SPEEDUP: 1.3}})
+    assert with_float_stem(config, [quicker]).compress.float_stem is True
+    assert with_float_stem(config, [skipped(selective, "not needed")]).compress.float_stem is False
+    never = config.model_copy(update={"compress": config.compress.model_copy(
+        update={"float_stem": False})})
+    assert with_float_stem(never, [quicker]).compress.float_stem is False, "the config's word"
+
+    def stems(cfg: PipelineConfig) -> list:
+        return [s for p in plan(cfg, tiny_baseline) for s in p.variants
+                if s.status == "ok" and s.name.endswith("-tflite-selective-int8")]
+
+    assert not stems(config)
+    on = with_float_stem(config, [quicker])
+    planned = stems(on)
+    int8 = {s.source for p in plan(on, tiny_baseline) for s in p.variants
+            if s.status == "ok" and s.name == f"{s.source}-tflite-int8"}
+    assert {s.source for s in planned} == int8 and int8
+    assert all(s.params[FLOAT_STEM_ONLY] and s.derived_from.endswith("-tflite-int8")
+               for s in planned)
+    narrowed = on.model_copy(update={"compress": on.compress.model_copy(
+        update={"forms": "tflite_int8"})})
+    assert {s.source for s in stems(narrowed)} == int8, "kept beside the narrowed int8 files"
+
+
 def test_a_run_that_cannot_have_its_shortest_run_is_passed_over_and_a_shorter_one_after_fits():
     from techniques import fitting
 

@@ -23,6 +23,7 @@ from tfopt.artifacts import Precision, VariantSpec
 from tfopt.config import Section
 from tfopt.native import NativeStep, run_native
 from tfopt.runtimes.base import BuildSources, ConversionSettings, PlanRequest, Runner, Runtime
+from tfopt.variants import quicker_than_reference
 
 
 @cache
@@ -192,15 +193,39 @@ def compressed_forms(config: Any) -> dict[str, tuple[str, ...]]:
 
     Every runtime says it from the config (`Runtime.compressed_forms`); formats asked for
     nothing are left out. ``compress.forms: tflite`` asks for the int8 and fp32 TFLite files
-    alone, ``tflite_int8`` for the int8 one.
+    alone, ``tflite_int8`` for the int8 one. ``compress.float_stem`` adds the int8 file with its
+    first convolution in float (`FLOAT_STEM`) beside an int8 file.
     """
     forms = getattr(config.compress, "forms", "all")
     if forms in NARROWED_FORMS:
-        return {"tflite": NARROWED_FORMS[forms]}
-    return {fmt: precisions for runtime in registry().values()
-            for fmt, precisions in runtime.compressed_forms(settings_of(runtime, config),
-                                                            config.compress).items()
-            if precisions}
+        asked = {"tflite": NARROWED_FORMS[forms]}
+    else:
+        asked = {fmt: precisions for runtime in registry().values()
+                 for fmt, precisions in runtime.compressed_forms(settings_of(runtime, config),
+                                                                 config.compress).items()
+                 if precisions}
+    if getattr(config.compress, "float_stem", None) and "int8" in asked.get("tflite", ()):
+        asked[FLOAT_STEM] = ("int8",)
+    return asked
+
+
+FLOAT_STEM = "tflite-selective"
+"""The form a compressed model's int8 file with its first convolution in float is asked as."""
+
+
+def with_float_stem(config: Any, baseline_variants: list[VariantSpec]) -> Any:
+    """`config` with ``compress.float_stem`` decided where the config left it to the run.
+
+    On when the baseline's selective int8 kept its first convolution in float as faster than
+    its full int8 file (`tfopt.variants.quicker_than_reference`): the same CPU's kernels judge
+    the compressed models' files.
+    """
+    if getattr(config.compress, "float_stem", False) is not None:
+        return config
+    quicker = any(spec.form == FLOAT_STEM and quicker_than_reference(spec)
+                  for spec in baseline_variants)
+    return config.model_copy(update={"compress": config.compress.model_copy(
+        update={"float_stem": quicker})})
 
 
 def with_forms(config: Any, forms: str) -> Any:

@@ -42,7 +42,7 @@ from tfopt.logs import step_logger
 from tfopt.runtimes._litert_files import TFLiteRunner, representative_images, serving_converter
 from tfopt.runtimes.base import BuildSources
 from tfopt.runtimes.litert import STEM_GAIN
-from tfopt.variants import built, failed, skipped
+from tfopt.variants import QUICK_SPEEDUP, built, failed, skipped
 
 DEBUG_EXAMPLES = 64
 _STEM_ROUNDS = 3
@@ -238,11 +238,13 @@ def _debugger(savedmodel: ModelArtifact, debug_images: Callable[[], Iterator[lis
 
 
 def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources: BuildSources,
-                       max_float_layers: int, float_stem: bool = True) -> VariantSpec:
+                       max_float_layers: int, float_stem: bool = True,
+                       search: bool = True) -> VariantSpec:
     """Int8 with the fewest float layers that keeps validation accuracy within the budget.
 
-    When full int8 is within the budget already: with `float_stem`, full int8 with its first
-    convolution in float when that is faster (`float_stem_if_faster`); else skipped.
+    When full int8 is within the budget already (or without `search`, a compressed model's):
+    with `float_stem`, full int8 with its first convolution in float when that is faster and
+    within the budget (`float_stem_if_faster`); else skipped.
 
     Args:
         savedmodel: The exported SavedModel (left unchanged).
@@ -252,6 +254,7 @@ def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources:
             latency figure, and the folder for ``<variant name>.tflite``.
         max_float_layers: The most layers to keep in float.
         float_stem: Try the first convolution in float when full int8 is within budget.
+        search: Search the layers to keep in float when full int8 misses the budget.
 
     Returns:
         The variant built; skipped when full int8 is within budget already (and no faster
@@ -278,9 +281,11 @@ def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources:
     logger.info("val accuracy: float %.4f (%.3f ms), full int8 %.4f (%.3f ms): %.2f points "
                 "lost, budget %.2f", float_accuracy, float_p50, full_accuracy, full_p50, loss,
                 budget_points)
-    if loss <= budget_points:
+    if loss <= budget_points or not search:
         not_needed = (f"not needed: full int8 loses {loss:.2f} points on the validation split, "
-                      f"within the {budget_points} budget")
+                      f"within the {budget_points} budget" if loss <= budget_points else
+                      f"full int8 loses {loss:.2f} points on the validation split, more than "
+                      f"the {budget_points} budget (a compressed model's layers are not searched)")
         if not float_stem:
             return skipped(variant, not_needed)
         return float_stem_if_faster(
@@ -373,6 +378,7 @@ def float_stem_if_faster(savedmodel: ModelArtifact, variant: VariantSpec,
         "full_int8_val_accuracy": round(measured.full_int8_val_accuracy, 4),
         "float_p50_ms_quick": round(measured.p50_ms, 4),
         "full_int8_p50_ms_quick": round(p50["full"], 4),
+        QUICK_SPEEDUP: round(p50["full"] / p50["stem"], 3),
         "steps": f"+{stem}: val {stem_accuracy:.4f}, {p50['stem']:.3f} ms"})
 
 

@@ -52,6 +52,9 @@ PROFILE_METHOD = "share of FLOPs (LiteRT's Python package has no operator profil
 _PYFUNC = Path(__file__).with_name("_litert_pyfunc.py")
 
 
+FLOAT_STEM_ONLY = "float_stem_only"
+"""A compressed model's selective int8 (planned parameter): its first convolution in float
+when faster, never the accuracy-driven search of the baseline's."""
 STEM_GAIN = 0.10
 """Selective int8 keeps the first convolution in float only when a quick timing finds it this
 much faster than full int8 (`tfopt.runtimes._litert_selective.float_stem_if_faster`)."""
@@ -142,6 +145,13 @@ class LiteRT(Runtime):
                     source, "tflite", form="tflite-sparse",
                     derived_from=self.variant_name(source, "tflite", "fp32"),
                     params={"sparsity_encoding": True}))
+            stem = "int8" in (request.asked or {}).get("tflite-selective", ())
+            if stem and "int8" in precisions and settings.selective_int8 \
+                    and settings.selective_float_stem:
+                planned.append(self.variant(
+                    source, "tflite", "int8", form="tflite-selective",
+                    derived_from=self.variant_name(request.start, "tflite", "int8"),
+                    params={FLOAT_STEM_ONLY: True}))
             return planned
         if request.kind == "tflite":
             return [self.variant(source, "tflite", request.precision)]
@@ -169,7 +179,8 @@ class LiteRT(Runtime):
 
             return select_int8_layers(sources.savedmodel, spec, sources,
                                       settings.selective_max_float_layers,
-                                      settings.selective_float_stem)
+                                      settings.selective_float_stem,
+                                      search=not spec.params.get(FLOAT_STEM_ONLY, False))
         return convert_tflite(sources.savedmodel.path, spec, sources.dataset,
                               sources.calibration_examples, settings.int8_io, sources.out_dir,
                               scale)
