@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tfopt.artifacts import ModelArtifact, ModelFormat, Precision, TrainingData, VariantSpec
 from tfopt.config import Section
 from tfopt.logs import step_logger
-from tfopt.runtimes import compressed_forms, plan_forms
+from tfopt.runtimes import FLOAT_STEM, compressed_forms, plan_forms
 from tfopt.runtimes.base import PlanRequest
 from tfopt.search import Knob, Point, Space
 
@@ -333,6 +333,11 @@ class Technique:
             pruning-preserving QAT), whose section must then be enabled; None: the baseline.
             A function of its settings when they decide (sparsity-preserving clustering
             continues from the pruned model). The run order follows from it.
+        reshapes: Its model has fewer or thinner layers than the baseline (channel and depth
+            pruning, distillation, and what continues from them): its int8 file gets the form
+            with the first convolution in float too where the run asks (``compress.
+            float_stem``). A model of the baseline's shape (zeros, clusters, QAT) runs that
+            form at the speed of the baseline's own, which already stands for it.
         knob: The strength ``auto`` searches (its field and candidates, weakest first), or
             the strengths that compose, searched jointly (`tfopt.search.Joint`), if any: the
             compression flow tries settings and keeps the fastest within the budget.
@@ -352,6 +357,7 @@ class Technique:
     precisions: tuple[Precision, ...] | None = None
     sparse_tflite: bool = False
     starts_from: str | Callable[[Any], str | None] | None = None
+    reshapes: bool = False
     knob: Space | None = None
     after_search: Task | None = None
 
@@ -380,7 +386,8 @@ class Technique:
         technique's own precisions where it has them.
         """
         asked = {fmt: self.precisions if self.precisions is not None else precisions
-                 for fmt, precisions in compressed_forms(config).items()}
+                 for fmt, precisions in compressed_forms(config).items()
+                 if self.reshapes or fmt != FLOAT_STEM}
         return PlanRequest(source=self.source_name(cfg),
                            kind="keras" if self.yields_graph else "savedmodel", start=start,
                            asked=asked, sparse=self.sparse_tflite)

@@ -119,5 +119,5 @@ def channel_prune_model(
 
 TECHNIQUE = Technique(
     name="channel_prune", section=ChannelPruneConfig, accepts=KERAS_ONLY,
-    source_name=channels_name, apply=channel_prune_model, knob=KNOB,
+    source_name=channels_name, apply=channel_prune_model, knob=KNOB, reshapes=True,
 )

@@ -146,5 +146,5 @@ def depth_prune_model(
 
 TECHNIQUE = Technique(
     name="depth_prune", section=DepthPruneConfig, accepts=KERAS_ONLY, source_name=depth_name,
-    apply=depth_prune_model, knob=KNOB, starts_from=_start,
+    apply=depth_prune_model, knob=KNOB, starts_from=_start, reshapes=True,
 )

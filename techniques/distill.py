@@ -497,5 +497,5 @@ def _trained_on_labels(student: keras.Model, cfg: DistillConfig, data: TrainingD
 
 TECHNIQUE = Technique(
     name="distill", section=DistillConfig, accepts=KERAS_ONLY, source_name=student_name,
-    apply=distill_model, knob=KNOB, after_search=distill_controls,
+    apply=distill_model, knob=KNOB, after_search=distill_controls, reshapes=True,
 )

@@ -54,5 +54,5 @@ def thinned_quantization_aware_train(
 TECHNIQUE = Technique(
     name="thinned_qat", section=ThinnedQatConfig, accepts=KERAS_ONLY,
     source_name=lambda _: SOURCE_NAME, apply=thinned_quantization_aware_train,
-    yields_graph=False, precisions=("int8",), starts_from="channel_prune",
+    yields_graph=False, precisions=("int8",), starts_from="channel_prune", reshapes=True,
 )

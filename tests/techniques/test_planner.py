@@ -202,9 +202,13 @@ def test_compressed_models_narrowed_to_their_int8_tflite_files_plan_nothing_else
     assert {s.source for s in narrow} == {s.source for s in wide}, "every model keeps one form"
 
 
-def test_the_float_stem_is_planned_beside_each_int8_file_where_the_baseline_s_was_quicker(
+def test_the_float_stem_is_planned_beside_each_thinner_int8_file_where_the_baseline_s_was_quicker(
         tiny_baseline):
-    """Left to the run (null), `compress.float_stem` follows the baseline's selective int8."""
+    """Left to the run (null), `compress.float_stem` follows the baseline's selective int8.
+
+    Only a model thinner or shallower than the baseline gets the form: one of the baseline's
+    shape runs it at the speed of the baseline's own.
+    """
     from tfopt.runtimes import plan_variant, with_float_stem
     from tfopt.runtimes.litert import FLOAT_STEM_ONLY
     from tfopt.variants import QUICK_SPEEDUP, skipped
@@ -225,9 +229,15 @@ def test_the_float_stem_is_planned_beside_each_int8_file_where_the_baseline_s_wa
     assert not stems(config)
     on = with_float_stem(config, [quicker])
     planned = stems(on)
-    int8 = {s.source for p in plan(on, tiny_baseline) for s in p.variants
-            if s.status == "ok" and s.name == f"{s.source}-tflite-int8"}
-    assert {s.source for s in planned} == int8 and int8
+
+    def int8_sources(reshaped: bool) -> set[str]:
+        return {s.source for p in plan(on, tiny_baseline) for s in p.variants
+                if s.status == "ok" and s.name == f"{s.source}-tflite-int8"
+                and p.technique.reshapes == reshaped}
+
+    int8 = int8_sources(reshaped=True)
+    assert {s.source for s in planned} == int8 and len(int8) >= 2, "thinned and distilled"
+    assert int8_sources(reshaped=False), "the baseline's shape (pruned, QAT): no stem form"
     assert all(s.params[FLOAT_STEM_ONLY] and s.derived_from.endswith("-tflite-int8")
                for s in planned)
     narrowed = on.model_copy(update={"compress": on.compress.model_copy(
