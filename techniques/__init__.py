@@ -124,8 +124,9 @@ class CompressSection(Section):
     float_stem: bool | None = Field(
         None,
         description=(
-            "Whether every compressed model with an int8 TFLite file also gets selective int8 "
-            "with its first convolution in float (kept when a quick timing finds it faster "
+            "Whether each compressed model thinner or shallower than the baseline (channel and "
+            "depth pruning, distillation) also gets selective int8 with its first convolution "
+            "in float beside its int8 TFLite file (kept when a quick timing finds it faster "
             "than its full int8 file): null, when the baseline's was found faster on this "
             "machine (convert.selective_float_stem); true, always; false, never."
         ),
