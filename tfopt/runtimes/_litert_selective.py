@@ -357,13 +357,19 @@ def float_stem_if_faster(savedmodel: ModelArtifact, variant: VariantSpec,
     Both files are timed in alternating quick rounds (`_alternating_p50s`, batch 1, the run's
     threads); the one with the float stem is kept when its p50 is at least `min_gain` lower
     and its validation accuracy within the budget of the float model's. Else the variant is
-    skipped with `not_needed` and the timing that decided it.
+    skipped with `not_needed` and the timing that decided it (or the quantizer's refusal: the
+    form is an option, never a failure of the run's).
     """
     stem = first_convolution(measured.model)
     if stem is None:
         return skipped(variant, f"{not_needed}; no convolution to keep in float")
     images, labels = validation
-    stem_file = int8_with_float_nodes(savedmodel, calibration, [stem])
+    try:
+        stem_file = int8_with_float_nodes(savedmodel, calibration, [stem])
+    except (ValueError, RuntimeError) as error:  # the quantizer's own refusals
+        return skipped(variant, f"{not_needed}; keeping the first convolution ({stem}) in "
+                                f"float did not convert: {type(error).__name__}: "
+                                f"{str(error)[:300]}")
     scratch = sources.out_dir / f".{variant.name}.step.tflite"
     stem_accuracy, _ = _accuracy_and_p50(stem_file, images, labels, sources.threads, scratch,
                                          timed=False)
