@@ -125,8 +125,9 @@ class Measurements:
         self.config = with_float_stem(self.config, variants)
         if left_to_run and self.config.compress.float_stem:
             step_logger().info(
-                "the baseline's int8 file was faster with its first convolution in float: each "
-                "compressed model's int8 file is built that way too (compress.float_stem)")
+                "the baseline's int8 file was faster with its first convolution in float: the "
+                "int8 file of each thinner or shallower model is built that way too "
+                "(compress.float_stem)")
         plans = plan(self.config, baseline)
         epoch_s = epoch_seconds(baseline)
         reference = baseline_int8(variants, baseline.name)
