@@ -21,6 +21,10 @@ from tfopt.runtimes.base import Runner, TensorInfo, batch_one
 from tfopt.serving import SIGNATURE_KEY, write_labels
 from tfopt.variants import built
 
+STEM_GAIN = 0.10
+"""Selective int8 keeps the first convolution in float only when a quick timing finds it this
+much faster than full int8 (`tfopt.runtimes._litert_selective.float_stem_if_faster`)."""
+
 
 def quantize(values: np.ndarray, detail: Mapping[str, Any]) -> np.ndarray:
     """Map float values to a tensor's integer type with its scale and zero point."""

@@ -40,9 +40,13 @@ from tfopt.artifacts import ModelArtifact, VariantSpec
 from tfopt.data.pipeline import load_split
 from tfopt.fileio import atomic_write_bytes
 from tfopt.logs import step_logger
-from tfopt.runtimes._litert_files import TFLiteRunner, representative_images, serving_converter
+from tfopt.runtimes._litert_files import (
+    STEM_GAIN,
+    TFLiteRunner,
+    representative_images,
+    serving_converter,
+)
 from tfopt.runtimes.base import BuildSources
-from tfopt.runtimes.litert import STEM_GAIN
 from tfopt.variants import QUICK_SPEEDUP, built, failed, skipped
 
 DEBUG_EXAMPLES = 64

@@ -28,6 +28,7 @@ from tfopt.fileio import atomic_write_bytes
 from tfopt.measurement.profiles import top_ops
 from tfopt.packaging import mlflow_signature, pinned
 from tfopt.runtimes._litert_files import (
+    STEM_GAIN,
     CompiledModelRunner,
     TFLiteRunner,
     convert_tflite,
@@ -55,9 +56,6 @@ _PYFUNC = Path(__file__).with_name("_litert_pyfunc.py")
 FLOAT_STEM_ONLY = "float_stem_only"
 """A compressed model's selective int8 (planned parameter): its first convolution in float
 when faster, never the accuracy-driven search of the baseline's."""
-STEM_GAIN = 0.10
-"""Selective int8 keeps the first convolution in float only when a quick timing finds it this
-much faster than full int8 (`tfopt.runtimes._litert_selective.float_stem_if_faster`)."""
 
 
 class LiteRTSettings(RuntimeSection):
