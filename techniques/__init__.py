@@ -128,7 +128,8 @@ class CompressSection(Section):
             "depth pruning, distillation) also gets selective int8 with its first convolution "
             "in float beside its int8 TFLite file (kept when a quick timing finds it faster "
             "than its full int8 file): null, when the baseline's was found faster on this "
-            "machine (convert.selective_float_stem); true, always; false, never."
+            "machine; true, always; false, never (any value: only while "
+            "convert.selective_int8 and convert.selective_float_stem are on)."
         ),
     )
 
