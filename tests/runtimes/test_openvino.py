@@ -89,8 +89,8 @@ def test_an_openvino_variant_is_benchmarked_with_its_profile_flops_and_floor(
     assert result.status == "ok", result.error
     assert result.top1_agreement >= 0.99
     # The tiny model's call costs about what the do-nothing floor's does: a floor is of that
-    # order, not above. Under CI's load either may be timed in a slow moment (the floor has
-    # read 0.30 ms against the model's p50 of 0.08 and p99 of 2.6): bound it by the p99.
+    # order, not above. Under CI's load either may be timed in a slow moment (a floor several
+    # times the model's p50 has been read there): bound it by the model's p99.
     assert 0 < result.harness_floor_ms < 3 * result.latency_ms.p99
     assert result.gflops_per_inference > 0
     assert result.op_profile.ops and result.op_profile.method.startswith("OpenVINO")
