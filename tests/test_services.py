@@ -38,6 +38,8 @@ def test_a_chosen_free_port_is_below_the_range_outgoing_connections_take():
     from tfopt.processes import free_port
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low <= 21000:
+        pytest.skip(f"this kernel's ephemeral range starts at {low}: any free port is taken")
     ports = {free_port() for _ in range(20)}
     assert len(ports) > 1 and all(port < low for port in ports), ports
     for port in ports:
