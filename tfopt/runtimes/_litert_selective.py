@@ -223,16 +223,22 @@ def int8_with_float_nodes(savedmodel: ModelArtifact,
 
 def _alternating_p50s(files: dict[str, bytes], image: np.ndarray, threads: int,
                       scratch: Path) -> dict[str, float]:
-    """Each file's median over `_STEM_ROUNDS` rounds of quick p50s, the files alternating."""
+    """Each file's median over `_STEM_ROUNDS` rounds of quick p50s, the files alternating.
+
+    Each file is written and loaded once; the rounds alternate which goes first.
+    """
+    paths = {name: scratch.with_name(f"{scratch.name}.{name}") for name in files}
     rounds: dict[str, list[float]] = {name: [] for name in files}
-    for index in range(_STEM_ROUNDS):
-        for name in (list(files) if index % 2 == 0 else list(reversed(files))):
-            path = scratch.with_name(f"{scratch.name}.{name}")
-            atomic_write_bytes(path, files[name])
-            try:
-                rounds[name].append(_quick_p50(TFLiteRunner(path, threads), image))
-            finally:
-                path.unlink(missing_ok=True)
+    try:
+        for name, content in files.items():
+            atomic_write_bytes(paths[name], content)
+        runners = {name: TFLiteRunner(path, threads) for name, path in paths.items()}
+        for index in range(_STEM_ROUNDS):
+            for name in (list(files) if index % 2 == 0 else list(reversed(files))):
+                rounds[name].append(_quick_p50(runners[name], image))
+    finally:
+        for path in paths.values():
+            path.unlink(missing_ok=True)
     return {name: float(np.median(p50s)) for name, p50s in rounds.items()}
 
 
