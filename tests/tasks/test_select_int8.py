@@ -12,6 +12,7 @@ from tfopt.runtimes import ConvertConfig, plan_variant
 from tfopt.runtimes._litert_selective import (
     NoQuantizableLayerError,
     channel_error,
+    paired_speedup,
     rank_layers,
 )
 from tfopt.runtimes.litert import TFLiteRunner
@@ -92,6 +93,14 @@ def test_a_model_that_quantizes_well_is_not_selected(tiny_savedmodel, tiny_datas
                     budget_points=100.0)
     assert variant.status == "skipped" and "not needed: full int8 loses" in variant.error
     assert not list(tmp_path.glob("*.tflite"))
+
+
+def test_the_quick_speedup_pairs_each_round_so_a_drift_or_one_slow_round_does_not_decide():
+    """The machine halves its speed for two rounds and one file has a stray slow round."""
+    full = [0.30, 0.60, 0.30, 0.60, 0.30]
+    stem = [0.25, 0.50, 0.25, 0.50, 0.90]
+    assert paired_speedup(full, stem) == pytest.approx(1.2)
+    assert np.median(full) / np.median(stem) == pytest.approx(0.6)
 
 
 @pytest.mark.parametrize("gain", [-1.0, 1.0])
