@@ -73,7 +73,7 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
             config_name=config.name, model=config.model, tracking_uri=tracking_uri,
             experiment_id=run.experiment_id, run_id=run.run_id, flow_run_id=str(flow_run.id),
             environment=environment(protocol.threads, result.tf_intra_op_threads,
-                                    protocol.cpus),
+                                    protocol.cpus, protocol.amx),
             result=result, budget_points=protocol.accuracy_budget_points,
             extras={"mlflow_run_url": run.url, "champion": result.name,
                     "champion_reason": "the only model benchmarked"})
@@ -116,7 +116,8 @@ def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,
         raise UnusableModelError(f"model {config.model} cannot be measured: {error_of(measured)}")
     result = measured.result()
     machine = machine_label(_work_pool_of_this_flow_run())
-    env = environment(protocol.threads, result.tf_intra_op_threads, protocol.cpus)
+    env = environment(protocol.threads, result.tf_intra_op_threads, protocol.cpus,
+                      protocol.amx)
     client = tracking.client(tracking_uri)
     parent = tracking.with_retries(lambda: client.get_run(pipeline_run))
     run_id = tracking.log_variant_run(

@@ -142,6 +142,28 @@ class PipelineConfig(Section):
             return {**raw, "data": data.model_copy(update={"auto_val_image_points": budget / 4.0})}
         return raw
 
+    @model_validator(mode="before")
+    @classmethod
+    def _float_stem_off_without_amx(cls, raw: Any) -> Any:
+        """``benchmark.amx: denied`` turns ``convert.selective_float_stem`` off unless it is set.
+
+        The float stem answers AMX's slow int8 first convolution, and its quick timing runs in
+        the build's process, which holds AMX: with AMX denied to the measuring processes that
+        timing would not be theirs.
+        """
+        if not isinstance(raw, dict):
+            return raw
+        benchmark, convert = raw.get("benchmark") or {}, raw.get("convert") or {}
+        amx = (benchmark.get("amx") if isinstance(benchmark, dict)
+               else getattr(benchmark, "amx", None))
+        if amx != "denied":
+            return raw
+        if isinstance(convert, dict) and "selective_float_stem" not in convert:
+            return {**raw, "convert": {**convert, "selective_float_stem": False}}
+        if not isinstance(convert, dict) and "selective_float_stem" not in convert.model_fields_set:
+            return {**raw, "convert": convert.model_copy(update={"selective_float_stem": False})}
+        return raw
+
     @model_validator(mode="after")
     def _training_fits_the_model_source(self) -> PipelineConfig:
         if self.model.head == "replace" and self.train.epochs + self.train.head_epochs == 0:

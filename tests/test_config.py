@@ -133,3 +133,13 @@ def test_the_automatic_plan_fills_what_a_config_leaves_unset_key_by_key():
     hand_set = PipelineConfig.model_validate({"name": "hand", "compress": {
         "qat": {"enabled": True}}, "convert": {"tflite": ["int8"]}})
     assert hand_set.convert.onnx_compressed == [] and not hand_set.compress.channel_prune.enabled
+
+
+def test_amx_denied_turns_the_float_stem_off_unless_set_and_needs_isolated_measuring():
+    denied = {"benchmark": {"amx": "denied"}}
+    assert PipelineConfig.model_validate(denied).convert.selective_float_stem is False
+    assert PipelineConfig.model_validate(
+        {**denied, "convert": {"selective_float_stem": True}}).convert.selective_float_stem
+    assert PipelineConfig.model_validate({}).convert.selective_float_stem is True
+    with pytest.raises(ValueError, match=r"benchmark.amx: denied needs benchmark.isolate=true"):
+        PipelineConfig.model_validate({"benchmark": {"amx": "denied", "isolate": False}})

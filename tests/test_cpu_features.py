@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import platform
+import subprocess
+import sys
+
+import pytest
+
 from tfopt.cpu_features import bf16_unavailable_reason, inference_features, parse_cpu_flags
 
 CPUINFO = """processor\t: 0
@@ -25,3 +31,17 @@ def test_bf16_needs_avx512_bf16_or_amx_bf16_and_says_why_not():
     assert bf16_unavailable_reason(parse_cpu_flags(CPUINFO)) is None
     assert "no bfloat16 instructions" in bf16_unavailable_reason(frozenset({"avx2", "fma"}))
     assert "not readable" in bf16_unavailable_reason(frozenset())
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
+                    reason="AMX permission requests are x86-64 Linux system calls")
+def test_denying_amx_makes_the_kernel_refuse_it_to_that_process():
+    """Each in a child of its own: the filter lasts the process's life."""
+    def child(code: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-c", "from tfopt.cpu_features import amx_permitted, "
+                                   f"amx_request_refused, deny_amx\n{code}"],
+            capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+
+    assert child("print(amx_request_refused())") == "False"
+    assert child("deny_amx()\nprint(amx_request_refused(), amx_permitted())") == "True False"

@@ -410,6 +410,18 @@ class MeasurementProtocol(Section):
                      "the last CPU available (-1: the last; null: no pinning)."),
     )
 
+    amx: Literal["allowed", "denied"] = Field(
+        "allowed",
+        description=(
+            "denied: every measuring process starts with AMX refused to it (a seccomp filter on "
+            "the kernel's AMX permission request), so XNNPACK and the other runtimes use their "
+            "AVX-512 kernels, as a serving process that calls tfopt.cpu_features.deny_amx() "
+            "first would. On an Intel Xeon with AMX, XNNPACK's int8 kernels on AMX tiles were "
+            "slower on small convolutions (benchmarks/amx_int8.py). Also turns "
+            "convert.selective_float_stem off unless set (its quick timing runs with AMX)."
+        ),
+    )
+
     profile: bool = Field(
         True,
         description=(
@@ -431,6 +443,13 @@ class MeasurementProtocol(Section):
         if "server" in self.scenarios and self.latency_budget_ms is None:
             raise ValueError("the server scenario needs benchmark.latency_budget_ms (the p99 "
                              "its rate must meet)")
+        return self
+
+    @model_validator(mode="after")
+    def _amx_denied_in_a_process_of_its_own(self) -> MeasurementProtocol:
+        if self.amx == "denied" and not self.isolate:
+            raise ValueError("benchmark.amx: denied needs benchmark.isolate=true (AMX is refused "
+                             "to the measuring process for its whole life)")
         return self
 
     @field_validator("cpus")

@@ -66,7 +66,8 @@ _REPORTED_PACKAGES = ("tensorflow-cpu", "tf-keras", "tensorflow-model-optimizati
 
 
 def environment(
-    threads: int, tf_intra_op_threads: int | None = None, cpus: list[int] | None = None
+    threads: int, tf_intra_op_threads: int | None = None, cpus: list[int] | None = None,
+    amx: str = "allowed",
 ) -> dict[str, str | int]:
     """What the benchmark ran on: CPU, cores, OS, library versions, thread settings.
 
@@ -75,6 +76,7 @@ def environment(
         tf_intra_op_threads: TensorFlow's intra-op pool size in force where TensorFlow variants
             were measured (None: no TensorFlow variant was).
         cpus: The CPUs the measuring processes were pinned to (``benchmark.cpus``).
+        amx: Whether the measuring processes could use AMX (``benchmark.amx``).
     """
     import os
     import platform
@@ -96,6 +98,7 @@ def environment(
         **machine_state(),
         "benchmark_threads": str(threads),
         "benchmark_cpus": ",".join(map(str, cpus)) if cpus else "not pinned",
+        "benchmark_amx": amx,
         "tf_intra_op_threads": (tf_intra_op_threads if tf_intra_op_threads is not None
                                 else "no TensorFlow variant measured"),
         **machine_limits(),

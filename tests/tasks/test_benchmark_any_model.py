@@ -147,3 +147,36 @@ def test_a_benchmark_past_its_time_limit_is_stopped_with_that_reason(tmp_path):
     with pytest.raises(TimeLimitError, match=r"stopped after 0.5 s, its time limit "
                                              r"\(benchmark.time_limit_seconds\)"):
         measure_in_subprocess(spec, inputs, slow)
+
+
+def _tiny_tflite(path: Path) -> Path:
+    """A TFLite file of one convolution over 16x16 RGB images."""
+    import tensorflow as tf
+
+    kernel = tf.constant(np.random.default_rng(0).normal(size=(3, 3, 3, 8)), tf.float32)
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 16, 16, 3], tf.float32, "images")])
+    def serve(images):
+        return {"logits": tf.reduce_mean(tf.nn.conv2d(images, kernel, 1, "SAME"), [1, 2])}
+
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [serve.get_concrete_function()], tf.Module())
+    path.write_bytes(converter.convert())
+    return path
+
+
+def test_a_measuring_process_with_amx_denied_runs_without_it_and_says_so(tmp_path):
+    """``benchmark.amx: denied``: the worker refuses AMX before loading; the result says so."""
+    from tfopt.cpu_features import cpu_flags
+    from tfopt.measurement.isolation import measure_in_subprocess
+
+    spec = VariantSpec(name="conv-tflite-fp32", source="conv", format="tflite", precision="fp32",
+                       path=_tiny_tflite(tmp_path / "conv.tflite"))
+    inputs = feeds_inputs(spec, "random", {}, 4, 4, tmp_path, tmp_path / "inputs")
+    held = {setting: measure_in_subprocess(spec, inputs, QUICK.model_copy(
+                update={"amx": setting, "profile": False})).runner_params.get("amx_permitted")
+            for setting in ("allowed", "denied")}
+    if "amx_tile" in cpu_flags():
+        assert held == {"allowed": "true", "denied": "false"}
+    else:
+        assert held == {"allowed": None, "denied": None}

@@ -30,6 +30,7 @@ from tfopt.artifacts import (
     median_interval,
 )
 from tfopt.config import MeasurementProtocol, resolve_cpus
+from tfopt.cpu_features import amx_permitted, cpu_flags, deny_amx
 from tfopt.fileio import (
     atomic_save_array,
     atomic_write_json,
@@ -414,7 +415,8 @@ def measure_variant(
         max_abs_diff=float(np.max(np.abs(softmax(reference) - softmax(logits)))),
         batch_throughput_per_s=throughput_at_batch,
         runner_params={**{key: str(value) for key, value in spec.params.items()
-                          if key in RUNNER_PARAMS}, **runner.facts(), **api_facts},
+                          if key in RUNNER_PARAMS}, **runner.facts(), **api_facts,
+                       **amx_fact()},
         latency_ms_by_api=by_api,
         batch_size=inputs.batch_size,
         samples_ms=[float(v) for v in samples[:_KEPT_SAMPLES]],
@@ -504,7 +506,7 @@ def measure_on_feeds(spec: VariantSpec, inputs: BenchmarkInputs,
         first_inference_ms=first_inference_ms, peak_rss_mb=peak_rss_mb(),
         batch_throughput_per_s=throughput_at_batch, batch_size=batch,
         runner_params={**{key: str(value) for key, value in spec.params.items()
-                          if key in RUNNER_PARAMS}, **runner.facts()},
+                          if key in RUNNER_PARAMS}, **runner.facts(), **amx_fact()},
         samples_ms=[float(v) for v in samples[:_KEPT_SAMPLES]], path=spec.path,
         tf_intra_op_threads=intra, tf_inter_op_threads=inter,
         background_cores_before=cores_before, background_cores=cores_during,
@@ -552,13 +554,28 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     return Runoff(rounds=rounds, round_p50_ms=round_p50s)
 
 
+def amx_fact() -> dict[str, str]:
+    """Whether this process held AMX when it measured, on a CPU that has AMX (else nothing).
+
+    XNNPACK and oneDNN ask for AMX when they load a model; ``benchmark.amx: denied`` refuses it.
+    """
+    if "amx_tile" not in cpu_flags():
+        return {}
+    return {"amx_permitted": str(amx_permitted()).lower()}
+
+
 def read_request(request_path: str) -> tuple[dict, MeasurementProtocol]:
-    """A worker's request and its protocol; pins this process to `cfg.cpus` if set."""
+    """A worker's request and its protocol; pins this process to `cfg.cpus` if set.
+
+    With ``benchmark.amx: denied`` AMX is refused to this process before any model loads.
+    """
     request = json.loads(Path(request_path).read_text())
     cfg = MeasurementProtocol.of(request["cfg"])
     cfg = cfg.model_copy(update={"cpus": resolve_cpus(cfg.cpus)})
     if cfg.cpus:
         os.sched_setaffinity(0, cfg.cpus)
+    if cfg.amx == "denied":
+        deny_amx()
     return request, cfg
 
 
