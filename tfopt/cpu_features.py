@@ -64,6 +64,8 @@ def bf16_unavailable_reason(flags: frozenset[str] | None = None) -> str | None:
 _ARCH_PRCTL = 158
 """``arch_prctl``'s system call number on x86-64."""
 _ARCH_GET_XCOMP_PERM, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 0x1022, 0x1023, 18
+_AUDIT_ARCH_X86_64 = 0xC000003E
+"""A filter's calls of other system-call tables (32-bit ones) number their calls otherwise."""
 
 
 def _x86_64_linux() -> bool:
@@ -102,8 +104,9 @@ def deny_amx() -> None:
 
     load_word, jump_equal, give = 0x20, 0x15, 0x06
     program = b"".join([
-        statement(load_word, 0), jump(jump_equal, _ARCH_PRCTL, 0, 3),  # seccomp_data.nr
-        statement(load_word, 16), jump(jump_equal, _ARCH_REQ_XCOMP_PERM, 0, 1),  # args[0]
+        statement(load_word, 4), jump(jump_equal, _AUDIT_ARCH_X86_64, 0, 5),  # .arch
+        statement(load_word, 0), jump(jump_equal, _ARCH_PRCTL, 0, 3),  # .nr
+        statement(load_word, 16), jump(jump_equal, _ARCH_REQ_XCOMP_PERM, 0, 1),  # .args[0]
         statement(give, 0x00050000 | 1),  # SECCOMP_RET_ERRNO | EPERM
         statement(give, 0x7FFF0000),  # SECCOMP_RET_ALLOW
     ])
