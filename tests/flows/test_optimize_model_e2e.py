@@ -25,7 +25,7 @@ from tests.live import (
     scores_of,
     tfopt_process,
 )
-from tfopt.cpu_features import bf16_unavailable_reason
+from tfopt.cpu_features import bf16_unavailable_reason, cpu_flags
 from tfopt.demo_data import write_demo_images
 from tfopt.runtimes import known_formats
 from tfopt.services import is_healthy
@@ -210,7 +210,11 @@ def test_summary_has_the_contract_keys(smoke_run):
                if v["status"] == "ok" and v["accuracy"] is not None)
     assert summary["environment"]["tf_intra_op_threads"] == 2, "smoke's benchmark.threads"
     assert by_name["pruned-80-tflite-int8"]["derived_from"] == "baseline-tflite-int8"
-    assert by_name["baseline-openvino"]["runner"] == {"inference_precision": "f32"}
+    runner = dict(by_name["baseline-openvino"]["runner"])
+    held = runner.pop("amx_permitted", None)
+    assert held in ({"true", "false"} if "amx_tile" in cpu_flags() else {None}), held
+    assert runner == {"inference_precision": "f32"}
+    assert summary["environment"]["benchmark_amx"] == "allowed", "the smoke's default"
     assert by_name["baseline-openvino-int8"]["runtime"] == "openvino"
     for name in ("baseline-tflite-fp32", "baseline-tflite-int8"):
         by_api = by_name[name]["latency_ms_by_api"]
