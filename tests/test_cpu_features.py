@@ -44,4 +44,8 @@ def test_denying_amx_makes_the_kernel_refuse_it_to_that_process():
             capture_output=True, text=True, check=True, timeout=120).stdout.strip()
 
     assert child("print(amx_request_refused())") == "False"
-    assert child("deny_amx()\nprint(amx_request_refused(), amx_permitted())") == "True False"
+    denied = child("try:\n    deny_amx()\nexcept OSError as error:\n    print('no filter', error)\n"
+                   "else:\n    print(amx_request_refused(), amx_permitted())")
+    if denied.startswith("no filter"):
+        pytest.skip(f"this kernel or sandbox refuses seccomp filters: {denied}")
+    assert denied == "True False"
