@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfopt.artifacts import ModelArtifact, VariantSpec
+from tfopt.artifacts import ModelArtifact, Runoff, VariantSpec
 from tfopt.data.pipeline import load_split
 from tfopt.fileio import atomic_write_bytes
 from tfopt.logs import step_logger
@@ -222,10 +222,12 @@ def int8_with_float_nodes(savedmodel: ModelArtifact,
 
 
 def _alternating_p50s(files: dict[str, bytes], image: np.ndarray, threads: int,
-                      scratch: Path) -> dict[str, list[float]]:
+                      scratch: Path) -> Runoff:
     """Each file's quick p50 in each of `_STEM_ROUNDS` rounds, the files alternating.
 
-    Each file is written and loaded once; the rounds alternate which goes first.
+    Each file is written and loaded once; the rounds alternate which goes first. Read as the
+    run-off is (`Runoff.ratio`: paired round by round, so a drift of the machine's speed between
+    rounds reaches both files alike).
     """
     paths = {name: scratch.with_name(f"{scratch.name}.{name}") for name in files}
     rounds: dict[str, list[float]] = {name: [] for name in files}
@@ -239,16 +241,7 @@ def _alternating_p50s(files: dict[str, bytes], image: np.ndarray, threads: int,
     finally:
         for path in paths.values():
             path.unlink(missing_ok=True)
-    return rounds
-
-
-def paired_speedup(reference: list[float], candidate: list[float]) -> float:
-    """The median over rounds of the reference's p50 over the candidate's in the same round.
-
-    Paired by round, a drift of the machine's speed between rounds reaches both files alike (as
-    the run-off's ratios, `tfopt.artifacts.Runoff.ratio`).
-    """
-    return float(np.median(np.asarray(reference) / np.asarray(candidate)))
+    return Runoff(rounds=_STEM_ROUNDS, round_p50_ms=rounds)
 
 
 def _full_int8(savedmodel: ModelArtifact,
@@ -386,7 +379,7 @@ def float_stem_if_faster(savedmodel: ModelArtifact, variant: VariantSpec,
 
     Both files are timed in alternating quick rounds (`_alternating_p50s`, batch 1, the run's
     threads); the one with the float stem is kept when its p50 is at least `min_gain` lower,
-    paired by round (`paired_speedup`), and its validation accuracy within the budget of the
+    paired by round (`Runoff.ratio`), and its validation accuracy within the budget of the
     float model's. Else the variant is
     skipped with `not_needed` and the timing that decided it (or the quantizer's refusal: the
     form is an option, never a failure of the run's).
@@ -406,8 +399,8 @@ def float_stem_if_faster(savedmodel: ModelArtifact, variant: VariantSpec,
                                          timed=False)
     rounds = _alternating_p50s({"full": measured.full_int8, "stem": stem_file},
                                images[:1], sources.threads, scratch)
-    p50 = {name: float(np.median(p50s)) for name, p50s in rounds.items()}
-    speedup = paired_speedup(rounds["full"], rounds["stem"])
+    p50 = {name: rounds.p50(name) for name in ("full", "stem")}
+    speedup = rounds.ratio("full", "stem")
     timing = (f"quick p50 with the first convolution ({stem}) in float {p50['stem']:.3f} ms, "
               f"full int8 {p50['full']:.3f} ms, {speedup:.2f}x paired over {_STEM_ROUNDS} "
               f"alternating rounds")
