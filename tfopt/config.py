@@ -416,8 +416,8 @@ class MeasurementProtocol(Section):
             "denied: every measuring process starts with AMX refused to it (a seccomp filter on "
             "the kernel's AMX permission request), so XNNPACK and the other runtimes use their "
             "AVX-512 kernels, as a serving process that calls tfopt.cpu_features.deny_amx() "
-            "first would. On an Intel Xeon with AMX, XNNPACK's int8 kernels on AMX tiles were "
-            "slower on small convolutions (benchmarks/amx_int8.py). Also turns "
+            "first would: where XNNPACK's int8 kernels on AMX tiles are slower than its AVX-512 "
+            "ones (benchmarks/amx_int8.py times both, docs/limits.md). Also turns "
             "convert.selective_float_stem off unless set (its quick timing runs with AMX)."
         ),
     )
