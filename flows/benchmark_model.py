@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 from flows.common import benchmark_serialized, error_of, sharded_data
 from flows.parameters import BenchmarkOnlyConfig
 from tasks.choose_benchmark_inputs import choose_benchmark_inputs
+from tasks.decide_amx import decide_amx_setting
 from tasks.package_models import package_models
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
 from tasks.resolve_model import resolve_model
@@ -18,6 +19,7 @@ from tasks.write_report import write_report
 from tfopt import tracking
 from tfopt.artifacts import BenchmarkInputs, VariantSpec
 from tfopt.machines import MACHINE_RUN_ROLE, local_protocol, machine_label, machine_protocol
+from tfopt.measurement.amx import with_decided_amx
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, read_inputs_index
 from tfopt.models.references import UnusableModelError
 from tfopt.orchestration import claim_flow_run
@@ -61,6 +63,8 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         params=config.model_dump(mode="json"), tags=tags,
     ) as run:
         inputs, class_names = _inputs_of(config, spec, work_dir, run_dir / "inputs")
+        amx = decide_amx_setting(protocol, spec, inputs)
+        protocol = with_decided_amx(protocol, amx)
         measured = benchmark_serialized(spec, inputs, protocol)
         if not measured.is_completed():
             raise UnusableModelError(
@@ -76,6 +80,7 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
                                     protocol.cpus, protocol.amx),
             result=result, budget_points=protocol.accuracy_budget_points,
             extras={"mlflow_run_url": run.url, "champion": result.name,
+                    "amx_decision": amx.model_dump(mode="json"),
                     "champion_reason": "the only model benchmarked"})
         for path in write_report(summary, [result], run_dir / "report"):
             tracking.log_file(run, path, "report")
@@ -111,6 +116,8 @@ def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,
     protocol = machine_protocol(pipeline_protocol, config.machine)
     spec = resolve_model(config.model, config.format, config.precision, tracking_uri,
                          run_dir / "model")
+    amx = decide_amx_setting(protocol, spec, inputs)
+    protocol = with_decided_amx(protocol, amx)
     measured = benchmark_serialized(spec, inputs, protocol)
     if not measured.is_completed():
         raise UnusableModelError(f"model {config.model} cannot be measured: {error_of(measured)}")
@@ -131,7 +138,8 @@ def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,
         config_name=config.name, model=config.model, tracking_uri=tracking_uri,
         experiment_id=parent.info.experiment_id, run_id=run_id, flow_run_id=str(flow_run.id),
         environment=env, result=result, budget_points=protocol.accuracy_budget_points,
-        extras={"machine": machine, "pipeline_run": pipeline_run})
+        extras={"machine": machine, "pipeline_run": pipeline_run,
+                "amx_decision": amx.model_dump(mode="json")})
 
 
 def _work_pool_of_this_flow_run() -> str | None:

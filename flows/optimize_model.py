@@ -29,6 +29,7 @@ from flows.measurements import Measurements, in_plan_order
 from flows.parameters import PipelineConfig
 from tasks.confirm_slowdowns import confirm_slowdowns
 from tasks.continue_training import continue_training
+from tasks.decide_amx import decide_amx_setting
 from tasks.export_bundle import export_bundle
 from tasks.export_savedmodel import export_savedmodel
 from tasks.import_model import import_model
@@ -68,6 +69,7 @@ from tfopt.budget import (
 from tfopt.config import resolve_cpus
 from tfopt.fileio import atomic_write_json, path_size_bytes
 from tfopt.learned_costs import costs_key, load_costs, record_finish
+from tfopt.measurement.amx import AmxDecision, with_decided_amx
 from tfopt.measurement.champion import (
     accuracy_verdict,
     champion_speedup,
@@ -157,6 +159,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
         variants, budget = _baseline_variants(config, measured.data, (baseline, savedmodel),
                                               inputs, run_dir, run, budget)
+        config, amx = _amx_decided(config, baseline_int8(variants, baseline.name), inputs, run)
         bench = Measurements(config, budget)
         measured_baseline, budget = bench.baseline_first(baseline, variants, inputs,
                                                          measured.data.costs)
@@ -176,7 +179,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
             run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged)
         summary = _summarize(config, run, measured, results, run_ids,
                              [baseline, *technique_models], runoff, read_record(crashes),
-                             held.note, inputs)
+                             held.note, inputs, amx)
         summary = _with_budget(_since_last_run(
             config, run, {**summary, "search": compressed.searches}, run_dir,
             (results, inputs), budget, finish), budget, [*compressed.cuts, *bench.cuts],
@@ -329,6 +332,15 @@ def _baseline_variants(
     _export_bundles(sources.model_copy(update={"built": {v.name: v for v in variants}}),
                     config, run_dir, run)
     return variants, budget
+
+
+def _amx_decided(config: PipelineConfig, reference: VariantSpec | None, inputs: BenchmarkInputs,
+                 run: tracking.TrackedRun) -> tuple[PipelineConfig, AmxDecision]:
+    """`config` with ``benchmark.amx`` decided (`tfopt.measurement.amx`), logged to the run."""
+    decision = decide_amx_setting(config.benchmark, reference, inputs)
+    tracking.log_amx_decision(run, decision.setting, decision.reason, decision.denied_speedup)
+    benchmark = with_decided_amx(config.benchmark, decision)
+    return config.model_copy(update={"benchmark": benchmark}), decision
 
 
 def _export_bundles(sources: BuildSources, config: PipelineConfig, run_dir: Path,
@@ -491,12 +503,13 @@ def _summarize(
     config: PipelineConfig, run: tracking.TrackedRun, measured: _Measured,
     results: list[VariantResult], run_ids: dict[str, str], models: list[ModelArtifact],
     runoff: Runoff | None, crashes: list[dict[str, Any]], baseline_note: str | None,
-    inputs: BenchmarkInputs,
+    inputs: BenchmarkInputs, amx: AmxDecision,
 ) -> dict[str, Any]:
     """Pick and register the champion; assemble the summary JSON.
 
     `models`: the baseline, then the techniques'; `crashes`: the contained ones; `baseline_note`:
-    why the verdicts are against an unconverged baseline; `inputs`: for the paired test.
+    why the verdicts are against an unconverged baseline; `inputs`: for the paired test; `amx`:
+    what the measuring processes ran with (``benchmark.amx``) and why.
     """
     bench = config.benchmark
     baseline, technique_models = models[0], models[1:]
@@ -530,6 +543,7 @@ def _summarize(
             "mlflow_run_url": run.url,
             "environment": environment(bench.threads, tf_threads, resolve_cpus(bench.cpus),
                                        bench.amx),
+            "amx_decision": amx.model_dump(mode="json"),
             "champion_model": champion_model,
             "champion_speedup": speedup,
             "accuracy_verdict": accuracy_verdict(choice, results, inputs,

@@ -145,18 +145,18 @@ class PipelineConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _float_stem_off_without_amx(cls, raw: Any) -> Any:
-        """``benchmark.amx: denied`` turns ``convert.selective_float_stem`` off unless it is set.
+        """``benchmark.amx`` auto or denied turns ``convert.selective_float_stem`` off unless set.
 
         The float stem answers AMX's slow int8 first convolution, and its quick timing runs in
-        the build's process, which holds AMX: with AMX denied to the measuring processes that
-        timing would not be theirs.
+        the build's process, which holds AMX: with AMX denied to the measuring processes (set, or
+        decided by ``auto`` after the stems are built) that timing would not be theirs.
         """
         if not isinstance(raw, dict):
             return raw
         benchmark, convert = raw.get("benchmark") or {}, raw.get("convert") or {}
         amx = (benchmark.get("amx") if isinstance(benchmark, dict)
                else getattr(benchmark, "amx", None))
-        if amx != "denied":
+        if amx == "allowed":
             return raw
         if isinstance(convert, dict) and "selective_float_stem" not in convert:
             return {**raw, "convert": {**convert, "selective_float_stem": False}}

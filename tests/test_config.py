@@ -135,11 +135,17 @@ def test_the_automatic_plan_fills_what_a_config_leaves_unset_key_by_key():
     assert hand_set.convert.onnx_compressed == [] and not hand_set.compress.channel_prune.enabled
 
 
-def test_amx_denied_turns_the_float_stem_off_unless_set_and_needs_isolated_measuring():
-    denied = {"benchmark": {"amx": "denied"}}
-    assert PipelineConfig.model_validate(denied).convert.selective_float_stem is False
+def test_amx_auto_or_denied_turns_the_float_stem_off_unless_set_and_denied_needs_isolation():
+    for amx in ("denied", "auto"):
+        chosen = {"benchmark": {"amx": amx}}
+        assert PipelineConfig.model_validate(chosen).convert.selective_float_stem is False, amx
+        assert PipelineConfig.model_validate(
+            {**chosen, "convert": {"selective_float_stem": True}}).convert.selective_float_stem
+    default = PipelineConfig.model_validate({})
+    assert default.benchmark.amx == "auto" and default.convert.selective_float_stem is False
     assert PipelineConfig.model_validate(
-        {**denied, "convert": {"selective_float_stem": True}}).convert.selective_float_stem
-    assert PipelineConfig.model_validate({}).convert.selective_float_stem is True
+        {"benchmark": {"amx": "allowed"}}).convert.selective_float_stem is True
+    assert PipelineConfig.model_validate(
+        {"benchmark": {"amx": "auto", "isolate": False}}).benchmark.amx == "auto"
     with pytest.raises(ValueError, match=r"benchmark.amx: denied needs benchmark.isolate=true"):
         PipelineConfig.model_validate({"benchmark": {"amx": "denied", "isolate": False}})

@@ -410,14 +410,17 @@ class MeasurementProtocol(Section):
                      "the last CPU available (-1: the last; null: no pinning)."),
     )
 
-    amx: Literal["allowed", "denied"] = Field(
-        "allowed",
+    amx: Literal["auto", "allowed", "denied"] = Field(
+        "auto",
         description=(
             "denied: every measuring process starts with AMX refused to it (a seccomp filter on "
             "the kernel's AMX permission request), so XNNPACK and the other runtimes use their "
             "AVX-512 kernels, as a serving process that calls tfopt.cpu_features.deny_amx() "
             "first would: where XNNPACK's int8 kernels on AMX tiles are slower than its AVX-512 "
-            "ones (benchmarks/amx_int8.py times both, docs/limits.md). Also turns "
+            "ones (docs/limits.md). auto: on a CPU with AMX, the baseline's int8 TFLite file is "
+            "timed in processes with AMX allowed and denied, alternating, and AMX is denied when "
+            "that file runs at least 5% faster without it (the summary's amx_decision says "
+            "what was measured); elsewhere allowed. auto and denied also turn "
             "convert.selective_float_stem off unless set (its quick timing runs with AMX)."
         ),
     )

@@ -212,9 +212,15 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert by_name["pruned-80-tflite-int8"]["derived_from"] == "baseline-tflite-int8"
     runner = dict(by_name["baseline-openvino"]["runner"])
     held = runner.pop("amx_permitted", None)
-    assert held in ({"true", "false"} if "amx_tile" in cpu_flags() else {None}), held
     assert runner == {"inference_precision": "f32"}
-    assert summary["environment"]["benchmark_amx"] == "allowed", "the smoke's default"
+    amx = summary["amx_decision"]
+    assert summary["environment"]["benchmark_amx"] == amx["setting"], "auto, decided"
+    assert amx["decided_by"] == "auto", "the smoke's default"
+    if "amx_tile" in cpu_flags():
+        assert held == {"allowed": "true", "denied": "false"}[amx["setting"]], (held, amx)
+        assert amx["timed"] == "baseline-tflite-int8" or "failed" in amx["reason"], amx
+    else:
+        assert held is None and amx["setting"] == "allowed", amx
     assert by_name["baseline-openvino-int8"]["runtime"] == "openvino"
     for name in ("baseline-tflite-fp32", "baseline-tflite-int8"):
         by_api = by_name[name]["latency_ms_by_api"]
@@ -250,6 +256,9 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     assert parent.data.params["baseline.epochs_run"] == str(training["epochs_run"])
     assert parent.data.params["baseline.stop_reason"] == training["stop_reason"]
     assert parent.data.tags["tfopt.baseline_health"] == training["health"]["status"]
+    assert parent.data.tags["tfopt.benchmark_amx"] == summary["amx_decision"]["setting"]
+    assert (("amx_denied_speedup" in parent.data.metrics)
+            == (summary["amx_decision"]["denied_speedup"] is not None))
     assert training["health"]["val_accuracy"] is not None, "judged on its validation split"
     assert parent.data.tags["tfopt.champion"] == summary["champion"]
     assert parent.data.tags["prefect.flow_run_id"] == summary["prefect_flow_run_id"]

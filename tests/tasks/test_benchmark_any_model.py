@@ -187,3 +187,55 @@ def test_a_measuring_process_with_amx_denied_runs_without_it_and_says_so(tmp_pat
         assert held == {"allowed": "true", "denied": "false"}
     else:
         assert held == {"allowed": None, "denied": None}
+
+
+def test_amx_auto_is_kept_as_set_and_allowed_where_it_cannot_be_timed(tmp_path):
+    """A set ``benchmark.amx`` is not timed; ``auto`` without isolation or a file is allowed."""
+    import logging
+
+    from tfopt.cpu_features import cpu_flags
+    from tfopt.measurement.amx import decide_amx
+
+    spec = VariantSpec(name="conv-tflite-fp32", source="conv", format="tflite", precision="fp32",
+                       path=tmp_path / "never-read.tflite")
+    inputs = BenchmarkInputs(images=None, labels=None, reference_logits=None, examples=1)
+    log = logging.getLogger("test")
+    for setting in ("allowed", "denied"):
+        decision = decide_amx(QUICK.model_copy(update={"amx": setting}), spec, inputs, log)
+        assert (decision.setting, decision.decided_by, decision.timed) == (setting, "config", None)
+    in_process = decide_amx(QUICK.model_copy(update={"amx": "auto", "isolate": False}), spec,
+                            inputs, log)
+    nothing = decide_amx(QUICK.model_copy(update={"amx": "auto"}), None, inputs, log)
+    for decision in (in_process, nothing):
+        assert (decision.setting, decision.decided_by, decision.timed) == (
+            "allowed", "auto", None), decision
+    if "amx_tile" in cpu_flags():
+        assert "isolate: false" in in_process.reason and "no int8 file" in nothing.reason
+    else:
+        assert in_process.reason == nothing.reason == "AMX allowed: this CPU has no AMX"
+
+
+def test_amx_auto_times_the_file_both_ways_and_denies_only_on_a_gain(tmp_path):
+    """On an AMX CPU ``auto`` times the file in alternating processes; elsewhere it says why not."""
+    import logging
+    import statistics
+
+    from tfopt.cpu_features import cpu_flags
+    from tfopt.measurement.amx import AMX_MIN_GAIN, AMX_MIN_ROUNDS, AMX_ROUNDS, decide_amx
+
+    spec = VariantSpec(name="conv-tflite-fp32", source="conv", format="tflite", precision="fp32",
+                       path=_tiny_tflite(tmp_path / "conv.tflite"))
+    inputs = feeds_inputs(spec, "random", {}, 4, 4, tmp_path, tmp_path / "inputs")
+    decision = decide_amx(QUICK.model_copy(update={"amx": "auto", "profile": False}), spec,
+                          inputs, logging.getLogger("test"))
+    if "amx_tile" not in cpu_flags():
+        assert decision.timed is None and decision.reason == "AMX allowed: this CPU has no AMX"
+        return
+    if not decision.round_ratios and "failed" in decision.reason:
+        pytest.skip(f"timing with AMX denied failed here (a sandbox refusing seccomp?): "
+                    f"{decision.reason}")
+    assert decision.timed == spec.name and decision.decided_by == "auto"
+    assert AMX_MIN_ROUNDS <= len(decision.round_ratios) <= AMX_ROUNDS
+    assert decision.denied_speedup == statistics.median(decision.round_ratios)
+    assert (decision.setting == "denied") == (decision.denied_speedup >= 1.0 + AMX_MIN_GAIN)
+    assert f"AMX {decision.setting}: {spec.name} ran" in decision.reason

@@ -63,13 +63,17 @@ def test_pareto_front():
     assert pareto_front(points) == {"a", "b", "d"}
 
 
-def _summary(tmp_path, results, champion, tied=None, runoff=None):
+def _dataset(tmp_path):
     (tmp_path / "m.json").write_text('{"shards": []}')
-    dataset = DatasetArtifact(root=tmp_path, manifest_path=tmp_path / "m.json",
-                              class_names=["a", "b"], image_size=8, splits={
-                                  s: {"files": [], "examples": 1, "class_counts": {}}
-                                  for s in ("train", "val", "test")},
-                              shards=3, skipped_records=0)
+    return DatasetArtifact(root=tmp_path, manifest_path=tmp_path / "m.json",
+                           class_names=["a", "b"], image_size=8, splits={
+                               s: {"files": [], "examples": 1, "class_counts": {}}
+                               for s in ("train", "val", "test")},
+                           shards=3, skipped_records=0)
+
+
+def _summary(tmp_path, results, champion, tied=None, runoff=None):
+    dataset = _dataset(tmp_path)
     pipeline = InputPipelineResult(naive_examples_per_s=1, tuned_examples_per_s=2,
                                    cached_examples_per_s=3, chosen_batch_size=32,
                                    examples_measured=10)
@@ -170,3 +174,24 @@ def test_the_description_keeps_the_comparison_with_the_last_run_before_its_list_
     assert "| ★ baseline-tflite-int8 | ok |" in text and "Runtimes side by side" in text
     assert "extra-0" not in text
     assert "Left out here for length: the moves since the last run." in text
+
+
+def test_amx_denied_to_the_measurements_is_said_where_files_are_served_from(tmp_path):
+    """The report says how ``benchmark.amx`` was decided; the champion's card how to serve it."""
+    from tfopt.measurement.amx import AmxDecision
+    from tfopt.report.summary import champion_card
+
+    decision = AmxDecision(setting="denied", decided_by="auto", timed="baseline-tflite-int8",
+                           denied_speedup=1.2, round_ratios=[1.2, 1.2],
+                           reason="AMX denied: baseline-tflite-int8 ran 1.20x as fast without it")
+    summary = {**_summary(tmp_path, RESULTS, "baseline-tflite-int8"),
+               "amx_decision": decision.model_dump(mode="json")}
+    write_report.fn(summary, RESULTS, tmp_path / "report")
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert ("AMX (benchmark.amx: auto): AMX denied: baseline-tflite-int8 ran 1.20x as fast "
+            "without it. Serve these files the same way") in markdown
+    dataset, champion = _dataset(tmp_path), RESULTS[4]
+    for held, said in (("false", True), ("true", False)):
+        measured = champion.model_copy(update={"runner_params": {"amx_permitted": held}})
+        tags, description = champion_card(measured, "fastest", 1.0, "http://x", dataset)
+        assert ("deny_amx()" in description) is said and (tags.get("amx") == "denied") is said

@@ -535,9 +535,9 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     short measurement with the run's protocol: `warmup_runs` and windows for about `min_seconds` / 4
     over 6 rounds, the same time in all over more rounds.
     """
-    images = np.load(inputs.images)
     runners = {spec.name: load_runner(spec, cfg.threads) for spec in specs}
-    prepared = {name: runner.prepare(images) for name, runner in runners.items()}
+    prepared = {name: runner.prepare(_timed_inputs(runner, inputs))
+                for name, runner in runners.items()}
     turn_seconds = max(cfg.min_seconds / 4.0 * P50_WINDOWS / rounds, 0.05)
     warm_up = cfg.model_copy(update={"min_seconds": turn_seconds, "max_seconds": turn_seconds,
                                      "min_runs": max(P50_WINDOWS, cfg.min_runs // 4)})
@@ -552,6 +552,17 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
             samples = time_runs(runners[name].invoke, prepared[name], turn)
             round_p50s[name].append(float(np.median(samples)))
     return Runoff(rounds=rounds, round_p50_ms=round_p50s)
+
+
+def _timed_inputs(runner: Runner, inputs: BenchmarkInputs) -> np.ndarray | dict[str, np.ndarray]:
+    """The test images, or the model's named feeds as `measure_on_feeds` reads or makes them."""
+    from tfopt.measurement.feeds import generated_feeds, read_feeds
+
+    if inputs.images is not None:
+        return np.load(inputs.images)
+    if inputs.generate is not None:
+        return generated_feeds(runner.inputs, inputs.generate, inputs.examples)
+    return read_feeds(inputs.feeds, runner.inputs)
 
 
 def amx_fact() -> dict[str, str]:

@@ -23,6 +23,7 @@ def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         *_context_lines(summary),
         *_since_lines(summary),
         "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()),
+        *_amx_lines(summary),
         "",
         "p50 95% interval: the lowest and highest median of 6 consecutive windows of the timed "
         "runs; intervals that overlap are ties. Floor: the p50 of a model that does next to "
@@ -100,6 +101,18 @@ _KEPT_FIRST = ("the comparison with the last run", "the variants", "the searches
                "the runtimes side by side", "the moves since the last run")
 """The description's sections in the order they claim its room (shown in the report's order):
 the list of moves since the last run can run to thousands of characters on a noisy machine."""
+
+
+def _amx_lines(summary: dict[str, Any]) -> list[str]:
+    """Whether the measuring processes had AMX, and why (``benchmark.amx``)."""
+    decision = summary.get("amx_decision")
+    if not decision:
+        return []
+    line = f"AMX (benchmark.amx: {decision['decided_by']}): {decision['reason']}."
+    if decision["setting"] == "denied":
+        line += (" Serve these files the same way: call tfopt.cpu_features.deny_amx() before "
+                 "any model loads.")
+    return ["", line]
 
 
 def _verdict_lines(summary: dict[str, Any]) -> list[str]:

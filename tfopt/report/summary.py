@@ -305,7 +305,8 @@ def champion_card(result: VariantResult, reason: str, budget_points: float,
                   speedup: dict[str, Any] | None = None) -> tuple[dict[str, str], str]:
     """The registered champion version's tags and description: what it is and why it won.
 
-    `baseline_note` says the verdicts were judged against an unconverged baseline, if so;
+    `baseline_note` says the verdicts were judged against an unconverged baseline, if so (and
+    the description says when it was measured with AMX refused to its process, to serve it so);
     `speedup` how many times faster it is than what it was made from
     (`tfopt.measurement.champion.champion_speedup`).
 
@@ -342,4 +343,9 @@ def champion_card(result: VariantResult, reason: str, budget_points: float,
     if baseline_note:
         tags["baseline_converged"] = "false"
         description += f"\n\n**Judged against an unconverged baseline**: {baseline_note}"
+    if result.runner_params.get("amx_permitted") == "false":
+        tags["amx"] = "denied"
+        description += ("\n\n**Measured with AMX refused to its process** (benchmark.amx): serve "
+                        "it the same way, calling tfopt.cpu_features.deny_amx() before the model "
+                        "loads, or measure it again as you serve it.")
     return tags, description

@@ -29,6 +29,7 @@ from tfopt.tracking.registry import log_champion, note_regressions
 from tfopt.tracking.results import (
     DESCRIPTION_LIMIT,
     describe_run,
+    log_amx_decision,
     log_baseline_health,
     log_comparison,
     log_continued_training,
@@ -57,7 +58,7 @@ from tfopt.tracking.runs import (
 __all__ = [
     "DESCRIPTION_LIMIT", "RunRef", "TrackedRun", "TrackingUnavailableError", "champion_history",
     "client", "describe_run", "download_run_artifacts", "experiment_url", "flatten_params",
-    "log_artifact", "log_baseline_health", "log_champion", "log_comparison",
+    "log_amx_decision", "log_artifact", "log_baseline_health", "log_champion", "log_comparison",
     "log_continued_training", "log_dataset", "log_file",
     "log_input_pipeline", "log_layout", "log_model_facts", "log_native_crashes", "log_sweep",
     "log_technique", "log_training", "log_trial", "log_variant_run", "log_variants",

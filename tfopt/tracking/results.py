@@ -263,6 +263,19 @@ def log_baseline_health(run: TrackedRun, health: Mapping[str, Any]) -> None:
         if health.get(key) is not None})
 
 
+def log_amx_decision(run: TrackedRun, setting: str, reason: str,
+                     denied_speedup: float | None) -> None:
+    """Whether the measuring processes ran with AMX (``benchmark.amx``) and why.
+
+    Tags ``tfopt.benchmark_amx`` and ``tfopt.benchmark_amx.reason``; with ``auto``'s timing, the
+    metric ``amx_denied_speedup`` (the timed file's p50 with AMX over its p50 without).
+    """
+    set_tags(run.client, run.run_id, {"tfopt.benchmark_amx": setting,
+                                      "tfopt.benchmark_amx.reason": reason})
+    if denied_speedup is not None:
+        log_metrics(run.client, run.run_id, {"amx_denied_speedup": denied_speedup})
+
+
 def log_model_facts(run: TrackedRun, facts: ModelFacts) -> None:
     """What the baseline's model was found to be (``model_facts.kind``, ``.channels`` ...)."""
     log_params(run.client, run.run_id, {"model_facts": facts.params()})

@@ -1,0 +1,116 @@
+"""`benchmark.amx: auto`: whether the measuring processes run with AMX, decided by timing.
+
+XNNPACK runs int8 on AMX tiles when the kernel grants a process AMX, and on small networks those
+kernels can be slower than its AVX-512 ones (docs/limits.md). `auto` times one file, the
+baseline's int8 TFLite file every speed-up is quoted against (or the one model a benchmark
+measures), in fresh measuring processes with AMX allowed and denied, in alternating order, and
+denies AMX to every later measuring process when the median of the rounds' paired ratios says
+the file runs at least `AMX_MIN_GAIN` faster without it. Elsewhere (no AMX on this CPU, no file
+to time, measurements in the flow's own process) `auto` means allowed, and says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from tfopt.artifacts import BenchmarkInputs, VariantSpec
+from tfopt.config import MeasurementProtocol
+from tfopt.cpu_features import cpu_flags
+from tfopt.measurement.runoff import side_by_side_in_worker
+
+AMX_ROUNDS = 4
+"""At most this many process pairs are timed (one with AMX allowed, one denied, their order
+alternating; a few seconds each); from `AMX_MIN_ROUNDS` on, the timing stops once every round
+so far falls on the same side of the threshold."""
+AMX_MIN_ROUNDS = 2
+AMX_MIN_GAIN = 0.05
+"""How much faster (as a fraction) the file must run without AMX for `auto` to deny it."""
+
+ProtocolT = TypeVar("ProtocolT", bound=MeasurementProtocol)
+
+
+class AmxDecision(BaseModel):
+    """What the measuring processes run with, and how that was decided.
+
+    Attributes:
+        setting: ``allowed`` or ``denied`` (what every measuring process then does).
+        decided_by: ``config`` (set as it is) or ``auto`` (decided here).
+        timed: The file timed both ways (auto only).
+        denied_speedup: The median over rounds of its p50 with AMX allowed over its p50 with AMX
+            denied (above 1: faster without AMX).
+        round_ratios: Each round's paired ratio.
+        reason: One sentence for the log, the summary and the report.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    setting: Literal["allowed", "denied"]
+    decided_by: Literal["config", "auto"]
+    timed: str | None = None
+    denied_speedup: float | None = None
+    round_ratios: list[float] = []
+    reason: str
+
+
+def decide_amx(protocol: MeasurementProtocol, reference: VariantSpec | None,
+               inputs: BenchmarkInputs, logger: logging.Logger) -> AmxDecision:
+    """`protocol.amx` as set, or for ``auto`` timed on `reference` (see the module docstring)."""
+    if protocol.amx != "auto":
+        return AmxDecision(setting=protocol.amx, decided_by="config",
+                           reason=f"benchmark.amx: {protocol.amx} (set)")
+    unanswered = _why_not_timed(protocol, reference)
+    if unanswered is not None:
+        return AmxDecision(setting="allowed", decided_by="auto", reason=unanswered)
+    assert reference is not None
+    try:
+        ratios = _paired_ratios(protocol, reference, inputs)
+    except (RuntimeError, OSError) as error:
+        logger.warning("benchmark.amx: auto could not time %s: %s", reference.name, error)
+        return AmxDecision(setting="allowed", decided_by="auto", timed=reference.name,
+                           reason=f"AMX allowed: timing {reference.name} both ways failed")
+    gain = statistics.median(ratios)
+    denied = gain >= 1.0 + AMX_MIN_GAIN
+    decision = AmxDecision(
+        setting="denied" if denied else "allowed", decided_by="auto", timed=reference.name,
+        denied_speedup=gain, round_ratios=ratios,
+        reason=(f"AMX {'denied' if denied else 'allowed'}: {reference.name} ran {gain:.2f}x as "
+                f"fast without it ({len(ratios)} paired rounds, "
+                f"{min(ratios):.2f}-{max(ratios):.2f}x; denied from "
+                f"{1.0 + AMX_MIN_GAIN:.2f}x)"))
+    logger.info("benchmark.amx: auto -> %s", decision.reason)
+    return decision
+
+
+def with_decided_amx(protocol: ProtocolT, decision: AmxDecision) -> ProtocolT:
+    """`protocol` with ``amx`` the decided setting (what its measuring processes read)."""
+    return protocol.model_copy(update={"amx": decision.setting})
+
+
+def _why_not_timed(protocol: MeasurementProtocol, reference: VariantSpec | None) -> str | None:
+    if "amx_tile" not in cpu_flags():
+        return "AMX allowed: this CPU has no AMX"
+    if not protocol.isolate:
+        return "AMX allowed: measurements run in the flow's process (benchmark.isolate: false)"
+    if reference is None or reference.path is None:
+        return "AMX allowed: no int8 file to time both ways"
+    return None
+
+
+def _paired_ratios(protocol: MeasurementProtocol, reference: VariantSpec,
+                   inputs: BenchmarkInputs) -> list[float]:
+    """Per round, the file's p50 with AMX allowed over its p50 with AMX denied."""
+    ratios: list[float] = []
+    for round_ in range(AMX_ROUNDS):
+        order = ("allowed", "denied") if round_ % 2 == 0 else ("denied", "allowed")
+        p50 = {setting: side_by_side_in_worker(
+            [reference], inputs, protocol.model_copy(update={"amx": setting})).p50(reference.name)
+            for setting in order}
+        ratios.append(p50["allowed"] / p50["denied"])
+        sides = {ratio >= 1.0 + AMX_MIN_GAIN for ratio in ratios}
+        if len(ratios) >= AMX_MIN_ROUNDS and len(sides) == 1:
+            break
+    return ratios
