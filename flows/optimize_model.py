@@ -508,11 +508,9 @@ def _summarize(
     """Pick and register the champion; assemble the summary JSON.
 
     `models`: the baseline, then the techniques'; `crashes`: the contained ones; `baseline_note`:
-    why the verdicts are against an unconverged baseline; `inputs`: for the paired test; `amx`:
-    what the measuring processes ran with (``benchmark.amx``) and why.
+    why the verdicts are against an unconverged baseline; `inputs`: for the paired test.
     """
-    bench = config.benchmark
-    baseline, technique_models = models[0], models[1:]
+    bench, baseline, technique_models = config.benchmark, models[0], models[1:]
     tracking.log_native_crashes(run, crashes)
     training = baseline_training(baseline)
     tracking.log_baseline_health(run, training["health"])

@@ -122,8 +122,17 @@ def baseline_line(summary: dict[str, Any]) -> str | None:
     return f"baseline: {ended}, {health_line(training['health'])}"
 
 
+def amx_line(summary: dict[str, Any]) -> str | None:
+    """How to serve the files when every variant was measured with AMX refused (else None)."""
+    decision = summary.get("amx_decision")
+    if not decision or decision["setting"] != "denied":
+        return None
+    return (f"measured with AMX denied ({decision['reason']}): serve the same way, calling "
+            "tfopt.cpu_features.deny_amx() before the model loads")
+
+
 def verdict_lines(summary: dict[str, Any], prefect_ui: str) -> list[str]:
-    """The run's last lines: the baseline, the champion, the budget's cuts, where to look."""
-    baseline = baseline_line(summary)
-    return [*([baseline] if baseline else []), champion_line(summary), budget_line(summary),
+    """The run's last lines: the baseline, the champion (and AMX), the budget's cuts, where."""
+    optional = [baseline_line(summary), champion_line(summary), amx_line(summary)]
+    return [*(line for line in optional if line), budget_line(summary),
             where_to_look_line(summary, prefect_ui)]
