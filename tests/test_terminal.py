@@ -84,11 +84,10 @@ def test_the_verdict_without_a_champion_or_a_budget_says_so():
 def test_a_run_measured_with_amx_denied_says_how_to_serve_its_files():
     denied = {"setting": "denied", "decided_by": "auto", "timed": "baseline-tflite-int8",
               "denied_speedup": 1.8, "round_ratios": [1.8, 1.8],
-              "reason": "AMX denied: baseline-tflite-int8 ran 1.80x as fast without it"}
+              "reason": "AMX denied (benchmark.amx: auto): baseline-tflite-int8 ran 1.80x"}
     champion, amx, _, _ = verdict_lines({**_summary(), "amx_decision": denied}, "http://x")
     assert champion.startswith("champion: ")
-    assert amx == ("measured with AMX denied (AMX denied: baseline-tflite-int8 ran 1.80x as fast "
-                   "without it): serve the same way, calling tfopt.cpu_features.deny_amx() "
-                   "before the model loads")
+    assert amx == ("AMX denied (benchmark.amx: auto): baseline-tflite-int8 ran 1.80x: serve the "
+                   "same way, calling tfopt.cpu_features.deny_amx() before the model loads")
     allowed = {**denied, "setting": "allowed"}
     assert len(verdict_lines({**_summary(), "amx_decision": allowed}, "http://x")) == 3

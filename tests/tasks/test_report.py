@@ -183,13 +183,14 @@ def test_amx_denied_to_the_measurements_is_said_where_files_are_served_from(tmp_
 
     decision = AmxDecision(setting="denied", decided_by="auto", timed="baseline-tflite-int8",
                            denied_speedup=1.2, round_ratios=[1.2, 1.2],
-                           reason="AMX denied: baseline-tflite-int8 ran 1.20x as fast without it")
+                           reason="AMX denied (benchmark.amx: auto): baseline-tflite-int8 ran "
+                                  "1.20x as fast without it")
     summary = {**_summary(tmp_path, RESULTS, "baseline-tflite-int8"),
                "amx_decision": decision.model_dump(mode="json")}
     write_report.fn(summary, RESULTS, tmp_path / "report")
     markdown = (tmp_path / "report" / "report.md").read_text()
-    assert ("AMX (benchmark.amx: auto): AMX denied: baseline-tflite-int8 ran 1.20x as fast "
-            "without it. Serve these files the same way") in markdown
+    assert ("AMX denied (benchmark.amx: auto): baseline-tflite-int8 ran 1.20x as fast without "
+            "it. Serve these files the same way") in markdown
     dataset, champion = _dataset(tmp_path), RESULTS[4]
     for held, said in (("false", True), ("true", False)):
         measured = champion.model_copy(update={"runner_params": {"amx_permitted": held}})

@@ -30,6 +30,8 @@ AMX_MIN_ROUNDS = 2
 AMX_MIN_GAIN = 0.05
 """How much faster (as a fraction) the file must run without AMX for `auto` to deny it."""
 
+_AUTO_ALLOWED = "AMX allowed (benchmark.amx: auto)"
+
 ProtocolT = TypeVar("ProtocolT", bound=MeasurementProtocol)
 
 
@@ -61,7 +63,7 @@ def decide_amx(protocol: MeasurementProtocol, reference: VariantSpec | None,
     """`protocol.amx` as set, or for ``auto`` timed on `reference` (see the module docstring)."""
     if protocol.amx != "auto":
         return AmxDecision(setting=protocol.amx, decided_by="config",
-                           reason=f"benchmark.amx: {protocol.amx} (set)")
+                           reason=f"AMX {protocol.amx} (benchmark.amx: {protocol.amx})")
     unanswered = _why_not_timed(protocol, reference)
     if unanswered is not None:
         return AmxDecision(setting="allowed", decided_by="auto", reason=unanswered)
@@ -71,17 +73,17 @@ def decide_amx(protocol: MeasurementProtocol, reference: VariantSpec | None,
     except (RuntimeError, OSError) as error:
         logger.warning("benchmark.amx: auto could not time %s: %s", reference.name, error)
         return AmxDecision(setting="allowed", decided_by="auto", timed=reference.name,
-                           reason=f"AMX allowed: timing {reference.name} both ways failed")
+                           reason=f"{_AUTO_ALLOWED}: timing {reference.name} both ways failed")
     gain = statistics.median(ratios)
     denied = gain >= 1.0 + AMX_MIN_GAIN
     decision = AmxDecision(
         setting="denied" if denied else "allowed", decided_by="auto", timed=reference.name,
         denied_speedup=gain, round_ratios=ratios,
-        reason=(f"AMX {'denied' if denied else 'allowed'}: {reference.name} ran {gain:.2f}x as "
-                f"fast without it ({len(ratios)} paired rounds, "
-                f"{min(ratios):.2f}-{max(ratios):.2f}x; denied from "
+        reason=(f"AMX {'denied' if denied else 'allowed'} (benchmark.amx: auto): "
+                f"{reference.name} ran {gain:.2f}x as fast without it ({len(ratios)} paired "
+                f"rounds, {min(ratios):.2f}-{max(ratios):.2f}x; denied from "
                 f"{1.0 + AMX_MIN_GAIN:.2f}x)"))
-    logger.info("benchmark.amx: auto -> %s", decision.reason)
+    logger.info(decision.reason)
     return decision
 
 
@@ -92,11 +94,11 @@ def with_decided_amx(protocol: ProtocolT, decision: AmxDecision) -> ProtocolT:
 
 def _why_not_timed(protocol: MeasurementProtocol, reference: VariantSpec | None) -> str | None:
     if "amx_tile" not in cpu_flags():
-        return "AMX allowed: this CPU has no AMX"
+        return f"{_AUTO_ALLOWED}: this CPU has no AMX"
     if not protocol.isolate:
-        return "AMX allowed: measurements run in the flow's process (benchmark.isolate: false)"
+        return f"{_AUTO_ALLOWED}: measurements run in the flow's process (benchmark.isolate: false)"
     if reference is None or reference.path is None:
-        return "AMX allowed: no int8 file to time both ways"
+        return f"{_AUTO_ALLOWED}: no int8 file to time both ways"
     return None
 
 

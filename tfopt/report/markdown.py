@@ -108,7 +108,7 @@ def _amx_lines(summary: dict[str, Any]) -> list[str]:
     decision = summary.get("amx_decision")
     if not decision:
         return []
-    line = f"AMX (benchmark.amx: {decision['decided_by']}): {decision['reason']}."
+    line = f"{decision['reason']}."
     if decision["setting"] == "denied":
         line += (" Serve these files the same way: call tfopt.cpu_features.deny_amx() before "
                  "any model loads.")

@@ -127,8 +127,8 @@ def amx_line(summary: dict[str, Any]) -> str | None:
     decision = summary.get("amx_decision")
     if not decision or decision["setting"] != "denied":
         return None
-    return (f"measured with AMX denied ({decision['reason']}): serve the same way, calling "
-            "tfopt.cpu_features.deny_amx() before the model loads")
+    return (f"{decision['reason']}: serve the same way, calling tfopt.cpu_features.deny_amx() "
+            "before the model loads")
 
 
 def verdict_lines(summary: dict[str, Any], prefect_ui: str) -> list[str]:
