@@ -217,7 +217,8 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert summary["environment"]["benchmark_amx"] == amx["setting"], "auto, decided"
     assert amx["decided_by"] == "auto", "the smoke's default"
     if "amx_tile" in cpu_flags():
-        assert held == {"allowed": "true", "denied": "false"}[amx["setting"]], (held, amx)
+        # OpenVINO asks for AMX only when its kernels want it: allowed may still read false.
+        assert held in ({"true", "false"} if amx["setting"] == "allowed" else {"false"}), amx
         assert amx["timed"] == "baseline-tflite-int8" or "failed" in amx["reason"], amx
     else:
         assert held is None and amx["setting"] == "allowed", amx
