@@ -8,8 +8,8 @@ from techniques import plan
 from techniques.planner import Planner
 
 
-def _config() -> PipelineConfig:
-    return PipelineConfig.model_validate({"name": "plan", "compress": {
+def _config(**benchmark: object) -> PipelineConfig:
+    return PipelineConfig.model_validate({"name": "plan", "benchmark": benchmark, "compress": {
         "channel_prune": {"enabled": True, "fraction": "auto", "epochs": 2},
         "distill": {"enabled": True, "epochs": 2},
         "qat": {"enabled": True, "epochs": 2},
@@ -213,7 +213,7 @@ def test_the_float_stem_is_planned_beside_each_thinner_int8_file_where_the_basel
     from tfopt.runtimes.litert import FLOAT_STEM_ONLY
     from tfopt.variants import QUICK_SPEEDUP, skipped
 
-    config = _config()
+    config = _config(amx="allowed")  # auto and denied leave the float stem off
     selective = plan_variant("baseline", "tflite", "int8", form="tflite-selective")
     quicker = selective.model_copy(update={"params": {QUICK_SPEEDUP: 1.3}})
     assert with_float_stem(config, [quicker]).compress.float_stem is True
