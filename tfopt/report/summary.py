@@ -305,10 +305,10 @@ def champion_card(result: VariantResult, reason: str, budget_points: float,
                   speedup: dict[str, Any] | None = None) -> tuple[dict[str, str], str]:
     """The registered champion version's tags and description: what it is and why it won.
 
-    `baseline_note` says the verdicts were judged against an unconverged baseline, if so (and
-    the description says when it was measured with AMX refused to its process, to serve it so);
+    `baseline_note` says the verdicts were judged against an unconverged baseline, if so;
     `speedup` how many times faster it is than what it was made from
-    (`tfopt.measurement.champion.champion_speedup`).
+    (`tfopt.measurement.champion.champion_speedup`). A champion measured with AMX refused to its
+    process (``benchmark.amx``) is tagged so, and its description says to serve it that way.
 
     Returns:
         Tags (variant, runtime, precision, accuracy, p50_ms, derived_from, dataset digest,
