@@ -129,7 +129,8 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert selective["status"] in ("ok", "skipped"), selective
     if selective["status"] == "skipped":
         assert "not needed: full int8 loses" in selective["error"]
-        assert "first convolution" in selective["error"]
+        # benchmark.amx: auto (the smoke's) leaves convert.selective_float_stem off: no stem tried
+        assert "first convolution" not in selective["error"]
     bf16, no_bf16 = by_name["baseline-graph-bfloat16"], bf16_unavailable_reason()
     assert bf16["status"] == ("skipped" if no_bf16 else "ok"), bf16
     assert summary["environment"]["cpu_features"]
