@@ -12,12 +12,11 @@ to time, measurements in the flow's own process) `auto` means allowed, and says 
 from __future__ import annotations
 
 import logging
-import statistics
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from tfopt.artifacts import BenchmarkInputs, VariantSpec
+from tfopt.artifacts import BenchmarkInputs, Runoff, VariantSpec
 from tfopt.config import MeasurementProtocol
 from tfopt.cpu_features import cpu_flags
 from tfopt.measurement.runoff import side_by_side_in_worker
@@ -69,12 +68,12 @@ def decide_amx(protocol: MeasurementProtocol, reference: VariantSpec | None,
         return AmxDecision(setting="allowed", decided_by="auto", reason=unanswered)
     assert reference is not None
     try:
-        ratios = _paired_ratios(protocol, reference, inputs)
+        rounds = _two_way_rounds(protocol, reference, inputs)
     except (RuntimeError, OSError) as error:
         logger.warning("benchmark.amx: auto could not time %s: %s", reference.name, error)
         return AmxDecision(setting="allowed", decided_by="auto", timed=reference.name,
                            reason=f"{_AUTO_ALLOWED}: timing {reference.name} both ways failed")
-    gain = statistics.median(ratios)
+    ratios, gain = rounds.round_ratios("allowed", "denied"), rounds.ratio("allowed", "denied")
     denied = gain >= 1.0 + AMX_MIN_GAIN
     decision = AmxDecision(
         setting="denied" if denied else "allowed", decided_by="auto", timed=reference.name,
@@ -102,17 +101,22 @@ def _why_not_timed(protocol: MeasurementProtocol, reference: VariantSpec | None)
     return None
 
 
-def _paired_ratios(protocol: MeasurementProtocol, reference: VariantSpec,
-                   inputs: BenchmarkInputs) -> list[float]:
-    """Per round, the file's p50 with AMX allowed over its p50 with AMX denied."""
-    ratios: list[float] = []
+def _two_way_rounds(protocol: MeasurementProtocol, reference: VariantSpec,
+                    inputs: BenchmarkInputs) -> Runoff:
+    """The file's p50 with AMX ``allowed`` and ``denied``, one process pair a round.
+
+    Read as the run-off is (`Runoff.ratio`: paired round by round, so a drift of the machine's
+    speed between rounds reaches both settings alike).
+    """
+    p50s: dict[str, list[float]] = {"allowed": [], "denied": []}
     for round_ in range(AMX_ROUNDS):
         order = ("allowed", "denied") if round_ % 2 == 0 else ("denied", "allowed")
-        p50 = {setting: side_by_side_in_worker(
-            [reference], inputs, protocol.model_copy(update={"amx": setting})).p50(reference.name)
-            for setting in order}
-        ratios.append(p50["allowed"] / p50["denied"])
-        sides = {ratio >= 1.0 + AMX_MIN_GAIN for ratio in ratios}
-        if len(ratios) >= AMX_MIN_ROUNDS and len(sides) == 1:
+        for setting in order:
+            p50s[setting].append(side_by_side_in_worker(
+                [reference], inputs, protocol.model_copy(update={"amx": setting})
+            ).p50(reference.name))
+        rounds = Runoff(rounds=round_ + 1, round_p50_ms=p50s)
+        sides = {ratio >= 1.0 + AMX_MIN_GAIN for ratio in rounds.round_ratios("allowed", "denied")}
+        if rounds.rounds >= AMX_MIN_ROUNDS and len(sides) == 1:
             break
-    return ratios
+    return rounds
