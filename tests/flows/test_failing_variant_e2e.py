@@ -16,7 +16,9 @@ from mlflow.tracking import MlflowClient
 from tests.live import finish_smoke, postgres_query, run_smoke_with, start_smoke_with
 from tfopt.demo_data import write_demo_images
 
-pytestmark = pytest.mark.e2e
+# Four pipeline runs in one test (two at once, then two in turn): each light run takes 1-4 min
+# beside three other test workers on two cores, so pytest's default 900 s is too close.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 def _artifact_folder(settings, run_id: str) -> Path:
