@@ -88,6 +88,6 @@ def test_a_run_measured_with_amx_denied_says_how_to_serve_its_files():
     champion, amx, _, _ = verdict_lines({**_summary(), "amx_decision": denied}, "http://x")
     assert champion.startswith("champion: ")
     assert amx == ("AMX denied (benchmark.amx: auto): baseline-tflite-int8 ran 1.80x: serve the "
-                   "same way, calling tfopt.cpu_features.deny_amx() before the model loads")
+                   "same way: call tfopt.cpu_features.deny_amx() before the model loads")
     allowed = {**denied, "setting": "allowed"}
     assert len(verdict_lines({**_summary(), "amx_decision": allowed}, "http://x")) == 3

@@ -83,6 +83,10 @@ def amx_permitted() -> bool:
     return bool(mask.value & (1 << _XFEATURE_XTILEDATA))
 
 
+SERVE_WITHOUT_AMX = "call tfopt.cpu_features.deny_amx() before the model loads"
+"""How to serve a file measured with AMX refused to its process, as every report words it."""
+
+
 def deny_amx() -> None:
     """Make this process's later requests for AMX fail (EPERM), so no library here uses it.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfopt.cpu_features import SERVE_WITHOUT_AMX
 from tfopt.models.health import health_line
 from tfopt.report.compare import markdown_moves, markdown_overview
 from tfopt.report.summary import accuracy_sentence, or_dash, speedup_sentence
@@ -110,8 +111,7 @@ def _amx_lines(summary: dict[str, Any]) -> list[str]:
         return []
     line = f"{decision['reason']}."
     if decision["setting"] == "denied":
-        line += (" Serve these files the same way: call tfopt.cpu_features.deny_amx() before "
-                 "any model loads.")
+        line += f" Serve these files the same way: {SERVE_WITHOUT_AMX}."
     return ["", line]
 
 

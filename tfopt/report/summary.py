@@ -11,6 +11,7 @@ from tfopt.artifacts import (
     Runoff,
     VariantResult,
 )
+from tfopt.cpu_features import SERVE_WITHOUT_AMX
 from tfopt.models.health import baseline_health
 from tfopt.report.diagnosis import diagnose
 from tfopt.runtimes import runtime_of
@@ -346,6 +347,6 @@ def champion_card(result: VariantResult, reason: str, budget_points: float,
     if result.runner_params.get("amx_permitted") == "false":
         tags["amx"] = "denied"
         description += ("\n\n**Measured with AMX refused to its process** (benchmark.amx): serve "
-                        "it the same way, calling tfopt.cpu_features.deny_amx() before the model "
-                        "loads, or measure it again as you serve it.")
+                        f"it the same way ({SERVE_WITHOUT_AMX}), or measure it again as you "
+                        "serve it.")
     return tags, description

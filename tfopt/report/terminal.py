@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.table import Table
 
+from tfopt.cpu_features import SERVE_WITHOUT_AMX
 from tfopt.models.health import health_line
 from tfopt.report.summary import or_dash
 
@@ -127,8 +128,7 @@ def amx_line(summary: dict[str, Any]) -> str | None:
     decision = summary.get("amx_decision")
     if not decision or decision["setting"] != "denied":
         return None
-    return (f"{decision['reason']}: serve the same way, calling tfopt.cpu_features.deny_amx() "
-            "before the model loads")
+    return f"{decision['reason']}: serve the same way: {SERVE_WITHOUT_AMX}"
 
 
 def verdict_lines(summary: dict[str, Any], prefect_ui: str) -> list[str]:
