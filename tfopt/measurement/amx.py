@@ -4,16 +4,14 @@ XNNPACK runs int8 on AMX tiles when the kernel grants a process AMX, and on smal
 kernels can be slower than its AVX-512 ones (docs/limits.md). `auto` times one file, the
 baseline's int8 TFLite file every speed-up is quoted against (or the one model a benchmark
 measures), in fresh measuring processes with AMX allowed and denied, in alternating order, and
-denies AMX to every later measuring process when the rounds say the file runs at least
-`AMX_MIN_GAIN` faster without it (`order_balanced_ratio`). Elsewhere (no AMX on this CPU, no file
+denies AMX to every later measuring process when the median of the rounds' paired ratios says
+the file runs at least `AMX_MIN_GAIN` faster without it. Elsewhere (no AMX on this CPU, no file
 to time, measurements in the flow's own process) `auto` means allowed, and says why.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import statistics
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -24,9 +22,9 @@ from tfopt.cpu_features import cpu_flags
 from tfopt.measurement.runoff import side_by_side_in_worker
 
 AMX_ROUNDS = 4
-"""At most this many process pairs are timed (one with AMX allowed, one denied, the first
-allowed first and the next denied first, and so on; a few seconds each); from `AMX_MIN_ROUNDS`
-on, the timing stops once every round so far falls on the same side of the threshold."""
+"""At most this many process pairs are timed (one with AMX allowed, one denied, their order
+alternating; a few seconds each); from `AMX_MIN_ROUNDS` on, the timing stops once every round
+so far falls on the same side of the threshold."""
 AMX_MIN_ROUNDS = 2
 AMX_MIN_GAIN = 0.05
 """How much faster (as a fraction) the file must run without AMX for `auto` to deny it."""
@@ -43,9 +41,9 @@ class AmxDecision(BaseModel):
         setting: ``allowed`` or ``denied`` (what every measuring process then does).
         decided_by: ``config`` (set as it is) or ``auto`` (decided here).
         timed: The file timed both ways (auto only).
-        denied_speedup: Its p50 with AMX allowed over its p50 with AMX denied, read from the
-            rounds by `order_balanced_ratio` (above 1: faster without AMX).
-        round_ratios: Each round's ratio, in round order (odd rounds timed AMX allowed first).
+        denied_speedup: The median over rounds of its p50 with AMX allowed over its p50 with AMX
+            denied (above 1: faster without AMX).
+        round_ratios: Each round's paired ratio.
         reason: One sentence for the log, the summary and the report.
     """
 
@@ -75,31 +73,17 @@ def decide_amx(protocol: MeasurementProtocol, reference: VariantSpec | None,
         logger.warning("benchmark.amx: auto could not time %s: %s", reference.name, error)
         return AmxDecision(setting="allowed", decided_by="auto", timed=reference.name,
                            reason=f"{_AUTO_ALLOWED}: timing {reference.name} both ways failed")
-    ratios = rounds.round_ratios("allowed", "denied")
-    gain = order_balanced_ratio(ratios)
+    ratios, gain = rounds.round_ratios("allowed", "denied"), rounds.ratio("allowed", "denied")
     denied = gain >= 1.0 + AMX_MIN_GAIN
     decision = AmxDecision(
         setting="denied" if denied else "allowed", decided_by="auto", timed=reference.name,
         denied_speedup=gain, round_ratios=ratios,
         reason=(f"AMX {'denied' if denied else 'allowed'} (benchmark.amx: auto): "
-                f"{reference.name} ran {gain:.2f}x as fast without it ({len(ratios)} rounds "
-                f"in both orders, {min(ratios):.2f}-{max(ratios):.2f}x; denied from "
+                f"{reference.name} ran {gain:.2f}x as fast without it ({len(ratios)} paired "
+                f"rounds, {min(ratios):.2f}-{max(ratios):.2f}x; denied from "
                 f"{1.0 + AMX_MIN_GAIN:.2f}x)"))
     logger.info(decision.reason)
     return decision
-
-
-def order_balanced_ratio(ratios: list[float]) -> float:
-    """The median over pairs of rounds of each pair's geometric mean ratio.
-
-    Rounds alternate which setting is timed first, so each pair of rounds has both orders: on
-    a loaded machine the second process of a round can run much slower than the first (CI:
-    rounds 0.89, 2.48, 0.98, 2.73x), and the pair's geometric mean cancels that order effect
-    where a median of single rounds would take it in. An odd last round is its own pair.
-    """
-    pairs = [math.prod(ratios[start:start + 2]) ** (1.0 / len(ratios[start:start + 2]))
-             for start in range(0, len(ratios), 2)]
-    return statistics.median(pairs)
 
 
 def with_decided_amx(protocol: ProtocolT, decision: AmxDecision) -> ProtocolT:
