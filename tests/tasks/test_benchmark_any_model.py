@@ -222,7 +222,7 @@ def test_amx_auto_times_the_file_both_ways_and_denies_only_on_a_gain(tmp_path):
     import statistics
 
     from tfopt.cpu_features import cpu_flags
-    from tfopt.measurement.amx import AMX_MIN_GAIN, AMX_MIN_ROUNDS, AMX_ROUNDS, decide_amx
+    from tfopt.measurement.amx import AMX_DENIED_FROM, AMX_MIN_ROUNDS, AMX_ROUNDS, decide_amx
 
     spec = VariantSpec(name="conv-tflite-fp32", source="conv", format="tflite", precision="fp32",
                        path=_tiny_tflite(tmp_path / "conv.tflite"))
@@ -238,6 +238,6 @@ def test_amx_auto_times_the_file_both_ways_and_denies_only_on_a_gain(tmp_path):
     assert decision.timed == spec.name and decision.decided_by == "auto"
     assert AMX_MIN_ROUNDS <= len(decision.round_ratios) <= AMX_ROUNDS
     assert decision.denied_speedup == statistics.median(decision.round_ratios)
-    assert (decision.setting == "denied") == (decision.denied_speedup >= 1.0 + AMX_MIN_GAIN)
+    assert (decision.setting == "denied") == (decision.denied_speedup >= AMX_DENIED_FROM)
     assert decision.reason.startswith(
         f"AMX {decision.setting} (benchmark.amx: auto): {spec.name} ran")
