@@ -216,7 +216,7 @@ def test_amx_auto_is_kept_as_set_and_allowed_where_it_cannot_be_timed(tmp_path):
             "AMX allowed (benchmark.amx: auto): this CPU has no AMX")
 
 
-def test_amx_auto_times_the_file_both_ways_and_denies_only_on_a_gain(tmp_path):
+def test_amx_auto_times_the_file_both_ways_and_keeps_amx_only_on_a_gain(tmp_path):
     """On an AMX CPU ``auto`` times the file in alternating processes; elsewhere it says why not."""
     import logging
     import statistics

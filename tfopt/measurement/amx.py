@@ -30,9 +30,9 @@ AMX_MIN_ROUNDS = 2
 AMX_KEEP_GAIN = 0.05
 """How much faster (as a fraction) the file must run with AMX for `auto` to keep it. Not the
 other way round: the thinner files a run makes gained more from denying AMX than the baseline's
-own file in every pair measured (the demo's small CNN, the residual builder: docs/measurements.md,
-sessions 18 and 20), so a baseline file indifferent to AMX still predicts a champion that is
-faster without it; on the demo the baseline's gain read 0.98-1.81x between runs."""
+own file in every pair measured, and the demo baseline's own gain moved across 1.05x between
+runs (docs/measurements.md, sessions 18-20): a baseline file indifferent to AMX still predicts a
+champion that is faster without it."""
 AMX_DENIED_FROM = 1.0 / (1.0 + AMX_KEEP_GAIN)
 """The p50 ratio, AMX allowed over denied, from which `auto` denies AMX."""
 
