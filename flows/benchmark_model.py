@@ -18,8 +18,9 @@ from tasks.resolve_model import resolve_model
 from tasks.write_report import write_report
 from tfopt import tracking
 from tfopt.artifacts import BenchmarkInputs, VariantSpec
+from tfopt.config import MeasurementProtocol
 from tfopt.machines import MACHINE_RUN_ROLE, local_protocol, machine_label, machine_protocol
-from tfopt.measurement.amx import with_decided_amx
+from tfopt.measurement.amx import AmxDecision, with_decided_amx
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, read_inputs_index
 from tfopt.models.references import UnusableModelError
 from tfopt.orchestration import claim_flow_run
@@ -63,15 +64,15 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         params=config.model_dump(mode="json"), tags=tags,
     ) as run:
         inputs, class_names = _inputs_of(config, spec, work_dir, run_dir / "inputs")
-        amx = decide_amx_setting(protocol, spec, inputs)
-        protocol = with_decided_amx(protocol, amx)
+        protocol, amx = _amx_decided(protocol, spec, inputs)
         measured = benchmark_serialized(spec, inputs, protocol)
         if not measured.is_completed():
             raise UnusableModelError(
                 f"model {config.model} cannot be measured: {error_of(measured)}")
         result = measured.result()
         packaged = (package_models([result], inputs, class_names, config.input_scale,
-                                   run_dir / "mlflow_model") if class_names else {})
+                                   run_dir / "mlflow_model", protocol.threads)
+                    if class_names else {})
         tracking.log_variants(run, [result], {}, tags, packaged)
         summary = benchmark_summary(
             config_name=config.name, model=config.model, tracking_uri=tracking_uri,
@@ -89,6 +90,13 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
                           "n/a (no labelled data)" if result.accuracy is None
                           else f"{result.accuracy:.4f}", result.latency_ms.p50)
     return summary
+
+
+def _amx_decided(protocol: MeasurementProtocol, spec: VariantSpec,
+                 inputs: BenchmarkInputs) -> tuple[MeasurementProtocol, AmxDecision]:
+    """`protocol` with ``amx`` decided on the model's own file (`tfopt.measurement.amx`)."""
+    decision = decide_amx_setting(protocol, spec, inputs)
+    return with_decided_amx(protocol, decision), decision
 
 
 def _inputs_of(config: BenchmarkOnlyConfig, spec: VariantSpec, work_dir: Path,
@@ -116,8 +124,7 @@ def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,
     protocol = machine_protocol(pipeline_protocol, config.machine)
     spec = resolve_model(config.model, config.format, config.precision, tracking_uri,
                          run_dir / "model")
-    amx = decide_amx_setting(protocol, spec, inputs)
-    protocol = with_decided_amx(protocol, amx)
+    protocol, amx = _amx_decided(protocol, spec, inputs)
     measured = benchmark_serialized(spec, inputs, protocol)
     if not measured.is_completed():
         raise UnusableModelError(f"model {config.model} cannot be measured: {error_of(measured)}")

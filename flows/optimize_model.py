@@ -165,16 +165,16 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                                                          measured.data.costs)
         compressed = _compressed_variants(bench, measured.data, baseline, run_dir, run, inputs,
                                           budget, variants)
-        held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs,
-                                                            variants), compressed, run_dir,
-                               run, budget)
+        held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs, variants),
+                               compressed, run_dir, run, budget)
         baseline, inputs, technique_models = held.baseline, held.inputs, compressed.models
         _share_inputs(config, run, inputs)
         results = _measured(bench, (variants, measured_baseline), held, compressed.variants)
         finish = FinishWatch()
         runoff = run_off(results, inputs, config.benchmark)
         packaged = package_models(results, inputs, measured.data.dataset.class_names,
-                                  measured.data.input_scale, run_dir / "mlflow-models")
+                                  measured.data.input_scale, run_dir / "mlflow-models",
+                                  config.benchmark.threads, runoff)
         run_ids = tracking.log_variants(
             run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged)
         summary = _summarize(config, run, measured, results, run_ids,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from prefect import task
 
-from tfopt.artifacts import BenchmarkInputs, VariantResult
+from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult
 from tfopt.logs import step_logger
 from tfopt.packaging import package_variants
 from tfopt.runtimes.base import ServingContract
@@ -17,7 +17,7 @@ from tfopt.runtimes.base import ServingContract
 @task(name="package_models", tags=["export"])
 def package_models(
     variants: Sequence[VariantResult], inputs: BenchmarkInputs, class_names: Sequence[str],
-    input_scale: str, out_dir: Path,
+    input_scale: str, out_dir: Path, threads: int = 1, runoff: Runoff | None = None,
 ) -> dict[str, Path]:
     """Write every ok variant as an MLflow Model folder under `out_dir`, named after it.
 
@@ -30,10 +30,13 @@ def package_models(
         class_names: The data's classes, in output order.
         input_scale: The run's ``model.input_scale``.
         out_dir: Parent folder of the model folders.
+        threads: The threads a LiteRT model serves with (``benchmark.threads``: as measured).
+        runoff: The run-off, whose thread count per contender (`Runoff.threads`) overrides it.
 
     Returns:
         Variant name to its MLflow Model folder.
     """
     contract = ServingContract(class_names, input_scale,
-                               np.load(inputs.images, mmap_mode="r")[:2].copy())
-    return package_variants(variants, contract, out_dir, step_logger())
+                               np.load(inputs.images, mmap_mode="r")[:2].copy(), threads)
+    return package_variants(variants, contract, out_dir, step_logger(),
+                            runoff.threads if runoff else None)

@@ -32,7 +32,8 @@ def _summary(**changes) -> dict:
         "accuracy_budget_points": 1.0,
         "champion_speedup_over_int8": {"ratio": 2.455, "reference": "baseline-tflite-int8",
                                        "champion_p50_ms": 0.0137, "reference_p50_ms": 0.0336,
-                                       "side_by_side": True},
+                                       "side_by_side": True, "champion_threads": 1,
+                                       "reference_threads": 2},
         "budget": {"minutes": 5.0, "used_minutes": 3.48,
                    "cuts": ["distill (not started: cut by the time budget)"]},
         "prefect_flow_run_id": "f1", "mlflow_run_url": "http://127.0.0.1:5000/#/r/1",
@@ -67,6 +68,7 @@ def test_the_verdict_says_the_speedup_over_int8_the_points_the_cuts_and_where_to
     assert champion.startswith("champion: channels-50-tflite-int8, 2.46x the speed of "
                                "baseline-tflite-int8 (side by side")
     assert "-0.91 points against the baseline on test (budget 1 point)" in champion
+    assert "0.0137 vs 0.0336 ms, at 1 vs 2 threads)" in champion, "each at its run-off pick"
     assert budget == ("time budget: 3.5 of 5 min used; cut: distill (not started: cut by the "
                       "time budget)")
     assert "Prefect UI http://127.0.0.1:4200/runs/flow-run/f1" in look

@@ -395,6 +395,15 @@ class Runoff(_Frozen):
     anchor: str | None = None
     """The contender the others' p50s are paired with (the baseline's int8 TFLite file when it
     took part); None: each contender's own median."""
+    threads: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per contender, the intra-op threads its rounds ran with, picked as its "
+                    "fastest count (`thread_pick_p50_ms`); empty: all at benchmark.threads.")
+    thread_pick_p50_ms: dict[str, dict[int, float]] = Field(
+        default_factory=dict,
+        description="Per contender, its p50 at each thread count tried in the rounds that "
+                    "picked its count (before the timed rounds, so the pick does not flatter "
+                    "the figures quoted).")
 
     def round_ratios(self, name: str, to: str) -> list[float]:
         """`name`'s time over `to`'s in each round, in round order."""
@@ -405,6 +414,7 @@ class Runoff(_Frozen):
         """These rounds and then `more`'s, of the contenders both timed."""
         names = [name for name in self.round_p50_ms if name in more.round_p50_ms]
         return Runoff(rounds=self.rounds + more.rounds, anchor=self.anchor,
+                      threads=self.threads, thread_pick_p50_ms=self.thread_pick_p50_ms,
                       round_p50_ms={name: [*self.round_p50_ms[name], *more.round_p50_ms[name]]
                                     for name in names})
 

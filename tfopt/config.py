@@ -504,6 +504,15 @@ class ChampionPolicy(Section):
         ),
     )
 
+    runoff_threads: Literal["fastest", "benchmark"] = Field(
+        "fastest",
+        description=(
+            "fastest: the run-off first times each contender at 1, 2, 4, ... up to threads "
+            "intra-op threads (6 alternating rounds), then times and quotes each at its fastest "
+            "count, the count its packaged model serves with: each speed-up compares files at "
+            "the threads a deployer would give each. benchmark: all at threads."
+        ),
+    )
     register_champion: bool = Field(
         True, description="Register the champion in the MLflow model registry (alias champion)."
     )

@@ -15,7 +15,8 @@ import importlib.metadata
 import logging
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -95,23 +96,26 @@ def model_file_of(folder: Path) -> tuple[str, Path] | None:
 
 
 def package_variants(variants: Sequence[VariantResult], contract: Any, out_dir: Path,
-                     logger: logging.Logger) -> dict[str, Path]:
+                     logger: logging.Logger,
+                     threads: Mapping[str, int] | None = None) -> dict[str, Path]:
     """Every ok variant as an MLflow Model folder ``out_dir/<name>``; a failure is logged.
 
     A variant that cannot be packaged is left out (its raw file is uploaded instead); a folder
-    left by an earlier attempt of the same run is reused.
+    left by an earlier attempt of the same run is reused. A variant named in `threads` serves
+    with that many threads (its run-off pick), the others with the contract's.
     """
     folders: dict[str, Path] = {}
-    by_file: dict[tuple[str, str], Path] = {}
+    by_file: dict[tuple[str, str, int], Path] = {}
     for variant in variants:
         if variant.status != "ok" or variant.path is None:
             continue
         dst = out_dir / variant.name
-        same_file = by_file.get((variant.format, str(variant.path)))
+        served = replace(contract, threads=(threads or {}).get(variant.name, contract.threads))
+        key = (variant.format, str(variant.path), served.threads)
         try:
             if not (dst / "MLmodel").is_file():
-                _save_atomically(variant, contract, dst, same_file)
-            by_file.setdefault((variant.format, str(variant.path)), dst)
+                _save_atomically(variant, served, dst, by_file.get(key))
+            by_file.setdefault(key, dst)
             folders[variant.name] = dst
         except Exception as error:  # one variant's packaging must not stop the rest
             logger.warning("%s: not packaged as an MLflow model: %s: %s", variant.name,

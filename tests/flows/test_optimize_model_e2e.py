@@ -162,6 +162,10 @@ def test_summary_has_the_contract_keys(smoke_run):
     if summary["runoff"]:
         assert sorted(contenders) == sorted(summary["runoff"]["round_p50_ms"])
         assert "run-off" in summary["champion_reason"]
+        picked = summary["runoff"]["threads"]
+        assert sorted(picked) == sorted(contenders), "each contender's own thread count"
+        assert all(by_name[name]["runoff_threads"] == threads in (1, 2)
+                   for name, threads in picked.items()), picked
     network = {by_name[name]["gflops_per_inference"] for name in EXPECTED_OK
                if by_name[name]["source"] == "baseline"}
     assert len(network) == 1, f"the baseline network counted differently by format: {network}"

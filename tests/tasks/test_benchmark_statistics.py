@@ -391,6 +391,7 @@ def test_every_champion_is_also_quoted_against_the_baselines_int8_file_side_by_s
     from tfopt.artifacts import Runoff
     from tfopt.measurement.champion import champion_speedup, champion_speedup_over_int8
     from tfopt.measurement.runoff import runoff_contenders
+    from tfopt.report.summary import speedup_sentence
 
     fp32 = _timed("baseline-tflite-fp32", 0.98, 1.6, (1.5, 1.7)).model_copy(
         update={"source": "baseline"})
@@ -412,6 +413,24 @@ def test_every_champion_is_also_quoted_against_the_baselines_int8_file_side_by_s
     assert not champion_speedup_over_int8(thin.name, results)["side_by_side"]
     assert champion_speedup_over_int8(int8.name, results, runoff) is None, "the file itself"
     assert champion_speedup_over_int8(thin.name, [fp32, thin], runoff) is None, "no int8 file"
+    assert over_int8["champion_threads"] is None, "all at benchmark.threads"
+    picked = runoff.model_copy(update={"threads": {thin.name: 1, int8.name: 2, fp32.name: 2}})
+    over_int8 = champion_speedup_over_int8(thin.name, results, picked)
+    assert (over_int8["champion_threads"], over_int8["reference_threads"]) == (1, 2)
+    assert "at 1 vs 2 threads" in speedup_sentence(over_int8)
+
+
+def test_a_files_thread_count_is_its_fastest_paired_round_by_round_fewer_on_a_tie():
+    from tfopt.measurement.runoff import runoff_thread_counts
+    from tfopt.measurement.worker import fastest_thread_count
+
+    drifting = [0.10, 0.20, 0.10, 0.20, 0.10, 0.20]
+    assert fastest_thread_count({1: drifting, 2: [p50 * 0.9 for p50 in drifting]}) == 2
+    assert fastest_thread_count({1: drifting, 2: [p50 * 1.1 for p50 in drifting]}) == 1
+    assert fastest_thread_count({1: drifting, 2: list(drifting)}) == 1, "fewer on a tie"
+    assert runoff_thread_counts(BenchmarkConfig(threads=6)) == [1, 2, 4, 6]
+    assert runoff_thread_counts(BenchmarkConfig(threads=1)) == [1]
+    assert runoff_thread_counts(BenchmarkConfig(threads=6, runoff_threads="benchmark")) == [6]
 
 
 def test_every_near_contender_brings_its_speed_up_reference_into_the_runoff():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -120,3 +121,40 @@ def test_variants_of_one_file_share_its_packaging_with_their_own_precision(
     assert plain.model_uuid != rewritten.model_uuid
     np.testing.assert_allclose(mlflow.pyfunc.load_model(str(folders["rewritten"])).predict(images),
                                load_runner(variant_files["graph"]).predict(images), atol=1e-4)
+
+
+def test_the_runoff_times_each_file_at_its_fastest_thread_count_and_it_serves_with_it(
+    variant_files, contract, tiny_dataset, images, tmp_path
+):
+    import logging
+
+    from mlflow.models import Model
+
+    from tfopt.artifacts import BenchmarkInputs, VariantResult
+    from tfopt.config import MeasurementProtocol
+    from tfopt.measurement.worker import measure_runoff
+    from tfopt.packaging import package_variants
+
+    np.save(tmp_path / "images.npy", images)
+    inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=None, reference_logits=None,
+                             examples=len(images))
+    specs = [variant_files["tflite"], variant_files["onnx"]]
+    protocol = MeasurementProtocol(threads=2, warmup_runs=5, warmup_seconds=0.0, min_runs=5,
+                                   min_seconds=0.2)
+    runoff = measure_runoff(specs, inputs, protocol, rounds=6, thread_counts=[1, 2])
+    for spec in specs:
+        tried = runoff.thread_pick_p50_ms[spec.name]
+        assert sorted(tried) == [1, 2] and all(p50 > 0 for p50 in tried.values())
+        assert runoff.threads[spec.name] in (1, 2)
+        assert len(runoff.round_p50_ms[spec.name]) == 6, "the timed rounds, apart from the pick"
+    fixed = measure_runoff(specs, inputs, protocol, rounds=6)
+    assert fixed.threads == {} and fixed.thread_pick_p50_ms == {}
+
+    tflite = specs[0]
+    variants = [VariantResult(name=name, source="baseline", format="tflite", precision="int8",
+                              status="ok", path=str(tflite.path)) for name in ("picked", "other")]
+    folders = package_variants(variants, replace(contract, threads=2), tmp_path / "models",
+                               logging.getLogger("test"), {"picked": 1})
+    served = {name: Model.load(str(folder)).flavors["python_function"]["config"]["threads"]
+              for name, folder in folders.items()}
+    assert served == {"picked": 1, "other": 2}, "the pick, else the count it was measured at"

@@ -165,14 +165,19 @@ def champion_speedup_over_int8(champion: str | None, results: list[VariantResult
 
 def speedup_over(best: VariantResult, reference: VariantResult | None,
                  runoff: Runoff | None = None) -> dict[str, Any] | None:
-    """`reference`'s batch-1 p50 over `best`'s: round by round when both were in the run-off."""
+    """`reference`'s batch-1 p50 over `best`'s: round by round when both were in the run-off.
+
+    There each at the thread count the run-off picked for it (None: at ``benchmark.threads``).
+    """
     if reference is None:
         return None
     if runoff is not None and {best.name, reference.name} <= set(runoff.round_p50_ms):
         return {"reference": reference.name,
                 "ratio": round(runoff.ratio(reference.name, best.name), 3),
                 "champion_p50_ms": runoff.p50(best.name),
-                "reference_p50_ms": runoff.p50(reference.name), "side_by_side": True}
+                "reference_p50_ms": runoff.p50(reference.name), "side_by_side": True,
+                "champion_threads": runoff.threads.get(best.name),
+                "reference_threads": runoff.threads.get(reference.name)}
     ours, theirs = best.latency_ms.p50, reference.latency_ms.p50
     return {"reference": reference.name, "ratio": round(theirs / ours, 3) if ours > 0 else None,
             "champion_p50_ms": ours, "reference_p50_ms": theirs, "side_by_side": False}

@@ -17,6 +17,11 @@ flip between rounds), speed-ups the median of two files' per-round ratios (`Runo
 contenders are tied when the interval of their per-round ratio holds 1.0
 (`tfopt.measurement.champion.tied_with_best`).
 
+Threads: with ``benchmark.runoff_threads: fastest`` each contender is first timed at 1, 2, 4, ...
+up to ``benchmark.threads`` intra-op threads in rounds of their own, and the timed rounds run each
+at its fastest count (`Runoff.threads`), the count its packaged model then serves with: a small
+file often runs fastest on one thread (its work is too small to split), a larger one on all.
+
 TensorFlow's variants stay out: a process cannot hold both XLA auto-clustering's flags and the
 others, and on CPU they are rarely near the fastest.
 """
@@ -92,11 +97,31 @@ def _spec_of(result: VariantResult) -> VariantSpec:
                        derived_from=result.derived_from)
 
 
+def runoff_thread_counts(cfg: BenchmarkConfig) -> list[int]:
+    """The thread counts each contender is tried at: 1, 2, 4, ... and `threads` itself.
+
+    Only `threads` unless ``benchmark.runoff_threads`` is ``fastest``.
+    """
+    if cfg.runoff_threads != "fastest":
+        return [cfg.threads]
+    counts = {cfg.threads}
+    count = 1
+    while count < cfg.threads:
+        counts.add(count)
+        count *= 2
+    return sorted(counts)
+
+
 def side_by_side_in_worker(specs: list[VariantSpec], inputs: BenchmarkInputs,
-                           protocol: MeasurementProtocol, rounds: int = P50_WINDOWS) -> Runoff:
-    """`specs` timed in alternating rounds in one fresh measuring process (one runtime's env)."""
+                           protocol: MeasurementProtocol, rounds: int = P50_WINDOWS,
+                           thread_counts: list[int] | None = None) -> Runoff:
+    """`specs` timed in alternating rounds in one fresh measuring process (one runtime's env).
+
+    Each at its fastest of `thread_counts` when there are several (`measure_runoff`).
+    """
     request = {"specs": [spec.model_dump(mode="json") for spec in specs],
                "inputs": inputs.model_dump(mode="json"), "rounds": rounds,
+               "thread_counts": thread_counts or [],
                "cfg": protocol.as_protocol().model_dump(mode="json")}
     return Runoff.model_validate_json(run_worker(
         "tfopt.measurement.worker", request, worker_env(specs[0]), protocol.time_limit_seconds))
@@ -109,9 +134,10 @@ def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: Bench
     if not contenders:
         return None
     specs = [_spec_of(result) for result in contenders]
+    counts = runoff_thread_counts(cfg)
     try:
-        runoff = (side_by_side_in_worker(specs, inputs, cfg, RUNOFF_ROUNDS) if cfg.isolate
-                  else measure_runoff(specs, inputs, cfg, RUNOFF_ROUNDS))
+        runoff = (side_by_side_in_worker(specs, inputs, cfg, RUNOFF_ROUNDS, counts)
+                  if cfg.isolate else measure_runoff(specs, inputs, cfg, RUNOFF_ROUNDS, counts))
     except (RuntimeError, OSError) as error:
         logger.warning("run-off of %s skipped: %s", ", ".join(s.name for s in specs), error)
         return None
@@ -119,8 +145,14 @@ def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: Bench
     if anchor is not None and anchor in contenders:
         runoff = runoff.model_copy(update={"anchor": anchor.name})
     logger.info("run-off, %d alternating rounds: %s", runoff.rounds, "; ".join(
-        f"{name} p50 {runoff.p50(name):.4f} ms ({low:.4f}-{high:.4f}), on its turn "
-        f"{result.latency_ms.p50:.4f}"
+        f"{name} p50 {runoff.p50(name):.4f} ms ({low:.4f}-{high:.4f}){threads_note(runoff, name)}"
+        f", on its turn {result.latency_ms.p50:.4f}"
         for result in contenders
         for name, (low, high) in [(result.name, runoff.interval(result.name))]))
     return runoff
+
+
+def threads_note(runoff: Runoff, name: str) -> str:
+    """" at N thread(s)" where the run-off picked `name`'s count, else nothing."""
+    threads = runoff.threads.get(name)
+    return "" if threads is None else f" at {threads} thread{'s' if threads > 1 else ''}"

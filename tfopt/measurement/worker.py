@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -526,32 +527,72 @@ def _batch_throughput_if_batched(runner: Runner, feeds: dict[str, np.ndarray],
 
 
 def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
-                   cfg: MeasurementProtocol, rounds: int = P50_WINDOWS) -> Runoff:
+                   cfg: MeasurementProtocol, rounds: int = P50_WINDOWS,
+                   thread_counts: Sequence[int] = ()) -> Runoff:
     """Time `specs` in `rounds` alternating rounds in this process (`tfopt.measurement.runoff`).
 
-    A first, untimed round warms every contender with the run's warm-up (`warmup_runs`,
-    `warmup_seconds`): a first round reads slower than the later ones even after each contender's
-    own warm-up, and its figures would widen every interval until all overlap. Then each turn is a
-    short measurement with the run's protocol: `warmup_runs` and windows for about `min_seconds` / 4
-    over 6 rounds, the same time in all over more rounds.
+    With two or more `thread_counts`, each contender is first timed at each count in
+    `P50_WINDOWS` alternating rounds and then timed in `rounds` more at its fastest
+    (`fastest_thread_count`): each file at the count a deployer would give it. The pick and the
+    figures come from different rounds, so a lucky pick does not flatter the figures. Each turn
+    lasts about `min_seconds` / 4 over 6 rounds, the same time in all over more rounds.
     """
-    runners = {spec.name: load_runner(spec, cfg.threads) for spec in specs}
-    prepared = {name: runner.prepare(_timed_inputs(runner, inputs))
-                for name, runner in runners.items()}
     turn_seconds = max(cfg.min_seconds / 4.0 * P50_WINDOWS / rounds, 0.05)
+    picked: dict[str, int] = {}
+    pick_p50s: dict[str, dict[int, float]] = {}
+    if len(thread_counts) > 1:
+        tried = {(spec.name, threads): (spec, threads)
+                 for spec in specs for threads in thread_counts}
+        pick_rounds = alternating_round_p50s(tried, inputs, cfg, P50_WINDOWS, turn_seconds)
+        for spec in specs:
+            by_count = {threads: pick_rounds[(spec.name, threads)] for threads in thread_counts}
+            picked[spec.name] = fastest_thread_count(by_count)
+            pick_p50s[spec.name] = {threads: float(np.median(p50s))
+                                    for threads, p50s in by_count.items()}
+    timed = {spec.name: (spec, picked.get(spec.name, cfg.threads)) for spec in specs}
+    return Runoff(rounds=rounds, threads=picked, thread_pick_p50_ms=pick_p50s,
+                  round_p50_ms=alternating_round_p50s(timed, inputs, cfg, rounds, turn_seconds))
+
+
+def fastest_thread_count(round_p50s: dict[int, list[float]]) -> int:
+    """The thread count whose rounds ran fastest, paired round by round with the first count's.
+
+    The median of per-round ratios, as `Runoff.ratio` reads speed-ups; on a tie the fewer threads
+    (they leave the other cores to the rest of the machine).
+    """
+    first = next(iter(round_p50s.values()))
+    return min(round_p50s, key=lambda threads: (
+        float(np.median([mine / theirs for mine, theirs in
+                         zip(round_p50s[threads], first, strict=True)])), threads))
+
+
+def alternating_round_p50s(entries: dict[Any, tuple[VariantSpec, int]], inputs: BenchmarkInputs,
+                           cfg: MeasurementProtocol, rounds: int,
+                           turn_seconds: float) -> dict[Any, list[float]]:
+    """Each entry's (a file at a thread count) p50 in each of `rounds` alternating rounds.
+
+    A first, untimed round warms every entry with the run's warm-up (`warmup_runs`,
+    `warmup_seconds`): a first round reads slower than the later ones even after each entry's
+    own warm-up, and its figures would widen every interval until all overlap. Then each turn is a
+    short measurement with the run's protocol: `warmup_runs` and windows for `turn_seconds`. The
+    order rotates each round.
+    """
+    runners = {key: load_runner(spec, threads) for key, (spec, threads) in entries.items()}
+    prepared = {key: runner.prepare(_timed_inputs(runner, inputs))
+                for key, runner in runners.items()}
     warm_up = cfg.model_copy(update={"min_seconds": turn_seconds, "max_seconds": turn_seconds,
                                      "min_runs": max(P50_WINDOWS, cfg.min_runs // 4)})
     turn = warm_up.model_copy(update={"warmup_seconds": 0.0})
-    names = list(runners)
-    for name in names:
-        time_runs(runners[name].invoke, prepared[name], warm_up)
-    round_p50s: dict[str, list[float]] = {name: [] for name in names}
+    keys = list(runners)
+    for key in keys:
+        time_runs(runners[key].invoke, prepared[key], warm_up)
+    round_p50s: dict[Any, list[float]] = {key: [] for key in keys}
     for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            samples = time_runs(runners[name].invoke, prepared[name], turn)
-            round_p50s[name].append(float(np.median(samples)))
-    return Runoff(rounds=rounds, round_p50_ms=round_p50s)
+        shift = round_index % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            samples = time_runs(runners[key].invoke, prepared[key], turn)
+            round_p50s[key].append(float(np.median(samples)))
+    return round_p50s
 
 
 def _timed_inputs(runner: Runner, inputs: BenchmarkInputs) -> np.ndarray | dict[str, np.ndarray]:
@@ -596,7 +637,8 @@ def main(request_path: str, response_path: str) -> None:
     inputs = BenchmarkInputs.model_validate(request["inputs"])
     if "specs" in request:
         measured = measure_runoff([VariantSpec.model_validate(s) for s in request["specs"]],
-                                  inputs, cfg, request.get("rounds", P50_WINDOWS))
+                                  inputs, cfg, request.get("rounds", P50_WINDOWS),
+                                  request.get("thread_counts", ()))
     else:
         measured = measure_variant(VariantSpec.model_validate(request["spec"]), inputs, cfg)
     atomic_write_json(Path(response_path), measured.model_dump(mode="json"))

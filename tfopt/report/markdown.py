@@ -419,13 +419,20 @@ def runoff_lines(summary: dict[str, Any]) -> list[str]:
     lines = ["", f"Run-off: the contenders for champion timed again side by side, in "
              f"{runoff['rounds']} rounds alternating between them in one process (the machine's "
              "drift between turns reaches all of them alike); the champion is chosen on these.",
-             "", "| variant | p50 on its turn ms | run-off p50 ms | run-off interval |",
-             "|---|---:|---:|---:|"]
+             "", "| variant | p50 on its turn ms | run-off p50 ms | run-off interval "
+             "| run-off threads |", "|---|---:|---:|---:|---:|"]
+    threads = (summary.get("environment") or {}).get("benchmark_threads", "-")
     for entry in summary["variants"]:
         if entry.get("runoff_p50_ms") is not None:
             low, high = entry["runoff_p50_ci95"]
             lines.append(f"| {entry['name']} | {entry['latency_ms']['p50']:.4f} "
-                         f"| {entry['runoff_p50_ms']:.4f} | {low:.4f}–{high:.4f} |")
+                         f"| {entry['runoff_p50_ms']:.4f} | {low:.4f}–{high:.4f} "
+                         f"| {entry.get('runoff_threads') or threads} |")
+    if runoff.get("threads"):
+        lines += ["", "Each contender was first timed at each thread count in rounds of their "
+                  "own and then at its fastest (`benchmark.runoff_threads: fastest`); its "
+                  "packaged model serves with that count. Its turn ran at "
+                  f"`benchmark.threads` ({threads})."]
     return lines
 
 

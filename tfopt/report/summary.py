@@ -118,6 +118,7 @@ def variant_entry(
         "op_profile": result.op_profile.model_dump() if result.op_profile else None,
         "runoff_p50_ms": runoff.p50(result.name) if in_runoff else None,
         "runoff_p50_ci95": list(runoff.interval(result.name)) if in_runoff else None,
+        "runoff_threads": runoff.threads.get(result.name) if in_runoff else None,
         "p50_ms_by_threads": {str(threads): p50
                               for threads, p50 in sorted(result.p50_ms_by_threads.items())},
         "latency_ms_by_api": {api: stats.model_dump()
@@ -264,8 +265,14 @@ def speedup_sentence(speedup: dict[str, Any] | None) -> str:
     how = ("side by side in the run-off" if speedup["side_by_side"]
            else "each on its own turn, not side by side")
     return (f"{speedup['ratio']:.2f}x the speed of {speedup['reference']} (batch-1 p50 "
-            f"{speedup['champion_p50_ms']:.4f} vs {speedup['reference_p50_ms']:.4f} ms, "
-            f"{how}).")
+            f"{speedup['champion_p50_ms']:.4f} vs {speedup['reference_p50_ms']:.4f} ms"
+            f"{threads_clause(speedup)}, {how}).")
+
+
+def threads_clause(speedup: dict[str, Any]) -> str:
+    """", at 1 vs 2 threads" where the run-off picked each file's thread count, else nothing."""
+    ours, theirs = speedup.get("champion_threads"), speedup.get("reference_threads")
+    return "" if ours is None or theirs is None else f", at {ours} vs {theirs} threads"
 
 
 def accuracy_sentence(verdict: dict[str, Any] | None) -> str:

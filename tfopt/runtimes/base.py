@@ -248,11 +248,14 @@ class ServingContract:
         class_names: The output order.
         input_scale: How pixel values are scaled before they reach the model.
         example: A few inputs, float32 ``[N, H, W, C]``, already scaled.
+        threads: The intra-op threads a runtime that takes them serves with: the count the
+            variant was measured at (its run-off pick, else ``benchmark.threads``).
     """
 
     class_names: Sequence[str]
     input_scale: str
     example: np.ndarray
+    threads: int = 1
 
 
 class Runtime(ABC):

@@ -230,7 +230,7 @@ class LiteRT(Runtime):
         mlflow.pyfunc.save_model(
             str(dst), python_model=str(_PYFUNC), artifacts={"tflite": str(spec.path)},
             model_config={"signature": runner.signature_key, "input": runner.input_name,
-                          "output": runner.output_name},
+                          "output": runner.output_name, "threads": contract.threads},
             signature=mlflow_signature(example, int(runner.output_detail["shape"][-1])),
             input_example=example, metadata=metadata,
             pip_requirements=pinned("ai-edge-litert", "numpy"),
