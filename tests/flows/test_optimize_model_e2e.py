@@ -271,6 +271,10 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
             == (summary["amx_decision"]["denied_speedup"] is not None))
     assert training["health"]["val_accuracy"] is not None, "judged on its validation split"
     assert parent.data.tags["tfopt.champion"] == summary["champion"]
+    picked = (summary["champion_speedup_over_int8"] or summary["champion_speedup"] or {}).get(
+        "champion_threads")
+    assert parent.data.tags.get("tfopt.champion.threads") == (
+        None if picked is None else str(picked)), "the count its model serves with"
     assert parent.data.tags["prefect.flow_run_id"] == summary["prefect_flow_run_id"]
     assert "mlflow.source.git.commit" in parent.data.tags
     assert {"dataset_train_examples", "dataset_shards", "input_tuned_examples_per_s",

@@ -328,7 +328,8 @@ def log_comparison(run: TrackedRun, since: dict[str, Any] | None,
     ``champion_p50_ms`` and ``champion_accuracy`` are what the next run's history plots;
     ``champion_speedup`` how many times faster the champion is than `speedup`'s reference
     (tag ``tfopt.champion.speedup_over``), ``champion_speedup_over_int8`` than the baseline's
-    int8 TFLite file (`speedup_over_int8`).
+    int8 TFLite file (`speedup_over_int8`); tag ``tfopt.champion.threads`` the thread count the
+    run-off timed it at and its model serves with, where it picked one.
     """
     regressions = (since or {}).get("regressions") or []
     set_tags(run.client, run.run_id, {
@@ -349,6 +350,9 @@ def log_comparison(run: TrackedRun, since: dict[str, Any] | None,
     if speedup_over_int8 and speedup_over_int8.get("ratio") is not None:
         log_metrics(run.client, run.run_id,
                     {"champion_speedup_over_int8": speedup_over_int8["ratio"]})
+    threads = (speedup_over_int8 or speedup or {}).get("champion_threads")
+    if threads is not None:
+        set_tags(run.client, run.run_id, {"tfopt.champion.threads": str(threads)})
 
 
 def log_native_crashes(run: TrackedRun, crashes: list[dict[str, Any]]) -> None:
