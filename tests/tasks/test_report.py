@@ -123,7 +123,10 @@ def test_the_runoff_and_the_top_operators_get_their_tables(tmp_path):
         OpTime(node="model/fc/MatMul", kind="Gemm", ms=0.01, share=0.1)])
     results = [RESULTS[2].model_copy(update={"op_profile": profile}), *RESULTS[3:5]]
     runoff = Runoff(rounds=6, round_p50_ms={"baseline-tflite-fp32": [0.1, 0.11, 0.09] * 2,
-                                            "baseline-tflite-int8": [0.06] * 6})
+                                            "baseline-tflite-int8": [0.06] * 6},
+                    threads={"baseline-tflite-fp32": 2, "baseline-tflite-int8": 1},
+                    thread_pick_p50_ms={"baseline-tflite-fp32": {1: 0.15, 2: 0.1},
+                                        "baseline-tflite-int8": {1: 0.06, 2: 0.07}})
     summary = _summary(tmp_path, results, "baseline-tflite-int8", runoff=runoff)
     entries = {v["name"]: v for v in summary["variants"]}
     assert entries["baseline-tflite-fp32"]["runoff_p50_ci95"] == [0.09, 0.11]
@@ -132,7 +135,9 @@ def test_the_runoff_and_the_top_operators_get_their_tables(tmp_path):
     assert entries["baseline-tflite-fp32"]["op_profile"]["ops"][0]["kind"] == "Conv"
     write_report.fn(summary, results, tmp_path / "report")
     markdown = (tmp_path / "report" / "report.md").read_text()
-    assert "| baseline-tflite-fp32 | 0.1000 | 0.1000 | 0.0900–0.1100 |" in markdown
+    assert ("| baseline-tflite-fp32 | 0.1000 | 0.1000 | 0.0900–0.1100 "
+            "| 2 (1: 0.1500, 2: 0.1000 ms) |") in markdown, "the count picked and the tried ones"
+    assert entries["baseline-tflite-int8"]["runoff_threads"] == 1
     assert "block0_conv Conv 60%, 0.050 ms · fc Gemm 10%, 0.010 ms" in markdown
 
 

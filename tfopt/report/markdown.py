@@ -427,13 +427,22 @@ def runoff_lines(summary: dict[str, Any]) -> list[str]:
             low, high = entry["runoff_p50_ci95"]
             lines.append(f"| {entry['name']} | {entry['latency_ms']['p50']:.4f} "
                          f"| {entry['runoff_p50_ms']:.4f} | {low:.4f}–{high:.4f} "
-                         f"| {entry.get('runoff_threads') or threads} |")
+                         f"| {_threads_cell(runoff, entry['name'], threads)} |")
     if runoff.get("threads"):
         lines += ["", "Each contender was first timed at each thread count in rounds of their "
-                  "own and then at its fastest (`benchmark.runoff_threads: fastest`); its "
-                  "packaged model serves with that count. Its turn ran at "
-                  f"`benchmark.threads` ({threads})."]
+                  "own (their p50s in brackets) and then at its fastest "
+                  "(`benchmark.runoff_threads: fastest`); its packaged model serves with that "
+                  f"count. Its turn ran at `benchmark.threads` ({threads})."]
     return lines
+
+
+def _threads_cell(runoff: dict[str, Any], name: str, benchmark_threads: str) -> str:
+    """The threads a contender's rounds ran with, and its p50 at each count tried to pick it."""
+    picked = runoff.get("threads", {}).get(name)
+    if picked is None:
+        return benchmark_threads
+    tried = runoff.get("thread_pick_p50_ms", {}).get(name, {})
+    return f"{picked} ({', '.join(f'{count}: {p50:.4f}' for count, p50 in tried.items())} ms)"
 
 
 _TOP_OPS_SHOWN = 4
