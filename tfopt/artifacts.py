@@ -404,6 +404,14 @@ class Runoff(_Frozen):
         description="Per contender, its p50 at each thread count tried in the rounds that "
                     "picked its count (before the timed rounds, so the pick does not flatter "
                     "the figures quoted).")
+    background_cores: float | None = Field(
+        None, description="Cores other processes kept busy on average while it ran (None: not "
+                          "measurable).")
+    under_load: bool = Field(
+        False, description="More than benchmark.max_background_cores were busy with other "
+                           "work while it ran: a file on more threads loses more to them.")
+    load_retried: bool = Field(
+        False, description="Run once more because the first was under load.")
 
     def round_ratios(self, name: str, to: str) -> list[float]:
         """`name`'s time over `to`'s in each round, in round order."""
@@ -415,6 +423,7 @@ class Runoff(_Frozen):
         names = [name for name in self.round_p50_ms if name in more.round_p50_ms]
         return Runoff(rounds=self.rounds + more.rounds, anchor=self.anchor,
                       threads=self.threads, thread_pick_p50_ms=self.thread_pick_p50_ms,
+                      under_load=self.under_load or more.under_load,
                       round_p50_ms={name: [*self.round_p50_ms[name], *more.round_p50_ms[name]]
                                     for name in names})
 

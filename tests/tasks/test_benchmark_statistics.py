@@ -418,6 +418,9 @@ def test_every_champion_is_also_quoted_against_the_baselines_int8_file_side_by_s
     over_int8 = champion_speedup_over_int8(thin.name, results, picked)
     assert (over_int8["champion_threads"], over_int8["reference_threads"]) == (1, 2)
     assert "at 1 vs 2 threads" in speedup_sentence(over_int8)
+    assert "under load" not in speedup_sentence(over_int8)
+    loaded = picked.model_copy(update={"under_load": True, "background_cores": 0.9})
+    assert "under load" in speedup_sentence(champion_speedup_over_int8(thin.name, results, loaded))
 
 
 def test_a_files_thread_count_is_its_fastest_paired_round_by_round_fewer_on_a_tie():

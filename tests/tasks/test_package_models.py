@@ -149,6 +149,15 @@ def test_the_runoff_times_each_file_at_its_fastest_thread_count_and_it_serves_wi
         assert len(runoff.round_p50_ms[spec.name]) == 6, "the timed rounds, apart from the pick"
     fixed = measure_runoff(specs, inputs, protocol, rounds=6)
     assert fixed.threads == {} and fixed.thread_pick_p50_ms == {}
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        loaded = measure_runoff(specs, inputs, protocol, rounds=6)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert loaded.under_load and loaded.background_cores > protocol.max_background_cores, (
+        "two busy processes beside it")
 
     tflite = specs[0]
     variants = [VariantResult(name=name, source="baseline", format="tflite", precision="int8",

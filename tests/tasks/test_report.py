@@ -126,7 +126,8 @@ def test_the_runoff_and_the_top_operators_get_their_tables(tmp_path):
                                             "baseline-tflite-int8": [0.06] * 6},
                     threads={"baseline-tflite-fp32": 2, "baseline-tflite-int8": 1},
                     thread_pick_p50_ms={"baseline-tflite-fp32": {1: 0.15, 2: 0.1},
-                                        "baseline-tflite-int8": {1: 0.06, 2: 0.07}})
+                                        "baseline-tflite-int8": {1: 0.06, 2: 0.07}},
+                    under_load=True, background_cores=0.84, load_retried=True)
     summary = _summary(tmp_path, results, "baseline-tflite-int8", runoff=runoff)
     entries = {v["name"]: v for v in summary["variants"]}
     assert entries["baseline-tflite-fp32"]["runoff_p50_ci95"] == [0.09, 0.11]
@@ -138,6 +139,7 @@ def test_the_runoff_and_the_top_operators_get_their_tables(tmp_path):
     assert ("| baseline-tflite-fp32 | 0.1000 | 0.1000 | 0.0900–0.1100 "
             "| 2 (1: 0.1500, 2: 0.1000 ms) |") in markdown, "the count picked and the tried ones"
     assert entries["baseline-tflite-int8"]["runoff_threads"] == 1
+    assert "**Under load**: other processes kept 0.84 cores busy" in markdown
     assert "block0_conv Conv 60%, 0.050 ms · fc Gemm 10%, 0.010 ms" in markdown
 
 

@@ -177,7 +177,8 @@ def speedup_over(best: VariantResult, reference: VariantResult | None,
                 "champion_p50_ms": runoff.p50(best.name),
                 "reference_p50_ms": runoff.p50(reference.name), "side_by_side": True,
                 "champion_threads": runoff.threads.get(best.name),
-                "reference_threads": runoff.threads.get(reference.name)}
+                "reference_threads": runoff.threads.get(reference.name),
+                "under_load": runoff.under_load}
     ours, theirs = best.latency_ms.p50, reference.latency_ms.p50
     return {"reference": reference.name, "ratio": round(theirs / ours, 3) if ours > 0 else None,
             "champion_p50_ms": ours, "reference_p50_ms": theirs, "side_by_side": False}

@@ -9,7 +9,10 @@ within `benchmark.runoff_margin` of the fastest eligible one (at most `MAX_CONTE
 contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`, and the
 baseline's int8 TFLite file every champion is also quoted against), loads them all in one fresh
 process, warms them all in an untimed round and times them in `RUNOFF_ROUNDS` rounds that alternate
-between them (the order rotates each round), so a drift reaches all of them alike. A contender's
+between them (the order rotates each round), so a drift reaches all of them alike. Other work
+on the machine does not reach them alike (a file on two threads loses more to a busy core than
+one on one): a run-off that ran while more than ``benchmark.max_background_cores`` were busy runs
+once more, and is marked ``under_load`` if it still was, as a variant's turn is. A contender's
 run-off p50 is the median of its round p50s and its interval a distribution-free one of at least 95%
 (`tfopt.artifacts.median_interval`, as a turn's windows); each round's p50 paired with the
 baseline's int8 file's in that round when it took part (`Runoff.anchor`: the machine's speed may
@@ -134,10 +137,17 @@ def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: Bench
     if not contenders:
         return None
     specs = [_spec_of(result) for result in contenders]
-    counts = runoff_thread_counts(cfg)
     try:
-        runoff = (side_by_side_in_worker(specs, inputs, cfg, RUNOFF_ROUNDS, counts)
-                  if cfg.isolate else measure_runoff(specs, inputs, cfg, RUNOFF_ROUNDS, counts))
+        runoff = _timed_side_by_side(specs, inputs, cfg)
+        if runoff.under_load:
+            logger.warning("the run-off ran while other processes kept %s cores busy (limit "
+                           "%.2f, benchmark.max_background_cores): running it once more",
+                           _cores(runoff), cfg.max_background_cores)
+            runoff = _timed_side_by_side(specs, inputs, cfg).model_copy(
+                update={"load_retried": True})
+            if runoff.under_load:
+                logger.warning("the run-off: still under load (%s cores); kept and marked "
+                               "under_load", _cores(runoff))
     except (RuntimeError, OSError) as error:
         logger.warning("run-off of %s skipped: %s", ", ".join(s.name for s in specs), error)
         return None
@@ -150,6 +160,17 @@ def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: Bench
         for result in contenders
         for name, (low, high) in [(result.name, runoff.interval(result.name))]))
     return runoff
+
+
+def _timed_side_by_side(specs: list[VariantSpec], inputs: BenchmarkInputs,
+                        cfg: BenchmarkConfig) -> Runoff:
+    counts = runoff_thread_counts(cfg)
+    return (side_by_side_in_worker(specs, inputs, cfg, RUNOFF_ROUNDS, counts) if cfg.isolate
+            else measure_runoff(specs, inputs, cfg, RUNOFF_ROUNDS, counts))
+
+
+def _cores(runoff: Runoff) -> str:
+    return "?" if runoff.background_cores is None else f"{runoff.background_cores:.2f}"
 
 
 def threads_note(runoff: Runoff, name: str) -> str:

@@ -535,9 +535,11 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     `P50_WINDOWS` alternating rounds and then timed in `rounds` more at its fastest
     (`fastest_thread_count`): each file at the count a deployer would give it. The pick and the
     figures come from different rounds, so a lucky pick does not flatter the figures. Each turn
-    lasts about `min_seconds` / 4 over 6 rounds, the same time in all over more rounds.
+    lasts about `min_seconds` / 4 over 6 rounds, the same time in all over more rounds. The cores
+    other processes kept busy meanwhile are recorded, as for a turn (`Runoff.under_load`).
     """
     turn_seconds = max(cfg.min_seconds / 4.0 * P50_WINDOWS / rounds, 0.05)
+    probe = LoadProbe.start()
     picked: dict[str, int] = {}
     pick_p50s: dict[str, dict[int, float]] = {}
     if len(thread_counts) > 1:
@@ -550,8 +552,11 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
             pick_p50s[spec.name] = {threads: float(np.median(p50s))
                                     for threads, p50s in by_count.items()}
     timed = {spec.name: (spec, picked.get(spec.name, cfg.threads)) for spec in specs}
+    round_p50s = alternating_round_p50s(timed, inputs, cfg, rounds, turn_seconds)
+    cores = probe.cores()
     return Runoff(rounds=rounds, threads=picked, thread_pick_p50_ms=pick_p50s,
-                  round_p50_ms=alternating_round_p50s(timed, inputs, cfg, rounds, turn_seconds))
+                  round_p50_ms=round_p50s, background_cores=cores,
+                  under_load=cores is not None and cores > cfg.max_background_cores)
 
 
 def fastest_thread_count(round_p50s: dict[int, list[float]]) -> int:

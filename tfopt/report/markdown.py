@@ -428,6 +428,10 @@ def runoff_lines(summary: dict[str, Any]) -> list[str]:
             lines.append(f"| {entry['name']} | {entry['latency_ms']['p50']:.4f} "
                          f"| {entry['runoff_p50_ms']:.4f} | {low:.4f}–{high:.4f} "
                          f"| {_threads_cell(runoff, entry['name'], threads)} |")
+    if runoff.get("under_load"):
+        lines += ["", f"**Under load**: other processes kept {runoff['background_cores']:.2f} "
+                  "cores busy on average while it ran (limit `benchmark.max_background_cores`), "
+                  "in both tries: its figures may not hold on a quiet machine."]
     if runoff.get("threads"):
         lines += ["", "Each contender was first timed at each thread count in rounds of their "
                   "own (their p50s in brackets) and then at its fastest "

@@ -266,7 +266,13 @@ def speedup_sentence(speedup: dict[str, Any] | None) -> str:
            else "each on its own turn, not side by side")
     return (f"{speedup['ratio']:.2f}x the speed of {speedup['reference']} (batch-1 p50 "
             f"{speedup['champion_p50_ms']:.4f} vs {speedup['reference_p50_ms']:.4f} ms"
-            f"{threads_clause(speedup)}, {how}).")
+            f"{threads_clause(speedup)}, {how}{load_clause(speedup)}).")
+
+
+def load_clause(speedup: dict[str, Any]) -> str:
+    """", under load: ..." where the run-off ran twice with other work on the machine."""
+    return (", under load: other processes kept cores busy during both tries, so the figure "
+            "may not hold on a quiet machine" if speedup.get("under_load") else "")
 
 
 def threads_clause(speedup: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from tfopt.cpu_features import SERVE_WITHOUT_AMX
 from tfopt.models.health import health_line
-from tfopt.report.summary import or_dash, threads_clause
+from tfopt.report.summary import load_clause, or_dash, threads_clause
 
 COLUMNS = ("variant", "accuracy", "Δ pts", "p50 ms", "p99 ms", "ex/s", "size KB", "gzip KB")
 
@@ -85,7 +85,7 @@ def champion_line(summary: dict[str, Any]) -> str:
         how = "side by side" if speedup["side_by_side"] else "each on its own turn"
         faster = (f"{speedup['ratio']:.2f}x the speed of {speedup['reference']} ({how}: "
                   f"{speedup['champion_p50_ms']:.4f} vs {speedup['reference_p50_ms']:.4f} ms"
-                  f"{threads_clause(speedup)})")
+                  f"{threads_clause(speedup)}{load_clause(speedup)})")
     elif champion == "baseline-tflite-int8":
         faster = "plain int8 itself: no compressed variant was faster within the budget"
     else:
