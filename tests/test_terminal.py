@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from tfopt.report.terminal import measured_table, not_measured_lines, verdict_lines
+from tfopt.report.summary import accuracy_sentence
+from tfopt.report.terminal import champion_line, measured_table, not_measured_lines, verdict_lines
 
 LONG_REASON = ("distill: cut by the time budget: the fine-tunings' time was used before distill "
                "could start, and this reason is longer than any table cell would show")
@@ -93,3 +94,24 @@ def test_a_run_measured_with_amx_denied_says_how_to_serve_its_files():
                    "same way: call tfopt.cpu_features.deny_amx() before the model loads")
     allowed = {**denied, "setting": "allowed"}
     assert len(verdict_lines({**_summary(), "amx_decision": allowed}, "http://x")) == 3
+
+
+def test_a_champion_the_held_out_test_puts_significantly_beyond_the_budget_is_said_so():
+    def verdict(champion_test: float, p_value: float) -> dict:
+        return {"judged_on": "validation", "budget_points": 1.0, "test_images": 329,
+                "champion": {"name": "channels-50-tflite-int8", "val_accuracy": 0.9848,
+                             "test_accuracy": champion_test, "test_ci95": [0.926, 0.972]},
+                "baseline": {"name": "baseline-graph", "val_accuracy": 0.9747,
+                             "test_accuracy": 0.9818, "test_ci95": [0.961, 0.992]},
+                "paired": {"first": "channels-50-tflite-int8", "second": "baseline-graph",
+                           "images": 329, "only_first_right": 0, "only_second_right": 9,
+                           "mcnemar_p_value": p_value}}
+
+    line = champion_line(_summary(accuracy_verdict=verdict(0.9544, 0.0039)))
+    assert line.endswith("; on test the champion is 2.74 points below the baseline, beyond the "
+                         "budget (McNemar p = 0.0039): the choice made on validation did not "
+                         "hold on held-out images"), line
+    sentence = accuracy_sentence(verdict(0.9544, 0.0039))
+    assert "(McNemar p = 0.0039). On test the champion is 2.74 points below" in sentence
+    assert "did not hold" not in champion_line(_summary(accuracy_verdict=verdict(0.9544, 0.2)))
+    assert "did not hold" not in champion_line(_summary(accuracy_verdict=verdict(0.975, 0.01)))

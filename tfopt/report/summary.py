@@ -309,8 +309,33 @@ def accuracy_sentence(verdict: dict[str, Any] | None) -> str:
     if paired and champion["name"] != baseline["name"]:
         sentence += (f"; image by image, {paired['only_first_right']} only the champion got "
                      f"right, {paired['only_second_right']} only the baseline (McNemar "
-                     f"p = {paired['mcnemar_p_value']:.2f})")
-    return sentence + "."
+                     f"p = {paired['mcnemar_p_value']:.2g})")
+    return sentence + "." + (f" {held_out.capitalize()}." if (held_out := not_held_on_test(
+        verdict)) else "")
+
+
+SIGNIFICANT_P = 0.05
+
+
+def not_held_on_test(verdict: dict[str, Any] | None) -> str:
+    """Words for a champion the held-out test puts beyond the budget, significantly; else "".
+
+    The budget is judged on validation, and the champion is chosen there among many files (ties
+    go to the more accurate), so its validation figure is its luckiest: the test split, read
+    once, can disagree. Beyond the budget there and McNemar's p below `SIGNIFICANT_P`: said.
+    """
+    paired = (verdict or {}).get("paired")
+    if not paired or verdict["judged_on"] != "validation":
+        return ""
+    champion, baseline = verdict["champion"]["test_accuracy"], verdict["baseline"]["test_accuracy"]
+    if champion is None or baseline is None:
+        return ""
+    drop = (baseline - champion) * 100.0
+    if drop <= verdict["budget_points"] or paired["mcnemar_p_value"] >= SIGNIFICANT_P:
+        return ""
+    return (f"on test the champion is {drop:.2f} points below the baseline, beyond the budget "
+            f"(McNemar p = {paired['mcnemar_p_value']:.2g}): the choice made on validation "
+            "did not hold on held-out images")
 
 
 def champion_card(result: VariantResult, reason: str, budget_points: float,

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from tfopt.cpu_features import SERVE_WITHOUT_AMX
 from tfopt.models.health import health_line
-from tfopt.report.summary import load_clause, or_dash, threads_clause
+from tfopt.report.summary import load_clause, not_held_on_test, or_dash, threads_clause
 
 COLUMNS = ("variant", "accuracy", "Δ pts", "p50 ms", "p99 ms", "ex/s", "size KB", "gzip KB")
 
@@ -90,7 +90,8 @@ def champion_line(summary: dict[str, Any]) -> str:
         faster = "plain int8 itself: no compressed variant was faster within the budget"
     else:
         faster = f"batch-1 p50 {or_dash(entry['latency_ms']['p50'], '.4f')} ms"
-    return f"champion: {champion}, {faster}{accuracy}"
+    held_out = not_held_on_test(summary.get("accuracy_verdict"))
+    return f"champion: {champion}, {faster}{accuracy}" + (f"; {held_out}" if held_out else "")
 
 
 def budget_line(summary: dict[str, Any]) -> str:
