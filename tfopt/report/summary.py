@@ -310,8 +310,8 @@ def accuracy_sentence(verdict: dict[str, Any] | None) -> str:
         sentence += (f"; image by image, {paired['only_first_right']} only the champion got "
                      f"right, {paired['only_second_right']} only the baseline (McNemar "
                      f"p = {paired['mcnemar_p_value']:.2g})")
-    return sentence + "." + (f" {held_out.capitalize()}." if (held_out := not_held_on_test(
-        verdict)) else "")
+    held_out = not_held_on_test(verdict)
+    return f"{sentence}." + (f" {held_out[0].upper()}{held_out[1:]}." if held_out else "")
 
 
 SIGNIFICANT_P = 0.05
