@@ -12,9 +12,11 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from tfopt.artifacts import BenchmarkInputs, VariantResult, VariantSpec
+from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
 from tfopt.config import MeasurementProtocol
 from tfopt.fileio import atomic_write_json, process_temp_dir
 from tfopt.logs import step_logger
@@ -109,6 +111,33 @@ def _load_words(result: VariantResult) -> str:
                       for cores in (result.background_cores_before, result.background_cores))
 
 
+Timed = TypeVar("Timed", VariantResult, Runoff)
+
+
+def once_more_under_load(timing: Callable[[], Timed], what: str, load_words: Callable[[Timed], str],
+                         limit: float, logger: logging.Logger) -> Timed:
+    """`timing()`, run once more when it was under load; still under load: kept and marked.
+
+    Args:
+        timing: Times `what` afresh and says whether other work loaded the machine meanwhile.
+        what: Its name in the log.
+        load_words: The cores other work kept busy, as the log says them.
+        limit: ``benchmark.max_background_cores``.
+        logger: Where the two warnings go.
+    """
+    timed = timing()
+    if not timed.under_load:
+        return timed
+    logger.warning("%s was timed while other processes kept %s cores busy (limit %.2f, "
+                   "benchmark.max_background_cores): measuring it once more", what,
+                   load_words(timed), limit)
+    timed = timing().model_copy(update={"load_retried": True})
+    if timed.under_load:
+        logger.warning("%s: still under load (%s cores); kept and marked under_load", what,
+                       load_words(timed))
+    return timed
+
+
 def measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: MeasurementProtocol,
             logger: logging.Logger) -> VariantResult:
     """Measure one variant (see `tasks.benchmark_variant.benchmark_variant` for the protocol).
@@ -118,16 +147,8 @@ def measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: MeasurementProto
         RuntimeError: The measuring process failed.
         ValueError: A variant or setting that needs its own process while `cfg.isolate` is off.
     """
-    result = _measure(variant, inputs, cfg)
-    if result.under_load:
-        logger.warning(
-            "%s was timed while other processes kept %s cores busy (limit %.2f, "
-            "benchmark.max_background_cores): measuring it once more", variant.name,
-            _load_words(result), cfg.max_background_cores)
-        result = _measure(variant, inputs, cfg).model_copy(update={"load_retried": True})
-        if result.under_load:
-            logger.warning("%s: still under load (%s cores); kept and marked under_load",
-                           variant.name, _load_words(result))
+    result = once_more_under_load(lambda: _measure(variant, inputs, cfg), variant.name,
+                                  _load_words, cfg.max_background_cores, logger)
     if cfg.thread_sweep:
         result = with_thread_sweep(variant, inputs, cfg, result)
     logger.info(

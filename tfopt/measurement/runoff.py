@@ -36,7 +36,7 @@ import logging
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
 from tfopt.config import BenchmarkConfig, MeasurementProtocol
 from tfopt.measurement.champion import budget_rule, plain_int8, speedup_reference
-from tfopt.measurement.isolation import run_worker, worker_env
+from tfopt.measurement.isolation import once_more_under_load, run_worker, worker_env
 from tfopt.measurement.worker import P50_WINDOWS, measure_runoff
 from tfopt.runtimes import runtime_of
 
@@ -138,16 +138,8 @@ def run_runoff(results: list[VariantResult], inputs: BenchmarkInputs, cfg: Bench
         return None
     specs = [_spec_of(result) for result in contenders]
     try:
-        runoff = _timed_side_by_side(specs, inputs, cfg)
-        if runoff.under_load:
-            logger.warning("the run-off ran while other processes kept %s cores busy (limit "
-                           "%.2f, benchmark.max_background_cores): running it once more",
-                           _cores(runoff), cfg.max_background_cores)
-            runoff = _timed_side_by_side(specs, inputs, cfg).model_copy(
-                update={"load_retried": True})
-            if runoff.under_load:
-                logger.warning("the run-off: still under load (%s cores); kept and marked "
-                               "under_load", _cores(runoff))
+        runoff = once_more_under_load(lambda: _timed_side_by_side(specs, inputs, cfg),
+                                      "the run-off", _cores, cfg.max_background_cores, logger)
     except (RuntimeError, OSError) as error:
         logger.warning("run-off of %s skipped: %s", ", ".join(s.name for s in specs), error)
         return None
