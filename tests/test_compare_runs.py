@@ -217,8 +217,10 @@ def test_a_slowdown_is_confirmed_round_by_round_not_by_intervals_a_slow_round_wi
                                                       "new": [1.5, 1.5, 3.0, 1.5, 1.6, 1.7]})
     assert side_by_side_verdict(one_round_faster, "old", "new", 0.05)["verdict"] == (
         "not_confirmed"), "5 of 6 rounds slower: two equal files do so 7 times in 64"
-    twelve = one_round_faster.followed_by(slower)
+    twelve = one_round_faster.followed_by(slower.model_copy(
+        update={"background_cores": 1.4, "under_load": True}))
     assert twelve.rounds == 12 and twelve.round_p50_ms["new"][6:] == slower.round_p50_ms["new"]
+    assert twelve.under_load and twelve.background_cores == 1.4, "the busier part marks the whole"
     assert side_by_side_verdict(twelve, "old", "new", 0.05)["verdict"] == "confirmed", (
         "11 of 12: 13 times in 4096")
     assert side_by_side_verdict(one_round_faster.followed_by(one_round_faster), "old", "new",

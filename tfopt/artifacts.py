@@ -419,11 +419,18 @@ class Runoff(_Frozen):
                 zip(self.round_p50_ms[name], self.round_p50_ms[to], strict=True)]
 
     def followed_by(self, more: Runoff) -> Runoff:
-        """These rounds and then `more`'s, of the contenders both timed."""
+        """These rounds and then `more`'s, of the contenders both timed.
+
+        The load is the busier part's: either under load marks the whole.
+        """
         names = [name for name in self.round_p50_ms if name in more.round_p50_ms]
+        loads = [cores for cores in (self.background_cores, more.background_cores)
+                 if cores is not None]
         return Runoff(rounds=self.rounds + more.rounds, anchor=self.anchor,
                       threads=self.threads, thread_pick_p50_ms=self.thread_pick_p50_ms,
+                      background_cores=max(loads) if loads else None,
                       under_load=self.under_load or more.under_load,
+                      load_retried=self.load_retried,
                       round_p50_ms={name: [*self.round_p50_ms[name], *more.round_p50_ms[name]]
                                     for name in names})
 

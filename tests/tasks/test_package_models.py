@@ -123,8 +123,8 @@ def test_variants_of_one_file_share_its_packaging_with_their_own_precision(
                                load_runner(variant_files["graph"]).predict(images), atol=1e-4)
 
 
-def test_the_runoff_times_each_file_at_its_fastest_thread_count_and_it_serves_with_it(
-    variant_files, contract, tiny_dataset, images, tmp_path
+def test_the_runoff_times_each_file_at_its_fastest_thread_count_marks_load_and_serves_with_it(
+    variant_files, contract, images, tmp_path
 ):
     import logging
 

@@ -534,25 +534,29 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     With two or more `thread_counts`, each contender is first timed at each count in
     `P50_WINDOWS` alternating rounds and then timed in `rounds` more at its fastest
     (`fastest_thread_count`): each file at the count a deployer would give it. The pick and the
-    figures come from different rounds, so a lucky pick does not flatter the figures. Each turn
+    figures come from different rounds, so a lucky pick does not flatter the figures; each file
+    is loaded once per count, and the timed rounds reuse the picked ones. Each turn
     lasts about `min_seconds` / 4 over 6 rounds, the same time in all over more rounds. The cores
     other processes kept busy meanwhile are recorded, as for a turn (`Runoff.under_load`).
     """
     turn_seconds = max(cfg.min_seconds / 4.0 * P50_WINDOWS / rounds, 0.05)
     probe = LoadProbe.start()
+    counts = list(thread_counts) if len(thread_counts) > 1 else [cfg.threads]
+    loaded = _loaded_entries({(spec.name, threads): (spec, threads)
+                              for spec in specs for threads in counts}, inputs)
     picked: dict[str, int] = {}
     pick_p50s: dict[str, dict[int, float]] = {}
-    if len(thread_counts) > 1:
-        tried = {(spec.name, threads): (spec, threads)
-                 for spec in specs for threads in thread_counts}
-        pick_rounds = alternating_round_p50s(tried, inputs, cfg, P50_WINDOWS, turn_seconds)
+    if len(counts) > 1:
+        pick_rounds = _alternating_rounds(loaded, cfg, P50_WINDOWS, turn_seconds)
         for spec in specs:
-            by_count = {threads: pick_rounds[(spec.name, threads)] for threads in thread_counts}
+            by_count = {threads: pick_rounds[(spec.name, threads)] for threads in counts}
             picked[spec.name] = fastest_thread_count(by_count)
             pick_p50s[spec.name] = {threads: float(np.median(p50s))
                                     for threads, p50s in by_count.items()}
-    timed = {spec.name: (spec, picked.get(spec.name, cfg.threads)) for spec in specs}
-    round_p50s = alternating_round_p50s(timed, inputs, cfg, rounds, turn_seconds)
+    timed = {spec.name: loaded[(spec.name, picked.get(spec.name, cfg.threads))]
+             for spec in specs}
+    del loaded
+    round_p50s = _alternating_rounds(timed, cfg, rounds, turn_seconds)
     cores = probe.cores()
     return Runoff(rounds=rounds, threads=picked, thread_pick_p50_ms=pick_p50s,
                   round_p50_ms=round_p50s, background_cores=cores,
@@ -571,10 +575,17 @@ def fastest_thread_count(round_p50s: dict[int, list[float]]) -> int:
                          zip(round_p50s[threads], first, strict=True)])), threads))
 
 
-def alternating_round_p50s(entries: dict[Any, tuple[VariantSpec, int]], inputs: BenchmarkInputs,
-                           cfg: MeasurementProtocol, rounds: int,
-                           turn_seconds: float) -> dict[Any, list[float]]:
-    """Each entry's (a file at a thread count) p50 in each of `rounds` alternating rounds.
+def _loaded_entries(entries: dict[Any, tuple[VariantSpec, int]], inputs: BenchmarkInputs,
+                    ) -> dict[Any, tuple[Runner, Any]]:
+    """Each entry (a file at a thread count) loaded, with its timed inputs prepared."""
+    runners = {key: load_runner(spec, threads) for key, (spec, threads) in entries.items()}
+    return {key: (runner, runner.prepare(_timed_inputs(runner, inputs)))
+            for key, runner in runners.items()}
+
+
+def _alternating_rounds(loaded: dict[Any, tuple[Runner, Any]], cfg: MeasurementProtocol,
+                        rounds: int, turn_seconds: float) -> dict[Any, list[float]]:
+    """Each loaded entry's (a file at a thread count) p50 in each of `rounds` alternating rounds.
 
     A first, untimed round warms every entry with the run's warm-up (`warmup_runs`,
     `warmup_seconds`): a first round reads slower than the later ones even after each entry's
@@ -582,20 +593,19 @@ def alternating_round_p50s(entries: dict[Any, tuple[VariantSpec, int]], inputs: 
     short measurement with the run's protocol: `warmup_runs` and windows for `turn_seconds`. The
     order rotates each round.
     """
-    runners = {key: load_runner(spec, threads) for key, (spec, threads) in entries.items()}
-    prepared = {key: runner.prepare(_timed_inputs(runner, inputs))
-                for key, runner in runners.items()}
     warm_up = cfg.model_copy(update={"min_seconds": turn_seconds, "max_seconds": turn_seconds,
                                      "min_runs": max(P50_WINDOWS, cfg.min_runs // 4)})
     turn = warm_up.model_copy(update={"warmup_seconds": 0.0})
-    keys = list(runners)
+    keys = list(loaded)
     for key in keys:
-        time_runs(runners[key].invoke, prepared[key], warm_up)
+        runner, prepared = loaded[key]
+        time_runs(runner.invoke, prepared, warm_up)
     round_p50s: dict[Any, list[float]] = {key: [] for key in keys}
     for round_index in range(rounds):
         shift = round_index % len(keys)
         for key in keys[shift:] + keys[:shift]:
-            samples = time_runs(runners[key].invoke, prepared[key], turn)
+            runner, prepared = loaded[key]
+            samples = time_runs(runner.invoke, prepared, turn)
             round_p50s[key].append(float(np.median(samples)))
     return round_p50s
 
