@@ -47,6 +47,13 @@ def test_the_paired_comparison_counts_the_images_only_one_got_right(tmp_path):
     assert paired["images"] == 8 and paired["mcnemar_p_value"] == pytest.approx(1.0)
     assert paired_comparison(first, second.model_copy(update={"predictions": None}),
                              tmp_path / "labels.npy") is None
+    assert paired_comparison(first, second, tmp_path / "labels.npy", "val") is None, (
+        "no validation predictions kept")
+    on_validation = paired_comparison(
+        first.model_copy(update={"val_predictions": tmp_path / "b.npy"}),
+        second.model_copy(update={"val_predictions": tmp_path / "a.npy"}),
+        tmp_path / "labels.npy", "val")
+    assert (on_validation["only_first_right"], on_validation["only_second_right"]) == (1, 2)
 
 
 def test_the_budget_is_judged_on_validation_and_the_test_figures_only_reported(tmp_path):
@@ -63,6 +70,7 @@ def test_the_budget_is_judged_on_validation_and_the_test_figures_only_reported(t
     verdict = accuracy_verdict(choice, [baseline, lucky_on_test, within_on_val], inputs, 1.0)
     assert verdict["test_images"] == 200 and verdict["champion"]["test_accuracy"] == 0.93
     assert verdict["paired"] is None, "no predictions kept: no paired comparison"
+    assert verdict["paired_on_validation"] is None
     sentence = accuracy_sentence(verdict)
     assert "judged on the validation split" in sentence and "held-out test images" in sentence
     without_val = [r.model_copy(update={"val_accuracy": None}) for r in (baseline, lucky_on_test)]

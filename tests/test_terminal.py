@@ -105,13 +105,20 @@ def test_a_champion_the_held_out_test_puts_significantly_beyond_the_budget_is_sa
                              "test_accuracy": 0.9818, "test_ci95": [0.961, 0.992]},
                 "paired": {"first": "channels-50-tflite-int8", "second": "baseline-graph",
                            "images": 329, "only_first_right": 0, "only_second_right": 9,
-                           "mcnemar_p_value": p_value}}
+                           "mcnemar_p_value": p_value},
+                "paired_on_validation": {
+                    "first": "channels-50-tflite-int8", "second": "baseline-graph",
+                    "images": 395, "only_first_right": 7, "only_second_right": 3,
+                    "mcnemar_p_value": 0.3438}}
 
     line = champion_line(_summary(accuracy_verdict=verdict(0.9544, 0.0039)))
     assert line.endswith("; on test the champion is 2.74 points below the baseline, beyond the "
                          "budget (McNemar p = 0.0039): the choice made on validation did not "
                          "hold on held-out images"), line
     sentence = accuracy_sentence(verdict(0.9544, 0.0039))
+    assert ("validation split (channels-50-tflite-int8 0.9848, baseline-graph 0.9747; image by "
+            "image, 7 only the champion got right, 3 only the baseline, McNemar p = 0.34); on "
+            "329 held-out test images") in sentence, "the evidence the choice rested on"
     assert sentence.endswith("(McNemar p = 0.0039). On test the champion is 2.74 points below "
                              "the baseline, beyond the budget (McNemar p = 0.0039): the choice "
                              "made on validation did not hold on held-out images."), sentence

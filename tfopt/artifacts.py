@@ -517,7 +517,10 @@ class VariantResult(_Frozen):
     (`tfopt.measurement.champion.BudgetRule`); None: not measured (no validation split)."""
     predictions: Path | None = None
     """Its predicted class per test image (``.npy``), for paired comparisons
-    (`tfopt.measurement.accuracy_stats.mcnemar`)."""
+    (`tfopt.measurement.accuracy_stats.paired_comparison`)."""
+    val_predictions: Path | None = None
+    """Its predicted class per validation image (``.npy``): the paired comparison the champion
+    was chosen on."""
     latency_ms: LatencyStats | None = None
     throughput_per_s: float = 0.0
     timed_runs: int = 0

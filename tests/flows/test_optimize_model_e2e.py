@@ -215,6 +215,11 @@ def test_summary_has_the_contract_keys(smoke_run):
     if summary["champion"] != verdict["baseline"]["name"]:
         paired = verdict["paired"]
         assert paired["images"] == verdict["test_images"] and 0 <= paired["mcnemar_p_value"] <= 1
+        on_val = verdict["paired_on_validation"]
+        assert on_val["images"] == summary["dataset"]["val_examples"]
+        assert on_val["only_first_right"] - on_val["only_second_right"] == round(
+            (verdict["champion"]["val_accuracy"] - verdict["baseline"]["val_accuracy"])
+            * on_val["images"]), "the choice's evidence, image by image"
     assert all(v["val_accuracy"] is not None for v in summary["variants"]
                if v["status"] == "ok" and v["accuracy"] is not None)
     assert summary["environment"]["tf_intra_op_threads"] == 2, "smoke's benchmark.threads"

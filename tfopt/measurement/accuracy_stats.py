@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -39,19 +39,22 @@ def mcnemar_p_value(only_first: int, only_second: int) -> float:
     return min(1.0, 2.0 * tail / 2.0 ** discordant)
 
 
-def paired_comparison(first: VariantResult, second: VariantResult,
-                      labels: Path | None) -> dict[str, Any] | None:
-    """`first` against `second` on the same test images (None: their predictions are not kept).
+def paired_comparison(first: VariantResult, second: VariantResult, labels: Path | None,
+                      split: Literal["test", "val"] = "test") -> dict[str, Any] | None:
+    """`first` against `second` on the same images of `split` (None: predictions not kept).
 
     Returns:
         The images, how many only each got right, and McNemar's exact p-value.
     """
-    if labels is None or first.predictions is None or second.predictions is None:
+    first_predicted, second_predicted = (
+        (first.predictions, second.predictions) if split == "test"
+        else (first.val_predictions, second.val_predictions))
+    if labels is None or first_predicted is None or second_predicted is None:
         return None
     try:
         truth = np.load(labels)
-        first_right = np.load(first.predictions) == truth
-        second_right = np.load(second.predictions) == truth
+        first_right = np.load(first_predicted) == truth
+        second_right = np.load(second_predicted) == truth
     except (OSError, ValueError):
         return None
     if first_right.shape != second_right.shape:

@@ -328,7 +328,9 @@ def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult],
 
     Which split the budget was judged on; the champion's and the baseline's accuracies on both
     splits, each test figure with its 95% interval (Wilson); and the two compared on the same
-    test images (McNemar: the images only one of them got right). None without a champion.
+    test images (McNemar: the images only one of them got right), and on the validation images
+    the budget was judged on (``paired_on_validation``: how strong the evidence the choice
+    rested on was). None without a champion.
     """
     from tfopt.measurement.accuracy_stats import paired_comparison, wilson_interval
 
@@ -348,4 +350,7 @@ def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult],
     return {"judged_on": choice.judged_on, "budget_points": budget_points,
             "test_images": test_images, "champion": figures(champion),
             "baseline": figures(baseline),
-            "paired": paired_comparison(champion, baseline, inputs.labels)}
+            "paired": paired_comparison(champion, baseline, inputs.labels),
+            "paired_on_validation": (
+                paired_comparison(champion, baseline, inputs.selection_labels, "val")
+                if choice.judged_on == "validation" else None)}

@@ -366,7 +366,7 @@ def measure_variant(
     runner.predict(images[:1])
     first_inference_ms = (time.perf_counter() - started) * 1000.0
     logits = predict_batched(runner, images)
-    val_accuracy = selection_accuracy(runner, inputs)
+    val_predicted = validation_predictions(runner, inputs)
     reference = logits if inputs.reference_logits is None else np.load(inputs.reference_logits)
     prepared = runner.prepare(images)
     cores_before = background_cores(_LOAD_PROBE_S)
@@ -404,8 +404,11 @@ def measure_variant(
         size_bytes=path_size_bytes(spec.path),
         gzip_bytes=gzip_size_bytes(spec.path),
         accuracy=float(np.mean(np.argmax(logits, axis=1) == labels)),
-        val_accuracy=val_accuracy,
+        val_accuracy=(None if val_predicted is None
+                      else float(np.mean(val_predicted == np.load(inputs.selection_labels)))),
         predictions=save_predictions(spec.name, np.argmax(logits, axis=1), inputs),
+        val_predictions=(None if val_predicted is None
+                         else save_predictions(spec.name, val_predicted, inputs, "val")),
         latency_ms=latency_stats(samples, cfg.p50_ci_width),
         throughput_per_s=float(len(samples) / (samples.sum() / 1000.0)),
         timed_runs=len(samples),
@@ -438,21 +441,27 @@ def measure_variant(
     )
 
 
-def selection_accuracy(runner: Runner, inputs: BenchmarkInputs) -> float | None:
-    """The runner's top-1 accuracy on the validation split (None: the inputs have none)."""
+def validation_predictions(runner: Runner, inputs: BenchmarkInputs) -> np.ndarray | None:
+    """The runner's predicted class per validation image (None: the inputs have none)."""
     if inputs.selection_images is None or inputs.selection_labels is None:
         return None
-    images, labels = np.load(inputs.selection_images), np.load(inputs.selection_labels)
+    images = np.load(inputs.selection_images)
     if len(images) == 0:
         return None
-    return float(np.mean(np.argmax(predict_batched(runner, images), axis=1) == labels))
+    return np.argmax(predict_batched(runner, images), axis=1)
 
 
-def save_predictions(name: str, predicted: np.ndarray, inputs: BenchmarkInputs) -> Path | None:
-    """Write a variant's predicted classes beside the test images (atomically); their path."""
+def save_predictions(name: str, predicted: np.ndarray, inputs: BenchmarkInputs,
+                     split: str = "test") -> Path | None:
+    """Write a variant's predicted classes on `split` beside the test images (atomically).
+
+    Returns:
+        Their path (None: the inputs have no images).
+    """
     if inputs.images is None:
         return None
-    path = inputs.images.parent / PREDICTIONS_FOLDER / f"{name}.npy"
+    folder = inputs.images.parent / PREDICTIONS_FOLDER
+    path = (folder if split == "test" else folder / split) / f"{name}.npy"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_save_array(path, predicted.astype(np.int32))
     return path

@@ -284,8 +284,9 @@ def threads_clause(speedup: dict[str, Any]) -> str:
 def accuracy_sentence(verdict: dict[str, Any] | None) -> str:
     """The champion's accuracy against the baseline's in one sentence (empty without one).
 
-    The split the budget was judged on, the held-out test figures with their 95% intervals, and
-    the paired comparison on the same test images.
+    The split the budget was judged on (with the paired comparison the choice rested on, where
+    the validation images' predictions were kept), the held-out test figures with their 95%
+    intervals, and the paired comparison on the same test images.
     """
     if not verdict:
         return ""
@@ -300,18 +301,29 @@ def accuracy_sentence(verdict: dict[str, Any] | None) -> str:
                 f"{verdict['judged_on']} split")
     if verdict["judged_on"] == "validation":
         sentence += (f" ({champion['name']} {or_dash(champion['val_accuracy'], '.4f')}, "
-                     f"{baseline['name']} {or_dash(baseline['val_accuracy'], '.4f')}); on "
-                     f"{verdict['test_images']} held-out test images no choice used")
+                     f"{baseline['name']} {or_dash(baseline['val_accuracy'], '.4f')}"
+                     f"{_image_by_image(verdict.get('paired_on_validation'), champion, baseline, True)}"
+                     f"); on {verdict['test_images']} held-out test images no choice used")
     else:
         sentence += f", on its {verdict['test_images']} images"
     sentence += f", {champion['name']} {tested(champion)}, {baseline['name']} {tested(baseline)}"
-    paired = verdict.get("paired")
-    if paired and champion["name"] != baseline["name"]:
-        sentence += (f"; image by image, {paired['only_first_right']} only the champion got "
-                     f"right, {paired['only_second_right']} only the baseline (McNemar "
-                     f"p = {paired['mcnemar_p_value']:.2g})")
+    sentence += _image_by_image(verdict.get("paired"), champion, baseline)
     held_out = not_held_on_test(verdict)
     return f"{sentence}." + (f" {held_out[0].upper()}{held_out[1:]}." if held_out else "")
+
+
+def _image_by_image(paired: dict[str, Any] | None, champion: dict[str, Any],
+                    baseline: dict[str, Any], within_brackets: bool = False) -> str:
+    """The paired comparison's clause (empty without one, or when the champion is the baseline).
+
+    `within_brackets`: McNemar's p after a comma, not in brackets of its own.
+    """
+    if not paired or champion["name"] == baseline["name"]:
+        return ""
+    p_value = f"McNemar p = {paired['mcnemar_p_value']:.2g}"
+    return (f"; image by image, {paired['only_first_right']} only the champion got right, "
+            f"{paired['only_second_right']} only the baseline"
+            + (f", {p_value}" if within_brackets else f" ({p_value})"))
 
 
 SIGNIFICANT_P = 0.05
