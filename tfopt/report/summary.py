@@ -300,9 +300,10 @@ def accuracy_sentence(verdict: dict[str, Any] | None) -> str:
     sentence = (f"Accuracy: the {verdict['budget_points']:g}-point budget was judged on the "
                 f"{verdict['judged_on']} split")
     if verdict["judged_on"] == "validation":
+        chosen_on = _image_by_image(verdict.get("paired_on_validation"), champion, baseline,
+                                    within_brackets=True)
         sentence += (f" ({champion['name']} {or_dash(champion['val_accuracy'], '.4f')}, "
-                     f"{baseline['name']} {or_dash(baseline['val_accuracy'], '.4f')}"
-                     f"{_image_by_image(verdict.get('paired_on_validation'), champion, baseline, True)}"
+                     f"{baseline['name']} {or_dash(baseline['val_accuracy'], '.4f')}{chosen_on}"
                      f"); on {verdict['test_images']} held-out test images no choice used")
     else:
         sentence += f", on its {verdict['test_images']} images"
