@@ -140,6 +140,39 @@ def test_techniques_that_build_nothing_give_their_variants_time_back_to_the_comp
     assert unbudgeted.give_back_unbuilt(plans) == 0.0 and unbudgeted.data.deadline is None
 
 
+def test_a_fine_tuning_is_submitted_once_a_worker_is_free_with_the_time_given_back(
+        tiny_baseline, tiny_data, tmp_path):
+    from prefect.states import Completed, Running
+
+    class Submitted:
+        """A submitted fine-tuning, running until waited for (as a future on one worker)."""
+
+        def __init__(self, ends_as):
+            self.state, self._ends_as = Running(), ends_as
+
+        def wait(self):
+            self.state = self._ends_as
+
+    config = PipelineConfig.model_validate({"name": "plan", "compress": {
+        "distill": {"enabled": True, "epochs": 2}, "prune": {"enabled": True, "epochs": 2}}})
+    plans = plan(config, tiny_baseline)
+    deadline = time.time() + 60.0
+    data = tiny_data.model_copy(update={"deadline": deadline, "variant_tail_s": 10.0,
+                                        "recover_to": 0.95})
+    planner = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial)
+    stopped_mid_ramp = tiny_baseline.model_copy(update={
+        "name": "pruned-80", "history": {"val_accuracy": [0.56]},
+        "params": {"stopped_by": "budget", "epochs_run": 4, "kept_epoch": "last"}})
+    pruning = Submitted(Completed(data=stopped_mid_ramp))
+    planner._outcomes["prune"] = pruning
+    planner._make_room(plans)
+    assert pruning.state.is_final(), "one worker: the next waits for it"
+    prune_variants = sum(1 for p in plans if p.technique.name == "prune"
+                         for spec in p.variants if spec.status == "ok")
+    assert planner.data.deadline == deadline + 10.0 * prune_variants > deadline, (
+        "its variants' time goes to the next fine-tuning's deadline before it is submitted")
+
+
 def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tiny_baseline,
                                                                              tiny_data):
     from techniques import shortest_run_s, shortest_runs_s
