@@ -161,7 +161,7 @@ def test_a_fine_tuning_is_submitted_once_a_worker_is_free_with_the_time_given_ba
                                         "recover_to": 0.95})
     planner = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial)
     stopped_mid_ramp = tiny_baseline.model_copy(update={
-        "name": "pruned-80", "history": {"val_accuracy": [0.56]},
+        "name": "pruned-80", "history": {"val_accuracy": [0.30]},
         "params": {"stopped_by": "budget", "epochs_run": 4, "kept_epoch": "last"}})
     pruning = Submitted(Completed(data=stopped_mid_ramp))
     planner._outcomes["prune"] = pruning
