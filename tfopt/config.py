@@ -419,7 +419,7 @@ class MeasurementProtocol(Section):
             "first would: where XNNPACK's int8 kernels on AMX tiles are slower than its AVX-512 "
             "ones (docs/limits.md). auto: on a CPU with AMX, the baseline's int8 TFLite file is "
             "timed in processes with AMX allowed and denied, alternating, and AMX is denied unless "
-            "that file runs at least 5% faster with it (the summary's amx_decision says "
+            "that file runs at least 15% faster with it (the summary's amx_decision says "
             "what was measured); elsewhere allowed. auto and denied also turn "
             "convert.selective_float_stem off unless set (its quick timing runs with AMX)."
         ),
