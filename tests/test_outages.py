@@ -42,7 +42,8 @@ def _stop_when(settings: ServiceSettings, server: str, command: list[str], log: 
     """Run `command` until `reached()`, then kill `server`; the exit code, output and wait."""
     # Prefect's client retries a lost server 5 times with backoff (about a minute) by default;
     # two retries (2 s, then 4 s) show the same error sooner and still ride out a busy server's
-    # passing 503 (ci30: with one, a concurrency slot refused before any server was stopped).
+    # passing 503 (with one, a concurrency slot was refused before any server was stopped:
+    # docs/measurements.md, session 22).
     env = {**service_env(settings), "PREFECT_CLIENT_MAX_RETRIES": "2", "PYTHONUNBUFFERED": "1"}
     with log.open("w") as out:
         first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
