@@ -313,7 +313,6 @@ class Planner:
                               if not isinstance(outcome, State)
                               and not outcome.state.is_final()]) >= self.workers:
             running[0].wait()
-            self.give_back_unbuilt(plans)
         self.give_back_unbuilt(plans)
 
     def _wait(self) -> None:

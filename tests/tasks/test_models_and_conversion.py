@@ -97,6 +97,7 @@ def test_a_model_benchmarked_alone_is_its_own_reference_and_opened_only_when_mea
         warmup_runs=1, min_runs=5, min_seconds=0, max_seconds=5))
     assert result.status == "ok" and result.top1_agreement == 1.0 and result.max_abs_diff == 0.0
     assert result.val_accuracy is not None and result.predictions.is_file()
+    assert result.val_predictions.is_file() and result.val_predictions != result.predictions
 
 
 def test_mixed_precision_training_saves_a_float32_model(tiny_dataset, tmp_path):

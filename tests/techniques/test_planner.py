@@ -16,6 +16,20 @@ def _config(**benchmark: object) -> PipelineConfig:
         "prune": {"enabled": True, "epochs": 2}}})
 
 
+def _budgeted(config: PipelineConfig, tiny_baseline, tiny_data, tmp_path,
+              deadline: float) -> Planner:
+    """A planner whose compression ends at `deadline`, 10 s kept per variant, 0.95 to keep."""
+    data = tiny_data.model_copy(update={"deadline": deadline, "variant_tail_s": 10.0,
+                                        "recover_to": 0.95})
+    return Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial)
+
+
+def _ok_variants(plans) -> dict[str, int]:
+    """Each technique's variants that would be built."""
+    return {p.technique.name: sum(1 for spec in p.variants if spec.status == "ok")
+            for p in plans}
+
+
 def test_the_plan_line_says_which_techniques_get_their_shortest_run_before_any_starts(
         tiny_baseline, tiny_data, tmp_path):
     config = _config()
@@ -116,12 +130,9 @@ def test_techniques_that_build_nothing_give_their_variants_time_back_to_the_comp
         "distill": {"enabled": True, "epochs": 2}, "qat": {"enabled": True, "epochs": 2},
         "prune": {"enabled": True, "epochs": 2}, "cluster": {"enabled": True, "epochs": 2}}})
     plans = plan(config, tiny_baseline)
-    variants = {p.technique.name: sum(1 for spec in p.variants if spec.status == "ok")
-                for p in plans}
+    variants = _ok_variants(plans)
     deadline = time.time() + 60.0
-    data = tiny_data.model_copy(update={"deadline": deadline, "variant_tail_s": 10.0,
-                                        "recover_to": 0.95})
-    planner = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial)
+    planner = _budgeted(config, tiny_baseline, tiny_data, tmp_path, deadline)
     far_from_back = tiny_baseline.model_copy(update={
         "name": "qat", "history": {"val_accuracy": [0.52]},
         "params": {"stopped_by": "budget", "epochs_run": 1, "kept_epoch": "last"}})
@@ -157,9 +168,7 @@ def test_a_fine_tuning_is_submitted_once_a_worker_is_free_with_the_time_given_ba
         "distill": {"enabled": True, "epochs": 2}, "prune": {"enabled": True, "epochs": 2}}})
     plans = plan(config, tiny_baseline)
     deadline = time.time() + 60.0
-    data = tiny_data.model_copy(update={"deadline": deadline, "variant_tail_s": 10.0,
-                                        "recover_to": 0.95})
-    planner = Planner(config, tiny_baseline, data, tmp_path, None, None, run_trial)
+    planner = _budgeted(config, tiny_baseline, tiny_data, tmp_path, deadline)
     stopped_mid_ramp = tiny_baseline.model_copy(update={
         "name": "pruned-80", "history": {"val_accuracy": [0.30]},
         "params": {"stopped_by": "budget", "epochs_run": 4, "kept_epoch": "last"}})
@@ -167,9 +176,7 @@ def test_a_fine_tuning_is_submitted_once_a_worker_is_free_with_the_time_given_ba
     planner._outcomes["prune"] = pruning
     planner._make_room(plans)
     assert pruning.state.is_final(), "one worker: the next waits for it"
-    prune_variants = sum(1 for p in plans if p.technique.name == "prune"
-                         for spec in p.variants if spec.status == "ok")
-    assert planner.data.deadline == deadline + 10.0 * prune_variants > deadline, (
+    assert planner.data.deadline == deadline + 10.0 * _ok_variants(plans)["prune"] > deadline, (
         "its variants' time goes to the next fine-tuning's deadline before it is submitted")
 
 

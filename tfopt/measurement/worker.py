@@ -366,7 +366,7 @@ def measure_variant(
     runner.predict(images[:1])
     first_inference_ms = (time.perf_counter() - started) * 1000.0
     logits = predict_batched(runner, images)
-    val_predicted = validation_predictions(runner, inputs)
+    validation = validation_predictions(runner, inputs)
     reference = logits if inputs.reference_logits is None else np.load(inputs.reference_logits)
     prepared = runner.prepare(images)
     cores_before = background_cores(_LOAD_PROBE_S)
@@ -404,11 +404,10 @@ def measure_variant(
         size_bytes=path_size_bytes(spec.path),
         gzip_bytes=gzip_size_bytes(spec.path),
         accuracy=float(np.mean(np.argmax(logits, axis=1) == labels)),
-        val_accuracy=(None if val_predicted is None
-                      else float(np.mean(val_predicted == np.load(inputs.selection_labels)))),
+        val_accuracy=None if validation is None else float(np.mean(validation[0] == validation[1])),
         predictions=save_predictions(spec.name, np.argmax(logits, axis=1), inputs),
-        val_predictions=(None if val_predicted is None
-                         else save_predictions(spec.name, val_predicted, inputs, "val")),
+        val_predictions=(None if validation is None
+                         else save_predictions(spec.name, validation[0], inputs, "val")),
         latency_ms=latency_stats(samples, cfg.p50_ci_width),
         throughput_per_s=float(len(samples) / (samples.sum() / 1000.0)),
         timed_runs=len(samples),
@@ -441,14 +440,15 @@ def measure_variant(
     )
 
 
-def validation_predictions(runner: Runner, inputs: BenchmarkInputs) -> np.ndarray | None:
-    """The runner's predicted class per validation image (None: the inputs have none)."""
+def validation_predictions(runner: Runner, inputs: BenchmarkInputs,
+                           ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The runner's predicted class per validation image, and the labels (None: no images)."""
     if inputs.selection_images is None or inputs.selection_labels is None:
         return None
-    images = np.load(inputs.selection_images)
+    images, labels = np.load(inputs.selection_images), np.load(inputs.selection_labels)
     if len(images) == 0:
         return None
-    return np.argmax(predict_batched(runner, images), axis=1)
+    return np.argmax(predict_batched(runner, images), axis=1), labels
 
 
 def save_predictions(name: str, predicted: np.ndarray, inputs: BenchmarkInputs,
