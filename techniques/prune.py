@@ -63,8 +63,9 @@ class PruneConfig(TechniqueSection):
     )
     epochs: int = Field(
         10, ge=1, le=1000,
-        description="Fine-tuning epochs while pruning: the ramp to the target takes the first "
-                    "70%; the best validation epoch after it is kept.")
+        description="Fine-tuning epochs while pruning (fewer when the time budget holds "
+                    "fewer): the ramp to the target takes the first 70%; the best validation "
+                    "epoch after it is kept.")
     learning_rate: float = Field(
         5e-4, gt=0.0, le=1.0, description="Adam learning rate of the pruning fine-tuning."
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -327,3 +328,28 @@ def test_a_distilled_student_can_lack_the_teachers_least_influential_blocks_too(
         shallower_teacher(flat, 0.5, tiny_data)
     with pytest.raises(ValueError, match="student: thinner"):
         DistillConfig(shallower=0.5)
+
+
+def test_a_fine_tuning_runs_the_epochs_its_deadline_holds_so_its_ramp_ends_before_it(tiny_data):
+    from techniques import within_deadline
+    from techniques.prune import PruneConfig, first_sparse_epoch
+    from tfopt.artifacts import LearnedCosts
+
+    cfg = PruneConfig(epochs=10)
+    paced = tiny_data.model_copy(update={"epoch_s": 2.0, "costs": None})
+    assert within_deadline("prune", cfg, paced) == cfg, "no deadline: its cap"
+    # guessed price: 5 s start, each epoch twice the baseline's (4 s): 33 s hold 7 epochs
+    held = within_deadline("prune", cfg, paced.model_copy(update={"deadline": time.time() + 33.5}))
+    assert held.epochs == 7
+    assert first_sparse_epoch(held, 10, held.epochs) < held.epochs - 1, "recovery after the ramp"
+    assert within_deadline("prune", cfg, paced.model_copy(
+        update={"deadline": time.time() + 3.0})).epochs == 2, "never below its shortest run"
+    assert within_deadline("prune", cfg, paced.model_copy(
+        update={"deadline": time.time() + 500.0})) == cfg, "all fit: unchanged"
+    assert within_deadline("prune", cfg, paced.model_copy(
+        update={"deadline": time.time() + 33.5, "epoch_s": 0.0})) == cfg, "no pace: its cap"
+    learned = paced.model_copy(update={"costs": LearnedCosts(
+        path=Path("unused"), key="k", startup_epochs={"prune": 1.0},
+        epoch_shares={"prune": 1.0})})
+    assert within_deadline("prune", cfg, learned.model_copy(
+        update={"deadline": time.time() + 13.5})).epochs == 5, "priced as learned: 2 s + 2 s each"
