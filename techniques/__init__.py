@@ -436,19 +436,27 @@ def learn_cost(name: str, cfg: TechniqueSection, data: TrainingData,
                made: ModelArtifact | None, wall_s: float, files: int = 0) -> None:
     """Keep what technique `name`'s run that `made` a model took (`tfopt.learned_costs`).
 
-    Its trainings' own seconds (``fit_seconds``, a distilled student's controls'
-    ``controls_fit_seconds`` with them) over its epochs give its epoch share; its `files` (a
-    search trial's, the side-by-side timing's reference among them; a trial trains its model
-    alone) are priced at `trial_file_s` each; the rest is its fixed part. The next run's
-    `price_of` prices it with both. A run without its trainings' seconds keeps its epochs at
-    the guess (`WRAPPED_EPOCH_SHARE`).
+    Its epoch share is its median epoch after the first (``steady_epoch_seconds``) over the
+    baseline's, its epochs priced at that; the first epoch's graph building then counts in its
+    fixed part, with its process start, load and export, as it does in every run however short
+    (priced by their average, a 1-epoch run read 5x the share of a 10-epoch one). A run with
+    one epoch, or a distilled student with its controls (trained apart, each at its own pace),
+    takes its trainings' own seconds (``fit_seconds``, ``controls_fit_seconds``) over its
+    epochs. Its `files` (a search trial's, the side-by-side timing's reference among them; a
+    trial trains its model alone) are priced at `trial_file_s` each; the rest is its fixed
+    part. The next run's `price_of` prices it with both. A run without its trainings' seconds
+    keeps its epochs at the guess (`WRAPPED_EPOCH_SHARE`).
     """
     if data.costs is None or made is None:
         return
     epochs = int(made.params.get("epochs_run") or 0) * (1 if files else _trainings(cfg))
     fit_s = made.metrics.get("fit_seconds")
+    steady_s = made.metrics.get("steady_epoch_seconds")
     if fit_s is None:
         trained, share = _fine_tuning_s(epochs, data.epoch_s, RunPrice(startup_s=0.0)), None
+    elif steady_s is not None and "controls_fit_seconds" not in made.metrics:
+        trained = epochs * steady_s
+        share = steady_s / data.epoch_s if data.epoch_s > 0.0 else None
     else:
         trained = fit_s + made.metrics.get("controls_fit_seconds", 0.0)
         share = trained / (epochs * data.epoch_s) if epochs and data.epoch_s > 0.0 else None

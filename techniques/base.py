@@ -62,7 +62,8 @@ def derived_model(
     Its training's curves become its history; the epoch it kept, the epochs it ran, whether it
     recovered (came back within the budget: `tfopt.models.training.recovery`) and the reader
     settings it trained with join `params` (``epochs_run`` and ``recovered`` the metrics too,
-    the training's seconds ``fit_seconds``, which price the technique's next run on this machine
+    the training's seconds ``fit_seconds`` and its median epoch after the first
+    ``steady_epoch_seconds``, which price the technique's next run on this machine
     (`techniques.learn_cost`), and the batch-norm re-estimation's figures at the kept epoch,
     `kept_epoch_figures`);
     a Keras 3 model's translation (`tfmot_model`) and its check join the params and metrics.
@@ -76,6 +77,7 @@ def derived_model(
     ran = {"epochs_run": epochs_run(fitted)}
     if "recovered" in fitted.stop:
         ran["recovered"] = bool(fitted.stop["recovered"])
+    steady = fitted.steady_epoch_seconds()
     return model.model_copy(update=dict(
         name=name, path=path, format=fmt,
         params={**params, "kept_epoch": kept_epoch(fitted), **ran,
@@ -84,6 +86,7 @@ def derived_model(
                 **fitted.reader},
         metrics={**metrics, **{key: float(value) for key, value in ran.items()},
                  "fit_seconds": round(fitted.seconds, 3),
+                 **({} if steady is None else {"steady_epoch_seconds": round(steady, 3)}),
                  **kept_epoch_figures(fitted.curves, fitted.best_epoch)},
         history=fitted.curves,
     ))

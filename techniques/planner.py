@@ -217,7 +217,7 @@ class Planner:
         fine_tunes = [p for p in order.after if not self.searched(p)]
         for planned in order.after:
             start = (self.baseline if planned.starts_from is None
-                     else self.finished(planned.starts_from))
+                     else self._start_from(planned.starts_from))
             if self.searched(planned):
                 self._search_after(planned, start)
             else:
@@ -281,6 +281,22 @@ class Planner:
             return True
         return cut_short_in_run(made, self.data,
                                 self.config.benchmark.accuracy_budget_points) is not None
+
+    def _start_from(self, name: str) -> Any:
+        """What a fine-tuning that continues from technique `name` starts from, once it ended.
+
+        Its outcome, or, for a model the time budget stopped far from back (`cut_short_in_run`:
+        its forms are not built), that as `Skipped`: the one continuing from it is skipped in
+        turn rather than fine-tuned from a model already judged out (the demo's pruned and
+        clustered model started from a pruning stopped mid-ramp and was measured over budget).
+        """
+        outcome = self.finished(name)
+        state = final_state(outcome)
+        made = state.result(raise_on_failure=False) if state.is_completed() else None
+        if isinstance(made, ModelArtifact) and (short := cut_short_in_run(
+                made, self.data, self.config.benchmark.accuracy_budget_points)) is not None:
+            return Skipped(technique=name, kind="cut", reason=short)
+        return outcome
 
     def finished(self, name: str, reserved_s: float = 0.0) -> Any:
         """A technique's outcome; a search's once it has deepened in the time left.

@@ -334,3 +334,12 @@ def test_with_a_selection_split_trainings_choose_on_it_and_files_are_judged_on_v
         abs=1e-5)
     assert kept_val_accuracy(baseline, budget) == pytest.approx(
         baseline.metrics["best_val_accuracy"] - 0.01, abs=1e-5)
+
+
+def test_a_trainings_steady_epoch_leaves_out_the_first_and_one_the_budget_ended():
+    from tfopt.models.training import Fitted
+
+    assert Fitted({}, 9.0, epoch_seconds=[5.0, 2.0, 2.2, 1.8]).steady_epoch_seconds() == 2.0
+    assert Fitted({}, 5.0, epoch_seconds=[5.0]).steady_epoch_seconds() is None, "graph only"
+    ended = Fitted({}, 8.0, stop={"stopped_by": "budget"}, epoch_seconds=[5.0, 2.0, 0.4])
+    assert ended.steady_epoch_seconds() == 2.0, "the epoch the deadline cut is not one"

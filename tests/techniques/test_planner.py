@@ -180,6 +180,33 @@ def test_a_fine_tuning_is_submitted_once_a_worker_is_free_with_the_time_given_ba
         "its variants' time goes to the next fine-tuning's deadline before it is submitted")
 
 
+def test_a_combination_does_not_continue_from_a_model_the_budget_stopped_far_from_back(
+        tiny_baseline, tiny_data, tmp_path):
+    from prefect.states import Completed
+
+    from techniques import contained
+    from techniques.base import Skipped
+
+    config = PipelineConfig.model_validate({"name": "plan", "compress": {
+        "prune": {"enabled": True, "epochs": 2},
+        "cluster": {"enabled": True, "epochs": 2, "preserve_sparsity": True}}})
+    planner = _budgeted(config, tiny_baseline, tiny_data, tmp_path, time.time() + 60.0)
+    stopped_mid_ramp = tiny_baseline.model_copy(update={
+        "name": "pruned-80", "history": {"val_accuracy": [0.53]},
+        "params": {"stopped_by": "budget", "epochs_run": 1, "kept_epoch": "last"}})
+    planner._outcomes["prune"] = Completed(data=stopped_mid_ramp)
+    start = planner._start_from("prune")
+    assert isinstance(start, Skipped) and start.kind == "cut"
+    assert "stopped by the time budget after 1 epochs" in start.reason
+    (cluster,) = [p for p in plan(config, tiny_baseline) if p.technique.name == "cluster"]
+    state = contained("cluster").fn(start, cluster.cfg, planner.data, tmp_path / "cluster")
+    assert state.name == "Skipped" and "continues from the prune technique's model" in (
+        state.result().line())
+    back = stopped_mid_ramp.model_copy(update={"history": {"val_accuracy": [0.96]}})
+    planner._outcomes["prune"] = Completed(data=back)
+    assert planner._start_from("prune").result() == back, "back within: continued from"
+
+
 def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tiny_baseline,
                                                                              tiny_data):
     from techniques import shortest_run_s, shortest_runs_s

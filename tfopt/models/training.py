@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +44,18 @@ class Fitted:
     """The 0-based epoch whose weights the model kept (best validation accuracy)."""
     stop: dict[str, str | int | bool | float] = field(default_factory=dict)
     """How it ended, when a `StopWhenDone` judged it (`StopWhenDone.outcome`)."""
+    epoch_seconds: list[float] = field(default_factory=list)
+    """Each epoch's seconds, its validation included (the first one builds the graph too)."""
+
+    def steady_epoch_seconds(self) -> float | None:
+        """The median epoch once the graph is built: the epochs after the first (None: none).
+
+        The last one is left out when the time budget ended it, which may be within the epoch.
+        """
+        steady = self.epoch_seconds[1:]
+        if self.stop.get("stopped_by") in ("budget", "budget_cooling"):
+            steady = steady[:-1]
+        return statistics.median(steady) if steady else None
 
 
 def training_data(
@@ -88,6 +101,27 @@ def _shared_by_workers() -> tf.data.Options:
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return options
+
+
+class EpochClock(keras.callbacks.Callback):
+    """Each epoch's seconds, from its start to the end of its validation (`Fitted.epoch_seconds`).
+
+    Called first at an epoch's end, so what later callbacks do there (a batch-norm
+    re-estimation, keeping the best weights) counts towards the next epoch.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: list[float] = []
+        self._started = 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        """Start the epoch's clock."""
+        self._started = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Keep the epoch's seconds."""
+        self.seconds.append(time.perf_counter() - self._started)
 
 
 class KeepBestWeights(keras.callbacks.Callback):
@@ -569,17 +603,18 @@ def fit_compiled(
     train, val, reader = training_data(data)
     best = best or KeepBestWeights()
     batch_norm = reestimating_callback(model, data, getattr(model, "student", None))
-    started = time.perf_counter()
+    started, clock = time.perf_counter(), EpochClock()
     history = model.fit(train, validation_data=val, epochs=epochs, verbose=0,
-                        callbacks=[*([batch_norm] if batch_norm else []), *(callbacks or []),
-                                   best])
+                        callbacks=[clock, *([batch_norm] if batch_norm else []),
+                                   *(callbacks or []), best])
     curves = {name: [float(v) for v in values] for name, values in history.history.items()}
     judge = next((c for c in callbacks or [] if isinstance(c, StopWhenDone)), None)
     stop = judge.outcome(epochs) if judge is not None else {}
     if any(isinstance(c, ReportToTrial) and c.pruned for c in callbacks or []):
         stop = {**stop, "pruned": True, "stopped_by": "pruned",
                 "stop_reason": "pruned: hopeless for the search"}
-    return Fitted(curves, time.perf_counter() - started, reader, best.best_epoch, stop)
+    return Fitted(curves, time.perf_counter() - started, reader, best.best_epoch, stop,
+                  clock.seconds)
 
 
 def kept_epoch(fitted: Fitted) -> int | str:
