@@ -420,14 +420,14 @@ def contained(name: str) -> Task:
             return skipped_state(Skipped(technique=name, kind="cut", reason=clock.cut(
                 f"{name}'s fine-tuning", shortest)))
         data, started = own_deadline(data, epochs_of(cfg), shortest), time.monotonic()
-        cfg = within_deadline(name, cfg, data)
+        held = within_deadline(name, cfg, data)
         try:
-            made = run_native(step, apply_here, name, model, cfg, data, out_dir)
+            made = run_native(step, apply_here, name, model, held, data, out_dir)
         except NotApplicable as refusal:
             return skipped_state(Skipped(technique=name, kind="not_applicable",
                                          reason=str(refusal)))
-        learn_cost(name, cfg, data, made, time.monotonic() - started)
-        return made
+        learn_cost(name, held, data, made, time.monotonic() - started)
+        return made if held is cfg else ended_by_deadline(made, _cap(cfg))
 
     return _in_place_of(technique.apply, run_technique)
 
@@ -533,6 +533,20 @@ def within_deadline(name: str, cfg: TechniqueSection, data: TrainingData) -> Tec
         "%s: %d of its %d epochs fit before its deadline (%.0f s left, %.1f s an epoch): what "
         "its schedule lays over the epochs is laid over those", name, held, cap, left, epoch_s)
     return cfg.model_copy(update={"epochs": held})
+
+
+def ended_by_deadline(made: ModelArtifact, cap: int) -> ModelArtifact:
+    """`made`, whose epochs were lowered to those its deadline held, as the budget ended it.
+
+    Its training ran to its lowered cap: the time budget, not its cap of `cap` epochs, ended
+    it, and a model it left far from back is not worth its forms (`cut_short`).
+    """
+    if made.params.get("stopped_by") != "cap":
+        return made
+    return made.model_copy(update={"params": {
+        **made.params, "stopped_by": "budget",
+        "stop_reason": f"budget: the {made.params.get('epochs_run')} of its {cap} epochs its "
+                       "deadline held"}})
 
 
 def fitting(shortest_s: list[float], left_s: float) -> list[bool]:

@@ -353,3 +353,19 @@ def test_a_fine_tuning_runs_the_epochs_its_deadline_holds_so_its_ramp_ends_befor
         epoch_shares={"prune": 1.0})})
     assert within_deadline("prune", cfg, learned.model_copy(
         update={"deadline": time.time() + 13.5})).epochs == 5, "priced as learned: 2 s + 2 s each"
+
+
+def test_a_training_that_ran_the_epochs_its_deadline_held_was_ended_by_the_budget(
+        tiny_baseline, tiny_data):
+    from techniques import cut_short, ended_by_deadline
+
+    ran = tiny_baseline.model_copy(update={
+        "history": {"val_accuracy": [0.5, 0.6, 0.7]},
+        "params": {"stopped_by": "cap", "epochs_run": 3, "kept_epoch": 3}})
+    ended = ended_by_deadline(ran, 10)
+    assert ended.params["stopped_by"] == "budget"
+    assert ended.params["stop_reason"] == "budget: the 3 of its 10 epochs its deadline held"
+    assert cut_short(ended, tiny_data.model_copy(update={"recover_to": 0.95}), 0.01), (
+        "far from back: its forms not worth building")
+    recovered = ran.model_copy(update={"params": {**ran.params, "stopped_by": "recovered"}})
+    assert ended_by_deadline(recovered, 10) == recovered, "back before its lowered cap"
