@@ -106,8 +106,8 @@ def _shared_by_workers() -> tf.data.Options:
 class EpochClock(keras.callbacks.Callback):
     """Each epoch's seconds, from its start to the end of its validation (`Fitted.epoch_seconds`).
 
-    Called first at an epoch's end, so what later callbacks do there (a batch-norm
-    re-estimation, keeping the best weights) counts towards the next epoch.
+    Read first at an epoch's end: what later callbacks do there (keeping the best weights,
+    the stopping rules) falls between epochs, with the fixed part of the run that prices them.
     """
 
     def __init__(self) -> None:
