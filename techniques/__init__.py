@@ -440,9 +440,10 @@ def learn_cost(name: str, cfg: TechniqueSection, data: TrainingData,
     baseline's, its epochs priced at that; the first epoch's graph building then counts in its
     fixed part, with its process start, load and export, as it does in every run however short
     (priced by their average, a 1-epoch run read 5x the share of a 10-epoch one). A run with
-    one epoch, or a distilled student with its controls (trained apart, each at its own pace),
-    takes its trainings' own seconds (``fit_seconds``, ``controls_fit_seconds``) over its
-    epochs. Its `files` (a search trial's, the side-by-side timing's reference among them; a
+    one epoch keeps only its fixed part, its epoch priced at the share learned before, if any;
+    else, and for a distilled student with its controls (trained apart, each at its own pace),
+    its trainings' own seconds (``fit_seconds``, ``controls_fit_seconds``) over its epochs
+    give the share. Its `files` (a search trial's, the side-by-side timing's reference among them; a
     trial trains its model alone) are priced at `trial_file_s` each; the rest is its fixed
     part. The next run's `price_of` prices it with both. A run without its trainings' seconds
     keeps its epochs at the guess (`WRAPPED_EPOCH_SHARE`).
@@ -452,11 +453,15 @@ def learn_cost(name: str, cfg: TechniqueSection, data: TrainingData,
     epochs = int(made.params.get("epochs_run") or 0) * (1 if files else _trainings(cfg))
     fit_s = made.metrics.get("fit_seconds")
     steady_s = made.metrics.get("steady_epoch_seconds")
+    alone = "controls_fit_seconds" not in made.metrics
+    learned = data.costs.epoch_share(name)
     if fit_s is None:
         trained, share = _fine_tuning_s(epochs, data.epoch_s, RunPrice(startup_s=0.0)), None
-    elif steady_s is not None and "controls_fit_seconds" not in made.metrics:
+    elif steady_s is not None and alone:
         trained = epochs * steady_s
         share = steady_s / data.epoch_s if data.epoch_s > 0.0 else None
+    elif alone and learned is not None:
+        trained, share = epochs * learned * data.epoch_s, None
     else:
         trained = fit_s + made.metrics.get("controls_fit_seconds", 0.0)
         share = trained / (epochs * data.epoch_s) if epochs and data.epoch_s > 0.0 else None

@@ -158,3 +158,20 @@ def test_the_runs_finish_is_learned_beside_the_techniques(tmp_path):
     record_finish(None, 9.0)  # a run without a costs file: nothing to keep
     (tmp_path / "a-file").write_text("")
     record_finish(load_costs(tmp_path / "a-file", "cpu-a model-1"), 9.0)  # logged, not raised
+
+
+def test_a_one_epoch_run_keeps_its_fixed_part_and_not_its_graphs_building_as_a_share(
+        tiny_baseline, tiny_data, tmp_path):
+    from techniques import learn_cost
+    from techniques.qat import QatConfig
+
+    costs = load_costs(tmp_path, "here")
+    record_cost(costs, "qat", 10.0, priced_s=4.0, epoch_s=2.0, epoch_share=1.0)
+    data = tiny_data.model_copy(update={"epoch_s": 2.0, "costs": load_costs(tmp_path, "here")})
+    one_epoch = tiny_baseline.model_copy(update={"params": {"epochs_run": 1},
+                                                 "metrics": {"fit_seconds": 9.0}})
+    learn_cost("qat", QatConfig(), data, one_epoch, wall_s=14.0)
+    learned = load_costs(tmp_path, "here")
+    assert learned.epoch_share("qat") == 1.0, "no share read from an epoch that built the graph"
+    assert learned.startup_s("qat", 2.0) == (3.0 + 6.0) / 2 * 2.0, (
+        "its fixed part: 14 s less one epoch at the learned share (2 s), beside the first run's")
