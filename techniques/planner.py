@@ -286,16 +286,17 @@ class Planner:
         """What a fine-tuning that continues from technique `name` starts from, once it ended.
 
         Its outcome, or, for a model the time budget stopped far from back (`cut_short_in_run`:
-        its forms are not built), that as `Skipped`: the one continuing from it is skipped in
-        turn rather than fine-tuned from a model already judged out (the demo's pruned and
-        clustered model started from a pruning stopped mid-ramp and was measured over budget).
+        its forms are not built), a "Skipped" state saying so (`skipped_state`): the one
+        continuing from it is skipped in turn rather than fine-tuned from a model already judged
+        out (the demo's pruned and clustered model started from a pruning stopped mid-ramp and
+        was measured over budget).
         """
         outcome = self.finished(name)
         state = final_state(outcome)
         made = state.result(raise_on_failure=False) if state.is_completed() else None
         if isinstance(made, ModelArtifact) and (short := cut_short_in_run(
                 made, self.data, self.config.benchmark.accuracy_budget_points)) is not None:
-            return Skipped(technique=name, kind="cut", reason=short)
+            return skipped_state(Skipped(technique=name, kind="cut", reason=short))
         return outcome
 
     def finished(self, name: str, reserved_s: float = 0.0) -> Any:

@@ -196,12 +196,16 @@ def test_a_combination_does_not_continue_from_a_model_the_budget_stopped_far_fro
         "params": {"stopped_by": "budget", "epochs_run": 1, "kept_epoch": "last"}})
     planner._outcomes["prune"] = Completed(data=stopped_mid_ramp)
     start = planner._start_from("prune")
-    assert isinstance(start, Skipped) and start.kind == "cut"
-    assert "stopped by the time budget after 1 epochs" in start.reason
+    assert start.name == "Skipped", "a state, as outcomes are"
+    skip = start.result()
+    assert isinstance(skip, Skipped) and skip.kind == "cut"
+    assert "stopped by the time budget after 1 epochs" in skip.reason
     (cluster,) = [p for p in plan(config, tiny_baseline) if p.technique.name == "cluster"]
-    state = contained("cluster").fn(start, cluster.cfg, planner.data, tmp_path / "cluster")
+    state = contained("cluster").fn(skip, cluster.cfg, planner.data, tmp_path / "cluster")
     assert state.name == "Skipped" and "continues from the prune technique's model" in (
         state.result().line())
+    planner._search_after(cluster, start)
+    assert planner._outcomes["cluster"].name == "Skipped", "a search continuing from it too"
     back = stopped_mid_ramp.model_copy(update={"history": {"val_accuracy": [0.96]}})
     planner._outcomes["prune"] = Completed(data=back)
     assert planner._start_from("prune").result() == back, "back within: continued from"
