@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install browser-deps db-deps run test lint up down status serve clean
+.PHONY: install browser-deps db-deps run test test-slow lint up down status serve clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ run: install
 test: install browser-deps db-deps
 	$(BIN)/ruff check .
 	$(BIN)/pytest
+
+# The checks too heavy for every change (many full runs, server outages, multi-worker training,
+# the UI form's run, slowdowns confirmed side by side): before landing a change that touches them.
+test-slow: install browser-deps db-deps
+	$(BIN)/pytest -m slow
 
 lint: install
 	$(BIN)/ruff check .

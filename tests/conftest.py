@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 import tfopt  # noqa: F401  (environment before TensorFlow)
+from tests.shared import made_once, recorded
 from tfopt.config import DataConfig
 from tfopt.demo_data import digit_to_jpeg
 from tfopt.services import ServiceSettings
@@ -26,25 +28,46 @@ from tfopt.services import ServiceSettings
 # (tests/tasks/test_model_sources.py checks a folder it does not allow is refused).
 os.environ.setdefault("TFOPT_CODE_DIRS", tempfile.gettempdir())
 
+SUITE_LIMIT_S = float(os.environ.get("TFOPT_SUITE_LIMIT_S", "2400"))
+"""The whole suite's time (``make test``) past which it fails: well inside CI's 90 minutes, so a
+suite that grows is stopped long before a submission is lost to it."""
+_STARTED = pytest.StashKey[float]()
+_OVER = pytest.StashKey[str]()
+SERVICES = "services"
+"""The name of the session's servers' record (`tests.shared`)."""
 DURATIONS = Path(__file__).with_name("durations.json")
-"""Seconds each test file took in a CI log (``--durations=0``, summed by file)."""
+"""Seconds each test took in a run of the suite (``python -m tests.durations``)."""
+TIMEOUT_SHARE = 1.5
+"""A measured test's timeout: this many times its measured seconds, at least `TIMEOUT_FLOOR_S`
+(a test without a measurement, or marked with a timeout of its own, keeps that)."""
+TIMEOUT_FLOOR_S = 120.0
+"""Covers the wait of whichever test is the first to ask for what the session shares (the
+servers, the tiny baseline), whatever it measured."""
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
-    """Longest test files first, so the workers' last files are short ones.
+    """Longest test files first, and each measured test's timeout from its measured seconds.
 
     Files go to test workers whole and in this order (``--dist loadfile
     --no-loadscope-reorder``); by default xdist puts the files with most tests first, which
-    left the one-test pipelines (the outages, the failing variant: 3-4 minutes each) to start
-    last while the other workers idled. A file missing from `DURATIONS` goes last; the order
-    within a file is kept.
+    left the one-test pipelines to start last while the other workers idled. A file missing from
+    `DURATIONS` goes last; the order within a file is kept. A test that grows past its timeout
+    fails, with its time: make it lighter, do not raise the timeout.
     """
     import json
+    from collections import Counter
 
     seconds = json.loads(DURATIONS.read_text())
+    by_file: Counter[str] = Counter()
+    for test, took in seconds.items():
+        by_file[test.split("::")[0]] += took
     position = {item: index for index, item in enumerate(items)}
-    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 0), position[item]))
+    items.sort(key=lambda item: (-by_file[item.nodeid.split("::")[0]], position[item]))
+    for item in items:
+        if item.nodeid in seconds and item.get_closest_marker("timeout") is None:
+            timeout = max(TIMEOUT_FLOOR_S, TIMEOUT_SHARE * seconds[item.nodeid])
+            item.add_marker(pytest.mark.timeout(round(timeout)))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -57,6 +80,38 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     gc.collect()
     gc.freeze()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STARTED] = time.monotonic()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the session's servers, once, and fail a suite that took over `SUITE_LIMIT_S`.
+
+    Both in the process that runs the session, not in a worker.
+    """
+    if hasattr(session.config, "workerinput"):
+        return
+    from tests.live import stop_session_services
+
+    services = recorded(session.config._tmp_path_factory.getbasetemp(), SERVICES)
+    if services is not None:
+        stop_session_services(services)
+    took = time.monotonic() - session.config.stash[_STARTED]
+    if took > SUITE_LIMIT_S and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        session.config.stash[_OVER] = (
+            f"the suite took {took:.0f} s, over its {SUITE_LIMIT_S:.0f} s limit "
+            "(TFOPT_SUITE_LIMIT_S): make the slowest tests above lighter, or move the checks "
+            "that need many full runs to `make test-slow`; do not raise the limit")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """Say, after the durations table, that the suite failed for its time."""
+    if _OVER in config.stash:
+        terminalreporter.write_sep("=", f"FAILED: {config.stash[_OVER]}", red=True, bold=True)
 
 
 def write_digit_folder(root: Path, classes: int = 3, per_class: int = 20, size: int = 16) -> Path:
@@ -110,34 +165,62 @@ def tiny_data(tiny_dataset):
 
 @pytest.fixture(scope="session")
 def tiny_baseline(tiny_data, tmp_path_factory: pytest.TempPathFactory):
+    """A small CNN trained on the tiny data set, once for every test worker."""
     from tasks.train_model import train_model
+    from tfopt.artifacts import ModelArtifact
     from tfopt.config import TrainConfig
     from tfopt.models.config import ModelConfig
 
-    return train_model.fn(
-        tiny_data.model_copy(update={"seed": 42}), ModelConfig(width=8),
-        TrainConfig(epochs=10, batch_size=16), tmp_path_factory.mktemp("models"),
-    )
+    def train(folder: Path) -> dict:
+        return train_model.fn(
+            tiny_data.model_copy(update={"seed": 42}), ModelConfig(width=8),
+            TrainConfig(epochs=10, batch_size=16), folder,
+        ).model_dump(mode="json")
+
+    return ModelArtifact.model_validate(made_once(tmp_path_factory, "tiny-baseline", train))
 
 
 @pytest.fixture(scope="session")
 def tiny_savedmodel(tiny_baseline, tmp_path_factory: pytest.TempPathFactory):
+    """`tiny_baseline` exported as a SavedModel, once for every test worker."""
     from tasks.export_savedmodel import export_savedmodel
+    from tfopt.artifacts import ModelArtifact
 
-    return export_savedmodel.fn(tiny_baseline, tmp_path_factory.mktemp("savedmodel"))
+    def export(folder: Path) -> dict:
+        return export_savedmodel.fn(tiny_baseline, folder).model_dump(mode="json")
+
+    return ModelArtifact.model_validate(made_once(tmp_path_factory, "tiny-savedmodel", export))
 
 
 @pytest.fixture(scope="session")
-def live_services() -> Iterator[ServiceSettings]:
-    """Real Prefect and MLflow server processes on free ports, state in a temporary folder.
+def live_services(tmp_path_factory: pytest.TempPathFactory) -> ServiceSettings:
+    """Real PostgreSQL, Prefect and MLflow server processes on free ports, one set per session.
 
-    They keep their state in a real PostgreSQL server, as a team sharing them would; the
-    default SQLite stores are what `tests/test_outages.py` starts.
+    They keep their state in a real PostgreSQL server, as a team sharing them would; every test
+    worker uses the same servers (`tests.shared.made_once`), stopped once when the session ends
+    (`pytest_sessionfinish`). Tests that need servers of their own (a stopped server, a held
+    benchmark slot) start them with `tests.live.running_services`.
     """
-    from tests.live import running_services, state_folder_for_postgres
+    from tests.live import session_services, start_session_services
 
-    with state_folder_for_postgres() as state, running_services(state, db="postgres") as settings:
-        yield settings
+    return session_services(made_once(tmp_path_factory, SERVICES, start_session_services))
+
+
+@pytest.fixture(scope="session")
+def smoke_run(live_services: ServiceSettings, tmp_path_factory: pytest.TempPathFactory):
+    """The smoke config's run with searches, made once for every read-only assertion on it.
+
+    Returns:
+        The servers, the run's summary, its terminal output and its demo data folder.
+    """
+    import json
+
+    from tests.live import make_smoke_run
+
+    made = made_once(tmp_path_factory, "smoke-run",
+                     lambda folder: make_smoke_run(live_services, folder))
+    return (live_services, json.loads(Path(made["summary"]).read_text()), made["stdout"],
+            Path(made["demo"]))
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -36,15 +37,74 @@ def running_services(state_dir: Path, db: str = "sqlite",
         stop_services(settings, timeout_s=10)  # disposable servers: a short grace
 
 
-@contextmanager
-def state_folder_for_postgres() -> Iterator[Path]:
+def _folder_for_postgres() -> Path:
     """A temporary tfopt state folder that PostgreSQL's own user may enter (pytest's are 0700)."""
     folder = Path(tempfile.mkdtemp(prefix="tfopt-home-"))
     folder.chmod(0o711)
+    return folder
+
+
+@contextmanager
+def state_folder_for_postgres() -> Iterator[Path]:
+    """`_folder_for_postgres`, removed after the block."""
+    folder = _folder_for_postgres()
     try:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_session_services(_: Path) -> dict[str, Any]:
+    """The test session's servers: PostgreSQL, Prefect and MLflow on it, as a team's would be.
+
+    Started once for every test worker (`tests.shared.made_once`) and stopped once at the
+    session's end (`stop_session_services`); the returned record rebuilds their settings.
+    """
+    settings = ServiceSettings(state_dir=_folder_for_postgres(), prefect_port=free_port(),
+                               mlflow_port=free_port(), db="postgres",
+                               postgres_port=free_port())
+    record = {**dataclasses.asdict(settings), "state_dir": str(settings.state_dir)}
+    try:
+        start_services(settings, timeout_s=240)
+        _raise_benchmark_limit(settings, SESSION_BENCHMARK_SLOTS)
+    except BaseException:
+        stop_session_services(record)
+        raise
+    return record
+
+
+SESSION_BENCHMARK_SLOTS = 2
+"""The session's servers let two measurements overlap on this machine, as a user may raise the
+limit (docs/operations.md): every test worker's pipeline runs share one Prefect server, and
+with one slot their measurements queued behind each other for up to a minute each."""
+
+
+def _raise_benchmark_limit(settings: ServiceSettings, slots: int) -> None:
+    """Create this machine's benchmark limit (`tfopt.orchestration`) with `slots` slots."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tfopt.orchestration import benchmark_limit
+
+    with temporary_settings({PREFECT_API_URL: settings.prefect_api_url}), \
+            get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=benchmark_limit(), limit=slots))
+
+
+def session_services(record: dict[str, Any]) -> ServiceSettings:
+    """The settings of the servers `start_session_services` recorded."""
+    return ServiceSettings(**{**record, "state_dir": Path(record["state_dir"])})
+
+
+def stop_session_services(record: dict[str, Any]) -> None:
+    """Stop the session's servers and remove their state."""
+    settings = session_services(record)
+    try:
+        stop_services(settings, timeout_s=10)  # disposable servers: a short grace
+    finally:
+        shutil.rmtree(settings.state_dir, ignore_errors=True)
 
 
 def postgres_query(settings: ServiceSettings, database: str, sql: str,
@@ -127,6 +187,20 @@ def tfopt_process(
                 process.wait()
 
 
+LIGHT: dict[str, Any] = {
+    "convert.xla": [], "convert.bfloat16": False, "convert.onnx_quantize": [],
+    "convert.selective_int8": False, "runtimes.openvino.precisions": [],
+    "input.sweep_batch_sizes": [32], "input.measure_layouts": False, "input.measure_passes": 1,
+    "input.sweep_steps": 2, "benchmark.profile": False,
+}
+"""The smoke config's overrides for a run whose test is about one scenario, not every step (the
+shared `smoke_run` covers those): no XLA, bfloat16, ONNX int8, selective int8 or OpenVINO forms,
+one batch size swept, no layout measurement, no operator profiles. A test adds its scenario's."""
+TECHNIQUES_OFF: dict[str, Any] = {
+    f"compress.{name}.enabled": False for name in ("channel_prune", "prune", "distill", "qat")}
+"""Beside `LIGHT`, for a scenario about the baseline's variants alone."""
+
+
 def _smoke_command(summary_path: Path, overrides: dict) -> list[str]:
     command = ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path)]
     for key, value in overrides.items():
@@ -168,3 +242,36 @@ def benchmark_split_of(work: Path, summary: dict, name: str) -> tuple[np.ndarray
     """A run's benchmark inputs (scaled test images, labels) in work folder `work`."""
     inputs = work / "runs" / f"{name}-{summary['mlflow_run_id'][:12]}" / "benchmark-inputs"
     return np.load(inputs / "test-images.npy"), np.load(inputs / "test-labels.npy")
+
+
+SMOKE_RUN_S = 900.0
+"""The longest the shared smoke run may take (`make_smoke_run`)."""
+
+
+def make_smoke_run(settings: ServiceSettings, folder: Path) -> dict[str, str]:
+    """The smoke config run once for the session's read-only assertions, with both searches.
+
+    Its own experiment, so that what other tests run on the smoke config (under the same
+    servers) never shows among its runs.
+
+    Returns:
+        Its demo folder, summary file and terminal output.
+    """
+    from tfopt.demo_data import write_demo_images
+
+    demo, summary_path = folder / "demo", folder / "out.json"
+    write_demo_images(demo)
+    completed = run_tfopt(
+        settings,
+        ["run", "--config", "configs/smoke.yaml", "--summary-json", str(summary_path),
+         "--set", f"data.source_dir={demo}", "--set", f"work_dir={folder / 'work'}",
+         "--set", "experiment=tfopt-smoke-shared",
+         "--set", "compress.channel_prune.enabled=true",  # fraction: auto, a search
+         "--set", "compress.channel_prune.epochs=2",
+         # small_cnn has no residual block: one trial says so and ends depth pruning's search
+         "--set", "compress.depth_prune.enabled=true", "--set", "compress.depth_prune.share=auto"],
+        timeout_s=SMOKE_RUN_S,
+    )
+    (folder / "out.log").write_text(completed.stdout + completed.stderr)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-5000:]
+    return {"demo": str(demo), "summary": str(summary_path), "stdout": completed.stdout}

@@ -11,29 +11,31 @@ from pathlib import Path
 
 import pytest
 
-from tests.live import ROOT, running_services, service_env, tfopt_command
+from tests.live import (
+    LIGHT,
+    ROOT,
+    TECHNIQUES_OFF,
+    running_services,
+    service_env,
+    tfopt_command,
+)
 from tfopt.demo_data import write_demo_images
 from tfopt.services import ServiceSettings, start_services
 
-# Two pipeline runs around a stopped server and its restarts: 340-580 s in CI beside three
-# other test workers on two cores (docs/measurements.md), too close to pytest's default 900 s.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+# Three pipeline runs around a stopped server and its restarts: `make test-slow`.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 RETRY_SECONDS = 10
 
 
 def _outage_command(tmp_path: Path, *settings: str) -> list[str]:
     demo, work = tmp_path / "demo", tmp_path / "work"
     write_demo_images(demo)
+    sets = {**LIGHT, **TECHNIQUES_OFF, "data.source_dir": demo, "work_dir": work,
+            "name": "outage", "convert.tflite": "[fp32]", "convert.onnx": False,
+            "train.epochs": 3}
     return tfopt_command([
-        "run", "--config", "configs/smoke.yaml", "--set", f"data.source_dir={demo}",
-        "--set", f"work_dir={work}", "--set", "name=outage", "--set", "convert.xla=[]",
-        "--set", "convert.tflite=[fp32]", "--set", "compress.prune.enabled=false",
-        "--set", "compress.distill.enabled=false", "--set", "compress.qat.enabled=false",
-        "--set", "convert.bfloat16=false", "--set", "convert.onnx=false",
-        "--set", "input.measure_layouts=false", "--set", "input.sweep_batch_sizes=[32]",
-        "--set", "input.measure_passes=1", "--set", "train.epochs=3",
-        "--set", "runtimes.openvino.precisions=[]", "--set", "benchmark.profile=false",
-        "--set", "input.sweep_steps=2", "--set", "convert.selective_int8=false",
+        "run", "--config", "configs/smoke.yaml",
+        *[arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")],
         *[arg for setting in settings for arg in ("--set", setting)]])
 
 

@@ -14,20 +14,16 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.live import finish_smoke, start_smoke_with
+from tests.live import LIGHT, finish_smoke, start_smoke_with
 from tfopt.demo_data import write_demo_images
 
 # Two pipeline runs at once, one training its baseline further: 300-570 s in CI beside three
 # other test workers on two cores (docs/measurements.md), too close to pytest's default 900 s.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
-LIGHT = {
-    "convert.tflite": "[int8]", "convert.xla": "[]", "convert.bfloat16": "false",
-    "convert.onnx": "false", "convert.onnx_quantize": "[]", "convert.selective_int8": "false",
-    "runtimes.openvino.precisions": "[]", "input.sweep_batch_sizes": "[32]",
-    "input.measure_layouts": "false", "input.measure_passes": 1, "input.sweep_steps": 2,
-    "benchmark.profile": "false", "benchmark.runoff_margin": "null",
-    "compress.prune.enabled": "false",
+SCENARIO = {
+    **LIGHT, "convert.tflite": "[int8]", "convert.onnx": "false",
+    "benchmark.runoff_margin": "null", "compress.prune.enabled": "false",
     "compress.distill.enabled": "false", "compress.qat.epochs": 4,
     "compress.qat.learning_rate": 0.003,
 }
@@ -64,7 +60,7 @@ def _file_of_other_classes(path):
 def test_a_beaten_baseline_is_trained_further_unless_taken_as_it_is(live_services, tmp_path):
     demo = tmp_path / "demo"
     write_demo_images(demo)
-    common = {**LIGHT, "data.source_dir": demo}
+    common = {**SCENARIO, "data.source_dir": demo}
     under_trained = {**common, "name": "beaten", "work_dir": tmp_path / "beaten",
                      "train.epochs": 2, "train.learning_rate": 0.0003}
     as_it_is = {**common, "name": "as-it-is", "work_dir": tmp_path / "as-it-is",

@@ -13,12 +13,19 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.live import finish_smoke, postgres_query, run_smoke_with, start_smoke_with
+from tests.live import (
+    LIGHT,
+    TECHNIQUES_OFF,
+    finish_smoke,
+    postgres_query,
+    run_smoke_with,
+    start_smoke_with,
+)
 from tfopt.demo_data import write_demo_images
 
-# Four pipeline runs in one test (two at once, then two in turn): each light run takes 1-4 min
-# beside three other test workers on two cores, so pytest's default 900 s is too close.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+# Four pipeline runs (two at once, then two in turn) and rounds of timing side by side: `make
+# test-slow`.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def _artifact_folder(settings, run_id: str) -> Path:
@@ -41,14 +48,9 @@ def test_regressions_hold_only_side_by_side_and_a_failing_variant_is_isolated(
     demo = tmp_path / "demo"
     write_demo_images(demo)
     overrides = {
+        **LIGHT, **TECHNIQUES_OFF,
         "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "failing-variant",
-        "convert.tflite": "[fp32]", "convert.xla": "[]", "convert.bfloat16": "false",
-        **{f"compress.{name}.enabled": "false"
-           for name in ("channel_prune", "prune", "distill", "qat")},
-        "runtimes.openvino.precisions": "[]", "input.sweep_batch_sizes": "[32]",
-        "input.measure_layouts": "false", "input.measure_passes": 1, "input.sweep_steps": 2,
-        "convert.onnx_quantize": "[]", "convert.selective_int8": "false", "train.epochs": 3,
-        "benchmark.profile": "false",
+        "convert.tflite": "[fp32]", "train.epochs": 3,
     }
     twin = {**overrides, "name": "failing-variant-twin", "work_dir": tmp_path / "twin"}
     started = [start_smoke_with(live_services, tmp_path / "first.json", overrides),

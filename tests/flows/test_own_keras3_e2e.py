@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.live import run_smoke_with
+from tests.live import LIGHT, run_smoke_with
 from tests.theirs import their_keras3_network
 
 pytestmark = pytest.mark.e2e
@@ -19,15 +19,11 @@ def test_a_keras3_model_file_goes_through_pruning_and_int8_as_it_is(live_service
     demo, network, own_accuracy, _ = their_keras3_network(tmp_path / "outside")
     network.save(tmp_path / "theirs.keras")
     summary = run_smoke_with(live_services, tmp_path / "out.json", {
-        "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "own-keras3",
+        **LIGHT, "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "own-keras3",
         "model.source": "file", "model.path": tmp_path / "theirs.keras", "train.epochs": 0,
-        "convert.tflite": "[fp32, int8]", "convert.xla": "[]",
-        "compress.tflite": "[int8]", "compress.distill.enabled": "false",
-        "compress.qat.enabled": "false", "compress.prune.epochs": 3,
-        "input.sweep_batch_sizes": "[32]", "input.sweep_steps": 2, "convert.onnx": "false",
-        "convert.onnx_quantize": "[]", "convert.bfloat16": "false", "compress.graph": "false",
-        "convert.selective_int8": "false", "input.measure_passes": 1,
-        "input.measure_layouts": "false", "runtimes.openvino.precisions": "[]",
+        "convert.tflite": "[fp32, int8]", "compress.tflite": "[int8]",
+        "compress.distill.enabled": "false", "compress.qat.enabled": "false",
+        "compress.prune.epochs": 3, "convert.onnx": "false", "compress.graph": "false",
     })
     by_name = {v["name"]: v for v in summary["variants"]}
     assert abs(summary["baseline_accuracy"] - own_accuracy) < 1e-6, "the model as it was"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.live import benchmark_split_of, run_smoke_with, scores_of
+from tests.live import LIGHT, benchmark_split_of, run_smoke_with, scores_of
 from tests.theirs import their_keras3_network
 
 pytestmark = pytest.mark.e2e
@@ -51,11 +51,9 @@ def test_a_model_file_that_is_not_keras_gets_what_its_kind_allows(
 
     demo, files, own_accuracy = their_network
     summary = run_smoke_with(live_services, tmp_path / "out.json", {
-        "data.source_dir": demo, "work_dir": tmp_path / "work", "name": f"own-{kind}",
+        **LIGHT, "data.source_dir": demo, "work_dir": tmp_path / "work", "name": f"own-{kind}",
         "model.source": "file", "model.path": files[kind], "train.epochs": 0,
-        "convert.tflite": "[fp32]", "convert.xla": "[]", "convert.onnx_quantize": "[]",
-        "convert.bfloat16": "false", "input.measure_passes": 1,
-        "runtimes.openvino.precisions": "[fp32]",
+        "convert.tflite": "[fp32]", "runtimes.openvino.precisions": "[fp32]",
     })
     by_name = {v["name"]: v for v in summary["variants"]}
     assert by_name[THEIRS[kind]]["status"] == "ok", by_name[THEIRS[kind]]

@@ -39,6 +39,7 @@ def _train(data, out, checkpoints=None, epochs=EPOCHS, distribute="multi_worker"
         checkpoints)
 
 
+@pytest.mark.slow  # two trainings of 12 epochs, one of them on two worker processes
 def test_two_workers_learn_as_well_as_one(digits, tmp_path):
     alone = _train(digits, tmp_path / "alone", distribute="none")
     trained = _train(digits, tmp_path / "model", tmp_path / "checkpoints")
@@ -56,6 +57,7 @@ def _workers_of(spec_dir) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if spec in (p.info["cmdline"] or [])]
 
 
+@pytest.mark.slow  # two multi-worker trainings, the first killed
 def test_a_killed_multi_worker_training_resumes_from_its_last_epoch(digits, tmp_path):
     checkpoints = tmp_path / "checkpoints"
     failure: list[BaseException] = []

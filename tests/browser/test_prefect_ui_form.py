@@ -1,66 +1,36 @@
-"""The Prefect and MLflow UIs in headless Debian Chromium, driven by Playwright.
+"""A run from the Prefect UI's form, in headless Debian Chromium driven by Playwright.
 
 What `make run` leaves a user: `tfopt up` (servers and the local worker) and `tfopt deploy`. The
 user opens the Deployments page, the pipeline deployment's run form, fills it with the smoke
-configuration, runs it (the worker `tfopt up` started picks it up) and waits for Completed; then
-opens MLflow and compares the run's variants. `tfopt down` stops the worker with the servers.
-Screenshots land in ``.tfopt/screenshots/`` (or ``$TFOPT_SCREENSHOTS``).
+configuration, runs it (the worker `tfopt up` started picks it up) and waits for Completed.
+`tfopt down` stops the worker with the servers. A whole pipeline run besides the CI suite's:
+`make test-slow`. Screenshots land in ``.tfopt/screenshots/`` (or ``$TFOPT_SCREENSHOTS``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import urllib.request
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from flows.parameters import load_pipeline_config
-from tests.live import ROOT, run_tfopt
+from tests.browser.conftest import SCREENSHOTS
+from tests.live import LIGHT, ROOT, run_tfopt
 from tfopt.demo_data import write_demo_images
 from tfopt.processes import free_port, process_alive
 from tfopt.services import ServiceSettings, worker_pid
-from tfopt.tracking import experiment_url, flatten_params
+from tfopt.tracking import flatten_params
 
-pytestmark = [pytest.mark.browser, pytest.mark.e2e]
-
-CHROMIUM = Path(os.environ.get("TFOPT_CHROMIUM", "/usr/bin/chromium"))
-SCREENSHOTS = Path(os.environ.get("TFOPT_SCREENSHOTS", ROOT / ".tfopt" / "screenshots"))
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 RUN_TIMEOUT_S = 15 * 60
 SUBMIT_TIMEOUT_S = 240
 FINAL_STATES = {"Completed", "Failed", "Crashed", "Cancelled"}
-
-
-@pytest.fixture(scope="module")
-def browser_page() -> Iterator:
-    from playwright.sync_api import expect, sync_playwright
-
-    if not CHROMIUM.exists():
-        pytest.fail(f"Chromium not found at {CHROMIUM}: `make browser-deps` installs Debian's "
-                    "chromium (or set TFOPT_CHROMIUM)")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                             args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
-        page.set_default_timeout(60_000)
-        # `expect` keeps its own 5 s default: ci14 rendered MLflow's compare page later than that
-        # beside two test workers' pipelines on 2 cores.
-        expect.set_options(timeout=60_000)
-        try:
-            yield page
-        finally:
-            browser.close()
 
 
 @pytest.fixture(scope="module")
@@ -92,17 +62,13 @@ def smoke_parameters(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("ui")
     write_demo_images(tmp / "demo")
     config = load_pipeline_config(ROOT / "configs" / "smoke.yaml", {
-        "name": "ui-smoke", "experiment": "tfopt-ui", "data.source_dir": str(tmp / "demo"),
-        "work_dir": str(tmp / "work"),
-        # The UI's path, not every step again (smoke_run covers those): a cheap run whose
-        # variants include the three the MLflow test compares, and one compression subflow.
-        "convert.xla": [], "convert.bfloat16": False, "convert.onnx_quantize": [],
-        "convert.tflite": ["int8"], "convert.selective_int8": False,
-        "compress.prune.enabled": False, "compress.distill.enabled": False,
-        "compress.qat.epochs": 1, "train.epochs": 3, "train.stop": "fixed",
-        "input.measure_passes": 1, "benchmark.profile": False,
-        "input.sweep_batch_sizes": [32], "input.measure_layouts": False, "input.sweep_steps": 2,
-        "runtimes.openvino.precisions": [],
+        # The UI's path, not every step again (smoke_run covers those): a cheap run with
+        # the baseline's TensorFlow, LiteRT and ONNX forms and one compression subflow.
+        **LIGHT, "name": "ui-smoke", "experiment": "tfopt-ui",
+        "data.source_dir": str(tmp / "demo"), "work_dir": str(tmp / "work"),
+        "convert.tflite": ["int8"], "compress.prune.enabled": False,
+        "compress.distill.enabled": False, "compress.qat.epochs": 1, "train.epochs": 3,
+        "train.stop": "fixed",
     })
     return {"config": config.model_dump(mode="json")}
 
@@ -271,49 +237,3 @@ def test_a_run_from_the_ui_form_completes_and_logs_like_tfopt_run(
         "baseline-graph", "baseline-savedmodel", "baseline-tflite-int8", "baseline-onnx",
         "qat-tflite-int8"}
     assert parent.data.tags.get("tfopt.champion") in {c.info.run_name for c in children}
-
-
-def test_the_mlflow_ui_compares_the_runs_variants(ui_flow_run, made_run, browser_page):
-    from playwright.sync_api import expect
-
-    page = browser_page
-    experiment = MlflowClient(made_run.mlflow_url).get_experiment_by_name("tfopt-ui")
-    # The experiment's address as tfopt makes it opens on its runs, not on GenAI traces.
-    page.goto(experiment_url(made_run.mlflow_url, experiment.experiment_id))
-    expect(page.get_by_text("matching runs")).to_be_visible()
-    page.locator("button[data-component-id*=runnamecellrenderer]").first.click()
-    chosen = ["baseline-graph", "baseline-tflite-int8", "baseline-onnx"]
-    for name in chosen:
-        row = page.locator(".ag-row", has=page.get_by_role("link", name=name, exact=True)).first
-        index = row.get_attribute("row-index")
-        page.locator(f".ag-row[row-index='{index}'] input.ag-checkbox-input").first.check()
-    page.screenshot(path=SCREENSHOTS / "mlflow-1-children-selected.png")
-    page.get_by_role("button", name="Compare").first.click()
-    expect(page.get_by_text("Comparing 3 Runs")).to_be_visible()
-    assert "compare-runs" in page.url
-    for name in chosen:
-        expect(page.get_by_text(name, exact=True).first).to_be_visible()
-    page.screenshot(path=SCREENSHOTS / "mlflow-2-compare.png", full_page=True)
-
-
-def test_the_mlflow_models_tab_lists_every_variant_with_its_metrics(
-        ui_flow_run, made_run, browser_page):
-    from playwright.sync_api import expect
-
-    page = browser_page
-    mlflow = MlflowClient(made_run.mlflow_url)
-    experiment = mlflow.get_experiment_by_name("tfopt-ui")
-    models = mlflow.search_logged_models([experiment.experiment_id])
-    ok_children = mlflow.search_runs(
-        [experiment.experiment_id], "tags.`tfopt.status` = 'ok' and "
-        "tags.`mlflow.parentRunId` != ''")
-    assert {m.name for m in models} == {c.info.run_name for c in ok_children}, (
-        "every ok variant is a LoggedModel")
-    model = next(m for m in models if m.name == "baseline-tflite-int8")
-    assert model.params["runtime"] == "litert" and model.params["precision"] == "int8"
-    assert {metric.key for metric in model.metrics} >= {"accuracy", "latency_p50_ms",
-                                                        "size_bytes"}
-    page.goto(f"{made_run.mlflow_url}/#/experiments/{experiment.experiment_id}/models")
-    expect(page.get_by_text("baseline-tflite-int8", exact=True).first).to_be_visible()
-    expect(page.get_by_text("baseline-onnx", exact=True).first).to_be_visible()
-    page.screenshot(path=SCREENSHOTS / "mlflow-3-models-tab.png", full_page=True)
