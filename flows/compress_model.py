@@ -22,10 +22,10 @@ from techniques.base import Skipped
 from techniques.outcomes import not_built, replanned, with_read_back
 from techniques.planner import Planner
 from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
-from tfopt.orchestration import claim_flow_run, final_state
+from tfopt.orchestration import claim_flow_run, error_of, final_state
 from tfopt.search import search_summary
 from tfopt.tracking import RunRef
-from tfopt.variants import skipped
+from tfopt.variants import failed, skipped
 
 
 @flow(name="compress_model", flow_run_name="compress-{config.name}", log_prints=True)
@@ -79,7 +79,11 @@ def compress_model(
 def _built(planned: Planned, model: ModelArtifact, config: PipelineConfig,
            start: tuple[ModelArtifact, TrainingData], run_dir: Path,
            made: dict[str, ModelArtifact]) -> list[VariantSpec]:
-    """A technique's forms of its model (added to `made`), or why they are not worth building."""
+    """A technique's forms of its model (added to `made`), or why they are not worth building.
+
+    A model whose SavedModel export fails has its forms failed with the export's error; the
+    other techniques' models are built as usual.
+    """
     baseline, data = start
     again = replanned(planned, model, config, baseline, made)
     made[planned.technique.name] = model
@@ -87,8 +91,14 @@ def _built(planned: Planned, model: ModelArtifact, config: PipelineConfig,
                                   config.benchmark.accuracy_budget_points)) is not None:
         get_run_logger().warning(short)
         return [skipped(spec, short) for spec in again.variants]
-    savedmodel = (model if model.format == "savedmodel"
-                  else export_savedmodel.submit(model, run_dir / "models").result())
+    savedmodel = model
+    if model.format != "savedmodel":
+        exporting = final_state(export_savedmodel.submit(model, run_dir / "models"))
+        if not exporting.is_completed():
+            error = f"export_savedmodel failed: {error_of(exporting)}"
+            get_run_logger().warning("%s: %s; the other techniques go on", model.name, error)
+            return [failed(spec, error) for spec in again.variants]
+        savedmodel = exporting.result()
     sources = build_sources(model, savedmodel, data, config, run_dir / "variants")
     forms = build_forms(again.variants, sources, config, submit=True)
     made[planned.technique.name] = with_read_back(model, forms)

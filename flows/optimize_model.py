@@ -71,7 +71,9 @@ from tfopt.fileio import atomic_write_json, path_size_bytes
 from tfopt.learned_costs import costs_key, load_costs, record_finish
 from tfopt.measurement.amx import AmxDecision, with_decided_amx
 from tfopt.measurement.champion import (
+    ChampionChoice,
     accuracy_verdict,
+    baseline_accuracy,
     champion_speedup,
     champion_speedup_over_int8,
 )
@@ -87,7 +89,7 @@ from tfopt.models.health import verdicts_note
 from tfopt.models.sources import source_stamp
 from tfopt.models.step_timing import unswept
 from tfopt.native import contain_native_steps, read_record
-from tfopt.orchestration import claim_flow_run
+from tfopt.orchestration import LateSteps, claim_flow_run
 from tfopt.prefect_artifacts import (
     emit_regression_event,
     publish_comparison,
@@ -170,22 +172,26 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         baseline, inputs, technique_models = held.baseline, held.inputs, compressed.models
         _share_inputs(config, run, inputs)
         results = _measured(bench, (variants, measured_baseline), held, compressed.variants)
-        finish = FinishWatch()
-        runoff = run_off(results, inputs, config.benchmark)
-        packaged = package_models(results, inputs, measured.data.dataset.class_names,
-                                  measured.data.input_scale, run_dir / "mlflow-models",
-                                  config.benchmark.threads, runoff)
-        run_ids = tracking.log_variants(
-            run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged)
+        late, finish = LateSteps(), FinishWatch()
+        runoff = late.run("run-off", lambda: run_off(results, inputs, config.benchmark), None)
+        packaged = late.run("MLflow models", lambda: package_models(
+            results, inputs, measured.data.dataset.class_names, measured.data.input_scale,
+            run_dir / "mlflow-models", config.benchmark.threads, runoff), {})
+        run_ids = late.run("MLflow child runs", lambda: tracking.log_variants(
+            run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged),
+            {})
         summary = _summarize(config, run, measured, results, run_ids,
                              [baseline, *technique_models], runoff, read_record(crashes),
-                             held.note, inputs, amx)
-        summary = _with_budget(_since_last_run(
-            config, run, {**summary, "search": compressed.searches}, run_dir,
-            (results, inputs), budget, finish), budget, [*compressed.cuts, *bench.cuts],
-            _learned(measured.data, baseline))
-        summary = _write_outputs(summary, results, run_dir, run)
-    record_finish(measured.data.costs, finish.seconds() - budget.package_s * len(packaged))
+                             held.note, inputs, amx, late)
+        summary = {**summary, "search": compressed.searches}
+        summary = late.run("comparison with the last run", lambda: _since_last_run(
+            config, run, summary, run_dir, (results, inputs), budget, finish),
+            {**summary, "since_last_run": None, "champion_history": []})
+        summary = _write_outputs(_with_budget(summary, budget, [*compressed.cuts, *bench.cuts],
+                                              _learned(measured.data, baseline)),
+                                 results, run_dir, run, late)
+    late.run("the finish's time for the next run", lambda: record_finish(
+        measured.data.costs, finish.seconds() - budget.package_s * len(packaged)), None)
     return _said_done(summary)
 
 
@@ -503,28 +509,34 @@ def _summarize(
     config: PipelineConfig, run: tracking.TrackedRun, measured: _Measured,
     results: list[VariantResult], run_ids: dict[str, str], models: list[ModelArtifact],
     runoff: Runoff | None, crashes: list[dict[str, Any]], baseline_note: str | None,
-    inputs: BenchmarkInputs, amx: AmxDecision,
+    inputs: BenchmarkInputs, amx: AmxDecision, late: LateSteps,
 ) -> dict[str, Any]:
     """Pick and register the champion; assemble the summary JSON.
 
     `models`: the baseline, then the techniques'; `crashes`: the contained ones; `baseline_note`:
-    why the verdicts are against an unconverged baseline; `inputs`: for the paired test.
+    why the verdicts are against an unconverged baseline; `inputs`: for the paired test. What
+    fails on the way (MLflow, the choice itself) is one of the `late` steps' failures.
     """
     bench, baseline, technique_models = config.benchmark, models[0], models[1:]
-    tracking.log_native_crashes(run, crashes)
+    late.run("MLflow crash record", lambda: tracking.log_native_crashes(run, crashes), None)
     training = baseline_training(baseline)
-    tracking.log_baseline_health(run, training["health"])
+    late.run("MLflow baseline health",
+             lambda: tracking.log_baseline_health(run, training["health"]), None)
     baseline_note = verdicts_note(baseline_note, training["health"])
-    choice = pick_champion(results, bench.accuracy_budget_points, bench.objective, runoff)
+    choice = late.run("champion choice", lambda: pick_champion(
+        results, bench.accuracy_budget_points, bench.objective, runoff), ChampionChoice(
+        name=None, reason="its choice failed (late_failures)",
+        baseline_accuracy=baseline_accuracy(results)))
     speedup = champion_speedup(choice.name, results, runoff)
     champion_model = None
-    if choice.name:
+    if choice.name in run_ids:  # a champion without its child run cannot be registered
         winner = next(r for r in results if r.name == choice.name)
         tags, description = champion_card(winner, choice.reason, bench.accuracy_budget_points,
                                           run.url, measured.data.dataset, baseline_note, speedup)
-        champion_model = tracking.log_champion(
+        champion_model = late.run("champion registration", lambda: tracking.log_champion(
             run, choice.name, run_ids[choice.name],
-            f"tfopt-{config.name}" if bench.register_champion else None, tags, description)
+            f"tfopt-{config.name}" if bench.register_champion else None, tags, description),
+            None)
     tf_threads = next((r.tf_intra_op_threads for r in results
                        if r.tf_intra_op_threads is not None), None)
     return build_summary(
@@ -639,22 +651,31 @@ def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: d
 
 def _write_outputs(
     summary: dict[str, Any], results: list[VariantResult], run_dir: Path,
-    run: tracking.TrackedRun,
+    run: tracking.TrackedRun, late: LateSteps,
 ) -> dict[str, Any]:
-    """The report files and the summary JSON, to the run folder, MLflow and Prefect.
+    """The summary JSON and the report files, to the run folder, MLflow and Prefect.
+
+    The summary is written first and again last, with every late step's failure
+    (``late_failures``): a report or an upload that fails loses none of the figures.
 
     Returns:
-        The summary with the report's path.
+        The summary with the report's path (None when it could not be written).
     """
-    summary = {**summary, "report": str(run_dir / "report" / "report.md")}
-    for path in write_report(summary, results, run_dir / "report"):
-        tracking.log_file(run, path, "report")
-    tracking.describe_run(run, run_description(summary, tracking.DESCRIPTION_LIMIT))
-    publish_prefect_artifacts(summary)
     summary_path = run_dir / "summary.json"
+    summary = {**summary, "report": None, "late_failures": late.failures}
     atomic_write_json(summary_path, summary)
-    tracking.log_file(run, summary_path, "report")
+    written = late.run("report", lambda: write_report(summary, results, run_dir / "report"), [])
+    if written:
+        summary = {**summary, "report": str(run_dir / "report" / "report.md")}
+    late.run("MLflow report files", lambda: [tracking.log_file(run, path, "report")
+                                             for path in written], None)
+    late.run("MLflow run description", lambda: tracking.describe_run(
+        run, run_description(summary, tracking.DESCRIPTION_LIMIT)), None)
+    late.run("Prefect artifacts", lambda: publish_prefect_artifacts(summary), None)
     run_log = os.environ.get("TFOPT_RUN_LOG")  # set by `tfopt run` (tfopt.logs)
-    if run_log and Path(run_log).is_file():
-        tracking.log_file(run, Path(run_log), "logs")
+    late.run("MLflow summary and log", lambda: [
+        tracking.log_file(run, path, folder) for path, folder in (
+            (summary_path, "report"), (Path(run_log or ""), "logs")) if path.is_file()], None)
+    summary = {**summary, "late_failures": late.failures}
+    atomic_write_json(summary_path, summary)
     return summary

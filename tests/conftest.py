@@ -40,7 +40,7 @@ DURATIONS = Path(__file__).with_name("durations.json")
 TIMEOUT_SHARE = 1.5
 """A measured test's timeout: this many times its measured seconds, at least `TIMEOUT_FLOOR_S`
 (a test without a measurement, or marked with a timeout of its own, keeps that)."""
-TIMEOUT_FLOOR_S = 120.0
+TIMEOUT_FLOOR_S = 180.0
 """Covers the wait of whichever test is the first to ask for what the session shares (the
 servers, the tiny baseline), whatever it measured."""
 
@@ -51,9 +51,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
     Files go to test workers whole and in this order (``--dist loadfile
     --no-loadscope-reorder``); by default xdist puts the files with most tests first, which
-    left the one-test pipelines to start last while the other workers idled. A file missing from
-    `DURATIONS` goes last; the order within a file is kept. A test that grows past its timeout
-    fails, with its time: make it lighter, do not raise the timeout.
+    left the one-test pipelines to start last while the other workers idled. The files that
+    read the shared smoke run go last but the one that makes it (first): a worker that took one
+    early would idle until the run is made. A file missing from `DURATIONS` goes before those;
+    the order within a file is kept. A test that grows past its timeout fails, with its time:
+    make it lighter, do not raise the timeout.
     """
     import json
     from collections import Counter
@@ -62,12 +64,20 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     by_file: Counter[str] = Counter()
     for test, took in seconds.items():
         by_file[test.split("::")[0]] += took
+    readers = sorted({_file_of(item) for item in items if "smoke_run" in item.fixturenames},
+                     key=lambda file: -by_file[file])
+    waiting = set(readers[1:])  # the longest makes the shared run; the others wait for it
     position = {item: index for index, item in enumerate(items)}
-    items.sort(key=lambda item: (-by_file[item.nodeid.split("::")[0]], position[item]))
+    items.sort(key=lambda item: (_file_of(item) in waiting, -by_file[_file_of(item)],
+                                 position[item]))
     for item in items:
         if item.nodeid in seconds and item.get_closest_marker("timeout") is None:
             timeout = max(TIMEOUT_FLOOR_S, TIMEOUT_SHARE * seconds[item.nodeid])
             item.add_marker(pytest.mark.timeout(round(timeout)))
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

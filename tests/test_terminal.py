@@ -84,6 +84,17 @@ def test_the_verdict_without_a_champion_or_a_budget_says_so():
     assert budget == "time budget: none set"
 
 
+def test_a_step_that_failed_after_the_measurements_is_one_line_before_the_budget():
+    failures = [{"step": "report", "error": "OSError: [Errno 28] No space left on device"},
+                {"step": "run-off", "error": "RuntimeError: its process died"}]
+    champion, report, runoff, budget, _ = verdict_lines(
+        {**_summary(), "late_failures": failures}, "http://x")
+    assert champion.startswith("champion: ")
+    assert report == "not finished: report: OSError: [Errno 28] No space left on device"
+    assert runoff == "not finished: run-off: RuntimeError: its process died"
+    assert budget.startswith("time budget: ")
+
+
 def test_a_run_measured_with_amx_denied_says_how_to_serve_its_files():
     denied = {"setting": "denied", "decided_by": "auto", "timed": "baseline-tflite-int8",
               "denied_speedup": 1.8, "round_ratios": [1.8, 1.8],

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
+from typing import TypeVar
 from uuid import UUID
 
 from prefect import Task
@@ -26,6 +27,7 @@ from tfopt.logs import step_logger
 from tfopt.native_events import report_progress
 from tfopt.processes import left_by_dead_process, process_identity
 
+_T = TypeVar("_T")
 BENCHMARK_LEASE_S = 60
 """The slot's lease (Prefect's shortest): renewed while its holder lives, so a killed holder's
 slot is free again within a minute and Prefect's lease check (every 15 s by default)."""
@@ -282,3 +284,28 @@ def final_state(outcome: State | PrefectFuture) -> State:
         return outcome
     outcome.wait()
     return outcome.state
+
+
+class LateSteps:
+    """The steps after every variant is measured, each of which may fail without losing the run.
+
+    What the run measured is what it is for: a failing run-off, MLflow model or child run,
+    champion registration, comparison with the last run or report is said in one line, recorded
+    (`failures`, the summary's ``late_failures``), and the run goes on with what it had; the
+    summary JSON is still written with every measured variant.
+    """
+
+    def __init__(self) -> None:
+        self.failures: list[dict[str, str]] = []
+
+    def run(self, step: str, call: Callable[[], _T], otherwise: _T) -> _T:
+        """`call()`'s value, or `otherwise` when it raises (the failure recorded for `step`)."""
+        try:
+            return call()
+        except Exception as error:  # any failure here is one step's, never the run's
+            text = str(error).strip()
+            reason = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+            step_logger().warning("%s failed after the measurements: %s; the run goes on "
+                                  "without it", step, reason)
+            self.failures.append({"step": step, "error": reason[:2000]})
+            return otherwise

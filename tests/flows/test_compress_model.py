@@ -117,3 +117,38 @@ def test_a_searched_student_width_is_distilled_per_trial_and_its_controls_traine
         [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent.run_id}'")
     assert sorted(float(run.data.params["thinner"]) for run in trials) == sorted(
         trial["params"]["thinner"] for trial in search["trials"]), "each trial a nested run"
+
+
+@pytest.mark.e2e
+def test_one_techniques_failed_export_fails_its_variants_only(
+    live_services, tiny_data, tiny_baseline, tmp_path, monkeypatch
+):
+    """Pruning's SavedModel export raises (injected); QAT's variants are built all the same."""
+    from prefect import task
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import flows.compress_model as subflow
+    from tasks.export_savedmodel import export_savedmodel
+
+    @task(name="export_savedmodel")
+    def export_failing_for_pruning(model, out_dir):
+        if model.name.startswith("pruned"):
+            raise RuntimeError("the disk broke (injected)")
+        return export_savedmodel.fn(model, out_dir)
+
+    monkeypatch.setattr(subflow, "export_savedmodel", export_failing_for_pruning)
+    config = PipelineConfig.model_validate({
+        "name": "export-fails",
+        "compress": {"prune": {"epochs": 1}, "qat": {"epochs": 1},
+                     "distill": {"enabled": False}, "tflite": ["int8"], "graph": False},
+        "convert": {"calibration_examples": 16},
+    })
+    with temporary_settings({PREFECT_API_URL: live_services.prefect_api_url}):
+        compressed = compress_model(config, tiny_baseline, tiny_data, tmp_path)
+
+    by_name = {v.name: v for v in compressed.variants}
+    pruned = by_name["pruned-80-tflite-int8"]
+    assert pruned.status == "failed", pruned
+    assert pruned.error == "export_savedmodel failed: RuntimeError: the disk broke (injected)"
+    assert by_name["qat-tflite-int8"].status == "ok" and by_name["qat-tflite-int8"].path.exists()
+    assert {m.name for m in compressed.models} >= {"qat"}

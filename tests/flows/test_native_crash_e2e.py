@@ -67,7 +67,8 @@ def test_a_step_that_segfaults_is_one_line_and_leaves_nothing_running(live_servi
     builder.write_text(CRASHING_BUILDER)
     sets = {"data.source_dir": demo, "work_dir": work, "name": "crashing",
             "model.source": "builder", "model.builder": f"{builder}:build",
-            "train.epochs": 2,
+            "train.epochs": 2, "input.sweep_batch_sizes": "[32]", "input.sweep_steps": 2,
+            "input.measure_passes": 1,
             **{f"compress.{name}.enabled": "false"
                for name in ("prune", "distill", "qat", "cluster", "pqat", "cqat")}}
     args = ["run", "--config", "configs/smoke.yaml"]

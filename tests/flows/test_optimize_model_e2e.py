@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.live import SMOKE_RUN_S
-from tfopt.cpu_features import bf16_unavailable_reason, cpu_flags
+from tfopt.cpu_features import cpu_flags
 from tfopt.runtimes import known_formats
 
 # Read-only assertions on the session's smoke run (`smoke_run` in tests/conftest.py): the test
@@ -75,7 +75,7 @@ def test_summary_has_the_contract_keys(smoke_run):
     stems = {name for name in by_name if name.endswith("-tflite-selective-int8")
              and not name.startswith("baseline-")}
     assert set(by_name) - stems == EXPECTED_OK | EXPECTED_COMPRESSED | channels | depth | {
-        "baseline-tftrt-fp32", "baseline-graph-bfloat16", "baseline-tflite-selective-int8"}
+        "baseline-tftrt-fp32", "baseline-tflite-selective-int8"}
     int8_files = {"distilled-small-tflite-int8"} | channels | depth
     if stems:
         assert by_name["baseline-tflite-selective-int8"]["status"] == "ok", stems
@@ -93,8 +93,6 @@ def test_summary_has_the_contract_keys(smoke_run):
         assert "not needed: full int8 loses" in selective["error"]
         # smoke's convert.selective_float_stem: false: no stem tried
         assert "first convolution" not in selective["error"]
-    bf16, no_bf16 = by_name["baseline-graph-bfloat16"], bf16_unavailable_reason()
-    assert bf16["status"] == ("skipped" if no_bf16 else "ok"), bf16
     assert summary["environment"]["cpu_features"]
     assert by_name["baseline-tftrt-fp32"]["status"] == "skipped"
     assert "TensorRT" in by_name["baseline-tftrt-fp32"]["error"]

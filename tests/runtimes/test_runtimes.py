@@ -12,6 +12,7 @@ from flows.parameters import PipelineConfig
 from tasks.build_variant import build_variant
 from tfopt.artifacts import VariantSpec
 from tfopt.config import BenchmarkConfig
+from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.measurement.inputs import prepare_inputs
 from tfopt.measurement.worker import measure_variant
 from tfopt.runtimes import (
@@ -51,6 +52,12 @@ def test_a_baseline_is_planned_from_every_runtime_and_a_given_file_by_its_own():
     ok = [spec for spec in given if spec.status == "ok"]
     assert [(s.name, s.format) for s in ok] == [("baseline-tflite-int8", "tflite")]
     assert all("benchmarked as it is" in s.error for s in given if s.status == "skipped")
+    # The bfloat16 graph (convert.bfloat16, on by default): skipped, with why, on a CPU without
+    # bfloat16 instructions (measured: tests/tasks/test_quantization_and_export.py)
+    (bf16,) = [spec for spec in keras if spec.name == "baseline-graph-bfloat16"]
+    assert bf16.derived_from == "baseline-graph"
+    reason = bf16_unavailable_reason()
+    assert (bf16.status, bf16.error) == (("skipped", reason) if reason else ("ok", None))
 
 
 FICTITIOUS_RUNTIME = '''

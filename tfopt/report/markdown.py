@@ -130,8 +130,18 @@ def _verdict_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def _context_lines(summary: dict[str, Any]) -> list[str]:
-    """What the verdicts rest on: the baseline's training, the time budget, contained crashes."""
-    return [*training_lines(summary), *budget_lines(summary), *crash_lines(summary)]
+    """What the verdicts rest on: training, time budget, crashes, steps that did not finish."""
+    return [*training_lines(summary), *budget_lines(summary), *crash_lines(summary),
+            *late_failure_lines(summary)]
+
+
+def late_failure_lines(summary: dict[str, Any]) -> list[str]:
+    """The steps after the measurements that failed before this report was written."""
+    failures = summary.get("late_failures") or []
+    if not failures:
+        return []
+    return ["Not finished (the figures below are kept):", "",
+            *(f"- {failure['step']}: {failure['error']}" for failure in failures), ""]
 
 
 def _since_lines(summary: dict[str, Any]) -> list[str]:

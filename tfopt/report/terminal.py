@@ -133,8 +133,14 @@ def amx_line(summary: dict[str, Any]) -> str | None:
     return f"{decision['reason']}: serve the same way: {SERVE_WITHOUT_AMX}"
 
 
+def late_failure_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per step after the measurements that failed (the figures above are kept)."""
+    return [f"not finished: {failure['step']}: {failure['error']}"
+            for failure in summary.get("late_failures") or []]
+
+
 def verdict_lines(summary: dict[str, Any], prefect_ui: str) -> list[str]:
-    """The run's last lines: the baseline, the champion (and AMX), the budget's cuts, where."""
+    """The run's last lines: baseline, champion (and AMX), what did not finish, cuts, where."""
     optional = [baseline_line(summary), champion_line(summary), amx_line(summary)]
-    return [*(line for line in optional if line), budget_line(summary),
-            where_to_look_line(summary, prefect_ui)]
+    return [*(line for line in optional if line), *late_failure_lines(summary),
+            budget_line(summary), where_to_look_line(summary, prefect_ui)]
