@@ -173,13 +173,9 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         _share_inputs(config, run, inputs)
         results = _measured(bench, (variants, measured_baseline), held, compressed.variants)
         late, finish = LateSteps(), FinishWatch()
-        runoff = late.run("run-off", lambda: run_off(results, inputs, config.benchmark), None)
-        packaged = late.run("MLflow models", lambda: package_models(
-            results, inputs, measured.data.dataset.class_names, measured.data.input_scale,
-            run_dir / "mlflow-models", config.benchmark.threads, runoff), {})
-        run_ids = late.run("MLflow child runs", lambda: tracking.log_variants(
-            run, results, {m.name: m for m in [baseline, *technique_models]}, tags, packaged),
-            {})
+        runoff, packaged, run_ids = _child_runs(config, run, tags, measured.data, results,
+                                                inputs, [baseline, *technique_models], run_dir,
+                                                late)
         summary = _summarize(config, run, measured, results, run_ids,
                              [baseline, *technique_models], runoff, read_record(crashes),
                              held.note, inputs, amx, late)
@@ -193,6 +189,25 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
     late.run("the finish's time for the next run", lambda: record_finish(
         measured.data.costs, finish.seconds() - budget.package_s * len(packaged)), None)
     return _said_done(summary)
+
+
+def _child_runs(
+    config: PipelineConfig, run: tracking.TrackedRun, tags: dict[str, str], data: TrainingData,
+    results: list[VariantResult], inputs: BenchmarkInputs, models: list[ModelArtifact],
+    run_dir: Path, late: LateSteps,
+) -> tuple[Runoff | None, dict[str, Path], dict[str, str]]:
+    """The run-off, then every variant as an MLflow model and a child run (`late` steps each).
+
+    Returns:
+        The run-off (None: none, or it failed), the packaged models and the child runs' ids.
+    """
+    runoff = late.run("run-off", lambda: run_off(results, inputs, config.benchmark), None)
+    packaged = late.run("MLflow models", lambda: package_models(
+        results, inputs, data.dataset.class_names, data.input_scale, run_dir / "mlflow-models",
+        config.benchmark.threads, runoff), {})
+    run_ids = late.run("MLflow child runs", lambda: tracking.log_variants(
+        run, results, {m.name: m for m in models}, tags, packaged), {})
+    return runoff, packaged, run_ids
 
 
 def _said_done(summary: dict[str, Any]) -> dict[str, Any]:
@@ -528,15 +543,8 @@ def _summarize(
         name=None, reason="its choice failed (late_failures)",
         baseline_accuracy=baseline_accuracy(results)))
     speedup = champion_speedup(choice.name, results, runoff)
-    champion_model = None
-    if choice.name in run_ids:  # a champion without its child run cannot be registered
-        winner = next(r for r in results if r.name == choice.name)
-        tags, description = champion_card(winner, choice.reason, bench.accuracy_budget_points,
-                                          run.url, measured.data.dataset, baseline_note, speedup)
-        champion_model = late.run("champion registration", lambda: tracking.log_champion(
-            run, choice.name, run_ids[choice.name],
-            f"tfopt-{config.name}" if bench.register_champion else None, tags, description),
-            None)
+    champion_model = _registered(config, run, choice, results, run_ids, speedup,
+                                 (measured.data.dataset, baseline_note), late)
     tf_threads = next((r.tf_intra_op_threads for r in results
                        if r.tf_intra_op_threads is not None), None)
     return build_summary(
@@ -571,6 +579,27 @@ def _summarize(
                                   "verdicts_against_unconverged_baseline": baseline_note},
         },
     )
+
+
+def _registered(
+    config: PipelineConfig, run: tracking.TrackedRun, choice: ChampionChoice,
+    results: list[VariantResult], run_ids: dict[str, str], speedup: dict[str, Any] | None,
+    context: tuple[DatasetArtifact, str | None], late: LateSteps,
+) -> dict[str, Any] | None:
+    """The champion tagged on the run and registered (a `late` step); None without one.
+
+    A champion without its child run (their logging failed) cannot be registered.
+    """
+    if choice.name not in run_ids:
+        return None
+    dataset, baseline_note = context
+    budget_points = config.benchmark.accuracy_budget_points
+    winner = next(r for r in results if r.name == choice.name)
+    tags, description = champion_card(winner, choice.reason, budget_points, run.url, dataset,
+                                      baseline_note, speedup)
+    model_name = f"tfopt-{config.name}" if config.benchmark.register_champion else None
+    return late.run("champion registration", lambda: tracking.log_champion(
+        run, choice.name, run_ids[choice.name], model_name, tags, description), None)
 
 
 def _with_budget(summary: dict[str, Any], budget: Budget, cuts: list[str],

@@ -13,7 +13,7 @@ from techniques import learn_cost, make_trial
 from techniques.base import NotApplicable, TechniqueSection
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
 from tfopt.config import MeasurementProtocol
-from tfopt.native import NativeCrashError, NativeStep, NativeStepError, run_native
+from tfopt.native import NativeStep, run_native
 from tfopt.search import Point, Trial, time_files
 from tfopt.tracking import RunRef, log_trial
 
@@ -31,8 +31,9 @@ def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
     (`data.trial`); its TFLite files (`forms`) are timed holding the machine's benchmark
     slot (those within the budget side by side with `data.speedup_reference`) and their
     validation accuracy checked against `data.file_target`. The trial is a nested MLflow run
-    of the pipeline's run, a crashed one (FAILED, its error a tag) and a refused one included;
-    a model the technique does not apply to ends the task run Completed, named "Skipped".
+    of the pipeline's run, a crashed or failed one (FAILED, its error a tag) and a refused one
+    included; a model the technique does not apply to ends the task run Completed, named
+    "Skipped".
 
     Args:
         technique: The technique searched.
@@ -59,18 +60,18 @@ def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
     try:
         made = run_native(step, make_trial, technique, point, start, cfg, data, out_dir, convert,
                           data.recover_to, forms)
+        timed = time_files(made, inputs, protocol, data.file_target, data.speedup_reference)
+        learn_cost(technique, cfg, data, timed.model, time.monotonic() - started,
+                   files=len(timed.files) + (timed.speedup is not None))
     except NotApplicable as refusal:
         refused = Trial(params=point, status="not_applicable", error=str(refusal))
         log_trial(parent, name, {"technique": technique, **refused.summary()})
         return Completed(name="Skipped", message=f"{technique} does not apply: {refusal}",
                          data=refused)
-    except (NativeCrashError, NativeStepError) as crash:
-        crashed = Trial(params=point, status="failed",
-                        error=f"{type(crash).__name__}: {crash}"[:500])
-        log_trial(parent, name, {"technique": technique, **crashed.summary()})
+    except Exception as error:  # a crash, or any error of the trial's: its run says which
+        failed = Trial(params=point, status="failed",
+                       error=f"{type(error).__name__}: {error}"[:500])
+        log_trial(parent, name, {"technique": technique, **failed.summary()})
         raise
-    timed = time_files(made, inputs, protocol, data.file_target, data.speedup_reference)
-    learn_cost(technique, cfg, data, timed.model, time.monotonic() - started,
-               files=len(timed.files) + (timed.speedup is not None))
     log_trial(parent, name, {"technique": technique, **timed.summary()})
     return timed

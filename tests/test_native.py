@@ -116,3 +116,36 @@ def test_a_crash_contained_in_a_search_trial_is_logged_on_the_run(live_services)
         "SIGABRT in the channel_prune trial's fine-tuning and conversion; retried with "
         "TF_ENABLE_ONEDNN_OPTS=0: ok")
     assert "native.search_trial channel_prune 0.75" in params
+
+
+def test_a_trial_that_fails_with_an_ordinary_error_gets_its_failed_nested_run(
+    live_services, tiny_baseline, tiny_data, tmp_path
+):
+    """Not only a crash: any error of a trial's is its nested run's, FAILED with the error."""
+    import uuid
+
+    from mlflow.tracking import MlflowClient
+
+    from tasks.run_trial import run_trial
+    from techniques.channel_prune import ChannelPruneConfig
+    from tfopt.artifacts import BenchmarkInputs
+    from tfopt.config import MeasurementProtocol
+    from tfopt.runtimes import ConvertConfig
+    from tfopt.tracking import RunRef
+
+    client = MlflowClient(live_services.mlflow_url)
+    experiment = client.create_experiment(f"failed-trial-{uuid.uuid4().hex[:8]}")
+    parent = RunRef(tracking_uri=live_services.mlflow_url, experiment_id=experiment,
+                    run_id=client.create_run(experiment).info.run_id)
+    gone = tiny_baseline.model_copy(update={"path": tmp_path / "gone.keras"})
+    with pytest.raises(Exception) as raised:
+        run_trial.fn("channel_prune", {"fraction": 0.5}, "0.5", gone,
+                     ChannelPruneConfig(fraction="auto", epochs=1), tiny_data, tmp_path / "trial",
+                     ConvertConfig(), ("int8",),
+                     BenchmarkInputs(images=None, labels=None, reference_logits=None, examples=1),
+                     MeasurementProtocol(), parent)
+    (trial,) = client.search_runs(
+        [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent.run_id}'")
+    assert trial.info.status == "FAILED" and trial.data.tags["tfopt.status"] == "failed"
+    assert trial.data.tags["tfopt.error"].startswith(type(raised.value).__name__)
+    assert trial.data.params["fraction"] == "0.5"

@@ -98,8 +98,12 @@ def test_report_files_are_written_and_readable(tmp_path):
     assert [r["name"] for r in rows] == [r.name for r in RESULTS]
     assert rows[4]["tied_with"] == "pruned-80-tflite-int8"
     assert rows[-1]["status"] == "failed" and rows[-1]["error"] == "boom"
+    assert rows[-1]["accuracy"] == rows[-1]["size_bytes"] == "", "not measured: no figures"
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "★ baseline-tflite-int8" in markdown and "| baseline-onnx | failed: boom" in markdown
+    (failed_row,) = [line for line in markdown.splitlines()
+                     if line.startswith("| baseline-onnx | failed")]
+    assert set(failed_row.split(" | ")[2:-2]) == {"-"}, failed_row
     flags = next(v for v in summary["variants"] if v["name"] == "pruned-80-tflite-int8")["flags"]
     assert flags and "5.00 points" in flags[0]
 

@@ -41,8 +41,14 @@ _CSV_COLUMNS = ("name", "source", "format", "precision", "status", "accuracy",
                 "p50_ms_by_threads", "error", "notes")
 
 
+_NOT_FIGURES = ("name", "source", "format", "precision", "status", "tied_with", "error", "notes")
+
+
 def report_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """One flat row per variant (the CSV and Markdown tables)."""
+    """One flat row per variant (the CSV and Markdown tables).
+
+    A variant not measured (failed or skipped) shows no figures, only why.
+    """
     rows = []
     for entry in summary["variants"]:
         latency = entry["latency_ms"]
@@ -57,6 +63,8 @@ def report_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
         row["p50_ms_by_threads"] = " ".join(
             f"{threads}:{p50:.4f}" for threads, p50 in entry.get("p50_ms_by_threads", {}).items())
         row["notes"] = " | ".join(entry.get("flags", []) + entry.get("notes", []))
+        if entry["status"] != "ok":
+            row.update({key: None for key in row if key not in _NOT_FIGURES})
         rows.append(row)
     return rows
 

@@ -50,8 +50,8 @@ def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"| {interval(row)} | {or_dash(row['harness_floor_ms'], '.4f')} "
             f"| {or_dash(row['p99_ms'], '.3f')} | {or_dash(row['throughput_per_s'], ',.0f')} "
             f"| {or_dash(row['batch_throughput_per_s'], ',.0f')} "
-            f"| {or_dash(row['size_bytes'] / 1024, ',.1f')} "
-            f"| {or_dash(row['gzip_bytes'] / 1024, ',.1f')} "
+            f"| {or_dash(_kib(row['size_bytes']), ',.1f')} "
+            f"| {or_dash(_kib(row['gzip_bytes']), ',.1f')} "
             f"| {or_dash(row['peak_rss_mb'], ',.0f')} "
             f"| {row['tied_with']} | {row['notes']} |"
         )
@@ -63,6 +63,10 @@ def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines += op_profile_lines(summary)
     lines += _thread_lines(summary)
     return "\n".join(lines) + "\n"
+
+
+def _kib(size_bytes: int | None) -> float | None:
+    return None if size_bytes is None else size_bytes / 1024
 
 
 def run_description(summary: dict[str, Any], limit: int) -> str:
