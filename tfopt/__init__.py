@@ -18,6 +18,10 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # No network here: telemetry calls would only fill the logs with errors.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# MLflow's telemetry also sets and unsets a variable of this environment from a thread of its
+# own: another thread reading the environment then (urllib's proxy lookup, in every MLflow and
+# Prefect request) failed with KeyError on it.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 # One bounded retry policy around MLflow (tfopt.tracking.with_retries), not MLflow's own retries
 # (7 with backoff) times tfopt's: an outage ends in a clear error within about a minute.
