@@ -63,6 +63,15 @@ def test_the_search_bisects_to_the_strongest_setting_within_the_budget(tmp_path)
     assert rounds[0] == [0.375, 0.625] and parallel.chosen().params["fraction"] == 0.625
 
 
+def test_a_crashed_trial_is_not_read_as_over_the_budget(tmp_path):
+    """Its setting says nothing of the accuracy: the stronger settings are still tried."""
+    verdict = {0.25: ("ok", 1.0), 0.375: ("ok", 0.8), 0.5: ("failed", None),
+               0.625: ("ok", 0.5), 0.75: ("over_budget", 0.4), 0.875: ("pruned", None)}
+    search = Search(KNOB, tmp_path / "study", "crashed", target=0.9)
+    assert _run(search, verdict) == [[0.5], [0.625], [0.75]], "past the crash, not below it"
+    assert search.chosen().params == {"fraction": 0.625}
+
+
 def test_a_knob_tried_strongest_first_ends_at_once_when_the_strongest_keeps_the_budget(tmp_path):
     strongest_first = Knob("share", KNOB.values, unit="%", first=0.875)
     assert strongest_first.strongest_first and not KNOB.strongest_first

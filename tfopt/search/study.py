@@ -209,14 +209,18 @@ class Search:
         return bool(self._open())
 
     def _open(self) -> list[int]:
-        """The untried candidates' indices between the strongest kept and the weakest lost."""
+        """The untried candidates' indices between the strongest kept and the weakest lost.
+
+        A trial that failed (a crash, an error) says nothing of its setting's accuracy: it
+        bounds neither side, and the settings beyond it stay open.
+        """
         knob = self._knob
         values = knob.values
         tried = {trial.params[knob.field]: trial for trial in self.trials()}
         good = [i for i, v in enumerate(values) if v in tried and tried[v].status == "ok"]
         low = max(good, default=-1)
         bad = [i for i, v in enumerate(values) if v in tried and i > low
-               and tried[v].status != "ok"]
+               and tried[v].status not in ("ok", "failed")]
         high = min(bad, default=len(values))
         return [i for i in range(low + 1, high) if values[i] not in tried]
 
