@@ -7,7 +7,8 @@ they cost by format (`MeasurementCosts`) prices the compressed variants' measure
 kept. On a slow machine the measurements could take the compression's whole time: then each
 compressed model is built and measured as its int8 and fp32 TFLite files alone
 (``compress.forms: tflite``), or its int8 file alone when even those would not fit
-(``tflite_int8``). Past each runtime's first form, a baseline form whose
+(``tflite_int8``). Past each runtime's first form and the peers (each runtime's one-call int8
+and XLA, measured in every run), a baseline form whose
 measurement would leave the techniques less than their full runs waits until after the
 compressed variants, measured then while the budget lasts (`Measurements.later`): the
 fine-tunings are what the run is for, and the first round already put the baseline on every
@@ -39,6 +40,7 @@ from tfopt.artifacts import (
 )
 from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
 from tfopt.logs import step_logger
+from tfopt.measurement.champion import is_peer
 from tfopt.measurement.floor import floor_key
 from tfopt.models.baseline import epoch_seconds
 from tfopt.native import release_workers
@@ -133,7 +135,7 @@ class Measurements:
         reference = baseline_int8(variants, baseline.name)
         ordered = breadth_first(variants, lambda spec: runtime_of(spec.format).name,
                                 reference.name if reference else None)
-        first, rest = first_round(ordered)
+        first, rest = first_round(ordered, baseline.name)
         results = self.measure(first, inputs)
         shortest_s = self._shortest_runs_s(plans, epoch_s, learned)
         if self.would_starve([], compressed_formats(plans), shortest_s):
@@ -285,13 +287,16 @@ def in_plan_order(variants: list[VariantSpec], results: list[VariantResult]
     return sorted(results, key=lambda result: rank.get(result.name, len(rank)))
 
 
-def first_round(ordered: list[VariantSpec]) -> tuple[list[VariantSpec], list[VariantSpec]]:
+def first_round(ordered: list[VariantSpec], source: str = "baseline",
+                ) -> tuple[list[VariantSpec], list[VariantSpec]]:
     """`ordered`'s forms measured before the compression whatever the budget, and the rest.
 
-    Each runtime's first (`ordered` is breadth-first over the runtimes), then any other whose
-    build already timed it faster than the int8 reference (`quicker_than_reference`).
+    Each runtime's first (`ordered` is breadth-first over the runtimes), then the peers
+    (`is_peer`: each runtime's one-call int8 and XLA, what a user would pick instead of
+    tfopt, so every champion is quoted against them), then any other whose build already
+    timed it faster than the int8 reference (`quicker_than_reference`).
     """
     runtimes = len({runtime_of(spec.format).name for spec in ordered})
     first = ordered[:runtimes] + [spec for spec in ordered[runtimes:]
-                                  if quicker_than_reference(spec)]
+                                  if is_peer(spec, source) or quicker_than_reference(spec)]
     return first, [spec for spec in ordered if spec not in first]

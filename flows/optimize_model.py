@@ -76,6 +76,7 @@ from tfopt.measurement.champion import (
     baseline_accuracy,
     champion_speedup,
     champion_speedup_over_int8,
+    champion_speedup_over_peers,
 )
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
 from tfopt.models.baseline import (
@@ -568,6 +569,8 @@ def _summarize(
                                                   bench.accuracy_budget_points),
             "champion_speedup_over_int8": champion_speedup_over_int8(choice.name, results,
                                                                      runoff),
+            "champion_speedup_over_peers": champion_speedup_over_peers(choice.name, results,
+                                                                       runoff),
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),
             "training_batch_size": measured.data.batch_size,
             "model_facts": measured.facts.params(),
@@ -668,7 +671,8 @@ def _since_last_run(config: PipelineConfig, run: tracking.TrackedRun, summary: d
                         "p50_ms": champion["latency_ms"]["p50"],
                         "accuracy": champion["accuracy"]})
     tracking.log_comparison(run, since, champion, summary.get("champion_speedup"),
-                            summary.get("champion_speedup_over_int8"))
+                            summary.get("champion_speedup_over_int8"),
+                            summary.get("champion_speedup_over_peers"))
     if since is not None:
         emit_regression_event(config.name, run.url, since)
     publish_comparison(since)

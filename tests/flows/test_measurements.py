@@ -7,6 +7,7 @@ from flows.measurements import Measurements, first_round, in_plan_order
 from flows.parameters import PipelineConfig
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, VariantResult, VariantSpec
 from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
+from tfopt.measurement.champion import is_peer
 from tfopt.runtimes import plan_forms, plan_variant, runtime_of
 from tfopt.runtimes.base import PlanRequest
 from tfopt.variants import breadth_first, skipped
@@ -52,11 +53,30 @@ def test_a_form_its_build_timed_faster_than_the_reference_is_measured_in_the_fir
 
     ordered = ordered_with(1.4)
     first, rest = first_round(ordered)
+    peers = [spec for spec in ordered[runtimes:] if is_peer(spec)]
     assert first[:runtimes] == ordered[:runtimes], "each runtime's first form, as before"
-    assert [spec.name for spec in first[runtimes:]] == [selective.name]
-    assert rest == [spec for spec in ordered[runtimes:] if spec.name != selective.name]
+    assert {spec.name for spec in first[runtimes:]} == {selective.name} | {s.name for s in peers}
+    assert rest == [spec for spec in ordered[runtimes:]
+                    if spec.name != selective.name and spec not in peers]
     for other in (ordered_with(0.9), ordered_with(None)):
-        assert first_round(other) == (other[:runtimes], other[runtimes:])
+        assert first_round(other) == (other[:runtimes] + peers,
+                                      [s for s in other[runtimes:] if s not in peers])
+
+
+def test_the_peers_each_runtimes_one_call_int8_and_xla_are_measured_in_the_first_round():
+    forms = [*_demo_forms(), plan_variant("baseline", "xla", form="xla-autocluster"),
+             plan_variant("baseline", "tflite", "int8", form="tflite-selective"),
+             plan_variant("channels-50", "tflite", "int8")]
+    peers = {spec.name for spec in forms if is_peer(spec)}
+    assert peers == {"baseline-tflite-int8", "baseline-onnx-int8", "baseline-openvino-int8",
+                     "baseline-xla"}, "not dynamic, selective, auto-clustered or compressed"
+    ordered = breadth_first(forms, lambda spec: runtime_of(spec.format).name,
+                            "baseline-tflite-int8")
+    first, rest = first_round(ordered)
+    assert peers <= {spec.name for spec in first}
+    assert not peers & {spec.name for spec in rest}
+    assert not {spec.name for spec in first} - peers - {
+        spec.name for spec in ordered[:len({runtime_of(s.format).name for s in forms})]}
 
 
 def _measurements(started: float) -> Measurements:
@@ -120,15 +140,14 @@ def _pruned_and_qat(epochs: int) -> PipelineConfig:
 
 def _forms_of(config: PipelineConfig, baseline: ModelArtifact,
               ) -> tuple[list[VariantSpec], set[str]]:
-    """The baseline's planned forms, each runtime's first marked not built, and those names.
+    """The baseline's planned forms, the first round's marked not built, and those names.
 
     Not built here (no files), the speedup reference does not lead. Each runtime's first form
-    is taken as not buildable either: nothing is measured for real.
+    and the peers are taken as not buildable either: nothing is measured for real.
     """
     forms = plan_forms(PlanRequest(source=baseline.name, kind="keras"), config)
-    runtimes = {runtime_of(spec.format).name for spec in forms}
     ordered = breadth_first(forms, lambda spec: runtime_of(spec.format).name)
-    unbuilt = {spec.name for spec in ordered[:len(runtimes)]}
+    unbuilt = {spec.name for spec in first_round(ordered, baseline.name)[0]}
     return ([skipped(spec, "not built in this test") if spec.name in unbuilt else spec
              for spec in forms], unbuilt)
 
@@ -139,7 +158,6 @@ def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_fo
 
     config = _pruned_and_qat(epochs=2)
     forms, unbuilt = _forms_of(config, tiny_baseline)
-    runtimes = {runtime_of(spec.format).name for spec in forms}
     wide = len(compressed_formats(plan(config, tiny_baseline)))
     bench = _measurements(time.time() - 290.0)
     bench.config, bench.budget = config, bench.budget.model_copy(
@@ -147,7 +165,7 @@ def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_fo
     inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=tmp_path / "labels.npy",
                              reference_logits=None, examples=10)
     rows, budget = bench.baseline_first(tiny_baseline, forms, inputs)
-    assert len(rows) == len(runtimes) and all(row.status == "skipped" for row in rows)
+    assert len(rows) == len(unbuilt) and all(row.status == "skipped" for row in rows)
     assert bench.config.compress.forms == "tflite_int8"
     narrow = compressed_formats(plan(bench.config, tiny_baseline))
     assert narrow == ["tflite"] * len(narrow) and budget.compressed_variants == len(narrow) < wide

@@ -164,6 +164,12 @@ def test_summary_has_the_contract_keys(smoke_run):
         if champion["runoff_p50_ms"] is not None:
             assert over_int8["side_by_side"], "the int8 file is in every run-off"
             assert over_int8["reference_p50_ms"] == int8["runoff_p50_ms"]
+    peers = summary["champion_speedup_over_peers"]
+    timed = {v["name"]: v["latency_ms"]["p50"] for v in summary["variants"]
+             if v["status"] == "ok" and v["name"] in {"baseline-tflite-int8", "baseline-onnx-int8",
+                                                      "baseline-openvino-int8", "baseline-xla"}}
+    assert peers["peers_p50_ms"] == timed and len(timed) >= 3, (peers, timed)
+    assert peers["reference"] == min(timed, key=timed.get)
     verdict = summary["accuracy_verdict"]
     assert verdict["judged_on"] == "validation", "the test split is read only for the figures"
     assert verdict["champion"]["val_accuracy"] >= (
@@ -206,6 +212,9 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert techniques["distilled-small"]["params"]["learning_rate"] == 0.003
     assert techniques["pruned-80"]["params"]["input.random_crop_min_area"] == 1.0, "smoke's"
     assert "Prefect UI" in stdout and "MLflow UI" in stdout
+    (line,) = [line for line in stdout.splitlines() if line.startswith("champion: ")]
+    assert f"the fastest of the {len(summary['champion_speedup_over_peers']['peers_p50_ms'])} " \
+        "peers" in line, line
 
 
 def test_the_runs_finish_is_kept_for_the_next_runs_budget(smoke_run):
@@ -239,6 +248,9 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
         "champion_threads")
     assert parent.data.tags.get("tfopt.champion.threads") == (
         None if picked is None else str(picked)), "the count its model serves with"
+    peers = summary["champion_speedup_over_peers"]
+    assert parent.data.metrics["champion_speedup_over_peers"] == peers["ratio"]
+    assert parent.data.tags["tfopt.champion.fastest_peer"] == peers["reference"]
     assert parent.data.tags["prefect.flow_run_id"] == summary["prefect_flow_run_id"]
     assert "mlflow.source.git.commit" in parent.data.tags
     assert {"dataset_train_examples", "dataset_shards", "input_tuned_examples_per_s",

@@ -423,6 +423,58 @@ def test_every_champion_is_also_quoted_against_the_baselines_int8_file_side_by_s
     assert "under load" in speedup_sentence(champion_speedup_over_int8(thin.name, results, loaded))
 
 
+def test_every_champion_is_quoted_against_the_fastest_peer_side_by_side_when_it_can_be():
+    from tfopt.artifacts import Runoff
+    from tfopt.measurement.champion import champion_speedup_over_peers
+    from tfopt.measurement.runoff import runoff_contenders
+    from tfopt.report.summary import peers_sentence
+    from tfopt.report.terminal import champion_line
+
+    def baseline(name, p50, fmt, precision="int8", path=True):
+        result = _timed(name, 0.98, p50, (p50 * 0.98, p50 * 1.02), precision=precision, fmt=fmt)
+        return result.model_copy(update={"source": "baseline",
+                                         "path": Path(name) if path else None})
+
+    int8 = baseline("baseline-tflite-int8", 1.0, "tflite")
+    onnx = baseline("baseline-onnx-int8", 0.8, "onnx")
+    xla = baseline("baseline-xla", 2.0, "xla", precision="fp32")
+    dynamic = baseline("baseline-onnx-dynamic", 0.5, "onnx", precision="dynamic")
+    thin = _timed("channels-50-tflite-int8", 0.98, 0.4, (0.39, 0.41), precision="int8").model_copy(
+        update={"source": "channels-50", "path": Path("c.tflite"), "derived_from": int8.name})
+    results = [int8, onnx, xla, dynamic, thin]
+    contenders = [r.name for r in runoff_contenders(results, BenchmarkConfig(runoff_margin=0.3))]
+    assert contenders[:2] == [thin.name, dynamic.name] and onnx.name in contenders, (
+        "the fastest peer is timed side by side with the champion")
+    runoff = Runoff(rounds=6, round_p50_ms={thin.name: [0.4] * 6, dynamic.name: [0.5] * 6,
+                                            int8.name: [1.0] * 6, onnx.name: [0.84] * 6})
+    over = champion_speedup_over_peers(thin.name, results, runoff)
+    assert over["reference"] == onnx.name and over["side_by_side"]
+    assert over["ratio"] == pytest.approx(2.1), "the run-off's ratio, not the turns' 2.0"
+    assert set(over["peers_p50_ms"]) == {int8.name, onnx.name, xla.name}, "dynamic is no peer"
+    summary = {"champion": thin.name, "champion_reason": "fastest", "config_name": "m",
+               "champion_speedup_over_peers": over,
+               "variants": [{"name": r.name, "accuracy_delta_points": 0.0,
+                             "latency_ms": {"p50": r.latency_ms.p50}} for r in results]}
+    line = champion_line(summary)
+    assert "2.10x the fastest of the 3 peers, baseline-onnx-int8 (side by side)" in line
+    over_int8 = {**over, "reference": int8.name}
+    assert "that file is the fastest of the 3 peers" in champion_line({
+        **summary, "champion_speedup_over_peers": over_int8,
+        "champion_speedup_over_int8": over_int8})
+    sentence = peers_sentence(over, thin.name)
+    assert "baseline-xla 2.0000 ms" in sentence
+    assert "2.10x the speed of baseline-onnx-int8" in sentence
+    itself = champion_speedup_over_peers(onnx.name, results)
+    assert itself["ratio"] == 1.0
+    assert "the fastest of the 3 peers" in champion_line({**summary, "champion": onnx.name,
+                                                          "champion_speedup_over_peers": itself})
+    assert champion_speedup_over_peers(thin.name, [thin, dynamic]) is None, "no peer timed"
+    on_turns = champion_speedup_over_peers(thin.name, [int8, xla.model_copy(
+        update={"latency_ms": xla.latency_ms.model_copy(update={"p50": 0.5})}), thin], runoff)
+    assert on_turns["reference"] == xla.name and not on_turns["side_by_side"], (
+        "XLA cannot share the run-off's process: quoted on their own turns")
+
+
 def test_a_files_thread_count_is_its_fastest_paired_round_by_round_fewer_on_a_tie():
     from tfopt.measurement.runoff import runoff_thread_counts
     from tfopt.measurement.worker import fastest_thread_count

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult
+from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
 from tfopt.runtimes import runtime_of
 from tfopt.variants import plan_variant
 
@@ -134,6 +134,45 @@ def plain_int8(results: list[VariantResult]) -> VariantResult | None:
     return next((r for r in results if r.name == name and r.status == "ok"
                  and r.latency_ms is not None and r.path is not None
                  and runtime_of(r.format).shares_process), None)
+
+
+def is_peer(variant: VariantSpec | VariantResult, source: str = "baseline") -> bool:
+    """Whether `variant` is one of the peers: what a user would make of `source` in one call.
+
+    A runtime's plain int8 form (LiteRT's int8 file, ONNX Runtime's static int8, OpenVINO's
+    NNCF int8) or its compiled form (XLA's jit): not a technique's model, not a selective or
+    mixed-precision form. The champion is quoted against the fastest of them.
+    """
+    if variant.source != source:
+        return False
+    runtime = runtime_of(variant.format)
+    plain = runtime.variant_name(source, variant.format, variant.precision)
+    return variant.name == plain and (variant.precision == "int8"
+                                      or variant.format in runtime.compiled_formats)
+
+
+def fastest_peer(results: list[VariantResult]) -> VariantResult | None:
+    """The peer (`is_peer`) with the lowest batch-1 p50 on its own turn (None: none timed)."""
+    timed = [r for r in results if r.status == "ok" and r.latency_ms is not None and is_peer(r)]
+    return min(timed, key=lambda r: r.latency_ms.p50, default=None)
+
+
+def champion_speedup_over_peers(champion: str | None, results: list[VariantResult],
+                                runoff: Runoff | None = None) -> dict[str, Any] | None:
+    """How many times faster (batch-1 p50) the champion is than the fastest peer.
+
+    The peers' own-turn p50s too (``peers``), so a reader sees what each one-call form gave.
+    Side by side when both took part in the run-off (`tfopt.measurement.runoff` takes the
+    fastest peer in when its runtime shares a process). A ratio of 1.0 when the champion is
+    that peer. None without a champion or a peer timed.
+    """
+    best = next((r for r in results if r.name == champion), None)
+    peer = fastest_peer(results)
+    if best is None or peer is None:
+        return None
+    peers = {r.name: r.latency_ms.p50 for r in results
+             if r.status == "ok" and r.latency_ms is not None and is_peer(r)}
+    return {**speedup_over(best, peer, runoff), "peers_p50_ms": peers}
 
 
 def champion_speedup(champion: str | None, results: list[VariantResult],

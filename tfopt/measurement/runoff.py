@@ -4,18 +4,19 @@ Each variant is timed on its own turn, minutes apart from the others. On a share
 moves between turns (a neighbour's load, the host's frequency, another VM on the sibling
 hyperthread), and two files of the same network can swap places between their own turns and side by
 side. Each turn's interval is narrow, so such a drift would pick the champion. The run-off takes the
-variants whose runtime can share a process (`Runtime.shares_process`: LiteRT and ONNX Runtime)
+variants whose runtime can share a process (`Runtime.shares_process`: LiteRT, ONNX Runtime,
+OpenVINO)
 within `benchmark.runoff_margin` of the fastest eligible one (at most `MAX_CONTENDERS`, the
-contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`, and the
-baseline's int8 TFLite file every champion is also quoted against), loads them all in one fresh
-process, warms them all in an untimed round and times them in `RUNOFF_ROUNDS` rounds that alternate
-between them (the order rotates each round), so a drift reaches all of them alike. Other work
-on the machine does not reach them alike (a file on two threads loses more to a busy core than
-one on one): a run-off that ran while more than ``benchmark.max_background_cores`` were busy runs
-once more, and is marked ``under_load`` if it still was, as a variant's turn is. A contender's
-run-off p50 is the median of its round p50s and its interval a distribution-free one of at least 95%
-(`tfopt.artifacts.median_interval`, as a turn's windows); each round's p50 paired with the
-baseline's int8 file's in that round when it took part (`Runoff.anchor`: the machine's speed may
+contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`, the
+baseline's int8 TFLite file and the fastest peer every champion is also quoted against), loads them
+all in one fresh process, warms them all in an untimed round and times them in `RUNOFF_ROUNDS`
+rounds that alternate between them (the order rotates each round), so a drift reaches all of them
+alike. Other work on the machine does not reach them alike (a file on two threads loses more to a
+busy core than one on one): a run-off that ran while more than ``benchmark.max_background_cores``
+were busy runs once more, and is marked ``under_load`` if it still was, as a variant's turn is. A
+contender's run-off p50 is the median of its round p50s and its interval a distribution-free one of
+at least 95% (`tfopt.artifacts.median_interval`, as a turn's windows); each round's p50 paired with
+the baseline's int8 file's in that round when it took part (`Runoff.anchor`: the machine's speed may
 flip between rounds), speed-ups the median of two files' per-round ratios (`Runoff.ratio`), and two
 contenders are tied when the interval of their per-round ratio holds 1.0
 (`tfopt.measurement.champion.tied_with_best`).
@@ -35,7 +36,12 @@ import logging
 
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
 from tfopt.config import BenchmarkConfig, MeasurementProtocol
-from tfopt.measurement.champion import budget_rule, plain_int8, speedup_reference
+from tfopt.measurement.champion import (
+    budget_rule,
+    fastest_peer,
+    plain_int8,
+    speedup_reference,
+)
 from tfopt.measurement.isolation import once_more_under_load, run_worker, worker_env
 from tfopt.measurement.worker import P50_WINDOWS, measure_runoff
 from tfopt.runtimes import runtime_of
@@ -55,7 +61,8 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
     twice it, since a whole turn can run in a VM's slow state (with a narrower margin such a
     file was never timed again and a slower one won: docs/measurements.md). For each
     technique's variant among them, the baseline's same form (`speedup_reference`) takes part
-    too, after them, and so does the baseline's int8 TFLite file (`plain_int8`): the speed-ups
+    too, after them, and so do the baseline's int8 TFLite file (`plain_int8`) and the fastest
+    of the peers (`fastest_peer`, when its runtime shares a process): the speed-ups
     the run reports are then measured side by side, not across
     turns minutes apart (a measuring process now and then runs slow its whole life), whichever
     of the near ones wins. None (an empty list) unless the objective is p50, a
@@ -81,12 +88,16 @@ def _with_references(near: list[VariantResult],
                      results: list[VariantResult]) -> list[VariantResult]:
     """`near` and their references, at most `MAX_CONTENDERS`: the slowest near ones give way.
 
-    The references: each one's `speedup_reference` and the baseline's int8 TFLite file
-    (`plain_int8`).
+    The references: each one's `speedup_reference`, the baseline's int8 TFLite file
+    (`plain_int8`) and the fastest peer (`fastest_peer`) when its runtime shares a process.
     """
+    peer = fastest_peer(results)
+    if peer is not None and not (runtime_of(peer.format).shares_process and peer.path):
+        peer = None
     while True:
         references: list[VariantResult] = []
-        for reference in [*(speedup_reference(r, results) for r in near), plain_int8(results)]:
+        for reference in [*(speedup_reference(r, results) for r in near), plain_int8(results),
+                          peer]:
             if reference is not None and reference not in near + references:
                 references.append(reference)
         if len(near) + len(references) <= MAX_CONTENDERS or len(near) == 1:

@@ -7,7 +7,7 @@ from typing import Any
 from tfopt.cpu_features import SERVE_WITHOUT_AMX
 from tfopt.models.health import health_line
 from tfopt.report.compare import markdown_moves, markdown_overview
-from tfopt.report.summary import accuracy_sentence, or_dash, speedup_sentence
+from tfopt.report.summary import accuracy_sentence, or_dash, peers_sentence, speedup_sentence
 from tfopt.search.front import combined_front, is_chosen, params_label
 
 _WHOLE_REPORT = ("The whole report (every table, the plots, CSV and JSON) is in report/ among "
@@ -129,6 +129,8 @@ def _verdict_lines(summary: dict[str, Any]) -> list[str]:
         "",
         f"Champion: **{summary['champion'] or 'none'}** ({summary['champion_reason']}).",
         *([speedups] if speedups else []),
+        *filter(None, [peers_sentence(summary.get("champion_speedup_over_peers"),
+                                      summary["champion"])]),
         *filter(None, [accuracy_sentence(summary.get("accuracy_verdict"))]),
     ]
 

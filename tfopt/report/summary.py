@@ -269,6 +269,18 @@ def speedup_sentence(speedup: dict[str, Any] | None) -> str:
             f"{threads_clause(speedup)}, {how}{load_clause(speedup)}).")
 
 
+def peers_sentence(speedup: dict[str, Any] | None, champion: str | None) -> str:
+    """The champion against the peers (`champion_speedup_over_peers`) in one sentence."""
+    if not speedup or speedup.get("ratio") is None:
+        return ""
+    peers = ", ".join(f"{name} {p50:.4f} ms" for name, p50 in
+                      sorted(speedup["peers_p50_ms"].items(), key=lambda item: item[1]))
+    said = f"The peers, what one converter call gives on each runtime (batch-1 p50): {peers}."
+    if speedup["reference"] == champion:
+        return f"{said} The champion is the fastest of them: no technique beat it."
+    return f"{said} Against the fastest: {speedup_sentence(speedup)}"
+
+
 def load_clause(speedup: dict[str, Any]) -> str:
     """", under load: ..." where the run-off ran twice with other work on the machine."""
     return (", under load: other processes kept cores busy during both tries, so the figure "

@@ -68,7 +68,11 @@ def _first(summary: dict[str, Any], names: list[str]) -> int:
 
 
 def champion_line(summary: dict[str, Any]) -> str:
-    """The champion, its speed-up over ``baseline-tflite-int8`` and its accuracy difference."""
+    """The champion, its speed-ups over ``baseline-tflite-int8`` and the fastest peer, its accuracy.
+
+    The peers: the baseline's one-call forms (each runtime's int8, XLA), what a user would pick
+    instead of tfopt (`tfopt.measurement.champion.is_peer`).
+    """
     champion = summary.get("champion")
     if not champion:
         return f"champion: none ({summary.get('champion_reason') or 'no variant qualified'})"
@@ -91,7 +95,22 @@ def champion_line(summary: dict[str, Any]) -> str:
     else:
         faster = f"batch-1 p50 {or_dash(entry['latency_ms']['p50'], '.4f')} ms"
     held_out = not_held_on_test(summary.get("accuracy_verdict"))
-    return f"champion: {champion}, {faster}{accuracy}" + (f"; {held_out}" if held_out else "")
+    return (f"champion: {champion}, {faster}{peers_clause(summary)}{accuracy}"
+            + (f"; {held_out}" if held_out else ""))
+
+
+def peers_clause(summary: dict[str, Any]) -> str:
+    """"; 1.60x the fastest of the 4 peers, baseline-openvino-int8 (side by side)", or nothing."""
+    peer = summary.get("champion_speedup_over_peers")
+    if not peer or peer.get("ratio") is None:
+        return ""
+    peers = f"the fastest of the {len(peer['peers_p50_ms'])} peers"
+    if peer["reference"] == summary.get("champion"):
+        return f"; {peers} (one converter call each)"
+    if peer["reference"] == (summary.get("champion_speedup_over_int8") or {}).get("reference"):
+        return f"; that file is {peers} (one converter call each)"
+    how = "side by side" if peer["side_by_side"] else "each on its own turn"
+    return f"; {peer['ratio']:.2f}x {peers}, {peer['reference']} ({how})"
 
 
 def budget_line(summary: dict[str, Any]) -> str:

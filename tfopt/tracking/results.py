@@ -320,16 +320,18 @@ def log_variants(
 def log_comparison(run: TrackedRun, since: dict[str, Any] | None,
                    champion: dict[str, Any] | None,
                    speedup: dict[str, Any] | None = None,
-                   speedup_over_int8: dict[str, Any] | None = None) -> None:
+                   speedup_over_int8: dict[str, Any] | None = None,
+                   speedup_over_peers: dict[str, Any] | None = None) -> None:
     """Tag the run with its regressions since the last run; log its champion's figures.
 
-    ``tfopt.regression`` is ``true`` when a variant got slower or less accurate beyond the
-    noise or started failing (``tfopt.regression.variants`` names them), else ``false``;
-    ``champion_p50_ms`` and ``champion_accuracy`` are what the next run's history plots;
-    ``champion_speedup`` how many times faster the champion is than `speedup`'s reference
-    (tag ``tfopt.champion.speedup_over``), ``champion_speedup_over_int8`` than the baseline's
-    int8 TFLite file (`speedup_over_int8`); tag ``tfopt.champion.threads`` the thread count the
-    run-off timed it at and its model serves with, where it picked one.
+    ``tfopt.regression`` is ``true`` when a variant got slower or less accurate beyond the noise or
+    started failing (``tfopt.regression.variants`` names them), else ``false``; ``champion_p50_ms``
+    and ``champion_accuracy`` are what the next run's history plots; ``champion_speedup`` how many
+    times faster the champion is than `speedup`'s reference (tag ``tfopt.champion.speedup_over``),
+    ``champion_speedup_over_int8`` than the baseline's int8 TFLite file (`speedup_over_int8`),
+    ``champion_speedup_over_peers`` than the fastest peer (`speedup_over_peers`, tag
+    ``tfopt.champion.fastest_peer``); tag ``tfopt.champion.threads`` the thread count the run-off
+    timed it at and its model serves with, where it picked one.
     """
     regressions = (since or {}).get("regressions") or []
     set_tags(run.client, run.run_id, {
@@ -350,6 +352,11 @@ def log_comparison(run: TrackedRun, since: dict[str, Any] | None,
     if speedup_over_int8 and speedup_over_int8.get("ratio") is not None:
         log_metrics(run.client, run.run_id,
                     {"champion_speedup_over_int8": speedup_over_int8["ratio"]})
+    if speedup_over_peers and speedup_over_peers.get("ratio") is not None:
+        log_metrics(run.client, run.run_id,
+                    {"champion_speedup_over_peers": speedup_over_peers["ratio"]})
+        set_tags(run.client, run.run_id,
+                 {"tfopt.champion.fastest_peer": speedup_over_peers["reference"]})
     threads = (speedup_over_int8 or speedup or {}).get("champion_threads")
     if threads is not None:
         set_tags(run.client, run.run_id, {"tfopt.champion.threads": str(threads)})
