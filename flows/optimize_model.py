@@ -75,8 +75,7 @@ from tfopt.measurement.champion import (
     accuracy_verdict,
     baseline_accuracy,
     champion_speedup,
-    champion_speedup_over_int8,
-    champion_speedup_over_peers,
+    over_one_call_forms,
 )
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
 from tfopt.models.baseline import (
@@ -567,10 +566,7 @@ def _summarize(
             "champion_speedup": speedup,
             "accuracy_verdict": accuracy_verdict(choice, results, inputs,
                                                   bench.accuracy_budget_points),
-            "champion_speedup_over_int8": champion_speedup_over_int8(choice.name, results,
-                                                                     runoff),
-            "champion_speedup_over_peers": champion_speedup_over_peers(choice.name, results,
-                                                                       runoff),
+            **over_one_call_forms(choice.name, results, runoff),
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),
             "training_batch_size": measured.data.batch_size,
             "model_facts": measured.facts.params(),

@@ -59,17 +59,16 @@ AUTOMATIC_PLAN: dict[str, Any] = {
 }
 """What a config without a ``compress`` section gets: the techniques that buy time, the
 strength of channel and depth pruning searched (each rebuilt model's fine-tuning capped by how
-long the baseline trained: at 12 epochs a residual network's thinner models were cut before
-they were back, docs/measurements.md), distillation kept only where it pays (its cap
-30 epochs: the budget's share ends it sooner; at 10 a residual network's student was still
-improving, docs/measurements.md), int8 of every compressed model on every runtime (each key of
+long the baseline trained: a thinner model relearns the data about as long), distillation kept
+only where it pays (its cap 30 epochs, so a student still improving is not stopped by the cap:
+the budget's share ends it sooner), int8 of every compressed model on every runtime (each key of
 ``convert`` and ``runtimes`` only where the config does not set it). Width and depth are also
 searched together (`techniques.width_depth`: an Optuna sampler's points), once every
 fine-tuning has had its turn. Channel pruning's chosen model is also fine-tuned for int8
 (`techniques.thinned_qat`) once the searches are done. Depth pruning's search tries removing
 every residual block first, then bisects below only after the other searches
-(`techniques.planner`): run after channel pruning's search, or bisecting from the middle, it
-was cut or never tried 100% (docs/measurements.md)."""
+(`techniques.planner`), so its strongest point is tried before a short budget ends the search
+(docs/measurements.md)."""
 
 
 def _under(config: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:

@@ -267,9 +267,8 @@ def cut_short(model: ModelArtifact, data: TrainingData, margin: float) -> str | 
 
     Its fine-tuning stopped by the budget (``stopped_by`` budget) with the accuracy of the epoch
     it kept (`ModelArtifact.at_kept_epoch`) more than `margin` below the accuracy it had to keep
-    (`TrainingData.recover_to`): its files would be converted and measured for a verdict they
-    cannot win (EfficientNetB0, 30 minutes: distillation stopped after 1 epoch at 0.73 with
-    0.97 to keep, its 5 files built and timed while the run overran its budget).
+    (`TrainingData.recover_to`): its files would be converted and measured, taking the run past
+    its budget, for a verdict they cannot win.
     """
     kept = model.at_kept_epoch("val_accuracy")
     keep = data.recover_to
@@ -497,7 +496,7 @@ def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> Training
 
     Its shortest run, and its `epochs`' share of what the shortest runs of those queued leave:
     by their count, not their price, so a technique whose epochs cost less (a distilled
-    student's) reaches further into its cap (docs/measurements.md, session 12). Those whose
+    student's) reaches further into its cap. Those whose
     shortest run no longer fits behind the ones before them (`fitting`) keep no time: they
     would be cut at their start, and the time kept for them would go unused.
     """

@@ -166,8 +166,7 @@ REBUILT_EPOCHS = 12
 EPOCHS_PER_BASELINE_EPOCH = 2
 """``epochs: auto``: a rebuilt model's cap per epoch the baseline trained. A model made
 thinner relearns the data about as long as its baseline first learned it, or longer
-(docs/measurements.md: a residual network's rebuilt models needed 32 and 46 epochs where its
-baseline had trained 27)."""
+(docs/measurements.md)."""
 
 
 class RebuiltSection(TechniqueSection):

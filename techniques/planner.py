@@ -322,9 +322,9 @@ class Planner:
         """Wait until a worker is free, giving back the time of those that ended building nothing.
 
         A fine-tuning's deadline is set from the time left when it is submitted: submitted
-        while one before it still ran, it missed what that one gave back (the demo's pruning,
-        stopped by the budget mid-ramp, gave its variant's time back only after distillation
-        and clustering had been cut for want of it; docs/measurements.md, session 22).
+        while one before it still ran, it would miss what that one gives back (a pruning
+        stopped by the budget gives its variants' time back only when it ends, and the
+        techniques queued behind it would be cut for want of it).
         """
         while len(running := [outcome for outcome in self._outcomes.values()
                               if not isinstance(outcome, State)

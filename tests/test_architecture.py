@@ -140,6 +140,17 @@ def test_docstrings_and_messages_name_files_that_exist():
     assert not missing, missing
 
 
+_RUN_LOG = re.compile(r"\bsession \d+|\b(?:demo|run|ci) \d+\b|\bci\d+\b|\bstop \d+\b",
+                      re.IGNORECASE)
+"""How a run log names what it saw (session 22, demo 55, run 36, ci31): docs/measurements.md's."""
+
+
+def test_the_code_says_what_and_why_not_which_session_or_run_found_it():
+    told = {str(path.relative_to(ROOT)): found for folder in LAYERS
+            for path in _python_files(folder) if (found := _RUN_LOG.findall(path.read_text()))}
+    assert not told, f"anecdotes belong in docs/measurements.md: {told}"
+
+
 def _core_module_of(module: str, names: list[str]) -> list[str]:
     """The core modules an import names: ``from tfopt.a import b`` is tfopt/a/b.py if it exists."""
     found = [f"{module}.{name}" for name in names if _module_file(f"{module}.{name}")]

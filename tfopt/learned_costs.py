@@ -2,13 +2,12 @@
 
 The time budget prices a technique's run as its epochs at a multiple of the baseline's pace
 (`techniques.WRAPPED_EPOCH_SHARE`, 2: tfmot's wrappers, a teacher's pass) plus a fixed part
-(`techniques.STARTUP_S`: its process's start, the model's load, its export). Both guesses are
-wrong by several times for some techniques: CQAT builds a graph that took 40 s on a slow CPU
-where 10 s were priced, a thinner student's epochs cost less than the baseline's, and a technique
-run past its price takes the time of those after it (docs/measurements.md). A first run can only
-guess; a scheduled deployment runs the same config on the same machine again and again. Each
-run's epoch share (its trainings' seconds per epoch over the baseline's) and fixed part (the rest
-of its wall time, in the baseline's epochs, so that a busier machine scales it as it scales the
+(`techniques.STARTUP_S`: its process's start, the model's load, its export). Both guesses can be
+wrong by several times (a technique's graph building, a thinner student's cheaper epochs), and a
+technique run past its price takes the time of those after it (docs/measurements.md). A first run
+can only guess; a scheduled deployment runs the same config on the same machine again and again.
+Each run's epoch share (its trainings' seconds per epoch over the baseline's) and fixed part (the
+rest of its wall time, in the baseline's epochs, so that a busier machine scales it as it scales the
 epochs) are kept in the work folder per CPU, cores and model; the next run prices each technique
 with the medians of its last `KEPT` runs. The run's finish (the run-off, the MLflow models, the
 report: `tfopt.budget.FinishWatch`) is kept there too, in seconds, and the next run keeps the

@@ -175,6 +175,13 @@ def champion_speedup_over_peers(champion: str | None, results: list[VariantResul
     return {**speedup_over(best, peer, runoff), "peers_p50_ms": peers}
 
 
+def over_one_call_forms(champion: str | None, results: list[VariantResult],
+                        runoff: Runoff | None = None) -> dict[str, dict[str, Any] | None]:
+    """The summary's speed-ups over what one converter call gives: the int8 file, the peers."""
+    return {"champion_speedup_over_int8": champion_speedup_over_int8(champion, results, runoff),
+            "champion_speedup_over_peers": champion_speedup_over_peers(champion, results, runoff)}
+
+
 def champion_speedup(champion: str | None, results: list[VariantResult],
                      runoff: Runoff | None = None) -> dict[str, Any] | None:
     """How many times faster (batch-1 p50) the champion is than its `speedup_reference`.
@@ -272,8 +279,7 @@ def runoff_pool(eligible: list[VariantResult],
 
     A run-off p50 and a turn's p50 come from different processes minutes apart: compared with
     each other, a run-off process that ran slow its whole life lets a variant it never timed
-    win (on bench.yaml ``channels-50-tflite-fp32``, outside the margin on its turn, beat the
-    four contenders' run-off figures). So the contenders are compared only with each other,
+    win (docs/measurements.md, "Run-off"). So the contenders are compared only with each other,
     unless a variant outside the run-off (a runtime that cannot share its process) was faster
     on its own turn than every contender on theirs: then all are compared on their own turns.
     """
