@@ -624,9 +624,11 @@ def first_trial_s(cfg: TechniqueSection, epoch_s: float, file_s: float,
                   files: int = len(TRIAL_FORMS), price: RunPrice = GUESSED_PRICE) -> float:
     """What a search's first trial takes at the baseline's pace (0: unknown).
 
-    A trial's fine-tuning has no share of the time to end on (cut short, it would misjudge its
-    strength): it ends once back within the budget and settled, or cooled down
-    (`after_recovery_epochs`); it trains its model alone (a distilled student's controls are
+    A trial's fine-tuning ends once back within the budget and settled, or cooled down
+    (`after_recovery_epochs`), or, in a search's first round, at its technique's share of the
+    time (`techniques.planner.Planner.run`: one search's first trial cannot take the other
+    techniques' shortest runs; a trial not back by then is over the budget for this run); it
+    trains its model alone (a distilled student's controls are
     trained once, for the setting chosen). Its `files` (`trial_forms`) are then converted and
     measured, and timed side by side with the baseline's int8 file: each of those costs about
     what a compressed variant's conversion and measurement does (`file_s`).

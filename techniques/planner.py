@@ -37,8 +37,10 @@ from techniques import (
     finishing,
     fitting,
     open_search,
+    own_deadline,
     shortest_run_s,
     skipped_state,
+    trial_file_s,
     trial_forms,
 )
 from techniques.base import Skipped
@@ -212,9 +214,10 @@ class Planner:
     def run(self, plans: list[Planned]) -> dict[str, Any]:
         """Each technique's outcome (a final state, or a future): every technique before depth."""
         order = self._groups(plans)
-        for planned in order.first:
-            self._first_round(planned, self.baseline)
         fine_tunes = [p for p in order.after if not self.searched(p)]
+        for index, planned in enumerate(order.first):
+            self._first_round(planned, self.baseline,
+                              queued=[*order.first[index:], *fine_tunes, *order.last])
         for planned in order.after:
             start = (self.baseline if planned.starts_from is None
                      else self._start_from(planned.starts_from))
@@ -360,17 +363,31 @@ class Planner:
             "queued": tuple((shortest_run_s(p.technique.name, p.cfg, self.data) / self.workers,
                              epochs_of(p.cfg) / self.workers) for p in queued)})
 
-    def _first_round(self, planned: Planned, start: ModelArtifact,
-                     reserved_s: float = 0.0) -> None:
+    def _first_round(self, planned: Planned, start: ModelArtifact, reserved_s: float = 0.0,
+                     queued: list[Planned] | None = None) -> None:
         """Open a technique's search and run its first round; it deepens after the others.
 
-        The round does not start within `reserved_s` of the deadline (`_rounds`).
+        The round does not start within `reserved_s` of the deadline (`_rounds`). With the
+        techniques `queued` from it on, its trials' fine-tunings end at its share of the time
+        (`own_deadline`, as a fine-tuning's): a first trial that is not back within the budget
+        by then is over it for this run, and does not take the others' shortest runs.
         """
         search = open_search(planned, self.config, start, self.data)
         search.expected_round_s = max(
             filter(None, (done.round_seconds for done in self.searches.values())), default=None)
         self.searches[planned.technique.name] = search
-        self._rounds(search, planned, start, rounds=1, reserved_s=reserved_s)
+        share = None
+        if queued and self.data.deadline is not None:
+            share = own_deadline(self._queued(queued), epochs_of(planned.cfg),
+                                 self._shortest_s(planned))
+            files_s = (len(trial_forms(self.config)) + 1) * trial_file_s(self.data)
+            share = share.model_copy(update={"deadline": share.deadline - files_s})
+            step_logger().info(
+                "%s search: its first round's fine-tunings end within %.0f s (its share of the "
+                "%.0f s left, its files' %.0f s after)", planned.technique.name,
+                Clock(deadline=share.deadline).left() or 0.0,
+                Clock(deadline=self.data.deadline).left() or 0.0, files_s)
+        self._rounds(search, planned, start, rounds=1, reserved_s=reserved_s, data=share)
         self._deepen[planned.technique.name] = (planned, start)
 
     def _search_after(self, planned: Planned, start: Any) -> None:
@@ -385,20 +402,23 @@ class Planner:
                                 if isinstance(made, Skipped) else start_state)
 
     def _rounds(self, search: Search, planned: Planned, start: ModelArtifact,
-                rounds: int | None = None, reserved_s: float = 0.0) -> None:
+                rounds: int | None = None, reserved_s: float = 0.0,
+                data: TrainingData | None = None) -> None:
         """Trials of a technique's strength on the task runner, `rounds` rounds at most.
 
         A round tries as many settings as the runner has workers; each trial reports to the
         study, which is kept in the work folder (a killed run resumes it). No round starts
-        that would end within `reserved_s` of the deadline.
+        that would end within `reserved_s` of the deadline. `data`: the trials' training data
+        when it is not the run's (a first round's share of the time).
         """
         name, done = planned.technique.name, 0
+        trial_data = data or self.data
         deadline = None if self.data.deadline is None else self.data.deadline - reserved_s
         while (rounds is None or done < rounds) and not refusal_of(search) and (
                 opened := search.next_trials(self.workers, deadline)):
             futures = [(point, self.trial_task.submit(
                 name, point, "-".join(f"{v:g}" for v in point.values()), start, planned.cfg,
-                self.data.model_copy(update={"trial": ref}), search.trial_folder(point),
+                trial_data.model_copy(update={"trial": ref}), search.trial_folder(point),
                 self.config.convert, trial_forms(self.config), self.inputs,
                 self.config.benchmark, self.parent))
                 for point, ref in opened]

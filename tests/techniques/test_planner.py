@@ -322,3 +322,42 @@ def test_a_run_that_cannot_have_its_shortest_run_is_passed_over_and_a_shorter_on
     assert fitting([10.0, 15.0, 40.0, 5.0], 32.0) == [True, True, False, True]
     assert fitting([40.0, 5.0], 30.0) == [False, True], "the first is checked too"
     assert fitting([], 10.0) == []
+
+
+def test_a_searchs_first_trial_ends_at_its_share_and_leaves_the_others_their_shortest_runs(
+        tiny_baseline, tiny_data, tmp_path):
+    """bench.yaml's channel search once fine-tuned its first trial for 32 epochs, never back,
+    and QAT, distillation and the joint search were cut: the first round's share bounds it."""
+    from prefect.states import Failed
+
+    from techniques import first_trial_s, shortest_run_s, trial_file_s, trial_forms
+
+    sent = []
+
+    class Recording:
+        """The trial task, recording the training data each trial is given (it then fails)."""
+
+        def submit(self, *args):
+            sent.append(args[5])
+            return Failed(message="not run in this test")
+
+    config = _config()
+    plans = plan(config, tiny_baseline)
+    search = next(p for p in plans if p.technique.name == "channel_prune")
+    others = [p for p in plans if p is not search and p.refusal is None]
+    data = tiny_data.model_copy(update={"epoch_s": 1.0, "deadline": time.time() + 300.0,
+                                        "variant_tail_s": 2.0})
+    planner = Planner(config, tiny_baseline, data, tmp_path, tmp_path, "parent", Recording())
+    before = time.time()
+    planner._first_round(search, tiny_baseline, queued=[search, *others])
+    (trial_data,) = sent
+    files_s = (len(trial_forms(config)) + 1) * trial_file_s(data)
+    shortest = first_trial_s(search.cfg, 1.0, trial_file_s(data), len(trial_forms(config)))
+    assert trial_data.deadline - before >= shortest - files_s - 1.0, "its own shortest run"
+    others_s = sum(shortest_run_s(p.technique.name, p.cfg, data) for p in others)
+    assert trial_data.deadline <= data.deadline - others_s - files_s + 1.0, (
+        "the others' shortest runs kept after its trial and its files")
+    assert trial_data.deadline < data.deadline and trial_data.trial is not None
+    sent.clear()
+    planner._rounds(planner.searches["channel_prune"], search, tiny_baseline, rounds=1)
+    assert sent and sent[0].deadline == data.deadline, "a deepening round: the time left"
