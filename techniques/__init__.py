@@ -494,11 +494,11 @@ GUESSED_PRICE = RunPrice()
 def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> TrainingData:
     """`data` with this fine-tuning's deadline, from now (coverage before depth).
 
-    Its shortest run, and its `epochs`' share of what the shortest runs of those queued leave:
-    by their count, not their price, so a technique whose epochs cost less (a distilled
-    student's) reaches further into its cap. Those whose
-    shortest run no longer fits behind the ones before them (`fitting`) keep no time: they
-    would be cut at their start, and the time kept for them would go unused.
+    Its shortest run, and its `epochs`' share of what the shortest runs of those queued leave: by
+    their count, not their price, so a technique whose epochs cost less (a distilled student's)
+    reaches further into its cap. Those whose shortest run no longer fits behind the ones before
+    them (`fitting`) keep no time: they would be cut at their start, and the time kept for them
+    would go unused.
     """
     clock = Clock(deadline=data.deadline)
     left = clock.left()
@@ -625,13 +625,13 @@ def first_trial_s(cfg: TechniqueSection, epoch_s: float, file_s: float,
     """What a search's first trial takes at the baseline's pace (0: unknown).
 
     A trial's fine-tuning ends once back within the budget and settled, or cooled down
-    (`after_recovery_epochs`), or, in a search's first round, at its technique's share of the
-    time (`techniques.planner.Planner.run`: one search's first trial cannot take the other
-    techniques' shortest runs; a trial not back by then is over the budget for this run); it
-    trains its model alone (a distilled student's controls are
-    trained once, for the setting chosen). Its `files` (`trial_forms`) are then converted and
-    measured, and timed side by side with the baseline's int8 file: each of those costs about
-    what a compressed variant's conversion and measurement does (`file_s`).
+    (`after_recovery_epochs`), or, in a search's first round, at its technique's share of the time
+    (`techniques.planner.Planner.run`: one search's first trial cannot take the other techniques'
+    shortest runs; a trial not back by then is over the budget for this run); it trains its model
+    alone (a distilled student's controls are trained once, for the setting chosen). Its `files`
+    (`trial_forms`) are then converted and measured, and timed side by side with the baseline's int8
+    file: each of those costs about what a compressed variant's conversion and measurement does
+    (`file_s`).
     """
     if epoch_s <= 0.0:
         return 0.0

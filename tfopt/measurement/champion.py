@@ -161,7 +161,7 @@ def champion_speedup_over_peers(champion: str | None, results: list[VariantResul
                                 runoff: Runoff | None = None) -> dict[str, Any] | None:
     """How many times faster (batch-1 p50) the champion is than the fastest peer.
 
-    The peers' own-turn p50s too (``peers``), so a reader sees what each one-call form gave.
+    The peers' own-turn p50s too (``peers_p50_ms``), so a reader sees what each one-call form gave.
     Side by side when both took part in the run-off (`tfopt.measurement.runoff` takes the
     fastest peer in when its runtime shares a process). A ratio of 1.0 when the champion is
     that peer. None without a champion or a peer timed.

@@ -5,9 +5,8 @@ moves between turns (a neighbour's load, the host's frequency, another VM on the
 hyperthread), and two files of the same network can swap places between their own turns and side by
 side. Each turn's interval is narrow, so such a drift would pick the champion. The run-off takes the
 variants whose runtime can share a process (`Runtime.shares_process`: LiteRT, ONNX Runtime,
-OpenVINO)
-within `benchmark.runoff_margin` of the fastest eligible one (at most `MAX_CONTENDERS`, the
-contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`, the
+OpenVINO) within `benchmark.runoff_margin` of the fastest eligible one (at most `MAX_CONTENDERS`,
+the contenders' speed-up references among them: `tfopt.measurement.champion.speedup_reference`, the
 baseline's int8 TFLite file and the fastest peer every champion is also quoted against), loads them
 all in one fresh process, warms them all in an untimed round and times them in `RUNOFF_ROUNDS`
 rounds that alternate between them (the order rotates each round), so a drift reaches all of them
