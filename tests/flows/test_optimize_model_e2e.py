@@ -169,7 +169,8 @@ def test_summary_has_the_contract_keys(smoke_run):
              if v["status"] == "ok" and v["name"] in {"baseline-tflite-int8", "baseline-onnx-int8",
                                                       "baseline-openvino-int8", "baseline-xla"}}
     assert peers["peers_p50_ms"] == timed and len(timed) >= 3, (peers, timed)
-    assert peers["reference"] == min(timed, key=timed.get)
+    assert peers["reference"] == (summary["champion"] if summary["champion"] in timed
+                                  else min(timed, key=timed.get))
     verdict = summary["accuracy_verdict"]
     assert verdict["judged_on"] == "validation", "the test split is read only for the figures"
     assert verdict["champion"]["val_accuracy"] >= (
@@ -213,8 +214,7 @@ def test_summary_has_the_contract_keys(smoke_run):
     assert techniques["pruned-80"]["params"]["input.random_crop_min_area"] == 1.0, "smoke's"
     assert "Prefect UI" in stdout and "MLflow UI" in stdout
     (line,) = [line for line in stdout.splitlines() if line.startswith("champion: ")]
-    assert f"the fastest of the {len(summary['champion_speedup_over_peers']['peers_p50_ms'])} " \
-        "peers" in line, line
+    assert f" {len(summary['champion_speedup_over_peers']['peers_p50_ms'])} peers" in line, line
 
 
 def test_the_runs_finish_is_kept_for_the_next_runs_budget(smoke_run):

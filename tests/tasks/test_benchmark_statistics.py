@@ -464,10 +464,11 @@ def test_every_champion_is_quoted_against_the_fastest_peer_side_by_side_when_it_
     sentence = peers_sentence(over, thin.name)
     assert "baseline-xla 2.0000 ms" in sentence
     assert "2.10x the speed of baseline-onnx-int8" in sentence
-    itself = champion_speedup_over_peers(onnx.name, results)
-    assert itself["ratio"] == 1.0
-    assert "the fastest of the 3 peers" in champion_line({**summary, "champion": onnx.name,
-                                                          "champion_speedup_over_peers": itself})
+    itself = champion_speedup_over_peers(int8.name, results, runoff)
+    assert itself["reference"] == int8.name and itself["ratio"] == 1.0, (
+        "a peer champion against itself, though another read faster on its own turn")
+    assert "itself one of the 3 peers" in champion_line({
+        **summary, "champion": int8.name, "champion_speedup_over_peers": itself})
     assert champion_speedup_over_peers(thin.name, [thin, dynamic]) is None, "no peer timed"
     on_turns = champion_speedup_over_peers(thin.name, [int8, xla.model_copy(
         update={"latency_ms": xla.latency_ms.model_copy(update={"p50": 0.5})}), thin], runoff)

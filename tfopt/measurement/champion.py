@@ -163,11 +163,13 @@ def champion_speedup_over_peers(champion: str | None, results: list[VariantResul
 
     The peers' own-turn p50s too (``peers_p50_ms``), so a reader sees what each one-call form gave.
     Side by side when both took part in the run-off (`tfopt.measurement.runoff` takes the
-    fastest peer in when its runtime shares a process). A ratio of 1.0 when the champion is
-    that peer. None without a champion or a peer timed.
+    fastest peer in when its runtime shares a process). A champion that is itself a peer is
+    quoted against itself (a ratio of 1.0: no compressed variant beat one converter call), even
+    where another peer read faster on its own turn: the run-off chose it over that one. None
+    without a champion or a peer timed.
     """
     best = next((r for r in results if r.name == champion), None)
-    peer = fastest_peer(results)
+    peer = best if best is not None and is_peer(best) else fastest_peer(results)
     if best is None or peer is None:
         return None
     peers = {r.name: r.latency_ms.p50 for r in results

@@ -277,7 +277,7 @@ def peers_sentence(speedup: dict[str, Any] | None, champion: str | None) -> str:
                       sorted(speedup["peers_p50_ms"].items(), key=lambda item: item[1]))
     said = f"The peers, what one converter call gives on each runtime (batch-1 p50): {peers}."
     if speedup["reference"] == champion:
-        return f"{said} The champion is the fastest of them: no technique beat it."
+        return f"{said} The champion is one of them: no compressed variant beat them."
     return f"{said} Against the fastest: {speedup_sentence(speedup)}"
 
 

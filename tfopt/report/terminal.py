@@ -106,7 +106,8 @@ def peers_clause(summary: dict[str, Any]) -> str:
         return ""
     peers = f"the fastest of the {len(peer['peers_p50_ms'])} peers"
     if peer["reference"] == summary.get("champion"):
-        return f"; {peers} (one converter call each)"
+        return (f"; itself one of the {len(peer['peers_p50_ms'])} peers (one converter call): "
+                "no compressed variant beat them")
     if peer["reference"] == (summary.get("champion_speedup_over_int8") or {}).get("reference"):
         return f"; that file is {peers} (one converter call each)"
     how = "side by side" if peer["side_by_side"] else "each on its own turn"
