@@ -151,10 +151,14 @@ def is_peer(variant: VariantSpec | VariantResult, source: str = "baseline") -> b
                                       or variant.format in runtime.compiled_formats)
 
 
+def timed_peers(results: list[VariantResult]) -> list[VariantResult]:
+    """The peers (`is_peer`) measured ok."""
+    return [r for r in results if r.status == "ok" and r.latency_ms is not None and is_peer(r)]
+
+
 def fastest_peer(results: list[VariantResult]) -> VariantResult | None:
-    """The peer (`is_peer`) with the lowest batch-1 p50 on its own turn (None: none timed)."""
-    timed = [r for r in results if r.status == "ok" and r.latency_ms is not None and is_peer(r)]
-    return min(timed, key=lambda r: r.latency_ms.p50, default=None)
+    """The peer with the lowest batch-1 p50 on its own turn (None: none timed)."""
+    return min(timed_peers(results), key=lambda r: r.latency_ms.p50, default=None)
 
 
 def champion_speedup_over_peers(champion: str | None, results: list[VariantResult],
@@ -172,8 +176,7 @@ def champion_speedup_over_peers(champion: str | None, results: list[VariantResul
     peer = best if best is not None and is_peer(best) else fastest_peer(results)
     if best is None or peer is None:
         return None
-    peers = {r.name: r.latency_ms.p50 for r in results
-             if r.status == "ok" and r.latency_ms is not None and is_peer(r)}
+    peers = {r.name: r.latency_ms.p50 for r in timed_peers(results)}
     return {**speedup_over(best, peer, runoff), "peers_p50_ms": peers}
 
 
