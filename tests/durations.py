@@ -1,7 +1,8 @@
-"""Write tests/durations.json from a log of the suite run with ``--durations=0``.
+"""Write tests/durations.json from logs of the suites run with ``--durations=0``.
 
     .venv/bin/pytest --durations=0 | tee suite.log
-    .venv/bin/python -m tests.durations suite.log
+    .venv/bin/pytest -m slow --durations=0 | tee slow.log
+    .venv/bin/python -m tests.durations suite.log slow.log
 
 Each test's seconds (setup, call and teardown summed) size its timeout and order the files the
 workers take (tests/conftest.py). Run it after a change that makes a test much lighter or
@@ -30,13 +31,17 @@ def durations_of(log: str) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    seconds = durations_of(Path(argv[0]).read_text())
-    if not seconds:
-        print(f"no --durations lines in {argv[0]}", file=sys.stderr)
-        return 2
+    seconds: dict[str, float] = {}
+    for log in argv:
+        found = durations_of(Path(log).read_text())
+        if not found:
+            print(f"no --durations lines in {log}", file=sys.stderr)
+            return 2
+        seconds.update(found)
+    seconds = dict(sorted(seconds.items(), key=lambda kv: -kv[1]))
     DURATIONS.write_text(json.dumps(seconds, indent=1) + "\n")
     print(f"{len(seconds)} tests, {sum(seconds.values()):.0f} s in all -> {DURATIONS}")
     return 0

@@ -23,7 +23,7 @@ from tfopt.demo_data import write_demo_images
 from tfopt.services import ServiceSettings, start_services
 
 # Three pipeline runs around a stopped server and its restarts: `make test-slow`.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RETRY_SECONDS = 10
 
 

@@ -19,7 +19,7 @@ from tfopt.demo_data import write_demo_images
 
 # Two pipeline runs at once, one training its baseline further: 300-570 s in CI beside three
 # other test workers on two cores (docs/measurements.md), too close to pytest's default 900 s.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+pytestmark = pytest.mark.e2e
 
 SCENARIO = {
     **LIGHT, "convert.tflite": "[int8]", "convert.onnx": "false",

@@ -25,7 +25,7 @@ from tfopt.demo_data import write_demo_images
 
 # Four pipeline runs (two at once, then two in turn) and rounds of timing side by side: `make
 # test-slow`.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _artifact_folder(settings, run_id: str) -> Path:
