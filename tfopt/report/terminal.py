@@ -86,7 +86,7 @@ def champion_line(summary: dict[str, Any]) -> str:
                    if budget is not None else ""))
     speedup = summary.get("champion_speedup_over_int8")
     if speedup and speedup.get("ratio") is not None:
-        how = "side by side" if speedup["side_by_side"] else "each on its own turn"
+        how = _how(speedup)
         faster = (f"{speedup['ratio']:.2f}x the speed of {speedup['reference']} ({how}: "
                   f"{speedup['champion_p50_ms']:.4f} vs {speedup['reference_p50_ms']:.4f} ms"
                   f"{threads_clause(speedup)}{load_clause(speedup)})")
@@ -104,14 +104,19 @@ def peers_clause(summary: dict[str, Any]) -> str:
     peer = summary.get("champion_speedup_over_peers")
     if not peer or peer.get("ratio") is None:
         return ""
-    peers = f"the fastest of the {len(peer['peers_p50_ms'])} peers"
+    count = len(peer["peers_p50_ms"])
     if peer["reference"] == summary.get("champion"):
-        return (f"; itself one of the {len(peer['peers_p50_ms'])} peers (one converter call): "
+        return (f"; itself one of the {count} peers (one converter call): "
                 "no compressed variant beat them")
     if peer["reference"] == (summary.get("champion_speedup_over_int8") or {}).get("reference"):
-        return f"; that file is {peers} (one converter call each)"
-    how = "side by side" if peer["side_by_side"] else "each on its own turn"
-    return f"; {peer['ratio']:.2f}x {peers}, {peer['reference']} ({how})"
+        return f"; that file is the fastest of the {count} peers (one converter call each)"
+    return (f"; {peer['ratio']:.2f}x the fastest of the {count} peers, {peer['reference']} "
+            f"({_how(peer)})")
+
+
+def _how(speedup: dict[str, Any]) -> str:
+    """How a speed-up was measured: side by side in the run-off, or on each file's own turn."""
+    return "side by side" if speedup["side_by_side"] else "each on its own turn"
 
 
 def budget_line(summary: dict[str, Any]) -> str:
