@@ -644,7 +644,7 @@ def after_recovery_epochs(cfg: TechniqueSection) -> int:
 
     A cosine rate's cool-down (`cool_down_field`), else the epochs it settles for.
     """
-    from tfopt.models.training import SETTLE_EPOCHS
+    from tfopt.models.config import SETTLE_EPOCHS
 
     return cooling_epochs(cfg) or SETTLE_EPOCHS
 

@@ -143,7 +143,7 @@ def cooling_epochs(cfg: Any) -> int:
 
 def cool_down_field() -> Any:
     """The ``cool_down_epochs`` field of the techniques that rebuild the model and fine-tune it."""
-    from tfopt.models.training import COOL_DOWN_EPOCHS, SETTLE_EPOCHS
+    from tfopt.models.config import COOL_DOWN_EPOCHS, SETTLE_EPOCHS
 
     return Field(
         COOL_DOWN_EPOCHS, ge=0, le=100,

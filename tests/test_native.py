@@ -51,6 +51,27 @@ def test_a_step_runs_in_a_child_and_its_result_and_log_lines_come_back(tmp_path,
     assert said and f"child {os.getpid()} " not in said[0], "logged by another process, relayed"
 
 
+def environment_seen(name: str) -> tuple[str | None, str, int]:
+    import tempfile
+
+    return os.environ.get(name), tempfile.gettempdir(), os.getpid()
+
+
+def test_a_reused_worker_runs_each_step_in_the_callers_environment_of_the_moment(
+    tmp_path, monkeypatch
+):
+    """The fork server may have started before the run set its temporary folder and log (the
+    command line's checks open the model first): each step still runs in the run's."""
+    run_native(STEP, environment_seen, "TFOPT_TEST_STEP")  # the worker exists before the change
+    monkeypatch.setenv("TFOPT_TEST_STEP", "the run's")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    first = run_native(STEP, environment_seen, "TFOPT_TEST_STEP")
+    assert first[:2] == ("the run's", str(tmp_path))
+    monkeypatch.delenv("TFOPT_TEST_STEP")
+    second = run_native(STEP, environment_seen, "TFOPT_TEST_STEP")
+    assert second[0] is None and second[2] == first[2], "the same worker, the variable gone"
+
+
 def test_an_exception_in_the_child_is_raised_again_with_its_type():
     from techniques.base import NotApplicable
 

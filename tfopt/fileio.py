@@ -72,8 +72,8 @@ def use_run_temp_dir(work_dir: Path) -> Path:
     folder = Path(tempfile.mkdtemp(prefix=f"tfopt-run-{os.getpid()}-", dir=root)).resolve()
     os.environ["TMPDIR"] = str(folder)
     tempfile.tempdir = str(folder)
-    # After multiprocessing's own exit finalizers (its `pymp-*` folder lives in this one, removed
-    # at priority -100): removed before them, that removal would print a traceback at exit.
+    # After multiprocessing's own exit finalizers (its `pymp-*` folder may live in this one,
+    # removed at priority -100): removed before them, that removal would print a traceback.
     Finalize(None, shutil.rmtree, args=(folder,), kwargs={"ignore_errors": True},
              exitpriority=-200)
     return folder

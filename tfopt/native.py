@@ -101,16 +101,6 @@ def run_native(step: NativeStep, function: Callable[..., T], *args: Any, **kwarg
     return _contained(step, pickle.dumps((function, args, kwargs)), fresh=not _can_fork())
 
 
-def run_native_fresh(step: NativeStep, function: Callable[..., T], *args: Any,
-                     **kwargs: Any) -> T:
-    """`run_native` in a fresh interpreter, never the fork server.
-
-    For a step before the run has set its environment up (the command line's checks): a fork
-    server started then would give every later step the environment of that moment.
-    """
-    return _contained(step, pickle.dumps((function, args, kwargs)), fresh=True)
-
-
 def _contained(step: NativeStep, request: bytes, fresh: bool) -> Any:
     """Run a pickled request in a child; retry a crash from inside it once with oneDNN off."""
     outcome = _run_child(step, request, fresh=fresh)
@@ -346,8 +336,13 @@ class _Worker:
         self.retiring = False
 
     def run(self, paths: tuple[str, ...], relay: _Relay) -> int | None:
-        """Run one request; None when it answered (the worker lives on), else its exit code."""
-        self._conn.send(paths)
+        """Run one request; None when it answered (the worker lives on), else its exit code.
+
+        The request runs in this process's environment of the moment (the run's temporary
+        folder, its log, its code folders), not the fork server's: the server may have started
+        before the run set them (the command line's checks), or for an earlier run.
+        """
+        self._conn.send((paths, dict(os.environ)))
         while True:
             relay.flush()
             if self._conn.poll(_POLL_SECONDS):
@@ -388,9 +383,10 @@ def worker_main(conn: Any) -> None:
     gc.freeze()  # what the fork server imported: never garbage, and its pages stay shared
     while True:
         try:
-            paths = conn.recv()
+            paths, environment = conn.recv()
         except (EOFError, OSError):
             return
+        _take_environment(environment)
         child_main(*paths)
         _forget_models()
         gc.collect()
@@ -399,6 +395,14 @@ def worker_main(conn: Any) -> None:
             conn.send("retiring")
             return
         conn.send("done")
+
+
+def _take_environment(environment: dict[str, str]) -> None:
+    """Make `environment` this process's, ``TMPDIR`` included (read again by `tempfile`)."""
+    if environment != os.environ:
+        os.environ.clear()
+        os.environ.update(environment)
+    tempfile.tempdir = None
 
 
 def _resident_mb() -> float:

@@ -178,21 +178,21 @@ def _check_model_path(path: Path, config: Any) -> None:
 def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:
     """Check a pipeline run's data, names, space and model before any work.
 
-    The model is opened in a fresh process (`tfopt.native`): one that crashes TensorFlow is a
-    one-line error, and no fork server starts before the run has set its temporary folder.
+    The model is opened in a child process (`tfopt.native`): one that crashes TensorFlow is a
+    one-line error. The fork server that child comes from is the one the run's steps use next.
 
     Raises:
         ConfigError: The first problem found, in one line naming the field.
     """
     from tfopt.models.inspection import INSPECT_STEP, inspect_model
-    from tfopt.native import NativeCrashError, run_native_fresh
+    from tfopt.native import NativeCrashError, run_native
 
     check_paths(config)
     data = check_data(config.data)
     check_free_space(config.work_dir, data, _model_bytes(config.model.path))
     try:
-        facts = run_native_fresh(INSPECT_STEP, inspect_model, config.model,
-                                 config.data.image_size, data.class_names)
+        facts = run_native(INSPECT_STEP, inspect_model, config.model,
+                           config.data.image_size, data.class_names)
     except NativeCrashError as error:
         raise ConfigError(f"model: opening or building it crashed TensorFlow ({error})") from error
     return data, facts

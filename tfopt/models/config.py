@@ -23,6 +23,12 @@ Architecture = Literal["small_cnn", "mobilenet_v2", "mobilenet_v3_small", "mobil
                        "efficientnet_b0", "resnet50"]
 
 
+SETTLE_EPOCHS = 3
+"""Epochs without a validation gain, once back within the budget, before a fine-tuning ends."""
+COOL_DOWN_EPOCHS = 3
+"""Epochs a rebuilt model's fine-tuning takes its rate to zero once back within the budget."""
+
+
 class ModelConfig(Section):
     """Which model is the baseline: a zoo network, the user's trained file, or the user's code."""
 

@@ -25,6 +25,7 @@ from tfopt.artifacts import TrainingData, TrialRef
 from tfopt.budget import TRAINING_TIME_USED
 from tfopt.data.pipeline import load_split, reader_options, tuned_dataset
 from tfopt.fileio import atomic_write_bytes
+from tfopt.models.config import SETTLE_EPOCHS
 from tfopt.models.keras_io import keras_of
 
 StoppedBy = Literal["plateau", "recovered", "cap", "budget", "budget_cooling", "pruned"]
@@ -486,12 +487,6 @@ class ReportToTrial(keras.callbacks.Callback):
         if self._rule is not None and self._rule.stops(self._best, float(value)):
             self.pruned = True
             self.model.stop_training = True
-
-
-SETTLE_EPOCHS = 3
-"""Epochs without a validation gain, once back within the budget, before a fine-tuning ends."""
-COOL_DOWN_EPOCHS = 3
-"""Epochs a rebuilt model's fine-tuning takes its rate to zero once back within the budget."""
 
 
 def recovery(data: TrainingData, from_epoch: int = 0,
