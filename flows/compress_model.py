@@ -21,7 +21,14 @@ from techniques import Planned, cut_short_in_run, plan
 from techniques.base import Skipped
 from techniques.outcomes import not_built, replanned, with_read_back
 from techniques.planner import Planner
-from tfopt.artifacts import BenchmarkInputs, Compressed, ModelArtifact, TrainingData, VariantSpec
+from tfopt.artifacts import (
+    BenchmarkInputs,
+    Compressed,
+    Cut,
+    ModelArtifact,
+    TrainingData,
+    VariantSpec,
+)
 from tfopt.orchestration import claim_flow_run, error_of, final_state
 from tfopt.search import search_summary
 from tfopt.tracking import RunRef
@@ -73,7 +80,8 @@ def compress_model(
     return Compressed(variants=variants, models=list(made.values()),
                       searches={name: search_summary(search)
                                 for name, search in planner.searches.items()},
-                      cuts=[skip.line() for skip in skips if skip.kind == "cut"])
+                      cuts=[Cut(step=skip.technique, kind="not_started", reason=skip.line())
+                            for skip in skips if skip.kind == "cut"])
 
 
 def _built(planned: Planned, model: ModelArtifact, config: PipelineConfig,

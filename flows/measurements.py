@@ -33,12 +33,13 @@ from techniques import (
 )
 from tfopt.artifacts import (
     BenchmarkInputs,
+    Cut,
     LearnedCosts,
     ModelArtifact,
     VariantResult,
     VariantSpec,
 )
-from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
+from tfopt.budget import CUT_BY_BUDGET, PROFILES, Budget, Cuts, MeasurementCosts
 from tfopt.logs import step_logger
 from tfopt.measurement.champion import is_peer
 from tfopt.measurement.floor import floor_key
@@ -53,6 +54,9 @@ from tfopt.variants import breadth_first, quicker_than_reference, skipped
 class Measurements:
     """The run's measurements, one variant at a time, and what the budget cut of them.
 
+    It holds the run's one `budget` from the baseline's measurements on: they resize it, the
+    narrowing and the finish's pricing too, and the flow reads it here.
+
     The harness's floor of each runner is timed with the first variant that goes through it
     and handed on to the others (`BenchmarkInputs.floor_ms`). Within a time budget each
     measurement's protocol is sized to what is left. A progress artifact counts every planned
@@ -63,7 +67,7 @@ class Measurements:
     def __init__(self, config: PipelineConfig, budget: Budget,
                  costs: MeasurementCosts | None = None) -> None:
         self.config, self.cfg, self.budget = config, config.benchmark, budget
-        self.cuts: list[str] = []
+        self.cuts = Cuts()
         self._costs = costs or MeasurementCosts(
             lambda variant_format: budget.planned_measurement_s(
                 runtime_of(variant_format).name == "tensorflow"))
@@ -106,8 +110,8 @@ class Measurements:
 
     def baseline_first(self, baseline: ModelArtifact, variants: list[VariantSpec],
                        inputs: BenchmarkInputs, learned: LearnedCosts | None = None,
-                       ) -> tuple[list[VariantResult], Budget]:
-        """The baseline's forms measured before the compression, and the budget they resized.
+                       ) -> list[VariantResult]:
+        """The baseline's forms measured before the compression; `budget` resized by them.
 
         Breadth-first over the runtimes, the speedup reference first. Each runtime's first form
         is always measured (the baseline on every runtime, and the prices of the others), and
@@ -151,7 +155,8 @@ class Measurements:
                 "techniques' full runs (%.0f s): measured after the compressed variants, "
                 "while the time budget lasts",
                 ", ".join(s.name for s in self.waiting if s.status == "ok"), full_s)
-        return results, self.resized(formats, full_s)
+        self.resized(formats, full_s)
+        return results
 
     def _shortest_runs_s(self, plans: list[Planned], epoch_s: float,
                          learned: LearnedCosts | None) -> float:
@@ -193,7 +198,7 @@ class Measurements:
                     f"(compress.forms: {forms}): its {before} forms would have left the "
                     f"techniques less than their shortest runs ({shortest_s:.0f} s)")
             step_logger().info(line)
-            self.cuts.append(line)
+            self.cuts.record(Cut(step="compressed forms", kind="narrowed", reason=line))
             return narrow_plans
         return plans
 
@@ -243,8 +248,9 @@ class Measurements:
                 cut.append(spec.name)
             results += self.measure([spec], inputs)
         if cut:
-            self.cuts.append(f"{', '.join(cut)} not measured: their time went to the "
-                             "compression")
+            self.cuts.record(Cut(
+                step="the baseline's later forms", kind="not_measured",
+                reason=f"{', '.join(cut)} not measured: their time went to the compression"))
         return results
 
     def _fits(self, spec: VariantSpec) -> bool:
@@ -271,10 +277,11 @@ class Measurements:
             budget = self.budget.with_measured(
                 (self._costs.expected(formats, profiled=False) or 0.0) + timing)
             self.cfg = self.cfg.model_copy(update={"profile": False})
-            self.cuts.append(
-                f"operator profiles and other APIs measured before the compression only: "
-                f"{window:.0f} s left the techniques less than their full runs "
-                f"({needed_s:.0f} s)")
+            self.cuts.record(Cut(
+                step=PROFILES, kind="shortened",
+                reason=f"operator profiles and other APIs measured before the compression "
+                       f"only: {window:.0f} s left the techniques less than their full runs "
+                       f"({needed_s:.0f} s)"))
         self.budget = budget
         step_logger().info("resized by the baseline's measurements: %s", budget.plan_line())
         return budget

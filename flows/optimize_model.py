@@ -49,6 +49,7 @@ from tfopt.artifacts import (
     BatchSweepResult,
     BenchmarkInputs,
     Compressed,
+    Cut,
     DatasetArtifact,
     InputPipelineResult,
     LayoutResult,
@@ -61,6 +62,7 @@ from tfopt.artifacts import (
 )
 from tfopt.budget import (
     Budget,
+    Cuts,
     FinishWatch,
     ModelSizes,
     budget_cuts,
@@ -163,12 +165,12 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                                               inputs, run_dir, run, budget)
         config, amx = _amx_decided(config, baseline_int8(variants, baseline.name), inputs, run)
         bench = Measurements(config, budget)
-        measured_baseline, budget = bench.baseline_first(baseline, variants, inputs,
-                                                         measured.data.costs)
+        del budget  # from here on, the run's budget is `bench.budget` (one copy)
+        measured_baseline = bench.baseline_first(baseline, variants, inputs, measured.data.costs)
         compressed = _compressed_variants(bench, measured.data, baseline, run_dir, run, inputs,
-                                          budget, variants)
+                                          variants)
         held = _baseline_holds(config, measured.data, _Held(baseline, savedmodel, inputs, variants),
-                               compressed, run_dir, run, budget)
+                               compressed, run_dir, run, bench.budget)
         baseline, inputs, technique_models = held.baseline, held.inputs, compressed.models
         _share_inputs(config, run, inputs)
         results = _measured(bench, (variants, measured_baseline), held, compressed.variants)
@@ -181,13 +183,13 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
                              held.note, inputs, amx, late)
         summary = {**summary, "search": compressed.searches}
         summary = late.run("comparison with the last run", lambda: _since_last_run(
-            config, run, summary, run_dir, (results, inputs), budget, finish),
+            config, run, summary, run_dir, (results, inputs), bench.budget, finish),
             {**summary, "since_last_run": None, "champion_history": []})
-        summary = _write_outputs(_with_budget(summary, budget, [*compressed.cuts, *bench.cuts],
-                                              _learned(measured.data, baseline)),
+        summary = _write_outputs(_with_budget(summary, bench.budget, [*compressed.cuts,
+                                              *bench.cuts], _learned(measured.data, baseline)),
                                  results, run_dir, run, late)
     late.run("the finish's time for the next run", lambda: record_finish(
-        measured.data.costs, finish.seconds() - budget.package_s * len(packaged)), None)
+        measured.data.costs, finish.seconds() - bench.budget.package_s * len(packaged)), None)
     return _said_done(summary)
 
 
@@ -380,8 +382,7 @@ def _export_bundles(sources: BuildSources, config: PipelineConfig, run_dir: Path
 
 def _compressed_variants(
     bench: Measurements, data: TrainingData, baseline: ModelArtifact, run_dir: Path,
-    run: tracking.TrackedRun, inputs: BenchmarkInputs, budget: Budget,
-    baseline_variants: list[VariantSpec],
+    run: tracking.TrackedRun, inputs: BenchmarkInputs, baseline_variants: list[VariantSpec],
 ) -> Compressed:
     """The compression subflow on the configured task runner, its models' metrics logged.
 
@@ -394,7 +395,7 @@ def _compressed_variants(
     compressed variant is marked failed and the baseline variants still go on. `bench` holds
     the config (its compressed forms narrowed or not) and prices a trial's files.
     """
-    config = bench.config
+    config, budget = bench.config, bench.budget
     budget_points = config.benchmark.accuracy_budget_points
     tuning = data.model_copy(update={"recover_to": recovery_target(baseline, budget_points,
                                                                    selection_examples(data)),
@@ -601,17 +602,17 @@ def _registered(
         run, choice.name, run_ids[choice.name], model_name, tags, description), None)
 
 
-def _with_budget(summary: dict[str, Any], budget: Budget, cuts: list[str],
+def _with_budget(summary: dict[str, Any], budget: Budget, cuts: list[Cut],
                  learned: dict[str, dict[str, float]]) -> dict[str, Any]:
     """The summary with the budget: planned, used and what it cut (the measurements' `cuts` too).
 
     Its use is taken here, at the end: the checks since the last run are inside the budget.
     `learned`: the techniques' prices this run took from earlier runs (`_learned`).
     """
-    cuts = [*cuts, *budget_cuts(summary["baseline_training"], summary["techniques"],
-                                summary["search"]),
-            *confirmation_cuts(summary.get("since_last_run"))]
-    return {**summary, "budget": {**budget.summary(cuts), "learned_costs": learned}}
+    ledger = Cuts([*cuts, *budget_cuts(summary["baseline_training"], summary["techniques"],
+                                       summary["search"]),
+                   *confirmation_cuts(summary.get("since_last_run"))])
+    return {**summary, "budget": {**budget.summary(ledger), "learned_costs": learned}}
 
 
 def _planned_budget(config: PipelineConfig) -> Budget:

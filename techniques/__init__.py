@@ -24,7 +24,7 @@ from pydantic import Field, create_model, model_validator
 import tfopt  # noqa: F401  (environment before TensorFlow)
 from techniques.base import NotApplicable, Skipped, Technique, TechniqueSection, cooling_epochs
 from tfopt.artifacts import LearnedCosts, ModelArtifact, TrainingData, VariantSpec
-from tfopt.budget import Clock
+from tfopt.budget import Clock, Stop
 from tfopt.config import Section
 from tfopt.learned_costs import record_cost
 from tfopt.logs import step_logger
@@ -272,7 +272,7 @@ def cut_short(model: ModelArtifact, data: TrainingData, margin: float) -> str | 
     """
     kept = model.at_kept_epoch("val_accuracy")
     keep = data.recover_to
-    if kept is None or keep is None or model.params.get("stopped_by") != "budget":
+    if kept is None or keep is None or Stop.of(model.params) is not Stop.BUDGET:
         return None
     if kept >= keep - margin:
         return None
@@ -353,7 +353,7 @@ def make_trial(name: str, point: Point, start: ModelArtifact, cfg: TechniqueSect
     model = technique.apply.fn(start, technique.at(cfg, point), data, out_dir)
     curve = model.history.get("val_accuracy") or []
     val = max(curve) if curve else None
-    status = trial_status(model.params.get("stopped_by") == "pruned", val,
+    status = trial_status(Stop.of(model.params) is Stop.PRUNED, val,
                           target)
     ran = int(model.params.get("epochs_run", 0))
     if status == "pruned":
@@ -545,10 +545,10 @@ def ended_by_deadline(made: ModelArtifact, cap: int) -> ModelArtifact:
     Its training ran to its lowered cap: the time budget, not its cap of `cap` epochs, ended
     it, and a model it left far from back is not worth its forms (`cut_short`).
     """
-    if made.params.get("stopped_by") != "cap":
+    if Stop.of(made.params) is not Stop.CAP:
         return made
     return made.model_copy(update={"params": {
-        **made.params, "stopped_by": "budget",
+        **made.params, "stopped_by": Stop.BUDGET,
         "stop_reason": f"budget: the {made.params.get('epochs_run')} of its {cap} epochs its "
                        "deadline held"}})
 

@@ -5,11 +5,14 @@ import time
 
 import pytest
 
+from tfopt.artifacts import Cut
 from tfopt.budget import (
     FINISH_S,
     LEAST_WORK_SHARE,
     MIN_TIMING_S,
+    PROFILES,
     Budget,
+    Cuts,
     FinishWatch,
     MeasurementCosts,
     ModelSizes,
@@ -25,28 +28,29 @@ def _budget_ending_in(seconds: float) -> Budget:
 
 
 def test_without_a_budget_or_with_time_to_spare_the_protocol_is_kept():
-    cuts: list[str] = []
+    cuts = Cuts()
     assert Budget(minutes=None).measurement_protocol(PROTOCOL, 30, None, cuts) == PROTOCOL
     roomy = _budget_ending_in(FINISH_S + 30 * (4.0 + 5.0))
     assert roomy.measurement_protocol(PROTOCOL, 30, 30.0, cuts) == PROTOCOL
-    assert cuts == []
+    assert not cuts
 
 
 def test_short_of_time_the_timing_is_cut_to_the_share_left_and_said_once():
-    budget, cuts = _budget_ending_in(FINISH_S + 10 * (2.0 + 1.0)), []
+    budget, cuts = _budget_ending_in(FINISH_S + 10 * (2.0 + 1.0)), Cuts()
     first = budget.measurement_protocol(PROTOCOL, 10, 10.0, cuts)
     second = budget.measurement_protocol(PROTOCOL, 9, 9.0, cuts)
     assert MIN_TIMING_S <= first.max_seconds < 2.0 + 1e-6
     assert first.min_seconds <= first.max_seconds and not first.thread_sweep
     assert first.profile and second.max_seconds >= first.max_seconds - 0.1
-    assert len(cuts) == 1 and "benchmark timing cut" in cuts[0]
+    (cut,) = cuts
+    assert cut.kind == "shortened" and cut.reason.startswith("benchmark timing cut to")
 
 
 def test_out_of_time_the_profiles_go_too():
-    budget, cuts = _budget_ending_in(FINISH_S), []
+    budget, cuts = _budget_ending_in(FINISH_S), Cuts()
     protocol = budget.measurement_protocol(PROTOCOL, 10, None, cuts)
     assert protocol.max_seconds == MIN_TIMING_S and not protocol.profile
-    assert any("profiles" in cut for cut in cuts)
+    assert [cut.step for cut in cuts] == ["benchmark timing", PROFILES]
 
 
 def test_cheap_files_are_not_sized_by_the_dear_tensorflow_measurements_before_them():
@@ -62,7 +66,7 @@ def test_cheap_files_are_not_sized_by_the_dear_tensorflow_measurements_before_th
     costs.add("tflite", 7.0)
     left = ["graph", *["tflite"] * 12, *["onnx"] * 4]
     assert costs.expected(left) == 37.0 + 12 * 6.0 + 4 * 37.0
-    budget, cuts = _budget_ending_in(FINISH_S + 17 * (1.0 + 4.0) + costs.expected(left)), []
+    budget, cuts = _budget_ending_in(FINISH_S + 17 * (1.0 + 4.0) + costs.expected(left)), Cuts()
     assert budget.measurement_protocol(PROTOCOL, 17, costs.expected(left), cuts) == PROTOCOL
     mean_of_all = sum((38.0, 36.0, 37.0, 5.0, 7.0)) / 5
     assert budget.measurement_protocol(PROTOCOL, 17, 17 * mean_of_all, cuts) != PROTOCOL
@@ -103,10 +107,27 @@ def test_the_cuts_say_which_trainings_the_deadline_ended_and_how():
     cooling = {"params": {"stop_reason": f"plateau: ..., then 1 epoch cooling down "
                                          f"({TRAINING_TIME_USED})",
                           "stopped_by": "budget_cooling", "epochs_run": 4}}
-    cuts = budget_cuts(baseline, {"cooled": cooled, "cooling": cooling}, {})
-    assert cuts == ["the baseline's training stopped after 7 epochs (time budget)",
-                    "cooling's fine-tuning stopped after 4 epochs (time budget), before its "
-                    "rate had cooled down to zero"]
+    searched = {"channel_prune": {"cut": "channel_prune search: 1 trial (time budget)"},
+                "depth_prune": {"cut": None}}
+    cuts = budget_cuts(baseline, {"cooled": cooled, "cooling": cooling}, searched)
+    assert [cut.reason for cut in cuts] == [
+        "the baseline's training stopped after 7 epochs (time budget)",
+        "cooling's fine-tuning stopped after 4 epochs (time budget), before its rate had "
+        "cooled down to zero", "channel_prune search: 1 trial (time budget)"]
+    assert [(cut.step, cut.kind) for cut in cuts] == [
+        ("the baseline's training", "stopped"), ("cooling's fine-tuning", "stopped"),
+        ("channel_prune search", "shortened")]
+
+
+def test_the_ledger_keeps_one_cut_per_step_the_first_and_the_summary_says_each():
+    first = Cut(step=PROFILES, kind="shortened", reason="profiles measured before the compression")
+    cuts = Cuts([first, Cut(step="distill", kind="not_started", reason="distill: cut")])
+    cuts.record(Cut(step=PROFILES, kind="shortened", reason="profiles left out"))
+    assert cuts.lines() == ["profiles measured before the compression", "distill: cut"]
+    said = Budget(minutes=5.0).summary(cuts)
+    assert said["cuts"] == cuts.lines()
+    assert said["cut_steps"] == [{"step": PROFILES, "kind": "shortened"},
+                                 {"step": "distill", "kind": "not_started"}]
 
 
 def test_a_format_not_measured_yet_is_priced_by_its_plan_as_far_over_as_the_dearest_measured():
@@ -215,8 +236,8 @@ def test_a_learned_finish_is_kept_at_the_end_in_place_of_the_guess():
     assert sized.with_packaged(10).finish_s == pytest.approx(42.0 + 0.2 * 5.0 * 10)
     assert "the finish (run-off, MLflow models, report) kept 42 s" in learned.plan_line()
     assert "the finish" not in guessed.plan_line()
-    assert learned.summary([])["learned_finish_s"] == 42.0
-    assert guessed.summary([])["learned_finish_s"] is None
+    assert learned.summary(Cuts())["learned_finish_s"] == 42.0
+    assert guessed.summary(Cuts())["learned_finish_s"] is None
 
 
 def test_the_finish_watch_leaves_the_checks_since_the_last_run_out():

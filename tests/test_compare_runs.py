@@ -154,8 +154,9 @@ def test_checks_the_time_budget_leaves_no_room_for_are_not_started_and_said_as_c
     since = settle({"moves": moves, "status_changes": []}, checks)
     assert [r["variant"] for r in since["regressions"]] == ["b"]
     assert "not timed side by side (cut by the time budget" in "\n".join(regression_lines(since))
-    (line,) = confirmation_cuts(since)
-    assert line.startswith("2 slowdowns since the last run not timed side by side")
+    (cut,) = confirmation_cuts(since)
+    assert cut.kind == "not_confirmed"
+    assert cut.reason.startswith("2 slowdowns since the last run not timed side by side")
     assert confirmation_cuts(None) == [] and confirmation_cuts({"moves": moves}) == []
 
 

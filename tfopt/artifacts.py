@@ -296,6 +296,24 @@ class VariantSpec(_Frozen):
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
 
+CutKind = Literal["not_started", "stopped", "narrowed", "shortened", "not_measured",
+                  "not_confirmed"]
+"""How the time budget cut a step: not started at all, a training stopped before it was done,
+the compressed models' forms narrowed, a search or the timing shortened, a form not measured,
+a slowdown not timed again side by side."""
+
+
+class Cut(BaseModel):
+    """One thing the time budget cut, recorded where it was cut."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step: str
+    """What was cut (``distill``, ``benchmark timing``): a run records one cut per step."""
+    kind: CutKind
+    reason: str
+    """What the run says of it (the summary's ``budget.cuts``, the terminal, the report)."""
+
 class Compressed(_Frozen):
     """What the compression subflow made: its variants, its models, and each search's trials."""
 
@@ -303,7 +321,7 @@ class Compressed(_Frozen):
     models: list[ModelArtifact]
     searches: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per searched technique: its knob, its trials and the chosen setting (`tfopt.search`)."""
-    cuts: list[str] = Field(default_factory=list)
+    cuts: list[Cut] = Field(default_factory=list)
     """The techniques the time budget cut before they started, each with its reason."""
 
 

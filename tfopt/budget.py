@@ -16,12 +16,14 @@ Every cut is recorded, and the run says at its start what it plans and at its en
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tfopt.artifacts import Cut
 from tfopt.config import MeasurementProtocol, Section
 
 BASELINE_SHARE = 0.45
@@ -50,6 +52,61 @@ CUT_BY_BUDGET = "cut by the time budget"
 """How a step the time budget left no time for is skipped (a technique's reason starts so)."""
 LEAST_WORK_SHARE = 0.3
 """The share of the budget the work before the conversions keeps, however many variants."""
+
+
+class Stop(StrEnum):
+    """What ended a training, as its params and the summary carry it (``stopped_by``)."""
+
+    NOT_TRAINED = ""
+    """Taken as it is (``train.epochs: 0``)."""
+    PLATEAU = "plateau"
+    RECOVERED = "recovered"
+    """Back within the accuracy budget (a fine-tuning)."""
+    CAP = "cap"
+    """Its epoch cap (or a fixed number of epochs)."""
+    BUDGET = "budget"
+    """The time budget, before it was done."""
+    BUDGET_COOLING = "budget_cooling"
+    """The time budget, while its rate cooled down once done."""
+    PRUNED = "pruned"
+    """The search's pruner: hopeless for the search."""
+
+    @property
+    def by_budget(self) -> bool:
+        """The time budget ended it."""
+        return self in (Stop.BUDGET, Stop.BUDGET_COOLING)
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any]) -> Stop | None:
+        """What `params` (a model's, a training's summary) say ended it; None: not said."""
+        value = params.get("stopped_by")
+        return cls(value) if value is not None and value in cls._value2member_map_ else None
+
+
+class Cuts:
+    """The run's ledger of cuts: each told `record` where it happens, the first per step kept."""
+
+    def __init__(self, cuts: Iterable[Cut] = ()) -> None:
+        self._by_step: dict[str, Cut] = {}
+        for cut in cuts:
+            self.record(cut)
+
+    def record(self, cut: Cut) -> None:
+        """Keep `cut`, unless its step was cut already."""
+        self._by_step.setdefault(cut.step, cut)
+
+    def __contains__(self, step: object) -> bool:
+        return step in self._by_step
+
+    def __iter__(self) -> Iterator[Cut]:
+        return iter(self._by_step.values())
+
+    def __len__(self) -> int:
+        return len(self._by_step)
+
+    def lines(self) -> list[str]:
+        """What the run says it cut, in the order it was cut."""
+        return [cut.reason for cut in self]
 
 
 class Clock(BaseModel):
@@ -338,14 +395,14 @@ class Budget(BaseModel):
                 "beside packaging, as this machine's earlier runs took it")
 
     def measurement_protocol(self, protocol: MeasurementProtocol, remaining: int,
-                             overheads_s: float | None, cuts: list[str]) -> MeasurementProtocol:
+                             overheads_s: float | None, cuts: Cuts) -> MeasurementProtocol:
         """The protocol for the next measurement, so the `remaining` ones fit the time left.
 
         `overheads_s` is what the `remaining` measurements are expected to cost beside their
         timing, all together (`MeasurementCosts.expected`; None: `MEASURE_S` each). Short of
         time, the timing is shortened to what is left per variant (at least `MIN_TIMING_S`),
-        then the profiles and other APIs are left out; the first of each cut is recorded in
-        `cuts`.
+        then the profiles and other APIs are left out; each is recorded in `cuts` (the first
+        time).
         """
         end = self.deadline(1.0)
         if end is None or remaining <= 0:
@@ -359,20 +416,24 @@ class Budget(BaseModel):
                                   "min_seconds": min(protocol.min_seconds, timing),
                                   "warmup_seconds": min(protocol.warmup_seconds, timing / 2.0),
                                   "thread_sweep": False}
-        _say_once(cuts, "benchmark timing", f"benchmark timing cut to {timing:.1f} s a variant "
-                  f"(max_seconds {protocol.max_seconds:g}) with {remaining} variants left")
+        cuts.record(Cut(step="benchmark timing", kind="shortened",
+                        reason=f"benchmark timing cut to {timing:.1f} s a variant "
+                               f"(max_seconds {protocol.max_seconds:g}) with {remaining} "
+                               "variants left"))
         if per_variant < MIN_TIMING_S and protocol.profile:
             update["profile"] = False
-            _say_once(cuts, "profiles", "operator profiles and other APIs left out with "
-                      f"{remaining} variants left")
+            cuts.record(Cut(step=PROFILES, kind="shortened",
+                            reason="operator profiles and other APIs left out with "
+                                   f"{remaining} variants left"))
         return protocol.model_copy(update=update)
 
-    def summary(self, cuts: list[str]) -> dict[str, Any]:
-        """The budget as the summary holds it: planned, used, and what was cut."""
+    def summary(self, cuts: Cuts) -> dict[str, Any]:
+        """The budget as the summary holds it: planned, used, what was cut (and how: each step)."""
         used = (time.time() - self.started) / 60.0
         return {"minutes": self.minutes, "used_minutes": round(used, 2),
                 "within": self.minutes is None or used <= self.minutes,
-                "plan": self.plan_line(), "cuts": cuts,
+                "plan": self.plan_line(), "cuts": cuts.lines(),
+                "cut_steps": [{"step": cut.step, "kind": cut.kind} for cut in cuts],
                 "learned_finish_s": None if self.learned_finish_s is None
                 else round(self.learned_finish_s, 1)}
 
@@ -447,36 +508,34 @@ class MeasurementCosts:
         return self._planned(variant_format) * over_plan
 
 
-def _say_once(cuts: list[str], key: str, line: str) -> None:
-    if not any(key in cut for cut in cuts):
-        cuts.append(line)
+PROFILES = "operator profiles"
+"""The step the measurements' profiles and other APIs are cut as."""
 
 
 TRAINING_TIME_USED = "the time planned for this training was used"
 """How a training's stop reason says its deadline ended it."""
 
 
-def _training_cut(who: str, params: dict[str, Any]) -> str | None:
+def _training_cut(who: str, params: dict[str, Any]) -> Cut | None:
     """What the budget cut in one training (`params` with what stopped it), if anything."""
-    stopped_by = params.get("stopped_by")
-    if stopped_by == "budget":
-        return f"{who} stopped after {params.get('epochs_run')} epochs (time budget)"
-    if stopped_by == "budget_cooling":
-        return (f"{who} stopped after {params.get('epochs_run')} epochs (time budget), "
-                "before its rate had cooled down to zero")
-    return None
+    stopped_by = Stop.of(params)
+    if stopped_by is None or not stopped_by.by_budget:
+        return None
+    line = f"{who} stopped after {params.get('epochs_run')} epochs (time budget)"
+    if stopped_by is Stop.BUDGET_COOLING:
+        line += ", before its rate had cooled down to zero"
+    return Cut(step=who, kind="stopped", reason=line)
 
 
 def budget_cuts(training: dict[str, Any], techniques: dict[str, Any],
-                searches: dict[str, Any]) -> list[str]:
-    """What the time budget cut in the trainings and searches (from their results)."""
-    cuts: list[str] = []
+                searches: dict[str, Any]) -> list[Cut]:
+    """What the time budget cut in the trainings and searches (from what stopped each)."""
     trainings = [("the baseline's training", training),
                  *((f"{name}'s fine-tuning", technique["params"])
                    for name, technique in techniques.items())]
-    cuts += [cut for who, params in trainings if (cut := _training_cut(who, params))]
-    cuts += [search["cut"] for search in searches.values() if search.get("cut")]
-    return cuts
+    return [*(cut for who, params in trainings if (cut := _training_cut(who, params))),
+            *(Cut(step=f"{name} search", kind="shortened", reason=search["cut"])
+              for name, search in searches.items() if search.get("cut"))]
 
 
 def _clock(seconds: float) -> str:
@@ -484,11 +543,12 @@ def _clock(seconds: float) -> str:
     return f"+{minutes}m{rest:02d}s"
 
 
-def confirmation_cuts(since: dict[str, Any] | None) -> list[str]:
+def confirmation_cuts(since: dict[str, Any] | None) -> list[Cut]:
     """The slowdowns since the last run the budget left no time to time side by side."""
     cut = [move["variant"] for move in (since or {}).get("moves", [])
            if (move.get("side_by_side") or {}).get("cut")]
     if not cut:
         return []
-    return [f"{len(cut)} slowdowns since the last run not timed side by side (the stricter "
-            f"rule judged them): {', '.join(cut)}"]
+    return [Cut(step="confirmations", kind="not_confirmed",
+                reason=f"{len(cut)} slowdowns since the last run not timed side by side "
+                       f"(the stricter rule judged them): {', '.join(cut)}")]

@@ -109,8 +109,9 @@ def test_waiting_forms_the_time_left_cannot_hold_are_cut_with_their_reason(tmp_p
     rows = over.later(inputs)
     assert [row.name for row in rows] == ["baseline-graph", "baseline-xla"]
     assert all(row.status == "skipped" and row.error.startswith(CUT_BY_BUDGET) for row in rows)
-    assert over.cuts == ["baseline-graph, baseline-xla not measured: their time went to the "
-                         "compression"]
+    assert over.cuts.lines() == ["baseline-graph, baseline-xla not measured: their time went "
+                                 "to the compression"]
+    assert [cut.kind for cut in over.cuts] == ["not_measured"]
     assert over.waiting == [] and over.later(inputs) == []
 
 
@@ -164,12 +165,13 @@ def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_fo
         update={"compressed_variants": wide})
     inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=tmp_path / "labels.npy",
                              reference_logits=None, examples=10)
-    rows, budget = bench.baseline_first(tiny_baseline, forms, inputs)
+    rows = bench.baseline_first(tiny_baseline, forms, inputs)
+    budget = bench.budget
     assert len(rows) == len(unbuilt) and all(row.status == "skipped" for row in rows)
     assert bench.config.compress.forms == "tflite_int8"
     narrow = compressed_formats(plan(bench.config, tiny_baseline))
     assert narrow == ["tflite"] * len(narrow) and budget.compressed_variants == len(narrow) < wide
-    assert any("int8 TFLite file only" in cut for cut in bench.cuts)
+    assert any("int8 TFLite file only" in cut for cut in bench.cuts.lines())
     waiting = [spec.name for spec in bench.waiting if spec.status == "ok"]
     assert waiting and len(waiting) + len(unbuilt) <= len(forms)
     later = bench.later(inputs)
@@ -212,12 +214,14 @@ def test_a_run_with_room_for_the_tflite_pair_narrows_to_it_not_to_int8_alone(
     assert window(every) < shortest_s < window(pair)
     inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=tmp_path / "labels.npy",
                              reference_logits=None, examples=10)
-    _, budget = bench.baseline_first(tiny_baseline, forms, inputs)
+    bench.baseline_first(tiny_baseline, forms, inputs)
+    budget = bench.budget
     assert bench.config.compress.forms == "tflite"
     narrow = plan(bench.config, tiny_baseline)
     assert sorted({spec.precision for p in narrow for spec in p.variants}) == ["fp32", "int8"]
     assert compressed_formats(narrow) == pair and budget.compressed_variants == len(pair)
-    assert any("int8 and fp32 TFLite files only" in cut for cut in bench.cuts), bench.cuts
+    assert any("int8 and fp32 TFLite files only" in cut for cut in bench.cuts.lines()), (
+        bench.cuts.lines())
 
 
 def test_past_the_first_round_forms_wait_while_the_techniques_would_miss_their_full_runs(
@@ -245,7 +249,7 @@ def test_past_the_first_round_forms_wait_while_the_techniques_would_miss_their_f
     assert bench.would_starve([], formats, full_s)
     inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=tmp_path / "labels.npy",
                              reference_logits=None, examples=10)
-    rows, _ = bench.baseline_first(tiny_baseline, forms, inputs)
+    rows = bench.baseline_first(tiny_baseline, forms, inputs)
     assert {row.name for row in rows} == unbuilt, "nothing past the first round measured now"
     assert bench.config.compress.forms != "tflite_int8", "the shortest runs fit: not narrowed"
     assert {spec.name for spec in bench.waiting} == {spec.name for spec in forms} - unbuilt

@@ -15,6 +15,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.budget import Stop
 from tfopt.config import TrainConfig
 from tfopt.fileio import file_lock
 from tfopt.logs import step_logger
@@ -125,12 +126,13 @@ def training_outcome(fitted: Fitted, train_cfg: TrainConfig) -> dict[str, str | 
     A model taken as it is (``train.epochs: 0``) was not trained here: not judged.
     """
     if not train_cfg.epochs:
-        return {"epochs_run": 0, "best_epoch": 0, "converged": False, "stopped_by": "",
+        return {"epochs_run": 0, "best_epoch": 0, "converged": False,
+                "stopped_by": Stop.NOT_TRAINED,
                 "stop_reason": "not trained here: the model is taken as it is (train.epochs: 0)"}
     if fitted.stop:
         return {**{key: fitted.stop[key] for key in STOP_KEYS}, "best_epoch": kept_epoch(fitted)}
     return {"epochs_run": train_cfg.epochs, "best_epoch": kept_epoch(fitted),
-            "converged": False, "stopped_by": "cap",
+            "converged": False, "stopped_by": Stop.CAP,
             "stop_reason": f"fixed: {train_cfg.epochs} epochs"}
 
 

@@ -15,22 +15,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
 from tfopt.artifacts import TrainingData, TrialRef
-from tfopt.budget import TRAINING_TIME_USED
+from tfopt.budget import TRAINING_TIME_USED, Stop
 from tfopt.data.pipeline import load_split, reader_options, tuned_dataset
 from tfopt.fileio import atomic_write_bytes
 from tfopt.models.config import SETTLE_EPOCHS
 from tfopt.models.keras_io import keras_of
 
-StoppedBy = Literal["plateau", "recovered", "cap", "budget", "budget_cooling", "pruned"]
-"""What ended a training: its plateau, its recovery, its epoch cap, the time budget before it
-was done or while it cooled down, the search's pruner (``stopped_by`` in its params)."""
 HISTORY_NAME = "history.csv"
 
 
@@ -54,7 +51,8 @@ class Fitted:
         The last one is left out when the time budget ended it, which may be within the epoch.
         """
         steady = self.epoch_seconds[1:]
-        if self.stop.get("stopped_by") in ("budget", "budget_cooling"):
+        stopped_by = Stop.of(self.stop)
+        if stopped_by is not None and stopped_by.by_budget:
             steady = steady[:-1]
         return statistics.median(steady) if steady else None
 
@@ -220,7 +218,7 @@ class StopWhenDone(keras.callbacks.Callback):
         self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
         self._done_why, self.reason, self._out_of_time = "", "", False
         self._checks_batches, self._passed_within_epoch = False, False
-        self._done_kind: StoppedBy = "cap"
+        self._done_kind = Stop.CAP
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """Time the epoch (the deadline check needs the next one's length)."""
@@ -272,18 +270,18 @@ class StopWhenDone(keras.callbacks.Callback):
         elif self._patience is not None and self._wait == max(1, self._patience // 2):
             self._halve_learning_rate()
 
-    def _done(self) -> tuple[StoppedBy, str]:
+    def _done(self) -> tuple[Stop, str]:
         """What ends the training, as a kind and in words ("cap", "" while more epochs may pay)."""
         if self._target is not None and self._best >= self._target and (
                 self._cool_down is not None or self._wait >= self._settle):
-            return "recovered", (
+            return Stop.RECOVERED, (
                 f"recovered: held-out accuracy {self._best:.4f} within the budget "
                 f"(>= {self._target:.4f})"
                 + ("" if self._cool_down else f" and no gain for {_epochs(self._wait)}"))
         if self._patience is not None and self._wait >= self._patience:
-            return "plateau", (f"plateau: no held-out accuracy gain of {self._min_delta:g} "
+            return Stop.PLATEAU, (f"plateau: no held-out accuracy gain of {self._min_delta:g} "
                                f"for {_epochs(self._patience)}")
-        return "cap", ""
+        return Stop.CAP, ""
 
     def _cool(self, epoch: int) -> None:
         """Done: the rate decays to zero over the cool-down's epochs, then the training ends."""
@@ -294,13 +292,13 @@ class StopWhenDone(keras.callbacks.Callback):
         if epoch - self._cooling_from >= self._cool_down.epochs:
             self.reason = f"{self._done_why}, then {_epochs(self._cool_down.epochs)} cooling down"
 
-    def _stopped_by(self) -> StoppedBy:
+    def _stopped_by(self) -> Stop:
         """What ended the training, as a kind (`stop_reason` says it in words)."""
         if self._out_of_time:
-            return "budget_cooling" if self._done_why else "budget"
+            return Stop.BUDGET_COOLING if self._done_why else Stop.BUDGET
         if self._done_why:
             return self._done_kind
-        return "cap"
+        return Stop.CAP
 
     def _halve_learning_rate(self) -> None:
         rate = constant_learning_rate(self.model.optimizer)
@@ -606,7 +604,7 @@ def fit_compiled(
     judge = next((c for c in callbacks or [] if isinstance(c, StopWhenDone)), None)
     stop = judge.outcome(epochs) if judge is not None else {}
     if any(isinstance(c, ReportToTrial) and c.pruned for c in callbacks or []):
-        stop = {**stop, "pruned": True, "stopped_by": "pruned",
+        stop = {**stop, "pruned": True, "stopped_by": Stop.PRUNED,
                 "stop_reason": "pruned: hopeless for the search"}
     return Fitted(curves, time.perf_counter() - started, reader, best.best_epoch, stop,
                   clock.seconds)
