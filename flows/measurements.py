@@ -39,7 +39,6 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.budget import CUT_BY_BUDGET, PROFILES, Budget, Cuts, MeasurementCosts
 from tfopt.logs import step_logger
 from tfopt.measurement.champion import is_peer
 from tfopt.measurement.floor import floor_key
@@ -47,6 +46,7 @@ from tfopt.models.baseline import epoch_seconds
 from tfopt.native import release_workers
 from tfopt.orchestration import StepProgress
 from tfopt.runtimes import NARROWED_FORMS, runtime_of, with_float_stem, with_forms
+from tfopt.schedule.budget import CUT_BY_BUDGET, PROFILES, Budget, Cuts, MeasurementCosts
 from tfopt.search import baseline_int8
 from tfopt.variants import breadth_first, quicker_than_reference, skipped
 
@@ -167,7 +167,7 @@ class Measurements:
     def file_s(self) -> float:
         """What a LiteRT file's conversion and measurement cost, as the baseline's priced them.
 
-        A search trial's files are those (`techniques.first_trial_s`).
+        A search trial's files are those (`tfopt.schedule.prices.first_trial_s`).
         """
         measured = self._costs.expected(["tflite"], profiled=False)
         return self.budget.build_s + (self.budget.measure_s if measured is None

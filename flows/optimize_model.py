@@ -60,17 +60,8 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.budget import (
-    Budget,
-    Cuts,
-    FinishWatch,
-    ModelSizes,
-    budget_cuts,
-    confirmation_cuts,
-)
 from tfopt.config import resolve_cpus
 from tfopt.fileio import atomic_write_json, path_size_bytes
-from tfopt.learned_costs import costs_key, load_costs, record_finish
 from tfopt.measurement.amx import AmxDecision, with_decided_amx
 from tfopt.measurement.champion import (
     ChampionChoice,
@@ -112,6 +103,15 @@ from tfopt.runtimes import (
 )
 from tfopt.runtimes.base import BuildSources, PlanRequest
 from tfopt.scaling import task_runner
+from tfopt.schedule.budget import (
+    Budget,
+    Cuts,
+    FinishWatch,
+    ModelSizes,
+    budget_cuts,
+    confirmation_cuts,
+)
+from tfopt.schedule.learned_costs import costs_key, load_costs, record_finish
 from tfopt.search import baseline_int8
 
 
@@ -620,7 +620,7 @@ def _planned_budget(config: PipelineConfig) -> Budget:
 
     The baseline's training is priced as if the compressed models were narrowed to their int8
     files (`Budget.least_compressed_variants`), the finish as this machine's earlier runs of the
-    model took it (`tfopt.learned_costs.record_finish`).
+    model took it (`tfopt.schedule.learned_costs.record_finish`).
     """
     learned = load_costs(config.work_dir.resolve(),
                          costs_key(config.model, config.data.image_size))
@@ -632,8 +632,9 @@ def _planned_budget(config: PipelineConfig) -> Budget:
 def _learned(data: TrainingData, baseline: ModelArtifact) -> dict[str, dict[str, float]]:
     """Each technique's fixed part in seconds and epoch share as this run priced them.
 
-    Learned on this machine for this model (`tfopt.learned_costs`); a technique not named, or a
-    number missing, was priced at `techniques.STARTUP_S` and `techniques.WRAPPED_EPOCH_SHARE`.
+    Learned on this machine for this model (`tfopt.schedule.learned_costs`); a technique not
+    named, or a number missing, was priced at `tfopt.schedule.prices.STARTUP_S` and
+    `WRAPPED_EPOCH_SHARE`.
     """
     return data.costs.summary(epoch_seconds(baseline)) if data.costs is not None else {}
 

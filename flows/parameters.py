@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from techniques import CompressConfig
-from tfopt.budget import BudgetConfig
 from tfopt.config import (
     BenchmarkConfig,
     DataConfig,
@@ -32,6 +31,7 @@ from tfopt.config import (
 )
 from tfopt.models.config import APPLICATION_ARCHITECTURES, ModelConfig
 from tfopt.runtimes import ConvertConfig, RuntimesConfig, known_formats
+from tfopt.schedule.budget import BudgetConfig
 
 
 def _auto_or_format(value: str) -> str:

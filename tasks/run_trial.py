@@ -9,11 +9,12 @@ from typing import Any
 from prefect import task
 from prefect.states import Completed, State
 
-from techniques import learn_cost, make_trial
+from techniques import make_trial
 from techniques.base import NotApplicable, TechniqueSection
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
 from tfopt.config import MeasurementProtocol
 from tfopt.native import NativeStep, run_native
+from tfopt.schedule.prices import learn_cost
 from tfopt.search import Point, Trial, time_files
 from tfopt.tracking import RunRef, log_trial
 

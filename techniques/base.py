@@ -22,6 +22,7 @@ from tfopt.config import Section
 from tfopt.logs import step_logger
 from tfopt.runtimes import FLOAT_STEM, compressed_forms, plan_forms
 from tfopt.runtimes.base import PlanRequest
+from tfopt.schedule.prices import cooling_epochs
 from tfopt.search import Knob, Point, Space
 
 if TYPE_CHECKING:
@@ -64,8 +65,8 @@ def derived_model(
     settings it trained with join `params` (``epochs_run`` and ``recovered`` the metrics too,
     the training's seconds ``fit_seconds`` and its median epoch after the first
     ``steady_epoch_seconds``, which price the technique's next run on this machine
-    (`techniques.learn_cost`), and the batch-norm re-estimation's figures at the kept epoch,
-    `kept_epoch_figures`);
+    (`tfopt.schedule.prices.learn_cost`), and the batch-norm re-estimation's figures at the
+    kept epoch, `kept_epoch_figures`);
     a Keras 3 model's translation (`tfmot_model`) and its check join the params and metrics.
     """
     from tfopt.models.batch_norm import kept_epoch_figures
@@ -129,16 +130,6 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
     distiller = compiled_distiller(model, teacher, cfg.teacher_alpha, 1.0, learning_rate)
     return fit_compiled(distiller, data, epochs=cfg.epochs, callbacks=callbacks,
                         best=KeepBestWeights())
-
-
-def cooling_epochs(cfg: Any) -> int:
-    """The epochs a fine-tuning's cosine rate cools down over once back within the budget.
-
-    0 for a technique without a cool-down (``cool_down_epochs``) or a constant rate.
-    """
-    if getattr(cfg, "learning_rate_schedule", None) != "cosine":
-        return 0
-    return int(getattr(cfg, "cool_down_epochs", 0) or 0)
 
 
 def cool_down_field() -> Any:

@@ -41,7 +41,6 @@ from techniques.base import (
 )
 from techniques.depth_prune import blocks_cut
 from tfopt.artifacts import ModelArtifact, TrainingData
-from tfopt.budget import Clock
 from tfopt.logs import step_logger
 from tfopt.models.channel_pruning import (
     SEARCHED_SHARES,
@@ -64,6 +63,7 @@ from tfopt.models.training import (
     scheduled_learning_rate,
 )
 from tfopt.models.zoo import build_model
+from tfopt.schedule.budget import Clock
 from tfopt.search import Knob
 
 if TYPE_CHECKING:

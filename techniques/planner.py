@@ -26,28 +26,30 @@ from prefect import Task, get_run_logger
 from prefect.states import Completed, State
 
 from techniques import (
-    STARTUP_S,
-    WRAPPED_EPOCH_SHARE,
     Planned,
     after_skipped,
     compression_workers,
     contained,
     cut_short_in_run,
-    epochs_of,
     finishing,
-    fitting,
     open_search,
-    own_deadline,
-    shortest_run_s,
     skipped_state,
-    trial_file_s,
     trial_forms,
 )
 from techniques.base import Skipped
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
-from tfopt.budget import CUT_BY_BUDGET, Clock
 from tfopt.logs import step_logger
 from tfopt.orchestration import final_state
+from tfopt.schedule.budget import CUT_BY_BUDGET, Clock
+from tfopt.schedule.prices import (
+    STARTUP_S,
+    WRAPPED_EPOCH_SHARE,
+    epochs_of,
+    fitting,
+    own_deadline,
+    shortest_run_s,
+    trial_file_s,
+)
 from tfopt.search import Joint, Search, search_line, trial_of
 from tfopt.tracking import RunRef
 
@@ -197,7 +199,7 @@ class Planner:
         return line + self._learned_line(ordered)
 
     def _learned_line(self, ordered: list[Planned]) -> str:
-        """The techniques priced by this machine's earlier runs (`tfopt.learned_costs`), if any."""
+        """The techniques priced by this machine's earlier runs (`tfopt.schedule.learned_costs`)."""
         costs, epoch_s = self.data.costs, self.data.epoch_s
         if costs is None:
             return ""

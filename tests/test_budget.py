@@ -6,7 +6,8 @@ import time
 import pytest
 
 from tfopt.artifacts import Cut
-from tfopt.budget import (
+from tfopt.config import MeasurementProtocol
+from tfopt.schedule.budget import (
     FINISH_S,
     LEAST_WORK_SHARE,
     MIN_TIMING_S,
@@ -17,7 +18,6 @@ from tfopt.budget import (
     MeasurementCosts,
     ModelSizes,
 )
-from tfopt.config import MeasurementProtocol
 
 PROTOCOL = MeasurementProtocol(min_seconds=1.0, max_seconds=4.0)
 
@@ -98,7 +98,7 @@ def test_the_measurements_are_sized_by_the_test_inputs_and_tensorflow_by_the_mod
 
 
 def test_the_cuts_say_which_trainings_the_deadline_ended_and_how():
-    from tfopt.budget import TRAINING_TIME_USED, budget_cuts
+    from tfopt.schedule.budget import TRAINING_TIME_USED, budget_cuts
 
     baseline = {"stop_reason": f"budget: {TRAINING_TIME_USED}", "stopped_by": "budget",
                 "epochs_run": 7}
@@ -147,7 +147,7 @@ def test_a_format_not_measured_yet_is_priced_by_its_plan_as_far_over_as_the_dear
 
 
 def test_the_clock_says_what_is_left_what_fits_and_why_a_step_is_cut():
-    from tfopt.budget import CUT_BY_BUDGET, Clock
+    from tfopt.schedule.budget import CUT_BY_BUDGET, Clock
 
     unbounded = Clock()
     assert unbounded.left() is None and unbounded.can_start(1e9)

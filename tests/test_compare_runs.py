@@ -136,8 +136,8 @@ def test_checks_the_time_budget_leaves_no_room_for_are_not_started_and_said_as_c
     import time
 
     from tfopt.artifacts import VariantResult
-    from tfopt.budget import CUT_BY_BUDGET, confirmation_cuts
     from tfopt.measurement.confirm import confirm_all
+    from tfopt.schedule.budget import CUT_BY_BUDGET, confirmation_cuts
 
     moves = [{"variant": name, "ratio": ratio, "minimum_change": 0.05, "verdict": "to_confirm",
               "what": "p50", "direction": "slower", "before": 1.0, "after": ratio}

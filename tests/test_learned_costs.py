@@ -4,7 +4,7 @@ import json
 import re
 import time
 
-from tfopt.learned_costs import (
+from tfopt.schedule.learned_costs import (
     COSTS_FILE,
     FINISH,
     KEPT,
@@ -68,8 +68,9 @@ def test_the_costs_key_names_the_machine_and_changes_with_the_model():
 def test_a_techniques_run_is_recorded_and_prices_its_next_start(tiny_baseline, tiny_data,
                                                                 tmp_path):
     from flows.parameters import PipelineConfig
-    from techniques import STARTUP_S, WRAPPED_EPOCH_SHARE, contained, plan, shortest_run_s
-    from tfopt.budget import CUT_BY_BUDGET
+    from techniques import contained, plan
+    from tfopt.schedule.budget import CUT_BY_BUDGET
+    from tfopt.schedule.prices import STARTUP_S, WRAPPED_EPOCH_SHARE, shortest_run_s
 
     config = PipelineConfig.model_validate({"name": "learned", "compress": {
         "qat": {"enabled": True, "epochs": 2}}})
@@ -162,8 +163,8 @@ def test_the_runs_finish_is_learned_beside_the_techniques(tmp_path):
 
 def test_a_one_epoch_run_keeps_its_fixed_part_and_not_its_graphs_building_as_a_share(
         tiny_baseline, tiny_data, tmp_path):
-    from techniques import learn_cost
     from techniques.qat import QatConfig
+    from tfopt.schedule.prices import learn_cost
 
     costs = load_costs(tmp_path, "here")
     record_cost(costs, "qat", 10.0, priced_s=4.0, epoch_s=2.0, epoch_share=1.0)

@@ -82,15 +82,16 @@ class TrialRef(_Frozen):
 class LearnedCosts(_Frozen):
     """What each technique's runs took, on this machine and model: epochs and fixed part.
 
-    Kept in the work folder across runs (`tfopt.learned_costs`): the time budget prices a
+    Kept in the work folder across runs (`tfopt.schedule.learned_costs`): the time budget prices a
     technique's epochs and its fixed part (its process's start, its graph, its export) with it,
-    where a first run can only guess (`techniques.WRAPPED_EPOCH_SHARE`, `techniques.STARTUP_S`).
+    where a first run can only guess (`WRAPPED_EPOCH_SHARE`, `STARTUP_S` in
+    `tfopt.schedule.prices`).
     """
 
     path: Path
     """The work folder's costs file."""
     key: str
-    """This machine's CPU and cores, and the model (`tfopt.learned_costs.costs_key`)."""
+    """This machine's CPU and cores, and the model (`tfopt.schedule.learned_costs.costs_key`)."""
     startup_epochs: dict[str, float] = Field(default_factory=dict)
     """Technique -> the median fixed part of its last runs here, in the baseline's epochs."""
     epoch_shares: dict[str, float] = Field(default_factory=dict)
@@ -144,17 +145,18 @@ class TrainingData(_Frozen):
     pruner may stop a hopeless one)."""
     deadline: float | None = None
     """When every fine-tuning must have ended (a `time.time()` value: the run's time budget,
-    `tfopt.budget`); None: no limit."""
+    `tfopt.schedule.budget`); None: no limit."""
     queued: tuple[tuple[float, float], ...] = ()
     """The fine-tunings still to run one after another before `deadline`, this one first, each
     as (its shortest run's seconds, its epochs), per worker (empty: this one alone). Each gets
-    its shortest run first and its epochs' share of the rest (`techniques.own_deadline`): the
-    first technique cannot take the last one's time, and one whose shortest run no longer fits
-    behind those before it keeps none (`techniques.fitting`)."""
+    its shortest run first and its epochs' share of the rest
+    (`tfopt.schedule.prices.own_deadline`): the first technique cannot take the last one's time,
+    and one whose shortest run no longer fits behind those before it keeps none
+    (`tfopt.schedule.prices.fitting`)."""
     file_s: float = 0.0
     """What converting and timing one LiteRT file costs, as the baseline's measurements priced
     it (`flows.measurements.Measurements.file_s`): a search trial's files are priced at it
-    (`techniques.first_trial_s`; 0: at `variant_tail_s`)."""
+    (`tfopt.schedule.prices.first_trial_s`; 0: at `variant_tail_s`)."""
     variant_tail_s: float = 0.0
     """What the time budget keeps after `deadline` for each planned compressed variant's
     conversion and measurement (0: nothing kept). A technique known never to build its
@@ -162,11 +164,11 @@ class TrainingData(_Frozen):
     epoch_s: float = 0.0
     """The baseline's seconds per training epoch (0: not trained here): a technique does not
     start with less time left before `deadline` than its shortest run takes at that pace
-    (`techniques.shortest_run_s`); with less it would stop far from back
+    (`tfopt.schedule.prices.shortest_run_s`); with less it would stop far from back
     (`techniques.cut_short`) and its time go to nothing."""
     costs: LearnedCosts | None = None
     """The techniques' fixed costs learned in earlier runs (None: each priced at
-    `techniques.STARTUP_S`, nothing recorded)."""
+    `tfopt.schedule.prices.STARTUP_S`, nothing recorded)."""
 
 
 class InputPipelineResult(_Frozen):

@@ -6,10 +6,10 @@ from pathlib import Path
 from flows.measurements import Measurements, first_round, in_plan_order
 from flows.parameters import PipelineConfig
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, VariantResult, VariantSpec
-from tfopt.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
 from tfopt.measurement.champion import is_peer
 from tfopt.runtimes import plan_forms, plan_variant, runtime_of
 from tfopt.runtimes.base import PlanRequest
+from tfopt.schedule.budget import CUT_BY_BUDGET, Budget, MeasurementCosts
 from tfopt.variants import breadth_first, skipped
 
 
@@ -116,7 +116,7 @@ def test_waiting_forms_the_time_left_cannot_hold_are_cut_with_their_reason(tmp_p
 
 
 def test_the_finish_is_priced_for_the_variants_it_will_package():
-    from tfopt.budget import FINISH_S, ModelSizes
+    from tfopt.schedule.budget import FINISH_S, ModelSizes
 
     planned = Budget(minutes=25.0, baseline_variants=4, compressed_variants=6)
     bench = Measurements(PipelineConfig.model_validate({"name": "m"}), planned.with_builds(

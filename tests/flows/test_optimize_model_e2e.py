@@ -219,7 +219,7 @@ def test_summary_has_the_contract_keys(smoke_run):
 
 def test_the_runs_finish_is_kept_for_the_next_runs_budget(smoke_run):
     """What the run-off, the MLflow models and the report took, for the next run to keep."""
-    from tfopt.learned_costs import COSTS_FILE, FINISH
+    from tfopt.schedule.learned_costs import COSTS_FILE, FINISH
 
     _, summary, _, demo = smoke_run
     book = json.loads((demo.parent / "work" / COSTS_FILE).read_text())

@@ -244,7 +244,7 @@ def test_a_technique_the_budget_cuts_or_whose_start_was_skipped_ends_completed_a
     from techniques import contained, plan
     from techniques.base import Skipped
     from techniques.planner import searched_from_baseline
-    from tfopt.budget import CUT_BY_BUDGET
+    from tfopt.schedule.budget import CUT_BY_BUDGET
 
     config = PipelineConfig.model_validate({"name": "cut", "compress": {
         **{name: {"enabled": True} for name in ("distill", "qat")},
@@ -284,7 +284,7 @@ def test_a_model_the_technique_does_not_apply_to_ends_its_search_at_the_first_tr
 
 
 def test_each_fine_tuning_gets_its_shortest_run_then_its_epochs_share_of_the_rest(tiny_data):
-    from techniques import own_deadline
+    from tfopt.schedule.prices import own_deadline
 
     now = time.time()
     queued = tiny_data.model_copy(update={"deadline": now + 100.0,
@@ -331,9 +331,9 @@ def test_a_distilled_student_can_lack_the_teachers_least_influential_blocks_too(
 
 
 def test_a_fine_tuning_runs_the_epochs_its_deadline_holds_so_its_ramp_ends_before_it(tiny_data):
-    from techniques import within_deadline
     from techniques.prune import PruneConfig, first_sparse_epoch
     from tfopt.artifacts import LearnedCosts
+    from tfopt.schedule.prices import within_deadline
 
     cfg = PruneConfig(epochs=10)
     paced = tiny_data.model_copy(update={"epoch_s": 2.0, "costs": None})
@@ -357,7 +357,8 @@ def test_a_fine_tuning_runs_the_epochs_its_deadline_holds_so_its_ramp_ends_befor
 
 def test_a_training_that_ran_the_epochs_its_deadline_held_was_ended_by_the_budget(
         tiny_baseline, tiny_data):
-    from techniques import cut_short, ended_by_deadline
+    from techniques import cut_short
+    from tfopt.schedule.prices import ended_by_deadline
 
     ran = tiny_baseline.model_copy(update={
         "history": {"val_accuracy": [0.5, 0.6, 0.7]},

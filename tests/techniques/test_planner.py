@@ -213,7 +213,8 @@ def test_a_combination_does_not_continue_from_a_model_the_budget_stopped_far_fro
 
 def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tiny_baseline,
                                                                              tiny_data):
-    from techniques import shortest_run_s, shortest_runs_s
+    from techniques import shortest_runs_s
+    from tfopt.schedule.prices import shortest_run_s
 
     plans = plan(_config(), tiny_baseline)
     data = tiny_data.model_copy(update={"epoch_s": 1.0})
@@ -225,7 +226,8 @@ def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tin
 
 def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_baseline,
                                                                          tiny_data):
-    from techniques import first_trial_s, shortest_run_s, shortest_runs_s
+    from techniques import shortest_runs_s
+    from tfopt.schedule.prices import first_trial_s, shortest_run_s
     from tfopt.search import TRIAL_FORMS
 
     config = PipelineConfig.model_validate({"name": "plan", "compress": {
@@ -317,7 +319,7 @@ def test_the_float_stem_is_planned_beside_each_thinner_int8_file_where_the_basel
 
 
 def test_a_run_that_cannot_have_its_shortest_run_is_passed_over_and_a_shorter_one_after_fits():
-    from techniques import fitting
+    from tfopt.schedule.prices import fitting
 
     assert fitting([10.0, 15.0, 40.0, 5.0], 32.0) == [True, True, False, True]
     assert fitting([40.0, 5.0], 30.0) == [False, True], "the first is checked too"
@@ -330,7 +332,8 @@ def test_a_searchs_first_trial_ends_at_its_share_and_leaves_the_others_their_sho
     and QAT, distillation and the joint search were cut: the first round's share bounds it."""
     from prefect.states import Failed
 
-    from techniques import first_trial_s, shortest_run_s, trial_file_s, trial_forms
+    from techniques import trial_forms
+    from tfopt.schedule.prices import first_trial_s, shortest_run_s, trial_file_s
 
     sent = []
 

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
-from tfopt.budget import CUT_BY_BUDGET
 from tfopt.config import MeasurementProtocol
 from tfopt.measurement.runoff import side_by_side_in_worker
 from tfopt.orchestration import benchmark_slot
 from tfopt.report.compare import STRICTER
+from tfopt.schedule.budget import CUT_BY_BUDGET
 
 
 def confirm_slowdown(move: dict[str, Any], current: VariantResult, previous_file: Path | None,
@@ -47,7 +47,7 @@ def confirm_slowdown(move: dict[str, Any], current: VariantResult, previous_file
         cleared_ratio: The largest move since the last run that this run's side-by-side checks
             found not slower: without a file, only a larger one counts.
         cut: The time budget left no room to time it (``cut`` in the check, typed: read by
-            `tfopt.budget.confirmation_cuts`, never parsed from the reason).
+            `tfopt.schedule.budget.confirmation_cuts`, never parsed from the reason).
     """
     threshold = move["minimum_change"]
     if previous_file is None or current.path is None:

@@ -15,7 +15,6 @@ from pathlib import Path
 import tensorflow as tf
 
 from tfopt.artifacts import ModelArtifact, TrainingData
-from tfopt.budget import Stop
 from tfopt.config import TrainConfig
 from tfopt.fileio import file_lock
 from tfopt.logs import step_logger
@@ -42,6 +41,7 @@ from tfopt.models.training import (
     kept_epoch,
 )
 from tfopt.native import NativeStep
+from tfopt.schedule.budget import Stop
 from tfopt.serving import write_labels
 
 TRAIN_STEP = NativeStep(

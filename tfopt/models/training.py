@@ -22,11 +22,11 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tfopt.artifacts import TrainingData, TrialRef
-from tfopt.budget import TRAINING_TIME_USED, Stop
 from tfopt.data.pipeline import load_split, reader_options, tuned_dataset
 from tfopt.fileio import atomic_write_bytes
 from tfopt.models.config import SETTLE_EPOCHS
 from tfopt.models.keras_io import keras_of
+from tfopt.schedule.budget import TRAINING_TIME_USED, Stop
 
 HISTORY_NAME = "history.csv"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tfopt.artifacts import ModelArtifact, TrialRef
-from tfopt.budget import Clock
+from tfopt.schedule.budget import Clock
 from tfopt.search.knob import Joint, Knob, Point, Space
 from tfopt.search.trials import TRIAL_FORMS, Trial
 

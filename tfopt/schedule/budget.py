@@ -202,8 +202,9 @@ class Budget(BaseModel):
     finish_s: float = FINISH_S
     learned_finish_s: float | None = None
     """The finish beside packaging as this machine's earlier runs of this model took it
-    (`tfopt.learned_costs`; None: not learned, `FINISH_S`): a larger model's run-off and MLflow
-    models take longer than the demo's, and runs priced at the guess ended past their budget."""
+    (`tfopt.schedule.learned_costs`; None: not learned, `FINISH_S`): a larger model's run-off
+    and MLflow models take longer than the demo's, and runs priced at the guess ended past
+    their budget."""
     package_s: float = 0.0
     """The part of `finish_s` per variant it packages (`with_builds`), beside `finish_fixed_s`."""
     measured_tail_s: float | None = None

@@ -10,8 +10,9 @@ Each run's epoch share (its trainings' seconds per epoch over the baseline's) an
 rest of its wall time, in the baseline's epochs, so that a busier machine scales it as it scales the
 epochs) are kept in the work folder per CPU, cores and model; the next run prices each technique
 with the medians of its last `KEPT` runs. The run's finish (the run-off, the MLflow models, the
-report: `tfopt.budget.FinishWatch`) is kept there too, in seconds, and the next run keeps the
-longest of its last `KEPT` for it: a reserve before a deadline, where a price is a median.
+report: `tfopt.schedule.budget.FinishWatch`) is kept there too, in seconds, and the next run
+keeps the longest of its last `KEPT` for it: a reserve before a deadline, where a price is a
+median.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def record_cost(costs: LearnedCosts, technique: str, wall_s: float, priced_s: fl
 
 
 def record_finish(costs: LearnedCosts | None, seconds: float) -> None:
-    """Keep what this run's finish took beside its packaging (`tfopt.budget.FinishWatch`).
+    """Keep what this run's finish took beside its packaging (`tfopt.schedule.budget.FinishWatch`).
 
     The next run's budget keeps the longest of the last `KEPT` for it (`Budget.finish_fixed_s`).
     A work folder that cannot be written is logged; the run never fails on its bookkeeping.
