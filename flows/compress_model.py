@@ -80,8 +80,10 @@ def compress_model(
     return Compressed(variants=variants, models=list(made.values()),
                       searches={name: search_summary(search)
                                 for name, search in planner.searches.items()},
-                      cuts=[Cut(step=skip.technique, kind="not_started", reason=skip.line())
-                            for skip in skips if skip.kind == "cut"])
+                      cuts=[*(Cut(step=skip.technique, kind="not_started", reason=skip.line())
+                              for skip in skips if skip.kind == "cut"),
+                            *(search.cut for search in planner.searches.values()
+                              if search.cut is not None)])
 
 
 def _built(planned: Planned, model: ModelArtifact, config: PipelineConfig,

@@ -609,8 +609,7 @@ def _with_budget(summary: dict[str, Any], budget: Budget, cuts: list[Cut],
     Its use is taken here, at the end: the checks since the last run are inside the budget.
     `learned`: the techniques' prices this run took from earlier runs (`_learned`).
     """
-    ledger = Cuts([*cuts, *budget_cuts(summary["baseline_training"], summary["techniques"],
-                                       summary["search"]),
+    ledger = Cuts([*cuts, *budget_cuts(summary["baseline_training"], summary["techniques"]),
                    *confirmation_cuts(summary.get("since_last_run"))])
     return {**summary, "budget": {**budget.summary(ledger), "learned_costs": learned}}
 

@@ -107,16 +107,13 @@ def test_the_cuts_say_which_trainings_the_deadline_ended_and_how():
     cooling = {"params": {"stop_reason": f"plateau: ..., then 1 epoch cooling down "
                                          f"({TRAINING_TIME_USED})",
                           "stopped_by": "budget_cooling", "epochs_run": 4}}
-    searched = {"channel_prune": {"cut": "channel_prune search: 1 trial (time budget)"},
-                "depth_prune": {"cut": None}}
-    cuts = budget_cuts(baseline, {"cooled": cooled, "cooling": cooling}, searched)
+    cuts = budget_cuts(baseline, {"cooled": cooled, "cooling": cooling})
     assert [cut.reason for cut in cuts] == [
         "the baseline's training stopped after 7 epochs (time budget)",
         "cooling's fine-tuning stopped after 4 epochs (time budget), before its rate had "
-        "cooled down to zero", "channel_prune search: 1 trial (time budget)"]
+        "cooled down to zero"]
     assert [(cut.step, cut.kind) for cut in cuts] == [
-        ("the baseline's training", "stopped"), ("cooling's fine-tuning", "stopped"),
-        ("channel_prune search", "shortened")]
+        ("the baseline's training", "stopped"), ("cooling's fine-tuning", "stopped")]
 
 
 def test_the_ledger_keeps_one_cut_per_step_the_first_and_the_summary_says_each():

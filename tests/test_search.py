@@ -213,11 +213,13 @@ def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path):
 
     search = Search(KNOB, tmp_path / "study", "late", target=0.9)
     assert _next(search, deadline=time.time() - 1) == []
-    assert search.cut == "the fraction search was not started (time budget)"
+    assert search.cut is not None and search.cut.kind == "not_started"
+    assert search.cut.reason == "the fraction search was not started (time budget)"
     assert _next(search, deadline=time.time() + 60) == [0.5], "a first round: no estimate"
     _finish(search, 0.5)
     assert _next(search, deadline=time.time() - 1) == []
-    assert search.cut == "the fraction search stopped after 1 trials (time budget)"
+    assert search.cut is not None and search.cut.kind == "shortened"
+    assert search.cut.reason == "the fraction search stopped after 1 trials (time budget)"
     time.sleep(1.0)  # other searches run meanwhile: the round's length stays its own
     assert _next(search, deadline=time.time() + 0.9) == [0.75]
     over = Search(Knob("fraction", KNOB.values, first=0.875), tmp_path / "over", "over",

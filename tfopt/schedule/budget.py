@@ -528,15 +528,12 @@ def _training_cut(who: str, params: dict[str, Any]) -> Cut | None:
     return Cut(step=who, kind="stopped", reason=line)
 
 
-def budget_cuts(training: dict[str, Any], techniques: dict[str, Any],
-                searches: dict[str, Any]) -> list[Cut]:
-    """What the time budget cut in the trainings and searches (from what stopped each)."""
+def budget_cuts(training: dict[str, Any], techniques: dict[str, Any]) -> list[Cut]:
+    """What the time budget cut in the trainings (from what stopped each: `Stop`)."""
     trainings = [("the baseline's training", training),
                  *((f"{name}'s fine-tuning", technique["params"])
                    for name, technique in techniques.items())]
-    return [*(cut for who, params in trainings if (cut := _training_cut(who, params))),
-            *(Cut(step=f"{name} search", kind="shortened", reason=search["cut"])
-              for name, search in searches.items() if search.get("cut"))]
+    return [cut for who, params in trainings if (cut := _training_cut(who, params))]
 
 
 def _clock(seconds: float) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfopt.artifacts import ModelArtifact, TrialRef
+from tfopt.artifacts import Cut, ModelArtifact, TrialRef
 from tfopt.schedule.budget import Clock
 from tfopt.search.knob import Joint, Knob, Point, Space
 from tfopt.search.trials import TRIAL_FORMS, Trial
@@ -95,7 +95,8 @@ class Search:
         self._round_started: float | None = None
         self._round_seconds = 0.0
         self._exhausted = False
-        self.cut: str | None = None
+        self.cut: Cut | None = None
+        """What the time budget cut of it (`next_trials`), if anything."""
         self.expected_round_s: float | None = None
         """How long a round is expected to take before any has (the searches run before it)."""
 
@@ -148,9 +149,10 @@ class Search:
         if not self.is_open():
             return []
         if not Clock(deadline=deadline).can_start(self._round_seconds if tried else 0.0):
-            self.cut = (f"the {self.knob.field} search stopped after {tried} trials (time "
-                        "budget)" if tried else
-                        f"the {self.knob.field} search was not started (time budget)")
+            search = f"the {self.knob.field} search"
+            self.cut = Cut(step=search, kind="shortened" if tried else "not_started",
+                           reason=(f"{search} stopped after {tried} trials (time budget)" if tried
+                                   else f"{search} was not started (time budget)"))
             return []
         self._round_started = time.monotonic()
         opened = self._open_trials(at_once, deadline)
@@ -470,7 +472,7 @@ def search_summary(search: Search) -> dict[str, Any]:
             "target_val_accuracy": search.target,
             "target_file_val_accuracy": search.file_target,
             "target_test_accuracy": None,  # a contract key kept: nothing is chosen on test
-            "cut": search.cut,
+            "cut": None if search.cut is None else search.cut.reason,
             "trials": [trial.summary() for trial in search.trials()],
             "front": ([dict(t.params) for t in search.front()]
                       if isinstance(search, JointSearch) else None),
