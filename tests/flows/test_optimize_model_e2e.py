@@ -227,6 +227,7 @@ def test_the_runs_finish_is_kept_for_the_next_runs_budget(smoke_run):
     (finish,) = kept[FINISH]
     assert 0.0 < finish["seconds"] < 600.0, finish
     assert summary["budget"]["learned_finish_s"] is None, "the first run of its key"
+    assert summary["budget"]["cuts"] == summary["budget"]["cut_steps"] == [], "no budget, no cut"
 
 
 def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
