@@ -3,7 +3,7 @@
 The baseline's forms are measured before the compression, breadth-first over the runtimes
 (`tfopt.variants.breadth_first`, the speedup reference `baseline-tflite-int8` first): what
 they cost by format (`MeasurementCosts`) prices the compressed variants' measurements
-(`Measurements.resized`), so the searches and fine-tunings get the time a guess would have
+(`MeasurementLedger.resize`), so the searches and fine-tunings get the time a guess would have
 kept. On a slow machine the measurements could take the compression's whole time: then each
 compressed model is built and measured as its int8 and fp32 TFLite files alone
 (``compress.forms: tflite``), or its int8 file alone when even those would not fit
@@ -26,9 +26,8 @@ from techniques import (
     Planned,
     compressed_formats,
     compression_workers,
-    full_runs_s,
     plan,
-    shortest_runs_s,
+    priced_runs,
     trial_forms,
 )
 from tfopt.artifacts import (
@@ -46,7 +45,8 @@ from tfopt.models.baseline import epoch_seconds
 from tfopt.native import release_workers
 from tfopt.orchestration import StepProgress
 from tfopt.runtimes import NARROWED_FORMS, runtime_of, with_float_stem, with_forms
-from tfopt.schedule.budget import CUT_BY_BUDGET, PROFILES, Budget, Cuts, MeasurementCosts
+from tfopt.schedule.budget import CUT_BY_BUDGET, Budget, Cuts
+from tfopt.schedule.measurements import MeasurementLedger
 from tfopt.search import baseline_int8
 from tfopt.variants import breadth_first, quicker_than_reference, skipped
 
@@ -54,8 +54,9 @@ from tfopt.variants import breadth_first, quicker_than_reference, skipped
 class Measurements:
     """The run's measurements, one variant at a time, and what the budget cut of them.
 
-    It holds the run's one `budget` from the baseline's measurements on: they resize it, the
-    narrowing and the finish's pricing too, and the flow reads it here.
+    Their time is the schedule's (`tfopt.schedule.measurements.MeasurementLedger`: the run's one
+    `budget` from the baseline's measurements on, their costs, the cuts): this class asks it
+    and measures.
 
     The harness's floor of each runner is timed with the first variant that goes through it
     and handed on to the others (`BenchmarkInputs.floor_ms`). Within a time budget each
@@ -64,18 +65,28 @@ class Measurements:
     TFLite files when the baseline's turn found the time short (the compression takes it).
     """
 
-    def __init__(self, config: PipelineConfig, budget: Budget,
-                 costs: MeasurementCosts | None = None) -> None:
-        self.config, self.cfg, self.budget = config, config.benchmark, budget
-        self.cuts = Cuts()
-        self._costs = costs or MeasurementCosts(
-            lambda variant_format: budget.planned_measurement_s(
-                runtime_of(variant_format).name == "tensorflow"))
+    def __init__(self, config: PipelineConfig, budget: Budget) -> None:
+        self.config = config
+        self.ledger = MeasurementLedger(budget, config.benchmark)
         self.waiting: list[VariantSpec] = []
         """The baseline's forms that wait until after the compressed variants (`later`)."""
         self._floors: dict[str, float] = {}
         self._done, self._total = 0, budget.baseline_variants + budget.compressed_variants
         self._progress = StepProgress("benchmark-variants", "variants benchmarked")
+
+    @property
+    def budget(self) -> Budget:
+        """The run's budget, as the measurements have resized it so far."""
+        return self.ledger.budget
+
+    @budget.setter
+    def budget(self, budget: Budget) -> None:
+        self.ledger.budget = budget
+
+    @property
+    def cuts(self) -> Cuts:
+        """What the budget cut of the measurements."""
+        return self.ledger.cuts
 
     def measure(self, variants: list[VariantSpec], inputs: BenchmarkInputs,
                 waits: Callable[[list[VariantSpec]], bool] | None = None,
@@ -90,18 +101,17 @@ class Measurements:
         for index, spec in enumerate(variants):
             if waits is not None and waits(variants[index:]):
                 break
-            left = [s.format for s in variants[index:] if s.status == "ok"]
-            protocol = self.budget.measurement_protocol(
-                self.cfg, len(left), self._costs.expected(left, self.cfg.profile), self.cuts)
+            protocol = self.ledger.protocol_for(
+                [s.format for s in variants[index:] if s.status == "ok"])
             started = time.monotonic()
             result = benchmark_one(spec, inputs.model_copy(update={"floor_ms": {
                 **inputs.floor_ms, **self._floors}}), protocol)
             if spec.status == "ok":
                 timed = result.timing_seconds or protocol.min_seconds
-                self._costs.add(spec.format, time.monotonic() - started - timed,
-                                result.profile_seconds)
+                self.ledger.measured(spec.format, time.monotonic() - started - timed,
+                                     result.profile_seconds)
             if result.harness_floor_ms is not None:
-                self._floors.setdefault(floor_key(result.format, self.cfg.threads),
+                self._floors.setdefault(floor_key(result.format, protocol.threads),
                                         result.harness_floor_ms)
             results.append(result)
             self._done += 1
@@ -141,10 +151,11 @@ class Measurements:
                                 reference.name if reference else None)
         first, rest = first_round(ordered, baseline.name)
         results = self.measure(first, inputs)
-        shortest_s = self._shortest_runs_s(plans, epoch_s, learned)
+        shortest_s = self.shortest_runs_s(plans, epoch_s, learned)
         if self.would_starve([], compressed_formats(plans), shortest_s):
             plans = self._narrowed(baseline, plans, shortest_s)
-        formats, full_s = compressed_formats(plans), full_runs_s(plans, epoch_s, learned)
+        formats = compressed_formats(plans)
+        full_s = self.ledger.techniques_full_s(priced_runs(plans), epoch_s, learned)
         measured = self.measure(rest, inputs,
                                 lambda left: self.would_starve(left[:1], formats, full_s))
         results += measured
@@ -155,23 +166,21 @@ class Measurements:
                 "techniques' full runs (%.0f s): measured after the compressed variants, "
                 "while the time budget lasts",
                 ", ".join(s.name for s in self.waiting if s.status == "ok"), full_s)
-        self.resized(formats, full_s)
+        if self.ledger.resize(formats, full_s):
+            step_logger().info("resized by the baseline's measurements: %s",
+                               self.budget.plan_line())
         return results
 
-    def _shortest_runs_s(self, plans: list[Planned], epoch_s: float,
-                         learned: LearnedCosts | None) -> float:
-        """The techniques' shortest runs together, per worker (`techniques.shortest_runs_s`)."""
-        return shortest_runs_s(plans, epoch_s, compression_workers(self.config), self.file_s(),
-                               len(trial_forms(self.config)), learned)
+    def shortest_runs_s(self, plans: list[Planned], epoch_s: float,
+                        learned: LearnedCosts | None) -> float:
+        """The techniques' shortest runs together, per worker, as the ledger prices them."""
+        return self.ledger.techniques_shortest_s(priced_runs(plans), epoch_s,
+                                                 compression_workers(self.config),
+                                                 len(trial_forms(self.config)), learned)
 
     def file_s(self) -> float:
-        """What a LiteRT file's conversion and measurement cost, as the baseline's priced them.
-
-        A search trial's files are those (`tfopt.schedule.prices.first_trial_s`).
-        """
-        measured = self._costs.expected(["tflite"], profiled=False)
-        return self.budget.build_s + (self.budget.measure_s if measured is None
-                                      else measured + self.budget.timing_s)
+        """What a search trial's file costs to convert and measure (`MeasurementLedger.file_s`)."""
+        return self.ledger.file_s()
 
     def _narrowed(self, baseline: ModelArtifact, plans: list[Planned],
                   shortest_s: float) -> list[Planned]:
@@ -206,20 +215,11 @@ class Measurements:
                      budget: Budget | None = None) -> bool:
         """Whether measuring `rest` (maybe none) now leaves the compression less than `needed_s`.
 
-        `formats` are the compressed variants', priced without their profiles: `resized`
-        leaves them out when the window is short. `budget`: the run's as it would be planned
-        for them (None: as it is).
+        `formats` are the compressed variants'; `budget`: the run's as it would be planned for
+        them (None: as it is). `MeasurementLedger.would_starve` prices it.
         """
-        budget = budget or self.budget
-        rest_formats = [spec.format for spec in rest if spec.status == "ok"]
-        before = self._costs.expected(rest_formats)
-        compressed = self._costs.expected(formats, profiled=False)
-        if before is None or compressed is None:
-            return False
-        timing = budget.timing_s
-        window = budget.window_after(before + len(rest_formats) * timing,
-                                     compressed + len(formats) * timing)
-        return window is not None and window < needed_s
+        return self.ledger.would_starve([spec.format for spec in rest if spec.status == "ok"],
+                                        formats, needed_s, budget)
 
     def finish_for(self, measured: list[VariantResult], built: list[VariantSpec]) -> None:
         """Price the finish for the variants it will package (`Budget.with_packaged`).
@@ -242,7 +242,7 @@ class Measurements:
         results: list[VariantResult] = []
         cut: list[str] = []
         for spec in waiting:
-            if not self._fits(spec):
+            if spec.status == "ok" and not self.ledger.fits(spec.format):
                 spec = skipped(spec, f"{CUT_BY_BUDGET}: not measured, its time went to the "
                                      "compression")
                 cut.append(spec.name)
@@ -252,39 +252,6 @@ class Measurements:
                 step="the baseline's later forms", kind="not_measured",
                 reason=f"{', '.join(cut)} not measured: their time went to the compression"))
         return results
-
-    def _fits(self, spec: VariantSpec) -> bool:
-        left = self.budget.left_for_measurements()
-        expected = self._costs.expected([spec.format], self.cfg.profile)
-        return (left is None or expected is None or spec.status != "ok"
-                or left >= expected + self.budget.timing_s)
-
-    def resized(self, formats: list[str], needed_s: float) -> Budget:
-        """The budget with the measurements of `formats` priced by those made so far.
-
-        When the compression's window would be shorter than the techniques' full runs
-        (`needed_s`), those measurements leave out the operator profiles and other APIs
-        (the baseline's forms measured before it have them): the fine-tunings are what the run
-        is for.
-        """
-        expected = self._costs.expected(formats)
-        if self.budget.minutes is None or expected is None:
-            return self.budget
-        timing = len(formats) * self.budget.timing_s
-        budget = self.budget.with_measured(expected + timing)
-        window = self.budget.window_after(0.0, expected + timing) or 0.0
-        if self.cfg.profile and window < needed_s:
-            budget = self.budget.with_measured(
-                (self._costs.expected(formats, profiled=False) or 0.0) + timing)
-            self.cfg = self.cfg.model_copy(update={"profile": False})
-            self.cuts.record(Cut(
-                step=PROFILES, kind="shortened",
-                reason=f"operator profiles and other APIs measured before the compression "
-                       f"only: {window:.0f} s left the techniques less than their full runs "
-                       f"({needed_s:.0f} s)"))
-        self.budget = budget
-        step_logger().info("resized by the baseline's measurements: %s", budget.plan_line())
-        return budget
 
 
 def in_plan_order(variants: list[VariantSpec], results: list[VariantResult]

@@ -23,21 +23,19 @@ from pydantic import Field, create_model, model_validator
 
 import tfopt  # noqa: F401  (environment before TensorFlow)
 from techniques.base import NotApplicable, Skipped, Technique, TechniqueSection
-from tfopt.artifacts import LearnedCosts, ModelArtifact, TrainingData, VariantSpec
+from tfopt.artifacts import ModelArtifact, TrainingData, VariantSpec
 from tfopt.config import Section
 from tfopt.logs import step_logger
 from tfopt.native import NativeStep, run_native
 from tfopt.runtimes import compress_keys, narrowed_to_int8
 from tfopt.schedule.budget import Clock, Stop
 from tfopt.schedule.prices import (
+    PlannedRun,
     ended_by_deadline,
     epoch_cap,
     epochs_of,
-    fine_tuning_s,
     learn_cost,
     own_deadline,
-    price_of,
-    shortest_at,
     shortest_run_s,
     within_deadline,
 )
@@ -499,31 +497,10 @@ def planned_counts(config: Any) -> tuple[int, int]:
             sum(1 for spec in compressed if spec.status == "ok"))
 
 
-def full_runs_s(plans: list[Planned], epoch_s: float, costs: LearnedCosts | None = None) -> float:
-    """What every planned technique's fine-tuning to its epoch cap takes at the baseline's pace.
-
-    A searched technique counts one trial; `epoch_s` is the baseline's epoch (0: unknown);
-    each one is priced by `price_of`.
-    """
-    return sum(fine_tuning_s(epochs_of(planned.cfg), epoch_s,
-                              price_of(planned.technique.name, costs, epoch_s))
-               for planned in plans if planned.refusal is None)
-
-
-def shortest_runs_s(plans: list[Planned], epoch_s: float, workers: int = 1,
-                    file_s: float = 0.0, trial_files: int = len(TRIAL_FORMS),
-                    costs: LearnedCosts | None = None) -> float:
-    """What every planned technique's shortest run takes, `workers` of them at once.
-
-    The compression's least useful time: the planner cuts a technique whose shortest run does
-    not fit (`techniques.planner`). `epoch_s` is the baseline's epoch (0: unknown, 0 s); a
-    searched technique's is its first trial, its `trial_files` priced at `file_s` each
-    (`first_trial_s`); each one is priced by `price_of`.
-    """
-    return sum(shortest_at(planned.cfg, epoch_s, file_s,
-                           trial_files if planned.technique.searched(planned.cfg) else 0,
-                           price_of(planned.technique.name, costs, epoch_s))
-               for planned in plans if planned.refusal is None) / max(1, workers)
+def priced_runs(plans: list[Planned]) -> list[PlannedRun]:
+    """The planned techniques that will run, as their prices read them."""
+    return [PlannedRun(planned.technique.name, planned.cfg, planned.technique.searched(planned.cfg))
+            for planned in plans if planned.refusal is None]
 
 
 def compression_workers(config: Any) -> int:

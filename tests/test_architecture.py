@@ -99,6 +99,16 @@ def test_flow_functions_are_short_and_hold_no_tensorflow(path):
     assert not heavy, f"flows/{path.name} imports {heavy}: flows only wire"
 
 
+def test_the_measurements_flow_asks_the_schedule_and_prices_nothing():
+    """flows/measurements.py measures and asks `MeasurementLedger`: no price, cost or share."""
+    imported = _imports(ROOT / "flows" / "measurements.py")
+    schedule = {name for _, module, names in imported if module.startswith("tfopt.schedule")
+                for name in names}
+    assert schedule <= {"MeasurementLedger", "Budget", "Cuts", "CUT_BY_BUDGET"}, schedule
+    seconds = [name for _, _, names in imported for name in names if name.endswith("_s")]
+    assert seconds == [], "a price imported into the wiring"
+
+
 def test_no_step_imports_the_training_task():
     importers = [path.relative_to(ROOT) for folder in ("tasks", "techniques")
                  for path in _python_files(folder)

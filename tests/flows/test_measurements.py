@@ -84,7 +84,9 @@ def _measurements(started: float) -> Measurements:
     costs.add("tflite", 8.0)
     costs.add("graph", 12.0)
     budget = Budget(minutes=5.0, compressed_variants=10, started=started)
-    return Measurements(PipelineConfig.model_validate({"name": "m"}), budget, costs)
+    bench = Measurements(PipelineConfig.model_validate({"name": "m"}), budget)
+    bench.ledger.costs = costs
+    return bench
 
 
 def test_forms_that_would_leave_the_techniques_less_than_their_shortest_runs_wait():
@@ -198,11 +200,11 @@ def test_a_run_with_room_for_the_tflite_pair_narrows_to_it_not_to_int8_alone(
     bench = _measurements(time.time())
     bench.config, bench.budget = config, bench.budget.model_copy(
         update={"compressed_variants": len(every)})
-    shortest_s = bench._shortest_runs_s(plan(config, tiny_baseline),
+    shortest_s = bench.shortest_runs_s(plan(config, tiny_baseline),
                                         epoch_seconds(tiny_baseline), None)
 
     def window(formats: list[str]) -> float:
-        cost = (bench._costs.expected(formats, profiled=False)
+        cost = (bench.ledger.costs.expected(formats, profiled=False)
                 + len(formats) * bench.budget.timing_s)
         return bench.budget.with_compressed(len(formats)).window_after(0.0, cost)
 
@@ -226,20 +228,21 @@ def test_a_run_with_room_for_the_tflite_pair_narrows_to_it_not_to_int8_alone(
 
 def test_past_the_first_round_forms_wait_while_the_techniques_would_miss_their_full_runs(
         tiny_baseline, tmp_path: Path):
-    from techniques import compressed_formats, full_runs_s, plan
+    from techniques import compressed_formats, plan, priced_runs
     from tfopt.models.baseline import epoch_seconds
+    from tfopt.schedule.prices import full_runs_s
 
     config = _pruned_and_qat(epochs=60)
     forms, unbuilt = _forms_of(config, tiny_baseline)
     plans, epoch_s = plan(config, tiny_baseline), epoch_seconds(tiny_baseline)
     formats = compressed_formats(plans)
-    full_s = full_runs_s(plans, epoch_s)
+    full_s = full_runs_s(priced_runs(plans), epoch_s)
     bench = _measurements(time.time())
     bench.config, bench.budget = config, bench.budget.model_copy(
         update={"compressed_variants": len(formats)})
-    shortest_s = bench._shortest_runs_s(plans, epoch_s, None)
+    shortest_s = bench.shortest_runs_s(plans, epoch_s, None)
     assert full_s > shortest_s + 20.0, "the test needs room between the two"
-    compressed_s = (bench._costs.expected(formats, profiled=False)
+    compressed_s = (bench.ledger.costs.expected(formats, profiled=False)
                     + len(formats) * bench.budget.timing_s)
     # Started so that the compression's window falls halfway between the two.
     window = bench.budget.window_after(0.0, compressed_s)

@@ -213,21 +213,21 @@ def test_a_combination_does_not_continue_from_a_model_the_budget_stopped_far_fro
 
 def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tiny_baseline,
                                                                              tiny_data):
-    from techniques import shortest_runs_s
-    from tfopt.schedule.prices import shortest_run_s
+    from techniques import priced_runs
+    from tfopt.schedule.prices import shortest_run_s, shortest_runs_s
 
     plans = plan(_config(), tiny_baseline)
     data = tiny_data.model_copy(update={"epoch_s": 1.0})
     each = [shortest_run_s(p.technique.name, p.cfg, data) for p in plans if p.refusal is None]
-    assert shortest_runs_s(plans, 1.0) == sum(each) == 40.0
-    assert shortest_runs_s(plans, 1.0, workers=2) == 20.0
-    assert shortest_runs_s(plans, 0.0) == 0.0, "an unknown epoch: nothing to reserve"
+    assert shortest_runs_s(priced_runs(plans), 1.0) == sum(each) == 40.0
+    assert shortest_runs_s(priced_runs(plans), 1.0, workers=2) == 20.0
+    assert shortest_runs_s(priced_runs(plans), 0.0) == 0.0, "an unknown epoch: nothing to reserve"
 
 
 def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_baseline,
                                                                          tiny_data):
-    from techniques import shortest_runs_s
-    from tfopt.schedule.prices import first_trial_s, shortest_run_s
+    from techniques import priced_runs
+    from tfopt.schedule.prices import first_trial_s, shortest_run_s, shortest_runs_s
     from tfopt.search import TRIAL_FORMS
 
     config = PipelineConfig.model_validate({"name": "plan", "compress": {
@@ -255,7 +255,8 @@ def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_b
             for p in plans if p.refusal is None]
     assert first_trial_s(channel.cfg, 1.0, 4.0) in each
     assert shortest_run_s("qat", qat.cfg, data) in each
-    assert shortest_runs_s(plans, 1.0, file_s=4.0) == sum(each) > shortest_runs_s(plans, 1.0)
+    runs = priced_runs(plans)
+    assert shortest_runs_s(runs, 1.0, file_s=4.0) == sum(each) > shortest_runs_s(runs, 1.0)
     capped = channel.cfg.model_copy(update={"epochs": 2})
     assert first_trial_s(capped, 1.0, 0.0) == 5.0 + 2 * 2.0, "no more epochs than its cap"
 

@@ -12,6 +12,7 @@ techniques are plug-ins above this core.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from tfopt.artifacts import LearnedCosts, ModelArtifact, TrainingData
@@ -41,6 +42,41 @@ class RunPrice(NamedTuple):
 
 GUESSED_PRICE = RunPrice()
 """A technique's price until this machine has run it for this model."""
+
+
+class PlannedRun(NamedTuple):
+    """A planned technique as its price reads it (`techniques.priced_runs`)."""
+
+    name: str
+    cfg: Any
+    searched: bool
+    """Its strength is searched: its shortest run is its search's first trial."""
+
+
+def full_runs_s(runs: Iterable[PlannedRun], epoch_s: float,
+                costs: LearnedCosts | None = None) -> float:
+    """What every planned technique's fine-tuning to its epoch cap takes at the baseline's pace.
+
+    A searched technique counts one trial; `epoch_s` is the baseline's epoch (0: unknown);
+    each one is priced by `price_of`.
+    """
+    return sum(fine_tuning_s(epochs_of(run.cfg), epoch_s, price_of(run.name, costs, epoch_s))
+               for run in runs)
+
+
+def shortest_runs_s(runs: Iterable[PlannedRun], epoch_s: float, workers: int = 1,
+                    file_s: float = 0.0, trial_files: int = len(TRIAL_FORMS),
+                    costs: LearnedCosts | None = None) -> float:
+    """What every planned technique's shortest run takes, `workers` of them at once.
+
+    The compression's least useful time: the planner cuts a technique whose shortest run does
+    not fit (`techniques.planner`). `epoch_s` is the baseline's epoch (0: unknown, 0 s); a
+    searched technique's is its first trial, its `trial_files` priced at `file_s` each
+    (`first_trial_s`); each one is priced by `price_of`.
+    """
+    return sum(shortest_at(run.cfg, epoch_s, file_s, trial_files if run.searched else 0,
+                           price_of(run.name, costs, epoch_s))
+               for run in runs) / max(1, workers)
 
 
 def own_deadline(data: TrainingData, epochs: int, shortest_s: float) -> TrainingData:
