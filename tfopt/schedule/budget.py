@@ -522,7 +522,8 @@ def _training_cut(who: str, params: dict[str, Any]) -> Cut | None:
     stopped_by = Stop.of(params)
     if stopped_by is None or not stopped_by.by_budget:
         return None
-    line = f"{who} stopped after {params.get('epochs_run')} epochs (time budget)"
+    epochs = params.get("epochs_run")
+    line = f"{who} stopped after {epochs} epoch{'' if epochs == 1 else 's'} (time budget)"
     if stopped_by is Stop.BUDGET_COOLING:
         line += ", before its rate had cooled down to zero"
     return Cut(step=who, kind="stopped", reason=line)
