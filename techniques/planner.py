@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect import Task, get_run_logger
+from prefect import Task
 from prefect.states import Completed, State
 
 from techniques import (
@@ -50,8 +50,8 @@ from tfopt.schedule.prices import (
     shortest_run_s,
     trial_file_s,
 )
-from tfopt.search import Joint, Search, search_line, trial_of
-from tfopt.tracking import RunRef
+from tfopt.search import Joint, Search, Trial, search_line, trial_of
+from tfopt.tracking import RunRef, log_trial
 
 
 def searches_first(plans: list[Planned]) -> list[Planned]:
@@ -429,10 +429,19 @@ class Planner:
             done += 1
 
     def _searched(self, search: Search, planned: Planned, start: ModelArtifact) -> State:
-        """The state of a technique's search: its chosen trial's model, or why there is none."""
+        """The state of a technique's search: its chosen trial's model, or why there is none.
+
+        The settings the time budget left no round for are nested runs too, ``cut``.
+        """
         name = planned.technique.name
+        if search.cut is not None and self.parent is not None:
+            for point in search.cut_points:
+                log_trial(self.parent, f"{name} " + " ".join(
+                    f"{field}={value:g}" for field, value in point.items()), {
+                    "technique": name, **Trial(params=point, status="cut",
+                                               error=search.cut.reason).summary()})
         chosen = search.chosen()
-        get_run_logger().info("%s search: %s", name, search_line(search))
+        step_logger().info("%s search: %s", name, search_line(search))
         if not search.trials():
             return skipped_state(Skipped(technique=name, kind="cut", reason=(
                 f"{CUT_BY_BUDGET}: the fine-tunings' time was used before {name}'s search "

@@ -215,11 +215,14 @@ def test_a_round_that_would_pass_the_deadline_is_not_started(tmp_path):
     assert _next(search, deadline=time.time() - 1) == []
     assert search.cut is not None and search.cut.kind == "not_started"
     assert search.cut.reason == "the fraction search was not started (time budget)"
+    assert search.cut_points == [{"fraction": 0.5}], "what its round would have tried"
     assert _next(search, deadline=time.time() + 60) == [0.5], "a first round: no estimate"
+    assert search.cut is None and search.cut_points == [], "a round that starts undoes the cut"
     _finish(search, 0.5)
     assert _next(search, deadline=time.time() - 1) == []
     assert search.cut is not None and search.cut.kind == "shortened"
     assert search.cut.reason == "the fraction search stopped after 1 trials (time budget)"
+    assert search.cut_points == [{"fraction": 0.75}]
     time.sleep(1.0)  # other searches run meanwhile: the round's length stays its own
     assert _next(search, deadline=time.time() + 0.9) == [0.75]
     over = Search(Knob("fraction", KNOB.values, first=0.875), tmp_path / "over", "over",
@@ -335,6 +338,18 @@ def test_a_joint_study_samples_distinct_points_and_chooses_the_fastest_of_its_fr
         (fastest.speedup - 1.0) / max(sum(t.seconds for t in search.trials()), 1.0))
     again = open_study(JOINT, tmp_path / "joint", "joint", target=0.95, seed=3)
     assert len(again.trials()) == 6 and not again.is_open(), "resumed from the work folder"
+
+
+def test_a_cut_joint_study_knows_only_its_first_point_before_the_sampler_is_asked(tmp_path):
+    import time
+
+    search = open_study(JOINT, tmp_path / "cut", "cut", target=0.95, seed=3)
+    assert search.next_trials(1, time.time() - 1) == []
+    assert search.cut is not None and search.cut_points == [{"fraction": 0.5, "share": 0.5}]
+    (point, _), = search.next_trials(1, time.time() + 60)
+    search.finish(_measured(point, search.target))
+    assert search.next_trials(1, time.time() - 1) == [] and search.cut_points == [], (
+        "the sampler's next point is not known until asked")
 
 
 def test_a_joint_study_ends_when_its_grid_is_tried_though_the_sampler_repeats_itself(tmp_path):

@@ -365,3 +365,32 @@ def test_a_searchs_first_trial_ends_at_its_share_and_leaves_the_others_their_sho
     sent.clear()
     planner._rounds(planner.searches["channel_prune"], search, tiny_baseline, rounds=1)
     assert sent and sent[0].deadline == data.deadline, "a deepening round: the time left"
+
+
+def test_the_settings_the_budget_left_no_round_for_are_nested_runs_too(
+        live_services, tiny_baseline, tiny_data, tmp_path):
+    """A trial the time budget cut is seen in MLflow beside those that ran, with the cut."""
+    import uuid
+
+    from mlflow.tracking import MlflowClient
+
+    from tfopt.tracking import RunRef
+
+    client = MlflowClient(live_services.mlflow_url)
+    experiment = client.create_experiment(f"cut-trials-{uuid.uuid4().hex[:8]}")
+    parent = RunRef(tracking_uri=live_services.mlflow_url, experiment_id=experiment,
+                    run_id=client.create_run(experiment).info.run_id)
+    config = _config()
+    plans = plan(config, tiny_baseline)
+    search = next(p for p in plans if p.technique.name == "channel_prune")
+    data = tiny_data.model_copy(update={"epoch_s": 1.0, "deadline": time.time() - 1.0})
+    planner = Planner(config, tiny_baseline, data, tmp_path, tmp_path, parent, run_trial)
+    planner._first_round(search, tiny_baseline, queued=[search])
+    state = planner._searched(planner.searches["channel_prune"], search, tiny_baseline)
+    assert state.name == "Skipped" and "cut by the time budget" in state.message
+    (cut,) = client.search_runs(
+        [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent.run_id}'")
+    assert cut.data.tags["tfopt.role"] == "search-trial"
+    assert cut.data.tags["tfopt.status"] == "cut", cut.data.tags
+    assert cut.data.tags["tfopt.error"] == "the fraction search was not started (time budget)"
+    assert float(cut.data.params["fraction"]) in search.technique.knob.values

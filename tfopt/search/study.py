@@ -97,6 +97,8 @@ class Search:
         self._exhausted = False
         self.cut: Cut | None = None
         """What the time budget cut of it (`next_trials`), if anything."""
+        self.cut_points: list[Point] = []
+        """The settings the round it cut would have tried (none known: a joint search's)."""
         self.expected_round_s: float | None = None
         """How long a round is expected to take before any has (the searches run before it)."""
 
@@ -153,7 +155,9 @@ class Search:
             self.cut = Cut(step=search, kind="shortened" if tried else "not_started",
                            reason=(f"{search} stopped after {tried} trials (time budget)" if tried
                                    else f"{search} was not started (time budget)"))
+            self.cut_points = self._next_points(at_once, deadline)
             return []
+        self.cut, self.cut_points = None, []  # a round that starts undoes an earlier cut
         self._round_started = time.monotonic()
         opened = self._open_trials(at_once, deadline)
         for point, optuna_trial in opened:
@@ -162,21 +166,26 @@ class Search:
                                  number=optuna_trial.number, trial_id=optuna_trial._trial_id))
                 for point, optuna_trial in opened]
 
-    def _open_trials(self, at_once: int, deadline: float | None) -> list[tuple[Point, Any]]:
-        """The bisection's next settings, each enqueued and asked.
+    def _next_points(self, at_once: int, deadline: float | None) -> list[Point]:
+        """The bisection's next settings, `at_once` of them at most.
 
         A first round has the knob's `Knob.first` among them when `starts_at_first`.
         """
         knob = self._knob
         first = (knob.values.index(knob.first)
                  if not self.trials() and self.starts_at_first(deadline) else None)
+        return [{knob.field: knob.values[index]}
+                for index in _spread(self._open(), at_once, first)]
+
+    def _open_trials(self, at_once: int, deadline: float | None) -> list[tuple[Point, Any]]:
+        """The bisection's next settings (`_next_points`), each enqueued and asked."""
+        knob = self._knob
         opened = []
-        for index in _spread(self._open(), at_once, first):
-            value = knob.values[index]
-            self.study.enqueue_trial({knob.field: value})
+        for point in self._next_points(at_once, deadline):
+            self.study.enqueue_trial(point)
             optuna_trial = self.study.ask()
             optuna_trial.suggest_categorical(knob.field, list(knob.values))
-            opened.append(({knob.field: value}, optuna_trial))
+            opened.append((point, optuna_trial))
         return opened
 
     @property
@@ -328,6 +337,10 @@ class JointSearch(Search):
         grid = math.prod(len(knob.values) for knob in self._joint.knobs)
         made = len(self.trials())
         return made < min(self._joint.trials, grid) and not self._exhausted
+
+    def _next_points(self, at_once: int, deadline: float | None) -> list[Point]:
+        """Its first point (`Joint.first`) before any trial (the sampler's come when asked)."""
+        return [] if self.trials() else [dict(self._joint.first)]
 
     def _open_trials(self, at_once: int, deadline: float | None) -> list[tuple[Point, Any]]:
         """Up to `at_once` new points the sampler proposes (the first: `Joint.first`)."""

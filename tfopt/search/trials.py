@@ -11,7 +11,9 @@ from tfopt.artifacts import BenchmarkInputs, ModelArtifact, VariantSpec
 from tfopt.config import MeasurementProtocol
 from tfopt.variants import plan_variant
 
-TrialStatus = Literal["ok", "over_budget", "pruned", "failed", "not_applicable"]
+TrialStatus = Literal["ok", "over_budget", "pruned", "failed", "not_applicable", "cut"]
+"""A trial's outcome; ``cut``: the time budget left no round for it (a nested run says so, the
+search's trials do not list it)."""
 TRIAL_FORMS = ("int8", "fp32")
 """The TFLite precisions a trial converts its model to and times. int8 is usually the faster,
 not on every CPU and network (a thinned network's fp32 file has run faster than its int8 one:
