@@ -211,12 +211,16 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     overrides.update(_parse_overrides(args.set))
     config = load_config(args.config, overrides, BenchmarkOnlyConfig)
     resolve_cpus(config.benchmark.cpus)
-    api_url, tracking_uri = supervision.connect_services()
-    _say(supervision.reconcile_leftovers(tracking_uri))
     from tfopt.models.references import check_model_reference
     from tfopt.preflight import check_benchmark_inputs
 
-    check_benchmark_inputs(config, check_model_reference(config.model, tracking_uri))
+    registered = config.model.startswith(("models:/", "runs:/"))
+    if not registered:  # a file is refused before the servers are asked for
+        check_benchmark_inputs(config, check_model_reference(config.model, tracking_uri=""))
+    api_url, tracking_uri = supervision.connect_services()
+    _say(supervision.reconcile_leftovers(tracking_uri))
+    if registered:
+        check_benchmark_inputs(config, check_model_reference(config.model, tracking_uri))
 
     run_log = _run_log(config.work_dir, config.name)
     from flows.benchmark_model import benchmark_model

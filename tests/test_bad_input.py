@@ -207,3 +207,22 @@ def test_an_unexpected_failure_in_a_step_is_one_line_naming_the_step(tmp_path, c
     assert message.startswith("the run failed in write_tfrecords: AttributeError: "), message
     assert message.endswith(f"(traceback: {log})") and "\n" not in message
     assert "Traceback (most recent call last)" in capsys.readouterr().err, "kept for the log"
+
+
+def test_a_model_file_that_is_not_there_is_said_before_the_servers_are_asked_for(tmp_path):
+    """`tfopt benchmark` on a mistyped path, servers down: the path's error, not theirs."""
+    import subprocess
+    import sys
+
+    from tests.live import free_port
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}",
+           "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "benchmark", "--model", str(tmp_path / "typo.tflite"),
+         "--inputs", "random", "--work-dir", str(tmp_path / "work")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-2000:]
+    assert "typo.tflite does not exist" in done.stdout and "not answering" not in output, (
+        output[-2000:])
