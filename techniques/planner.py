@@ -428,6 +428,21 @@ class Planner:
                 search.finish(trial_of(final_state(future), search, point))
             done += 1
 
+    def _log_cut_points(self, name: str, search: Search) -> None:
+        """Each setting the cut round would have tried, a nested run with status ``cut``.
+
+        A failure to log one is a warning: the search's outcome does not depend on it.
+        """
+        assert search.cut is not None and self.parent is not None
+        for point in search.cut_points:
+            run_name = f"{name} " + " ".join(f"{k}={v:g}" for k, v in point.items())
+            trial = Trial(params=point, status="cut", error=search.cut.reason)
+            try:
+                log_trial(self.parent, run_name, {"technique": name, **trial.summary()})
+            except Exception as error:
+                step_logger().warning("the cut trial %s was not logged to MLflow: %s",
+                                      run_name, error)
+
     def _searched(self, search: Search, planned: Planned, start: ModelArtifact) -> State:
         """The state of a technique's search: its chosen trial's model, or why there is none.
 
@@ -435,11 +450,7 @@ class Planner:
         """
         name = planned.technique.name
         if search.cut is not None and self.parent is not None:
-            for point in search.cut_points:
-                log_trial(self.parent, f"{name} " + " ".join(
-                    f"{field}={value:g}" for field, value in point.items()), {
-                    "technique": name, **Trial(params=point, status="cut",
-                                               error=search.cut.reason).summary()})
+            self._log_cut_points(name, search)
         chosen = search.chosen()
         step_logger().info("%s search: %s", name, search_line(search))
         if not search.trials():

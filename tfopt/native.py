@@ -398,10 +398,15 @@ def worker_main(conn: Any) -> None:
 
 
 def _take_environment(environment: dict[str, str]) -> None:
-    """Make `environment` this process's, ``TMPDIR`` included (read again by `tempfile`)."""
-    if environment != os.environ:
-        os.environ.clear()
-        os.environ.update(environment)
+    """Make `environment` this process's, ``TMPDIR`` included (read again by `tempfile`).
+
+    Only the variables that differ are set or removed: the same run's steps change nothing,
+    and TensorFlow's threads may read the environment meanwhile.
+    """
+    for name in [name for name in os.environ if name not in environment]:
+        del os.environ[name]
+    os.environ.update({name: value for name, value in environment.items()
+                       if os.environ.get(name) != value})
     tempfile.tempdir = None
 
 

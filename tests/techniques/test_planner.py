@@ -345,7 +345,7 @@ def test_a_searchs_first_trial_ends_at_its_share_and_leaves_the_others_their_sho
             sent.append(args[5])
             return Failed(message="not run in this test")
 
-    config = _config()
+    config = _config().model_copy(update={"work_dir": tmp_path})  # its study in tmp_path
     plans = plan(config, tiny_baseline)
     search = next(p for p in plans if p.technique.name == "channel_prune")
     others = [p for p in plans if p is not search and p.refusal is None]
@@ -380,7 +380,7 @@ def test_the_settings_the_budget_left_no_round_for_are_nested_runs_too(
     experiment = client.create_experiment(f"cut-trials-{uuid.uuid4().hex[:8]}")
     parent = RunRef(tracking_uri=live_services.mlflow_url, experiment_id=experiment,
                     run_id=client.create_run(experiment).info.run_id)
-    config = _config()
+    config = _config().model_copy(update={"work_dir": tmp_path})  # its own study, not resumed
     plans = plan(config, tiny_baseline)
     search = next(p for p in plans if p.technique.name == "channel_prune")
     data = tiny_data.model_copy(update={"epoch_s": 1.0, "deadline": time.time() - 1.0})
