@@ -95,9 +95,6 @@ class Cuts:
         """Keep `cut`, unless its step was cut already."""
         self._by_step.setdefault(cut.step, cut)
 
-    def __contains__(self, step: object) -> bool:
-        return step in self._by_step
-
     def __iter__(self) -> Iterator[Cut]:
         return iter(self._by_step.values())
 
