@@ -48,6 +48,7 @@ from tfopt.models.channel_pruning import (
     filter_scores,
     thin_model,
 )
+from tfopt.models.config import SETTLE_EPOCHS
 from tfopt.models.distillation import Distiller
 from tfopt.models.distillation import compiled_distiller as distiller_of
 from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras_model
@@ -180,9 +181,17 @@ def compiled_distiller(teacher: keras.Model, student: keras.Model, cfg: DistillC
 def distill(
     teacher: keras.Model, student: keras.Model, cfg: DistillConfig, data: TrainingData
 ) -> Fitted:
-    """Train `student` against `teacher` in place on the run's pipeline."""
+    """Train `student` against `teacher` in place on the run's pipeline.
+
+    A cosine rate runs to its end (the time budget may still stop it): stopped once back on
+    the split trainings choose on (a few hundred images, where a student reaches the baseline
+    less the margin well before it does on validation), the student keeps an epoch at a high
+    rate, short of the budget where the whole schedule brings it within (docs/measurements.md,
+    session 26). A constant rate ends once back and settled, as the other fine-tunings do.
+    """
+    settle = cfg.epochs if cfg.learning_rate_schedule == "cosine" else SETTLE_EPOCHS
     return fit_compiled(compiled_distiller(teacher, student, cfg, data), data,
-                        epochs=cfg.epochs, callbacks=recovery(data))
+                        epochs=cfg.epochs, callbacks=recovery(data, settle=settle))
 
 
 def inherit_filters(student: keras.Model, teacher: keras.Model) -> list[str]:

@@ -627,3 +627,23 @@ def test_a_fine_tuning_that_collapses_is_tried_again_gentler_then_fails_with_bot
     message = str(failure.value)
     assert "at learning rate 0.001" in message and "at 0.0001" in message, "tried twice"
     assert message.count("chance is 0.3333") == 2
+
+
+def test_a_cosine_distilled_student_runs_its_whole_schedule_once_back(tiny_baseline, tiny_data):
+    """Back within the budget at once, a cosine-rate student still trains to its cap.
+
+    A rate too small to change anything: the held-out accuracy never gains, so the settle rule
+    ends a constant-rate student 3 epochs after it is back; the cosine one runs its schedule.
+    """
+    from techniques.distill import distill, teacher_and_students
+
+    back_at_once = tiny_data.model_copy(update={"recover_to": 0.0})
+    ran = {}
+    for schedule in ("cosine", "constant"):
+        cfg = DistillConfig(epochs=6, student_width=4, learning_rate=1e-9,
+                            learning_rate_schedule=schedule)
+        teacher, _, students = teacher_and_students(tiny_baseline, cfg, back_at_once)
+        fitted = distill(teacher, students.student, cfg, back_at_once)
+        assert fitted.stop["recovered"], fitted.stop
+        ran[schedule] = fitted.stop["epochs_run"]
+    assert ran == {"cosine": 6, "constant": 4}, ran

@@ -488,19 +488,21 @@ class ReportToTrial(keras.callbacks.Callback):
 
 
 def recovery(data: TrainingData, from_epoch: int = 0,
-             cool_down: CosineCoolDown | None = None) -> list[keras.callbacks.Callback]:
+             cool_down: CosineCoolDown | None = None,
+             settle: int = SETTLE_EPOCHS) -> list[keras.callbacks.Callback]:
     """A compressed model's fine-tuning ends once back within the budget (`recover_to`).
 
     Epochs before `from_epoch` (a pruning ramp) do not count; without a target, nothing stops
     it before its epochs but the run's time budget (`TrainingData.deadline`). Back within the
-    budget, it ends after `SETTLE_EPOCHS` without a gain, or, given a `cool_down` (which then
-    sets the rate), once that has brought the rate down to zero. A search trial's fine-tuning
-    also reports to its study (`ReportToTrial`).
+    budget, it ends after `settle` epochs without a gain (a training's whole cap: never before
+    it, though whether it came back is still said), or, given a `cool_down` (which then sets
+    the rate), once that has brought the rate down to zero. A search trial's fine-tuning also
+    reports to its study (`ReportToTrial`).
     """
     callbacks: list[keras.callbacks.Callback] = [] if cool_down is None else [cool_down]
     if data.recover_to is not None or data.deadline is not None:
         callbacks.append(StopWhenDone(target=data.recover_to, from_epoch=from_epoch,
-                                      deadline=data.deadline, settle=SETTLE_EPOCHS,
+                                      deadline=data.deadline, settle=settle,
                                       cool_down=cool_down))
     if data.trial is not None:
         callbacks.append(ReportToTrial(data.trial, from_epoch=from_epoch))
