@@ -186,8 +186,8 @@ def distill(
     A cosine rate runs to its end (the time budget may still stop it): stopped once back on
     the split trainings choose on (a few hundred images, where a student reaches the baseline
     less the margin well before it does on validation), the student keeps an epoch at a high
-    rate, short of the budget where the whole schedule brings it within (docs/measurements.md,
-    session 26). A constant rate ends once back and settled, as the other fine-tunings do.
+    rate, short of the budget where the whole schedule brings it within (docs/measurements.md).
+    A constant rate ends once back and settled, as the other fine-tunings do.
     """
     settle = cfg.epochs if cfg.learning_rate_schedule == "cosine" else SETTLE_EPOCHS
     return fit_compiled(compiled_distiller(teacher, student, cfg, data), data,
