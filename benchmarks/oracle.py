@@ -231,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     scored = {spec.name: (spec, *scores(spec, inputs)) for spec in files}
     contenders = [run_file(run_dir, results["baseline-tflite-int8"])]
     champion = summary.get("champion")
-    if champion and champion != "baseline-tflite-int8":
+    if champion and results[champion]["format"] in UNTIMED_FORMATS:
+        print(f"the run's champion {champion} is a TensorFlow form: not timed here", flush=True)
+    elif champion and champion != "baseline-tflite-int8":
         contenders.append(run_file(run_dir, results[champion]))
     contenders += [spec for spec, val, _ in scored.values()
                    if val >= val_target - 1e-9 and spec.format not in UNTIMED_FORMATS
