@@ -257,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
                 if name in speedup), default=None)
     best_on_test = max(((speedup[name], name) for name, (_s, _v, test) in scored.items()
                         if name in speedup and test >= test_target - 1e-9), default=None)
-    auto = speedup.get(f"auto:{champion}", 1.0)
+    auto = speedup.get(f"auto:{champion}")
+    if auto is None:
+        print(f"\nthe run's champion {champion} was not timed here: no share")
+        return 0
     print(f"\nthe run's champion {champion}: {auto:.2f}x over baseline-tflite-int8 "
           f"(side by side here; the run said "
           f"{(summary.get('champion_speedup_over_int8') or {}).get('ratio')}x)")
