@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 import tfopt  # noqa: F401  (environment before TensorFlow)
+from cli.main import parse_overrides
 from flows.optimize_model import _checkpoint_dir
 from flows.parameters import PipelineConfig, load_pipeline_config
 from tasks.train_model import train_model
@@ -45,6 +45,7 @@ from tasks.write_tfrecords import write_tfrecords
 from techniques import apply_here, registry
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData, VariantSpec
 from tfopt.config import resolve_cpus
+from tfopt.measurement.inputs import read_inputs_index
 from tfopt.measurement.worker import measure_runoff
 from tfopt.models.baseline import recovery_target, selection_examples
 from tfopt.models.serving_export import export_serving_savedmodel
@@ -162,19 +163,6 @@ def scores(spec: VariantSpec, inputs: BenchmarkInputs) -> tuple[float, float]:
     return result[0], result[1]
 
 
-def run_inputs(run_dir: Path) -> BenchmarkInputs:
-    """The run's decoded test and validation splits, as its measurements read them."""
-    folder = run_dir / "benchmark-inputs"
-    raw = json.loads((folder / "inputs.json").read_text())
-    fields = {key: value for key, value in raw.items() if key in BenchmarkInputs.model_fields}
-    for key in ("images", "labels", "reference_logits", "selection_images", "selection_labels",
-                "feeds"):
-        if fields.get(key):
-            fields[key] = str(folder / fields[key])
-    fields["floor_models"] = {}
-    return BenchmarkInputs.model_validate(fields)
-
-
 def run_file(run_dir: Path, variant: dict[str, Any]) -> VariantSpec:
     """One of the run's own files (named ``auto:<name>`` beside the sweep's)."""
     found = sorted((run_dir / "variants").glob(f"{variant['name']}.*"))
@@ -182,15 +170,6 @@ def run_file(run_dir: Path, variant: dict[str, Any]) -> VariantSpec:
         raise SystemExit(f"{variant['name']}'s file is not in {run_dir / 'variants'}")
     return VariantSpec(name=f"auto:{variant['name']}", source=variant["source"],
                        format=variant["format"], precision=variant["precision"], path=found[0])
-
-
-def overrides(pairs: list[str]) -> dict[str, object]:
-    """``--set KEY=VALUE`` pairs, each value read as YAML (as `tfopt run --set` reads them)."""
-    parsed = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        parsed[key] = yaml.safe_load(value)
-    return parsed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     summary = json.loads(args.summary.read_text())
     run_dir = Path(summary["report"]).parent.parent
-    config = load_pipeline_config(args.config, overrides(args.set))
+    config = load_pipeline_config(args.config, parse_overrides(args.set))
     work_dir = config.work_dir.resolve()
     out = args.out or Path(tempfile.mkdtemp(prefix="tfopt-oracle-"))
     dataset = write_tfrecords.fn(config.data, work_dir, config.scale)
@@ -227,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{reference['accuracy']:.4f}; within the budget: validation >= {val_target:.4f}",
           flush=True)
     files = sweep(config, baseline, data, out)
-    inputs = run_inputs(run_dir)
+    inputs, _ = read_inputs_index(run_dir / "benchmark-inputs")
     scored = {spec.name: (spec, *scores(spec, inputs)) for spec in files}
     contenders = [run_file(run_dir, results["baseline-tflite-int8"])]
     champion = summary.get("champion")

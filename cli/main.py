@@ -91,7 +91,12 @@ def _cmd_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_overrides(pairs: list[str]) -> dict[str, object]:
+def parse_overrides(pairs: list[str]) -> dict[str, object]:
+    """``--set KEY=VALUE`` pairs as config overrides, each value read as YAML.
+
+    Raises:
+        ConfigError: A pair without ``=``.
+    """
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -127,7 +132,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from flows.parameters import load_pipeline_config
 
-    config = load_pipeline_config(args.config, _parse_overrides(args.set))
+    config = load_pipeline_config(args.config, parse_overrides(args.set))
     if args.config is not None:
         supervision.allow_code_from(args.config.resolve().parent)
     if not config.data.source_dir.is_dir():
@@ -208,7 +213,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     }
     if args.shape:
         overrides["shapes"] = _parse_shapes(args.shape)
-    overrides.update(_parse_overrides(args.set))
+    overrides.update(parse_overrides(args.set))
     config = load_config(args.config, overrides, BenchmarkOnlyConfig)
     resolve_cpus(config.benchmark.cpus)
     from tfopt.models.references import check_model_reference
@@ -305,7 +310,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from deployments.machines import deploy_to_pool
     from tfopt.machines import machine_settings
 
-    settings = machine_settings(_parse_overrides(args.set))
+    settings = machine_settings(parse_overrides(args.set))
     supervision.connect_services()
     deployment = deploy_to_pool(args.pool, machine=settings)
     console.print(f"{deployment}: this machine's settings {settings or '(none)'}", highlight=False)
