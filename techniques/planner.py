@@ -11,9 +11,8 @@ first, then the one whose trials were timed fastest (`Search.deepening_key`). Th
 that continue from a searched technique's model (QAT of channel pruning's) run last: the
 fine-tunings before them share the time with them, and the joint searches and the deepening
 leave them their shortest runs. A technique is cut only when even its shortest run
-(`shortest_run_s`) does not fit, and `Planner.plan_line` says before any starts which fit.
-A search that ran first no longer takes the time of the techniques after it: on the demo
-channel pruning's bisection once cut distillation, pruning, QAT and clustering.
+(`shortest_run_s`) does not fit, and `Planner.plan_line` says before any starts which fit:
+a search that runs first does not take the time of the techniques after it.
 """
 
 from __future__ import annotations
@@ -293,8 +292,7 @@ class Planner:
         Its outcome, or, for a model the time budget stopped far from back (`cut_short_in_run`:
         its forms are not built), a "Skipped" state saying so (`skipped_state`): the one
         continuing from it is skipped in turn rather than fine-tuned from a model already judged
-        out (the demo's pruned and clustered model started from a pruning stopped mid-ramp and
-        was measured over budget).
+        out.
         """
         outcome = self.finished(name)
         state = final_state(outcome)

@@ -235,8 +235,8 @@ class ModelArtifact(_Frozen):
         """`curve`'s value at the epoch its training kept (``kept_epoch``; else its last).
 
         Not the curve's best: a pruning fine-tune stopped before its sparsity ramp ended keeps
-        its last epoch, far below the accurate epochs of the ramp's start (the demo: 0.56 kept
-        where its curve had read 0.99). None without the curve.
+        its last epoch, far below the accurate epochs of the ramp's start. None without the
+        curve.
         """
         values = self.history.get(curve) or []
         if not values:

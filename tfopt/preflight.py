@@ -23,7 +23,7 @@ from tfopt.runtimes import model_kind
 MODEL_SPACE_FACTOR = 40
 """Work-folder bytes a run writes per byte of its model file: the variants (TFLite, ONNX,
 OpenVINO at several precisions), their MLflow copies, the techniques' models and their exports
-(the demo: 24 variants of a 0.5 MB network wrote 18 MB)."""
+(docs/measurements.md)."""
 MIN_FREE_MB = 200.0
 """Headroom every run needs besides its shards and models (reports, logs, temporary files)."""
 SHARD_OVERHEAD = 1.1

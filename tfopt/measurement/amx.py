@@ -31,7 +31,7 @@ AMX_KEEP_GAIN = 0.15
 """How much faster (as a fraction) the file must run with AMX for `auto` to keep it. Not the
 other way round: the thinner files a run makes gained more from denying AMX than the baseline's
 own file in every pair measured, and the demo baseline's own gain moved between 0.95x and 1.8x
-between runs (docs/measurements.md, sessions 18-22): a baseline file indifferent to AMX, or a
+between runs (docs/measurements.md): a baseline file indifferent to AMX, or a
 little faster with it, still predicts a champion that is faster without it. Where AMX pays
 (ResNet-50 at 224 px: 1.6x) it pays far more than this."""
 AMX_DENIED_FROM = 1.0 / (1.0 + AMX_KEEP_GAIN)
