@@ -6,7 +6,7 @@ network, and each changes what the other costs: searched one after the other (de
 both cuts at once (the blocks first, ranked on the trained network as `techniques.depth_prune`
 ranks them, then the filters of what is left, as `techniques.channel_prune` thins them) and
 fine-tunes the result once; with both strengths ``auto`` an Optuna sampler chooses the points
-of a two-objective study (`tfopt.search.JointSearch`).
+of a two-objective study (`tfopt.search.samplers.JointSampler`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class WidthDepthConfig(RebuiltSection):
         "auto",
         description="Share of each channel group's filters to remove (as "
                     "compress.channel_prune.fraction); auto with share auto: both searched "
-                    "together by an Optuna sampler (tfopt.search.JointSearch).")
+                    "together by an Optuna sampler (tfopt.search.samplers.JointSampler).")
     share: Annotated[float, Field(gt=0.0, le=1.0)] | Literal["auto"] = Field(
         "auto",
         description="Share of the removable residual blocks to remove, the least influential "

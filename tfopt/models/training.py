@@ -439,29 +439,24 @@ class HopelessRule:
 
 
 class ReportToTrial(keras.callbacks.Callback):
-    """A search trial's fine-tuning, reporting each epoch's validation accuracy to its trial.
+    """A search trial's fine-tuning, stopped once hopeless by the rule its study keeps.
 
-    It stops a hopeless one itself, by the rule its study keeps in its user attributes
-    (`HopelessRule`; `tfopt.search`). Optuna's own pruning cannot: a study loaded by name here
-    has Optuna's default pruner, and a multi-objective study's trials are never pruned.
+    The rule is in the study's user attributes (`HopelessRule`; `tfopt.search`): Optuna's own
+    pruning cannot stop a multi-objective study's trials.
     """
 
     def __init__(self, trial: TrialRef, from_epoch: int = 0) -> None:
         super().__init__()
-        self._ref, self._from_epoch, self._trial = trial, from_epoch, None
+        self._ref, self._from_epoch = trial, from_epoch
         self._rule: HopelessRule | None = None
         self._best: list[float] = []
-        self._single = True
         self.pruned = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        """Open the trial in the study's storage (the study lives in the parent's folder)."""
+        """Read the rule from the study (it lives in the parent's folder)."""
         import optuna
 
-        study = optuna.load_study(study_name=self._ref.study, storage=self._ref.storage)
-        self._trial = optuna.trial.Trial(study, self._ref.trial_id)
-        self._single = len(study.directions) == 1
-        rule = study.user_attrs
+        rule = optuna.load_study(study_name=self._ref.study, storage=self._ref.storage).user_attrs
         if "hopeless_below" in rule:
             epochs = int((getattr(self, "params", None) or {}).get("epochs") or 0)
             epochs -= self._from_epoch
@@ -474,15 +469,12 @@ class ReportToTrial(keras.callbacks.Callback):
                 trend_epochs=int(rule.get("trend_epochs", 0)), epochs=epochs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        """Report the epoch; stop the training once it is hopeless by the study's rule."""
+        """Stop the training once it is hopeless by the study's rule."""
         value = (logs or {}).get("val_accuracy")
-        if value is None or epoch < self._from_epoch or self._trial is None:
+        if value is None or epoch < self._from_epoch or self._rule is None:
             return
-        step = epoch - self._from_epoch
-        if self._single:
-            self._trial.report(float(value), step)
         self._best.append(max([float(value), *self._best[-1:]]))
-        if self._rule is not None and self._rule.stops(self._best, float(value)):
+        if self._rule.stops(self._best, float(value)):
             self.pruned = True
             self.model.stop_training = True
 
@@ -497,7 +489,7 @@ def recovery(data: TrainingData, from_epoch: int = 0,
     budget, it ends after `settle` epochs without a gain (a training's whole cap: never before
     it, though whether it came back is still said), or, given a `cool_down` (which then sets
     the rate), once that has brought the rate down to zero. A search trial's fine-tuning also
-    reports to its study (`ReportToTrial`).
+    stops once hopeless, by its study's rule (`ReportToTrial`).
     """
     callbacks: list[keras.callbacks.Callback] = [] if cool_down is None else [cool_down]
     if data.recover_to is not None or data.deadline is not None:

@@ -10,19 +10,19 @@ side with the baseline's int8 file. A point is within the budget when its fine-t
 the validation split and one of its files is too, by the champion's rule (a converted file can
 lose what its model kept); the test split is only reported, never chosen on.
 
-One knob is bisected (`Search`): assuming that a stronger setting is faster and less accurate, a
-setting that stays within the budget moves the lower end up, one that does not the upper end
-down; with several workers each round tries as many settings at once, and a fine-tuning
-still ten points below the target after its warm-up stops as hopeless. Knobs that compose are
-sampled (`JointSearch`): a two-objective study (validation accuracy, time relative to the
-baseline's int8 file) whose TPE sampler proposes each point. Either way the chosen point is
-the fastest trial within the budget (within 3%, the stronger one), for a joint study read from
-its Pareto front.
+Every search is one kind of study (`Search`): two objectives (validation accuracy, time relative
+to the baseline's int8 file), and a sampler behind Optuna's interface proposing each point. One
+knob is bisected (`BisectionSampler`): assuming that a stronger setting is faster and less
+accurate, a setting that stays within the budget moves the lower end up, one that does not the
+upper end down, and a crashed trial bounds neither; with several workers each round tries as
+many settings at once. Knobs that compose are drawn by Optuna's TPE (`JointSampler`). A
+fine-tuning still ten points below the target after its warm-up stops as hopeless. The chosen
+point is the fastest trial within the budget (within 3%, the stronger one).
 
 The package: `knob` (what a technique searches), `trials` (one trial's files timed beside the
-baseline's int8 file), `study` (the Optuna studies, their points and the choice), `front` (the
-searches' combined accuracy-speed front). The plan that runs the trials beside the other
-techniques is `techniques.planner`.
+baseline's int8 file), `samplers` (how a study proposes its points), `study` (the Optuna study
+and the choice), `front` (the searches' combined accuracy-speed front). The plan that runs the
+trials beside the other techniques is `techniques.planner`.
 """
 
 from tfopt.search.front import combined_front, is_chosen, params_label
@@ -31,7 +31,6 @@ from tfopt.search.study import (
     HOPELESS_POINTS,
     TIE_SHARE,
     WARMUP_EPOCHS,
-    JointSearch,
     Search,
     choose,
     open_study,
@@ -57,7 +56,7 @@ from tfopt.search.trials import (
 )
 
 __all__ = [
-    "HOPELESS_POINTS", "TIE_SHARE", "TRIAL_FORMS", "WARMUP_EPOCHS", "Joint", "JointSearch",
+    "HOPELESS_POINTS", "TIE_SHARE", "TRIAL_FORMS", "WARMUP_EPOCHS", "Joint",
     "Knob", "Point", "Search", "Space", "TimedFile", "Trial", "TrialStatus", "baseline_int8",
     "choose", "combined_front", "is_chosen", "keeps", "open_study", "params_label",
     "point_key", "search_line",

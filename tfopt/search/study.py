@@ -1,16 +1,16 @@
 """A technique's study: Optuna's, kept in the work folder, the points it tries, the choice.
 
-One knob searched alone is bisected (`Search`: its points enqueued, Optuna keeping the trials
-and pruning hopeless fine-tunes); knobs that compose are sampled (`JointSearch`: a
-two-objective study whose sampler chooses each point, the choice read from its Pareto front).
-The plan (`techniques.planner`) drives both through the same methods.
+One study whatever is searched (`Search`): two objectives (a trial's file's validation
+accuracy, its time beside the baseline's int8 file), Optuna keeping the trials, and a sampler
+behind Optuna's interface proposing each point (`tfopt.search.samplers`: one knob bisected,
+knobs that compose drawn by TPE). The plan (`techniques.planner`) drives every study through
+the same methods.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,11 +37,9 @@ WARMUP_SHARE = 0.25
 (sooner only by `TREND_EPOCHS`' rule), where that is more than `WARMUP_EPOCHS`: a residual
 network's model with 62.5% of its filters removed was below 0.80 after 3 epochs in one run and
 back within the budget (0.98) by its 49th in another (docs/measurements.md)."""
-SAMPLER_STARTUP_TRIALS = 2
-"""A joint study's trials before its TPE sampler models the objectives (the first point is
-`Joint.first`; the next ones are drawn at random): its budget holds a handful of trials."""
 DUPLICATE_ASKS = 20
-"""Points a joint study's sampler may propose that were tried already before the search ends."""
+"""Points a sampler may propose beyond a round's that were tried already before the search
+ends (TPE repeats itself on a small grid)."""
 
 
 def study_key(technique: str, knob: Space, baseline: ModelArtifact, settings: dict[str, Any],
@@ -55,7 +53,7 @@ def study_key(technique: str, knob: Space, baseline: ModelArtifact, settings: di
     digest = hashlib.sha256(baseline.path.read_bytes() if baseline.path.is_file()
                             else str(baseline.path).encode()).hexdigest()[:12]
     candidates = [[k.field, k.values] for k in knob.knobs]
-    parts = json.dumps([technique, candidates, digest, settings, *targets, forms, 2],
+    parts = json.dumps([technique, candidates, digest, settings, *targets, forms, 3],
                        sort_keys=True, default=str)
     return f"{technique}-{hashlib.sha256(parts.encode()).hexdigest()[:16]}"
 
@@ -66,11 +64,16 @@ def point_key(point: Point) -> tuple[tuple[str, float], ...]:
 
 
 class Search:
-    """A technique's study of one knob: the trials made so far, which to try next, the choice.
+    """A technique's study: the trials made so far, which to try next, the choice.
 
-    The candidates between the strongest setting known to keep the budget and the weakest
-    known not to are bisected; Optuna keeps the trials (enqueued), and a fine-tuning stops
-    itself once hopeless by the rule the study keeps (`_with_hopeless_rule`).
+    One study whatever is searched: Optuna keeps the trials in SQLite (a killed run resumes
+    them), its two objectives are a trial's file's validation accuracy as the champion is
+    judged (to maximize) and its time relative to `baseline-tflite-int8`'s, timed side by side
+    (to minimize), and its sampler proposes each point (`tfopt.search.samplers`: a bisection
+    for one knob, TPE for knobs that compose). A trial's fine-tuning stops itself once
+    hopeless, by the rule the study keeps (`_with_hopeless_rule`): Optuna cannot prune a
+    multi-objective study's trials. The chosen point is the fastest trial within the accuracy
+    budget (`choose`).
 
     Args:
         knob: What is searched.
@@ -85,12 +88,17 @@ class Search:
                  file_target: float | None = None, seed: int = 0) -> None:
         import optuna
 
+        from tfopt.search.samplers import sampler_for
+
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         folder.mkdir(parents=True, exist_ok=True)
         self.knob, self.folder, self.key, self.target = knob, folder, key, target
         self.file_target = file_target
         self.storage = f"sqlite:///{folder / 'study.db'}"
-        self.study = self._create_study(seed)
+        self.sampler = sampler_for(knob, seed)
+        self.study = self._with_hopeless_rule(optuna.create_study(
+            study_name=key, storage=self.storage, load_if_exists=True,
+            directions=["maximize", "minimize"], sampler=self.sampler))
         self._running: dict[tuple[tuple[str, float], ...], Any] = {}
         self._round_started: float | None = None
         self._round_seconds = 0.0
@@ -98,7 +106,7 @@ class Search:
         self.cut: Cut | None = None
         """What the time budget cut of it (`next_trials`), if anything."""
         self.cut_points: list[Point] = []
-        """The settings the round it cut would have tried (none known: a joint search's)."""
+        """The settings the round it cut would have tried, as far as they are known."""
         self.expected_round_s: float | None = None
         """How long a round is expected to take before any has (the searches run before it)."""
 
@@ -107,25 +115,11 @@ class Search:
         """The validation accuracy below which a fine-tuning past its warm-up is stopped."""
         return -1.0 if self.target is None else self.target - HOPELESS_POINTS / 100.0
 
-    @property
-    def sampler(self) -> str:
-        """How the points are chosen, as the summary says it."""
-        return "bisection"
-
-    def _create_study(self, seed: int) -> Any:
-        import optuna
-
-        study = optuna.create_study(study_name=self.key, storage=self.storage,
-                                    load_if_exists=True, direction="minimize")
-        return self._with_hopeless_rule(study)
-
     def _with_hopeless_rule(self, study: Any) -> Any:
         """`study` with the rule a trial's fine-tuning stops on, where that process reads it.
 
-        The fine-tuning opens the study by name (`tfopt.models.training.ReportToTrial`), and a
-        study loaded so has Optuna's default pruner, whatever it was created with (a
-        `ThresholdPruner` there stopped no trial); a multi-objective study's trials Optuna
-        does not prune at all.
+        The fine-tuning opens the study by name (`tfopt.models.training.ReportToTrial`) and
+        reads the rule from its user attributes.
         """
         study.set_user_attr("hopeless_below", self.hopeless_below)
         study.set_user_attr("warmup_epochs", WARMUP_EPOCHS)
@@ -145,64 +139,80 @@ class Search:
 
         Up to `at_once` of them. A round that would end after `deadline` (a `time.time()`
         value), as long as the slowest one took, is not started, nor a first one once it has
-        passed (`cut` says so).
+        passed (`cut` says so, `cut_points` what it would have tried).
         """
-        tried = len(self.trials())
+        tried = self.trials()
         if not self.is_open():
             return []
+        points = self.sampler.round_points(tried, at_once, self.starts_at_first(deadline))
         if not Clock(deadline=deadline).can_start(self._round_seconds if tried else 0.0):
             search = f"the {self.knob.field} search"
             self.cut = Cut(step=search, kind="shortened" if tried else "not_started",
-                           reason=(f"{search} stopped after {tried} trials (time budget)" if tried
-                                   else f"{search} was not started (time budget)"))
-            self.cut_points = self._next_points(at_once, deadline)
+                           reason=(f"{search} stopped after {len(tried)} trials (time budget)"
+                                   if tried else f"{search} was not started (time budget)"))
+            self.cut_points = [point for point in points if point is not None]
             return []
         self.cut, self.cut_points = None, []  # a round that starts undoes an earlier cut
         self._round_started = time.monotonic()
-        opened = self._open_trials(at_once, deadline)
+        opened = self._ask(points)
         for point, optuna_trial in opened:
             self._running[point_key(point)] = optuna_trial
         return [(point, TrialRef(storage=self.storage, study=self.key,
                                  number=optuna_trial.number, trial_id=optuna_trial._trial_id))
                 for point, optuna_trial in opened]
 
-    def _next_points(self, at_once: int, deadline: float | None) -> list[Point]:
-        """The bisection's next settings, `at_once` of them at most.
+    def _ask(self, points: list[Point | None]) -> list[tuple[Point, Any]]:
+        """A trial asked of the study for each of the round's points (None: the sampler's).
 
-        A first round has the knob's `Knob.first` among them when `starts_at_first`.
+        A point the sampler proposes that was tried already is told again and another asked,
+        `DUPLICATE_ASKS` times at most; a round that opens nothing ends the search.
         """
-        knob = self._knob
-        first = (knob.values.index(knob.first)
-                 if not self.trials() and self.starts_at_first(deadline) else None)
-        return [{knob.field: knob.values[index]}
-                for index in _spread(self._open(), at_once, first)]
-
-    def _open_trials(self, at_once: int, deadline: float | None) -> list[tuple[Point, Any]]:
-        """The bisection's next settings (`_next_points`), each enqueued and asked."""
-        knob = self._knob
-        opened = []
-        for point in self._next_points(at_once, deadline):
-            self.study.enqueue_trial(point)
+        self.sampler.start_round(points)
+        opened: list[tuple[Point, Any]] = []
+        asks = 0
+        while len(opened) < len(points) and asks < len(points) + DUPLICATE_ASKS:
+            asks += 1
             optuna_trial = self.study.ask()
-            optuna_trial.suggest_categorical(knob.field, list(knob.values))
+            point = {knob.field: float(optuna_trial.suggest_categorical(
+                knob.field, list(knob.values))) for knob in self.knob.knobs}
+            if self._told_again(optuna_trial, point, opened):
+                continue
             opened.append((point, optuna_trial))
+        self._exhausted = not opened
         return opened
 
-    @property
-    def _knob(self) -> Knob:
-        assert isinstance(self.knob, Knob)
-        return self.knob
+    def _told_again(self, optuna_trial: Any, point: Point,
+                    opened: list[tuple[Point, Any]]) -> bool:
+        """Whether `point` was tried or is being tried: its trial is then told and closed.
+
+        A point tried before is told its figures again (the sampler learns nothing new, and
+        asks elsewhere); one being tried in this round fails the duplicate ask.
+        """
+        import optuna
+
+        key = point_key(point)
+        earlier = next((t for t in self.study.trials if t.state.is_finished()
+                        and "trial" in t.user_attrs and point_key(t.params) == key), None)
+        if earlier is not None and earlier.values is not None:
+            self.study.tell(optuna_trial, earlier.values)
+            return True
+        if earlier is not None or key in self._running or any(
+                point_key(other) == key for other, _ in opened):
+            self.study.tell(optuna_trial, state=optuna.trial.TrialState.FAIL)
+            return True
+        return False
 
     def starts_at_first(self, deadline: float | None) -> bool:
-        """Whether the first round tries the knob's `Knob.first` rather than the middle.
+        """Whether a knob's first round tries its `Knob.first` rather than the middle.
 
         Always for the strongest value; for another, when the time left before `deadline`
         holds fewer rounds than a bisection takes, each as long as `expected_round_s` (none
         known: the middle). A short window may hold one trial after the first, and the
-        middle is then all it tries.
+        middle is then all it tries. Never for knobs that compose (their sampler's first
+        point is `Joint.first`).
         """
-        knob = self._knob
-        if knob.first is None or knob.strongest_first:
+        knob = self.knob
+        if not isinstance(knob, Knob) or knob.first is None or knob.strongest_first:
             return knob.strongest_first
         if deadline is None or not self.expected_round_s:
             return False
@@ -216,24 +226,8 @@ class Search:
         return self._round_seconds if trained and self._round_seconds else None
 
     def is_open(self) -> bool:
-        """Whether settings are left that could still change the choice."""
-        return bool(self._open())
-
-    def _open(self) -> list[int]:
-        """The untried candidates' indices between the strongest kept and the weakest lost.
-
-        A trial that failed (a crash, an error) says nothing of its setting's accuracy: it
-        bounds neither side, and the settings beyond it stay open.
-        """
-        knob = self._knob
-        values = knob.values
-        tried = {trial.params[knob.field]: trial for trial in self.trials()}
-        good = [i for i, v in enumerate(values) if v in tried and tried[v].status == "ok"]
-        low = max(good, default=-1)
-        bad = [i for i, v in enumerate(values) if v in tried and i > low
-               and tried[v].status not in ("ok", "failed")]
-        high = min(bad, default=len(values))
-        return [i for i in range(low + 1, high) if values[i] not in tried]
+        """Whether points are left that could still change the choice."""
+        return not self._exhausted and self.sampler.is_open(self.trials())
 
     def paid_per_second(self) -> float:
         """The speed-up its best trial within the budget bought over 1x, per second of trials.
@@ -273,7 +267,7 @@ class Search:
         self._tell(optuna_trial, trial)
 
     def _tell(self, optuna_trial: Any, trial: Trial) -> None:
-        """Tell the study a trial's end: pruned, failed, or its objectives' values."""
+        """Tell the study a trial's end: pruned, failed (or not timed), or its objectives."""
         import optuna
 
         values = None if trial.status in ("pruned", "failed") else self._objectives(trial)
@@ -284,104 +278,8 @@ class Search:
         else:
             self.study.tell(optuna_trial, values)
 
-    def _objectives(self, trial: Trial) -> float | list[float] | None:
-        """The study's value for a timed trial: its time (None: not timed)."""
-        if trial.p50_ms is None:
-            return None
-        return 1.0 / trial.speedup if trial.speedup else trial.p50_ms
-
-    def chosen(self) -> Trial | None:
-        """The fastest trial within the budget; within `TIE_SHARE`, the stronger setting."""
-        return choose(self.trials(), self.knob)
-
-
-class JointSearch(Search):
-    """A study of knobs that compose: Optuna's sampler chooses each point, its front the choice.
-
-    A two-objective study (the validation accuracy of a trial's file as the champion is
-    judged, to maximize; its time relative to `baseline-tflite-int8`'s, timed side by side, to
-    minimize) with Optuna's TPE sampler, seeded by the run's seed. Its first point is
-    `Joint.first`; then the sampler draws from the grid of the knobs' candidates, a point
-    tried already told again with its figures and another asked, up to `Joint.trials` trials.
-    Optuna cannot prune a multi-objective study's trials: the trial's fine-tuning stops itself
-    once hopeless, by the rule every study keeps (`Search._with_hopeless_rule`). The chosen
-    point is the fastest of the study's Pareto front (`study.best_trials`) within the
-    accuracy budget.
-    """
-
-    @property
-    def sampler(self) -> str:
-        """How the points are chosen, as the summary says it."""
-        return "tpe (optuna, two objectives)"
-
-    @property
-    def _joint(self) -> Joint:
-        assert isinstance(self.knob, Joint)
-        return self.knob
-
-    def _create_study(self, seed: int) -> Any:
-        import warnings
-
-        import optuna
-
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-        study = optuna.create_study(
-            study_name=self.key, storage=self.storage, load_if_exists=True,
-            directions=["maximize", "minimize"],
-            sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True,
-                                               n_startup_trials=SAMPLER_STARTUP_TRIALS))
-        return self._with_hopeless_rule(study)
-
-    def is_open(self) -> bool:
-        """Whether trials are left: fewer than `Joint.trials`, and untried points."""
-        grid = math.prod(len(knob.values) for knob in self._joint.knobs)
-        made = len(self.trials())
-        return made < min(self._joint.trials, grid) and not self._exhausted
-
-    def _next_points(self, at_once: int, deadline: float | None) -> list[Point]:
-        """Its first point (`Joint.first`) before any trial (the sampler's come when asked)."""
-        return [] if self.trials() else [dict(self._joint.first)]
-
-    def _open_trials(self, at_once: int, deadline: float | None) -> list[tuple[Point, Any]]:
-        """Up to `at_once` new points the sampler proposes (the first: `Joint.first`)."""
-        if not self.study.trials:
-            self.study.enqueue_trial(self._joint.first)
-        left = min(self._joint.trials, at_once + len(self.trials())) - len(self.trials())
-        opened: list[tuple[Point, Any]] = []
-        asks = 0
-        while len(opened) < left and asks < DUPLICATE_ASKS:
-            asks += 1
-            optuna_trial = self.study.ask()
-            point = {knob.field: float(optuna_trial.suggest_categorical(
-                knob.field, list(knob.values))) for knob in self._joint.knobs}
-            if self._told_again(optuna_trial, point, opened):
-                continue
-            opened.append((point, optuna_trial))
-        self._exhausted = not opened
-        return opened
-
-    def _told_again(self, optuna_trial: Any, point: Point,
-                    opened: list[tuple[Point, Any]]) -> bool:
-        """Whether `point` was tried or is being tried: its trial is then told and closed.
-
-        A point tried before is told its figures again (the sampler learns nothing new, and
-        asks elsewhere); one being tried in this round fails the duplicate ask.
-        """
-        import optuna
-
-        key = point_key(point)
-        earlier = next((t for t in self.study.trials if t.state.is_finished()
-                        and "trial" in t.user_attrs and point_key(t.params) == key), None)
-        if earlier is not None and earlier.values is not None:
-            self.study.tell(optuna_trial, earlier.values)
-            return True
-        if earlier is not None or key in self._running or any(
-                point_key(other) == key for other, _ in opened):
-            self.study.tell(optuna_trial, state=optuna.trial.TrialState.FAIL)
-            return True
-        return False
-
-    def _objectives(self, trial: Trial) -> float | list[float] | None:
+    @staticmethod
+    def _objectives(trial: Trial) -> list[float] | None:
         """Its file's validation accuracy and its time over the baseline's int8 file's.
 
         Both timed side by side (None: not timed beside it).
@@ -398,23 +296,14 @@ class JointSearch(Search):
                 if "trial" in t.user_attrs]
 
     def chosen(self) -> Trial | None:
-        """The fastest trial of the front within the budget; within `TIE_SHARE`, the stronger."""
-        return choose(self.front(), self.knob)
+        """The fastest trial within the budget; within `TIE_SHARE`, the stronger setting."""
+        return choose(self.trials(), self.knob)
 
 
 def open_study(knob: Space, folder: Path, key: str, target: float | None,
                file_target: float | None = None, seed: int = 0) -> Search:
-    """The study of `knob`: a bisection for one knob, a sampled two-objective study for more."""
-    kind = JointSearch if isinstance(knob, Joint) else Search
-    return kind(knob, folder, key, target, file_target, seed)
-
-
-def _spread(open_: list[int], count: int, first: int | None = None) -> list[int]:
-    """`count` of the open candidates' indices, evenly apart (`first` among them, if given)."""
-    if first is not None and first in open_:
-        return sorted([*_spread([i for i in open_ if i != first], count - 1), first])
-    count = min(count, len(open_))
-    return sorted({open_[(k + 1) * (len(open_) + 1) // (count + 1) - 1] for k in range(count)})
+    """The study of `knob`, with its sampler: a bisection for one knob, TPE for more."""
+    return Search(knob, folder, key, target, file_target, seed)
 
 
 def choose(trials: Sequence[Trial], knob: Space) -> Trial | None:
@@ -481,13 +370,13 @@ def search_summary(search: Search) -> dict[str, Any]:
     chosen = search.chosen()
     point = None if chosen is None else chosen.params
     return {"knob": search.knob.field,
-            "sampler": search.sampler,
+            "sampler": search.sampler.name,
             "target_val_accuracy": search.target,
             "target_file_val_accuracy": search.file_target,
             "target_test_accuracy": None,  # a contract key kept: nothing is chosen on test
             "cut": None if search.cut is None else search.cut.reason,
             "trials": [trial.summary() for trial in search.trials()],
             "front": ([dict(t.params) for t in search.front()]
-                      if isinstance(search, JointSearch) else None),
+                      if isinstance(search.knob, Joint) else None),
             "chosen": (point if isinstance(search.knob, Joint) or point is None
                        else point[search.knob.field])}
