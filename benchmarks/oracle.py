@@ -38,11 +38,12 @@ import numpy as np
 
 import tfopt  # noqa: F401  (environment before TensorFlow)
 from cli.main import parse_overrides
+from compress import apply_here
 from flows.optimize_model import _checkpoint_dir
 from flows.parameters import PipelineConfig, load_pipeline_config
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
-from techniques import apply_here, registry
+from techniques import registry
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData, VariantSpec
 from tfopt.config import resolve_cpus
 from tfopt.measurement.inputs import read_inputs_index

@@ -30,10 +30,10 @@ from channel_pruning import int8_file, speedup
 from harness_overhead import bare_p50, bare_tflite
 
 import tfopt  # noqa: F401
+from compress import make_trial
 from flows.parameters import PipelineConfig, load_pipeline_config
 from tasks.train_model import train_model
 from tasks.write_tfrecords import write_tfrecords
-from techniques import make_trial
 from techniques.channel_prune import KNOB, channel_prune_model
 from tfopt.artifacts import DatasetArtifact, ModelArtifact, TrainingData, VariantSpec
 from tfopt.data.pipeline import load_split

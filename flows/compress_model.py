@@ -1,9 +1,9 @@
 """Subflow: apply every enabled compression technique to the baseline, then build their forms.
 
-The techniques come from the registry (`techniques.plan`), run in the plan's order
-(`techniques.planner.Planner`: every technique's shortest run before any search goes deep) on
+The techniques come from the registry (`compress.plan`), run in the plan's order
+(`compress.planner.Planner`: every technique's shortest run before any search goes deep) on
 the subflow's task runner, chosen by `ScaleConfig` (`tfopt.scaling.task_runner`). Each outcome
-becomes its variants (`techniques.outcomes`). Benchmarks are not run here; the main flow
+becomes its variants (`compress.outcomes`). Benchmarks are not run here; the main flow
 serializes them.
 """
 
@@ -13,14 +13,14 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from compress import Planned, cut_short_in_run, plan
+from compress.outcomes import not_built, replanned, with_read_back
+from compress.planner import Planner
 from flows.common import build_forms, build_sources
 from flows.parameters import PipelineConfig
 from tasks.export_savedmodel import export_savedmodel
 from tasks.run_trial import run_trial
-from techniques import Planned, cut_short_in_run, plan
 from techniques.base import Skipped
-from techniques.outcomes import not_built, replanned, with_read_back
-from techniques.planner import Planner
 from tfopt.artifacts import (
     BenchmarkInputs,
     Compressed,

@@ -20,9 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from flows.common import benchmark_one
-from flows.parameters import PipelineConfig
-from techniques import (
+from compress import (
     Planned,
     compressed_formats,
     compression_workers,
@@ -30,6 +28,8 @@ from techniques import (
     priced_runs,
     trial_forms,
 )
+from flows.common import benchmark_one
+from flows.parameters import PipelineConfig
 from tfopt.artifacts import (
     BenchmarkInputs,
     Cut,

@@ -18,6 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from compress import all_failed, plan, planned_counts
 from flows.common import (
     build_forms,
     build_sources,
@@ -43,7 +44,6 @@ from tasks.runoff import run_off
 from tasks.sweep_batch_size import sweep_batch_size
 from tasks.train_model import train_model
 from tasks.write_report import write_report
-from techniques import all_failed, plan, planned_counts
 from tfopt import tracking
 from tfopt.artifacts import (
     BatchSweepResult,

@@ -67,7 +67,7 @@ searched together (`techniques.width_depth`: an Optuna sampler's points), once e
 fine-tuning has had its turn. Channel pruning's chosen model is also fine-tuned for int8
 (`techniques.thinned_qat`) once the searches are done. Depth pruning's search tries removing
 every residual block first, then bisects below only after the other searches
-(`techniques.planner`), so its strongest point is tried before a short budget ends the search
+(`compress.planner`), so its strongest point is tried before a short budget ends the search
 (docs/measurements.md)."""
 
 

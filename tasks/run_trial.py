@@ -9,7 +9,7 @@ from typing import Any
 from prefect import task
 from prefect.states import Completed, State
 
-from techniques import make_trial
+from compress import make_trial
 from techniques.base import NotApplicable, TechniqueSection
 from tfopt.artifacts import BenchmarkInputs, ModelArtifact, TrainingData
 from tfopt.config import MeasurementProtocol

@@ -5,7 +5,7 @@ filters leave less slack for rounding (EfficientNetB0 with half its filters: wit
 in fp32, out of it as post-training int8; docs/measurements.md). Fine-tuning the thinner
 model with fake quantization, as `techniques.qat` does the baseline, gives the int8 file of the
 fastest model the searches found a fine-tuning of its own. It continues from channel pruning's
-chosen model, so it runs once that search is done (`techniques.planner`).
+chosen model, so it runs once that search is done (`compress.planner`).
 """
 
 from __future__ import annotations

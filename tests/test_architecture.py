@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOW_FUNCTION_LINES = 60
-LAYERS = ("tfopt", "techniques", "tasks", "flows", "deployments", "cli")
+LAYERS = ("tfopt", "techniques", "compress", "tasks", "flows", "deployments", "cli")
 """Bottom to top: a package imports only from its own layer and the ones below it."""
 PACKAGES = (*LAYERS, "tests", "benchmarks")
 

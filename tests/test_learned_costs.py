@@ -67,8 +67,8 @@ def test_the_costs_key_names_the_machine_and_changes_with_the_model():
 
 def test_a_techniques_run_is_recorded_and_prices_its_next_start(tiny_baseline, tiny_data,
                                                                 tmp_path):
+    from compress import contained, plan
     from flows.parameters import PipelineConfig
-    from techniques import contained, plan
     from tfopt.schedule.budget import CUT_BY_BUDGET
     from tfopt.schedule.prices import STARTUP_S, WRAPPED_EPOCH_SHARE, shortest_run_s
 
@@ -105,10 +105,10 @@ def test_a_techniques_run_is_recorded_and_prices_its_next_start(tiny_baseline, t
 
 def test_the_plan_line_says_which_techniques_are_priced_by_earlier_runs(tiny_baseline,
                                                                          tiny_data, tmp_path):
+    from compress import plan
+    from compress.planner import Planner
     from flows.parameters import PipelineConfig
     from tasks.run_trial import run_trial
-    from techniques import plan
-    from techniques.planner import Planner
 
     config = PipelineConfig.model_validate({"name": "learned", "compress": {
         "distill": {"enabled": False},

@@ -160,12 +160,12 @@ class TrainingData(_Frozen):
     variant_tail_s: float = 0.0
     """What the time budget keeps after `deadline` for each planned compressed variant's
     conversion and measurement (0: nothing kept). A technique known never to build its
-    variants gives that time back to the compression (`techniques.planner.Planner`)."""
+    variants gives that time back to the compression (`compress.planner.Planner`)."""
     epoch_s: float = 0.0
     """The baseline's seconds per training epoch (0: not trained here): a technique does not
     start with less time left before `deadline` than its shortest run takes at that pace
     (`tfopt.schedule.prices.shortest_run_s`); with less it would stop far from back
-    (`techniques.cut_short`) and its time go to nothing."""
+    (`compress.cut_short`) and its time go to nothing."""
     costs: LearnedCosts | None = None
     """The techniques' fixed costs learned in earlier runs (None: each priced at
     `tfopt.schedule.prices.STARTUP_S`, nothing recorded)."""

@@ -157,7 +157,7 @@ def _forms_of(config: PipelineConfig, baseline: ModelArtifact,
 
 def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_forms_waiting(
         tiny_baseline, tmp_path: Path):
-    from techniques import compressed_formats, plan
+    from compress import compressed_formats, plan
 
     config = _pruned_and_qat(epochs=2)
     forms, unbuilt = _forms_of(config, tiny_baseline)
@@ -188,7 +188,7 @@ def test_a_run_with_room_for_the_tflite_pair_narrows_to_it_not_to_int8_alone(
     int8 is not the faster file everywhere: narrowed to it alone, a thinned network whose fp32
     file is the fast one (an Intel Xeon with AMX) would never have that file built.
     """
-    from techniques import compressed_formats, plan
+    from compress import compressed_formats, plan
     from tfopt.models.baseline import epoch_seconds
     from tfopt.runtimes import with_forms
 
@@ -228,7 +228,7 @@ def test_a_run_with_room_for_the_tflite_pair_narrows_to_it_not_to_int8_alone(
 
 def test_past_the_first_round_forms_wait_while_the_techniques_would_miss_their_full_runs(
         tiny_baseline, tmp_path: Path):
-    from techniques import compressed_formats, plan, priced_runs
+    from compress import compressed_formats, plan, priced_runs
     from tfopt.models.baseline import epoch_seconds
     from tfopt.schedule.prices import full_runs_s
 

@@ -147,8 +147,9 @@ def _residual_baseline(tiny_data, tmp_path, filters: int = 8):
 
 def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
         tiny_data, tmp_path):
+    from compress import plan
     from flows.parameters import PipelineConfig
-    from techniques import plan, registry
+    from techniques import registry
     from techniques.base import NotApplicable
     from techniques.depth_prune import DepthPruneConfig, depth_prune_model
     from tfopt.artifacts import ModelArtifact
@@ -188,7 +189,8 @@ def test_the_technique_removes_blocks_fine_tunes_and_can_follow_channel_pruning(
 
 
 def test_width_and_depth_cut_together_in_one_model_fine_tuned_once(tiny_data, tmp_path):
-    from techniques import plan, registry
+    from compress import plan
+    from techniques import registry
     from techniques.depth_prune import DepthPruneConfig, depth_prune_model
     from techniques.width_depth import WidthDepthConfig, width_depth_model
     from tfopt.search import Joint
@@ -220,9 +222,9 @@ def test_width_and_depth_cut_together_in_one_model_fine_tuned_once(tiny_data, tm
 
 def test_searches_from_the_baseline_run_before_the_techniques_submitted_beside_them(
         tiny_baseline):
+    from compress import plan
+    from compress.planner import searches_first
     from flows.parameters import PipelineConfig
-    from techniques import plan
-    from techniques.planner import searches_first
 
     minimal = PipelineConfig.model_validate({"name": "minimal"})
     assert minimal.compress.channel_prune.fraction == "auto"
@@ -240,10 +242,10 @@ def test_searches_from_the_baseline_run_before_the_techniques_submitted_beside_t
 
 def test_a_technique_the_budget_cuts_or_whose_start_was_skipped_ends_completed_as_skipped(
         tiny_baseline, tiny_data, tmp_path):
+    from compress import contained, plan
+    from compress.planner import searched_from_baseline
     from flows.parameters import PipelineConfig
-    from techniques import contained, plan
     from techniques.base import Skipped
-    from techniques.planner import searched_from_baseline
     from tfopt.schedule.budget import CUT_BY_BUDGET
 
     config = PipelineConfig.model_validate({"name": "cut", "compress": {
@@ -266,8 +268,8 @@ def test_a_technique_the_budget_cuts_or_whose_start_was_skipped_ends_completed_a
 
 
 def test_a_model_the_technique_does_not_apply_to_ends_its_search_at_the_first_trial(tmp_path):
+    from compress.planner import refusal_of
     from techniques.depth_prune import KNOB
-    from techniques.planner import refusal_of
     from tfopt.search import Search, Trial
 
     search = Search(KNOB, tmp_path / "study", "refused", target=0.9)
@@ -357,7 +359,7 @@ def test_a_fine_tuning_runs_the_epochs_its_deadline_holds_so_its_ramp_ends_befor
 
 def test_a_training_that_ran_the_epochs_its_deadline_held_was_ended_by_the_budget(
         tiny_baseline, tiny_data):
-    from techniques import cut_short
+    from compress import cut_short
     from tfopt.schedule.prices import ended_by_deadline
 
     ran = tiny_baseline.model_copy(update={

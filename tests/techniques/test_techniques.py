@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
+from compress import all_failed, plan
 from flows.parameters import PipelineConfig
-from techniques import CompressConfig, all_failed, plan, registry
+from techniques import CompressConfig, registry
 from techniques.base import NotApplicable, TechniqueSection, kernels
 from techniques.cluster import ClusterConfig, cluster_model, clusterable_layers, unique_values
 from techniques.distill import DistillConfig, distill_model, inherit_filters
@@ -100,7 +101,7 @@ def test_a_collaborative_technique_derives_from_the_model_it_continues_from(tiny
 
 
 def test_a_technique_whose_starting_model_is_missing_inherits_skipped_or_failed(tiny_baseline):
-    from techniques.outcomes import without_base
+    from compress.outcomes import without_base
     from tfopt.variants import failed, skipped
 
     by_source = {p.source: p for p in plan(_pipeline(pqat={"enabled": True}), tiny_baseline)}
@@ -577,7 +578,7 @@ def test_a_thinner_teacher_is_the_student_with_two_controls(tiny_baseline, tiny_
 
 
 def test_a_model_the_budget_stopped_far_from_back_is_not_worth_building(tiny_baseline, tiny_data):
-    from techniques import cut_short
+    from compress import cut_short
 
     to_keep = tiny_data.model_copy(update={"recover_to": 0.95})
     budget_stop = "budget"
@@ -603,8 +604,8 @@ def test_a_model_the_budget_stopped_far_from_back_is_not_worth_building(tiny_bas
 
 def test_a_fine_tuning_that_collapses_is_tried_again_gentler_then_fails_with_both_reasons(
         tiny_baseline, tmp_path):
+    from compress import CollapsedError, apply_here
     from tasks.write_tfrecords import write_tfrecords
-    from techniques import CollapsedError, apply_here
     from techniques.qat import QatConfig
     from tests.steps import training_data
     from tfopt.config import DataConfig

@@ -45,7 +45,7 @@ GUESSED_PRICE = RunPrice()
 
 
 class PlannedRun(NamedTuple):
-    """A planned technique as its price reads it (`techniques.priced_runs`)."""
+    """A planned technique as its price reads it (`compress.priced_runs`)."""
 
     name: str
     cfg: Any
@@ -70,7 +70,7 @@ def shortest_runs_s(runs: Iterable[PlannedRun], epoch_s: float, workers: int = 1
     """What every planned technique's shortest run takes, `workers` of them at once.
 
     The compression's least useful time: the planner cuts a technique whose shortest run does
-    not fit (`techniques.planner`). `epoch_s` is the baseline's epoch (0: unknown, 0 s); a
+    not fit (`compress.planner`). `epoch_s` is the baseline's epoch (0: unknown, 0 s); a
     searched technique's is its first trial, its `trial_files` priced at `file_s` each
     (`first_trial_s`); each one is priced by `price_of`.
     """
@@ -217,7 +217,7 @@ def first_trial_s(cfg: Any, epoch_s: float, file_s: float,
 
     A trial's fine-tuning ends once back within the budget and settled, or cooled down
     (`after_recovery_epochs`), or, in a search's first round, at its technique's share of the time
-    (`techniques.planner.Planner.run`: one search's first trial cannot take the other techniques'
+    (`compress.planner.Planner.run`: one search's first trial cannot take the other techniques'
     shortest runs; a trial not back by then is over the budget for this run); it trains its model
     alone (a distilled student's controls are trained once, for the setting chosen). Its `files`
     (`trial_forms`) are then converted and measured, and timed side by side with the baseline's int8

@@ -22,7 +22,7 @@ point is the fastest trial within the budget (within 3%, the stronger one).
 The package: `knob` (what a technique searches), `trials` (one trial's files timed beside the
 baseline's int8 file), `samplers` (how a study proposes its points), `study` (the Optuna study
 and the choice), `front` (the searches' combined accuracy-speed front). The plan that runs the
-trials beside the other techniques is `techniques.planner`.
+trials beside the other techniques is `compress.planner`.
 """
 
 from tfopt.search.front import combined_front, is_chosen, params_label

@@ -3,7 +3,7 @@
 One study whatever is searched (`Search`): two objectives (a trial's file's validation
 accuracy, its time beside the baseline's int8 file), Optuna keeping the trials, and a sampler
 behind Optuna's interface proposing each point (`tfopt.search.samplers`: one knob bisected,
-knobs that compose drawn by TPE). The plan (`techniques.planner`) drives every study through
+knobs that compose drawn by TPE). The plan (`compress.planner`) drives every study through
 the same methods.
 """
 

@@ -12,7 +12,7 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.states import State
 
-from techniques import Planned
+from compress import Planned
 from techniques.base import NotApplicable, Skipped
 from tfopt.artifacts import ModelArtifact, VariantSpec
 from tfopt.orchestration import error_of

@@ -2,10 +2,10 @@
 
 import time
 
+from compress import plan
+from compress.planner import Planner
 from flows.parameters import PipelineConfig
 from tasks.run_trial import run_trial
-from techniques import plan
-from techniques.planner import Planner
 
 
 def _config(**benchmark: object) -> PipelineConfig:
@@ -57,7 +57,7 @@ def test_the_plan_line_says_which_techniques_get_their_shortest_run_before_any_s
 
 
 def test_the_longest_fine_tuning_runs_last_and_takes_what_those_before_left(tiny_baseline):
-    from techniques.planner import longest_last
+    from compress.planner import longest_last
 
     config = PipelineConfig.model_validate({"name": "plan", "compress": {
         "distill": {"enabled": True, "epochs": 30}, "qat": {"enabled": True, "epochs": 2},
@@ -74,7 +74,7 @@ def test_the_longest_fine_tuning_runs_last_and_takes_what_those_before_left(tiny
 
 def test_combinations_of_two_techniques_run_after_those_on_their_own_and_are_cut_first(
         tiny_baseline, tiny_data, tmp_path):
-    from techniques.planner import chained_last
+    from compress.planner import chained_last
 
     config = PipelineConfig.model_validate({"name": "plan", "compress": {
         "distill": {"enabled": True, "epochs": 30}, "qat": {"enabled": True, "epochs": 2},
@@ -123,7 +123,7 @@ def test_techniques_that_build_nothing_give_their_variants_time_back_to_the_comp
         tiny_baseline, tiny_data, tmp_path):
     from prefect.states import Completed, Failed
 
-    from techniques import skipped_state
+    from compress import skipped_state
     from techniques.base import Skipped
 
     config = PipelineConfig.model_validate({"name": "plan", "compress": {
@@ -184,7 +184,7 @@ def test_a_combination_does_not_continue_from_a_model_the_budget_stopped_far_fro
         tiny_baseline, tiny_data, tmp_path):
     from prefect.states import Completed
 
-    from techniques import contained
+    from compress import contained
     from techniques.base import Skipped
 
     config = PipelineConfig.model_validate({"name": "plan", "compress": {
@@ -213,7 +213,7 @@ def test_a_combination_does_not_continue_from_a_model_the_budget_stopped_far_fro
 
 def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tiny_baseline,
                                                                              tiny_data):
-    from techniques import priced_runs
+    from compress import priced_runs
     from tfopt.schedule.prices import shortest_run_s, shortest_runs_s
 
     plans = plan(_config(), tiny_baseline)
@@ -226,7 +226,7 @@ def test_the_shortest_runs_together_are_what_the_planner_reserves_per_worker(tin
 
 def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_baseline,
                                                                          tiny_data):
-    from techniques import priced_runs
+    from compress import priced_runs
     from tfopt.schedule.prices import first_trial_s, shortest_run_s, shortest_runs_s
     from tfopt.search import TRIAL_FORMS
 
@@ -262,7 +262,7 @@ def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_b
 
 
 def test_compressed_models_narrowed_to_their_int8_tflite_files_plan_nothing_else(tiny_baseline):
-    from techniques import trial_forms
+    from compress import trial_forms
 
     config = _config()
     narrowed = config.model_copy(update={"compress": config.compress.model_copy(
@@ -333,7 +333,7 @@ def test_a_searchs_first_trial_ends_at_its_share_and_leaves_the_others_their_sho
     and QAT, distillation and the joint search were cut: the first round's share bounds it."""
     from prefect.states import Failed
 
-    from techniques import trial_forms
+    from compress import trial_forms
     from tfopt.schedule.prices import first_trial_s, shortest_run_s, trial_file_s
 
     sent = []

@@ -24,7 +24,7 @@ from typing import Any
 from prefect import Task
 from prefect.states import Completed, State
 
-from techniques import (
+from compress import (
     Planned,
     after_skipped,
     compression_workers,
