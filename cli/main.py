@@ -71,7 +71,7 @@ def _print_addresses(settings: ServiceSettings) -> None:
     console.print(f"Prefect UI: {settings.prefect_url}")
     console.print(f"MLflow UI:  {settings.mlflow_url}")
     if settings.db == "postgres":
-        from tfopt import postgres
+        from tfopt.services import postgres
 
         secret = postgres.password_file(settings.state_dir)
         console.print(f"PostgreSQL: {postgres.LOOPBACK}:{settings.postgres_port}, user "

@@ -114,7 +114,7 @@ def postgres_query(settings: ServiceSettings, database: str, sql: str,
 
     import psycopg2
 
-    from tfopt import postgres
+    from tfopt.services import postgres
 
     connection = psycopg2.connect(host=postgres.LOOPBACK, port=settings.postgres_port,
                                   user=postgres.SUPERUSER, dbname=database,

@@ -24,8 +24,7 @@ from tests.live import (
     state_folder_for_postgres,
     tfopt_command,
 )
-from tfopt import postgres
-from tfopt.services import ServiceSettings
+from tfopt.services import ServiceSettings, postgres
 
 pytestmark = pytest.mark.e2e
 

@@ -104,8 +104,8 @@ def test_servers_reachable_from_other_machines_refuse_requests_without_the_passw
 
     from tests.live import ROOT, service_env, tfopt_command
     from tests.tasks.test_benchmark_any_model import detector_onnx
-    from tfopt.credentials import AUTH_USER, auth_file, client_credentials
     from tfopt.processes import free_port
+    from tfopt.services.credentials import AUTH_USER, auth_file, client_credentials
 
     settings = ServiceSettings(state_dir=tmp_path / "state", host="0.0.0.0",
                                prefect_port=free_port(), mlflow_port=free_port())

@@ -41,8 +41,8 @@ def point_at_services() -> None:
     temporary in-process server instead. Servers that require a password get it from the
     environment or from the password file `tfopt up` wrote (`client_credentials`).
     """
-    from tfopt.credentials import client_credentials
     from tfopt.provenance import mlflow_tracking_uri, prefect_api_url
+    from tfopt.services.credentials import client_credentials
 
     os.environ["PREFECT_API_URL"] = prefect_api_url()
     os.environ["MLFLOW_TRACKING_URI"] = mlflow_tracking_uri()

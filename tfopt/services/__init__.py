@@ -3,7 +3,7 @@
 `tfopt up` starts both in the background (their own process groups, so they outlive the
 command), writes their pids and logs under the state folder, and waits until each answers its
 health check. Their stores are SQLite files by default; with `--db postgres` both use a local
-PostgreSQL server that `tfopt up` starts first (`tfopt.postgres`). It then starts a Prefect
+PostgreSQL server that `tfopt up` starts first (`tfopt.services.postgres`). It then starts a Prefect
 worker on the local process work pool (`start_worker`), so deployments run from the Prefect UI
 with no second terminal. Running it again while they are healthy does nothing; `tfopt down`
 stops all of them, the worker first.
@@ -25,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tfopt import postgres
-from tfopt.credentials import (
+from tfopt.processes import process_alive, terminate_group
+from tfopt.services import postgres
+from tfopt.services.credentials import (
     AUTH_USER,
     auth_file,
     client_credentials,
@@ -34,7 +35,6 @@ from tfopt.credentials import (
     requires_auth,
     server_password,
 )
-from tfopt.processes import process_alive, terminate_group
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PREFECT_PORT = 4200
@@ -194,7 +194,7 @@ SERVICE_NAMES = ("postgres", "prefect", "mlflow", "worker")
 """In start order; `stop_services` stops them in reverse (the worker before its server)."""
 LOCAL_WORK_POOL = "tfopt-process"
 """The process work pool of `deployments/prefect.yaml`, whose worker `tfopt up` starts."""
-PROJECT_DIR = Path(__file__).resolve().parent.parent
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
 def _database_file(state_dir: Path) -> Path:

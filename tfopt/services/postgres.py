@@ -19,7 +19,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from tfopt.credentials import private_secret, write_private
+from tfopt.services.credentials import private_secret, write_private
 
 SUPERUSER = "tfopt"
 DATABASES = ("prefect", "mlflow")
