@@ -259,6 +259,9 @@ def test_a_searchs_first_trial_is_priced_with_its_cool_down_and_its_files(tiny_b
     assert shortest_runs_s(runs, 1.0, file_s=4.0) == sum(each) > shortest_runs_s(runs, 1.0)
     capped = channel.cfg.model_copy(update={"epochs": 2})
     assert first_trial_s(capped, 1.0, 0.0) == 5.0 + 2 * 2.0, "no more epochs than its cap"
+    no_cool_down = channel.cfg.model_copy(update={"cool_down_epochs": 0})
+    assert first_trial_s(no_cool_down, 1.0, 0.0) == 5.0 + 20 * 2.0, (
+        "a cosine rate without a cool-down runs its schedule (a distilled student's)")
 
 
 def test_compressed_models_narrowed_to_their_int8_tflite_files_plan_nothing_else(tiny_baseline):

@@ -215,14 +215,14 @@ def first_trial_s(cfg: Any, epoch_s: float, file_s: float,
                   files: int = len(TRIAL_FORMS), price: RunPrice = GUESSED_PRICE) -> float:
     """What a search's first trial takes at the baseline's pace (0: unknown).
 
-    A trial's fine-tuning ends once back within the budget and settled, or cooled down
-    (`after_recovery_epochs`), or, in a search's first round, at its technique's share of the time
-    (`compress.planner.Planner.run`: one search's first trial cannot take the other techniques'
-    shortest runs; a trial not back by then is over the budget for this run); it trains its model
-    alone (a distilled student's controls are trained once, for the setting chosen). Its `files`
-    (`trial_forms`) are then converted and measured, and timed side by side with the baseline's int8
-    file: each of those costs about what a compressed variant's conversion and measurement does
-    (`file_s`).
+    A trial's fine-tuning ends once back within the budget and settled, cooled down, or at the
+    end of its cosine schedule (`after_recovery_epochs`), or, in a search's first round, at its
+    technique's share of the time (`compress.planner.Planner.run`: one search's first trial
+    cannot take the other techniques' shortest runs; a trial not back by then is over the
+    budget for this run); it trains its model alone (a distilled student's controls are
+    trained once, for the setting chosen). Its `files` (`trial_forms`) are then converted and
+    measured, and timed side by side with the baseline's int8 file: each of those costs about
+    what a compressed variant's conversion and measurement does (`file_s`).
     """
     if epoch_s <= 0.0:
         return 0.0
@@ -233,10 +233,14 @@ def first_trial_s(cfg: Any, epoch_s: float, file_s: float,
 def after_recovery_epochs(cfg: Any) -> int:
     """The epochs a fine-tuning runs once back within the budget (`recovery`).
 
-    A cosine rate's cool-down (`cool_down_field`), else the epochs it settles for.
+    A cosine rate's cool-down (`cool_down_field`); a cosine rate without one runs its whole
+    schedule (a distilled student: `techniques.distill.distill`); else the epochs it settles
+    for.
     """
     from tfopt.models.config import SETTLE_EPOCHS
 
+    if getattr(cfg, "learning_rate_schedule", None) == "cosine" and not cooling_epochs(cfg):
+        return epoch_cap(cfg)
     return cooling_epochs(cfg) or SETTLE_EPOCHS
 
 
