@@ -421,9 +421,9 @@ class Runoff(_Frozen):
                     "fastest count (`thread_pick_p50_ms`); empty: all at benchmark.threads.")
     thread_pick_p50_ms: dict[str, dict[int, float]] = Field(
         default_factory=dict,
-        description="Per contender, its p50 at each thread count tried in the rounds that "
-                    "picked its count (before the timed rounds, so the pick does not flatter "
-                    "the figures quoted).")
+        description="Per contender, its p50 at each thread count, in the same alternating "
+                    "rounds as every other contender's counts (its figures are its fastest "
+                    "count's).")
     background_cores: float | None = Field(
         None, description="Cores other processes kept busy on average while it ran (None: not "
                           "measurable).")

@@ -146,7 +146,9 @@ def test_the_runoff_times_each_file_at_its_fastest_thread_count_marks_load_and_s
         tried = runoff.thread_pick_p50_ms[spec.name]
         assert sorted(tried) == [1, 2] and all(p50 > 0 for p50 in tried.values())
         assert runoff.threads[spec.name] in (1, 2)
-        assert len(runoff.round_p50_ms[spec.name]) == 6, "the timed rounds, apart from the pick"
+        assert len(runoff.round_p50_ms[spec.name]) == 6, "its picked count's rounds"
+        assert runoff.p50(spec.name) == pytest.approx(tried[runoff.threads[spec.name]]), (
+            "its figures are its picked count's, from the same rounds")
     fixed = measure_runoff(specs, inputs, protocol, rounds=6)
     assert fixed.threads == {} and fixed.thread_pick_p50_ms == {}
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]

@@ -323,7 +323,7 @@ def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
     assert runoff is not None and runoff.rounds == RUNOFF_ROUNDS == 12
     assert set(runoff.round_p50_ms) == {r.name for r in results}
     assert all(len(p50s) == 12 and min(p50s) > 0 for p50s in runoff.round_p50_ms.values())
-    # benchmark.runoff_threads: fastest (the default) at threads 2: each timed at 1 and 2 first
+    # benchmark.runoff_threads: fastest (the default) at threads 2: each timed at 1 and 2
     assert sorted(runoff.threads) == sorted(r.name for r in results), runoff.threads
     assert set(runoff.threads.values()) <= {1, 2}, "each contender's own thread count"
     assert all(set(tried) == {1, 2} for tried in runoff.thread_pick_p50_ms.values())

@@ -20,10 +20,11 @@ flip between rounds), speed-ups the median of two files' per-round ratios (`Runo
 contenders are tied when the interval of their per-round ratio holds 1.0
 (`tfopt.measurement.champion.tied_with_best`).
 
-Threads: with ``benchmark.runoff_threads: fastest`` each contender is first timed at 1, 2, 4, ...
-up to ``benchmark.threads`` intra-op threads in rounds of their own, and the timed rounds run each
-at its fastest count (`Runoff.threads`), the count its packaged model then serves with: a small
-file often runs fastest on one thread (its work is too small to split), a larger one on all.
+Threads: with ``benchmark.runoff_threads: fastest`` each contender is timed at 1, 2, 4, ... up to
+``benchmark.threads`` intra-op threads, every count in the same alternating rounds, and its
+figures are its fastest count's (`Runoff.threads`), the count its packaged model then serves with:
+a small file often runs fastest on one thread (its work is too small to split), a larger one on
+all, and a file whose second thread runs slow while the rounds run is quoted at one.
 
 TensorFlow's variants stay out: a process cannot hold both XLA auto-clustering's flags and the
 others, and on CPU they are rarely near the fastest.

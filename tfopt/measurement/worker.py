@@ -540,12 +540,13 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
                    thread_counts: Sequence[int] = ()) -> Runoff:
     """Time `specs` in `rounds` alternating rounds in this process (`tfopt.measurement.runoff`).
 
-    With two or more `thread_counts`, each contender is first timed at each count in
-    `P50_WINDOWS` alternating rounds and then timed in `rounds` more at its fastest
-    (`fastest_thread_count`): each file at the count a deployer would give it. The pick and the
-    figures come from different rounds, so a lucky pick does not flatter the figures; each file
-    is loaded once per count, and the timed rounds reuse the picked ones. Each turn
-    lasts about `min_seconds` / 4 over 6 rounds, the same time in all over more rounds. The cores
+    With two or more `thread_counts`, each contender takes part at each count in the same
+    alternating rounds, and its figures are its fastest count's (`fastest_thread_count`): each
+    file at the count a deployer would give it, picked under the conditions its rivals' counts
+    were. (Picked in rounds of their own before, a file's count was once picked while its two
+    threads ran fast and then timed while they ran 2x slower, which flattered every file quoted
+    against it: docs/measurements.md.) Each file is loaded once per count. Each turn lasts
+    about `min_seconds` / 4 over 6 rounds, the same time in all over more rounds. The cores
     other processes kept busy meanwhile are recorded, as for a turn (`Runoff.under_load`).
     """
     turn_seconds = max(cfg.min_seconds / 4.0 * P50_WINDOWS / rounds, 0.05)
@@ -553,19 +554,18 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     counts = list(thread_counts) if len(thread_counts) > 1 else [cfg.threads]
     loaded = _loaded_entries({(spec.name, threads): (spec, threads)
                               for spec in specs for threads in counts}, inputs)
+    timed = _alternating_rounds(loaded, cfg, rounds, turn_seconds)
+    del loaded
     picked: dict[str, int] = {}
     pick_p50s: dict[str, dict[int, float]] = {}
     if len(counts) > 1:
-        pick_rounds = _alternating_rounds(loaded, cfg, P50_WINDOWS, turn_seconds)
         for spec in specs:
-            by_count = {threads: pick_rounds[(spec.name, threads)] for threads in counts}
+            by_count = {threads: timed[(spec.name, threads)] for threads in counts}
             picked[spec.name] = fastest_thread_count(by_count)
             pick_p50s[spec.name] = {threads: float(np.median(p50s))
                                     for threads, p50s in by_count.items()}
-    timed = {spec.name: loaded[(spec.name, picked.get(spec.name, cfg.threads))]
-             for spec in specs}
-    del loaded
-    round_p50s = _alternating_rounds(timed, cfg, rounds, turn_seconds)
+    round_p50s = {spec.name: timed[(spec.name, picked.get(spec.name, cfg.threads))]
+                  for spec in specs}
     cores = probe.cores()
     return Runoff(rounds=rounds, threads=picked, thread_pick_p50_ms=pick_p50s,
                   round_p50_ms=round_p50s, background_cores=cores,
