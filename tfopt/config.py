@@ -507,10 +507,10 @@ class ChampionPolicy(Section):
     runoff_threads: Literal["fastest", "benchmark"] = Field(
         "fastest",
         description=(
-            "fastest: the run-off first times each contender at 1, 2, 4, ... up to threads "
-            "intra-op threads (6 alternating rounds), then times and quotes each at its fastest "
-            "count, the count its packaged model serves with: each speed-up compares files at "
-            "the threads a deployer would give each. benchmark: all at threads."
+            "fastest: the run-off times each contender at 1, 2, 4, ... up to threads intra-op "
+            "threads, every count in the same alternating rounds, and quotes each at its "
+            "fastest count, the count its packaged model serves with: each speed-up compares "
+            "files at the threads a deployer would give each. benchmark: all at threads."
         ),
     )
     register_champion: bool = Field(
