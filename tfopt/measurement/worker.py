@@ -543,9 +543,9 @@ def measure_runoff(specs: list[VariantSpec], inputs: BenchmarkInputs,
     With two or more `thread_counts`, each contender takes part at each count in the same
     alternating rounds, and its figures are its fastest count's (`fastest_thread_count`): each
     file at the count a deployer would give it, picked under the conditions its rivals' counts
-    were. (Picked in rounds of their own before, a file's count was once picked while its two
-    threads ran fast and then timed while they ran 2x slower, which flattered every file quoted
-    against it: docs/measurements.md.) Each file is loaded once per count. Each turn lasts
+    were: a count picked in rounds of its own can run 2x slower in the rounds that follow, and
+    flatter every file quoted against it (docs/measurements.md). Each file is loaded once per
+    count. Each turn lasts
     about `min_seconds` / 4 over 6 rounds, the same time in all over more rounds. The cores
     other processes kept busy meanwhile are recorded, as for a turn (`Runoff.under_load`).
     """

@@ -124,6 +124,10 @@ class JointSampler(_KnownPoints, optuna.samplers.TPESampler):
     name = "tpe (optuna, two objectives)"
 
     def __init__(self, knob: Joint, seed: int = 0) -> None:
+        import warnings
+
+        # Multivariate TPE is "experimental" in Optuna's words: said at every study opened.
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         super().__init__(seed=seed, multivariate=True, n_startup_trials=SAMPLER_STARTUP_TRIALS)
         self.knob = knob
         self.start_round()
