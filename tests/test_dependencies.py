@@ -1,0 +1,54 @@
+"""Every package the shipped code imports comes from a dependency pyproject.toml declares."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ("tfopt", "techniques", "compress", "tasks", "flows", "deployments", "cli")
+"""The packages pyproject.toml installs (its ``packages.find``); tests and benchmarks are not."""
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _declared() -> set[str]:
+    """The distributions pyproject.toml names, its optional ones too, canonical."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"],
+                    *(r for extra in project.get("optional-dependencies", {}).values()
+                      for r in extra)]
+    return {_canonical(re.split(r"[\[<>=!~;\s]", r, maxsplit=1)[0]) for r in requirements}
+
+
+def _imported() -> dict[str, set[str]]:
+    """Each top-level module the shipped code imports (at any depth), with the files that do."""
+    found: dict[str, set[str]] = {}
+    for package in SHIPPED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    tops = [alias.name.split(".")[0] for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    tops = [node.module.split(".")[0]]
+                else:
+                    continue
+                for top in tops:
+                    found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_imported_package_comes_from_a_declared_dependency():
+    distributions = importlib.metadata.packages_distributions()
+    declared = _declared()
+    undeclared = {
+        top: sorted(files)[:3] for top, files in _imported().items()
+        if top not in sys.stdlib_module_names and top not in SHIPPED
+        and not {_canonical(name) for name in distributions.get(top, [])} & declared}
+    assert undeclared == {}, "imported, not declared in pyproject.toml (add it, pinned)"
