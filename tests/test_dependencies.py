@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import re
 import sys
 import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = ("tfopt", "techniques", "compress", "tasks", "flows", "deployments", "cli")
-"""The packages pyproject.toml installs (its ``packages.find``); tests and benchmarks are not."""
+from tests.test_architecture import LAYERS, ROOT, _imports, _python_files
+
+SHIPPED = LAYERS
+"""The packages pyproject.toml installs (its ``packages.find``: the layers); not tests or
+benchmarks."""
 
 
 def _canonical(name: str) -> str:
@@ -31,16 +31,9 @@ def _imported() -> dict[str, set[str]]:
     """Each top-level module the shipped code imports (at any depth), with the files that do."""
     found: dict[str, set[str]] = {}
     for package in SHIPPED:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    tops = [alias.name.split(".")[0] for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    tops = [node.module.split(".")[0]]
-                else:
-                    continue
-                for top in tops:
-                    found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+        for path in _python_files(package):
+            for _, module, _ in _imports(path):
+                found.setdefault(module.split(".")[0], set()).add(str(path.relative_to(ROOT)))
     return found
 
 
