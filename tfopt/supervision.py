@@ -94,7 +94,7 @@ def reconcile_leftovers(tracking_uri: str, work_dir: Path | None = None) -> list
 
 def allow_code_from(folder: Path) -> None:
     """Let this process (and the flows it runs) import builders from `folder` too."""
-    from tfopt.models.keras_io import CODE_DIRS_ENV
+    from tfopt.user_code import CODE_DIRS_ENV
 
     known = [p for p in os.environ.get(CODE_DIRS_ENV, "").split(os.pathsep) if p]
     os.environ[CODE_DIRS_ENV] = os.pathsep.join([*known, str(folder)])

@@ -16,8 +16,6 @@ import tf_keras as keras
 from tfopt.config import ConfigError
 from tfopt.models.config import ModelConfig
 from tfopt.models.keras_io import (
-    CodeNotAllowedError,
-    import_code,
     is_keras_model,
     is_layer_graph,
     keras_flavor_of_file,
@@ -27,6 +25,7 @@ from tfopt.models.keras_io import (
 )
 from tfopt.models.zoo import build_model
 from tfopt.serving import LABELS_FILE, read_labels
+from tfopt.user_code import CodeNotAllowedError, import_code
 
 
 def build_configured(model_cfg: ModelConfig, image_size: int, num_classes: int) -> keras.Model:

@@ -1,0 +1,374 @@
+"""What a model is judged by: a metric with its direction, and a compressed model's budget on it.
+
+A `Metric` scores a model's outputs on a split against the truth: the labels (or targets), or,
+for the fidelity metrics, the baseline's own outputs on the same inputs (no labels needed).
+Built-ins: classification (``top1``, ``top5``, any ``top<k>``), regression (``mae``, ``rmse``),
+segmentation (``mean_iou``), binary scores (``auc``), fidelity (``agreement``,
+``relative_error``, ``snr_db``); or the user's ``"file.py:function"`` (``(y_true, y_pred) ->
+float``, with whether higher is better).
+
+A `MetricBudget` is how much of the baseline's figure a compressed model may give up: an amount
+in the metric's own units, or a share of the baseline's value.
+
+Numbers only: no TensorFlow here, so every process (and the tests) can score outputs cheaply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Unit = Literal["share", "value", "dB"]
+"""How a metric's figure reads: a share of examples (shown as %, budgets in points), a value in
+the targets' own units, or decibels."""
+
+
+class MetricError(ValueError):
+    """Outputs that a metric cannot score, or a score that is no number (one line, naming it)."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One way of judging a model's outputs against the truth.
+
+    Attributes:
+        name: What it is called in the terminal, the report and MLflow (``top1``, ``mae``, the
+            user function's name).
+        higher_is_better: Its direction.
+        needs_labels: False for the fidelity metrics, whose truth is the baseline's outputs.
+        unit: How its figure reads (`Unit`).
+        score_fn: ``(truth, outputs) -> float`` over a whole split.
+        per_example_fn: ``(truth, outputs) -> [N]`` when the score is the mean of one value per
+            example (intervals and paired comparisons need them); None when it is not.
+    """
+
+    name: str
+    higher_is_better: bool
+    needs_labels: bool
+    unit: Unit
+    score_fn: Callable[[np.ndarray, np.ndarray], float] = field(repr=False, compare=False)
+    per_example_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = field(
+        default=None, repr=False, compare=False)
+
+    def score(self, truth: np.ndarray, outputs: np.ndarray) -> float:
+        """The metric on a split: `outputs` (batch first) against `truth` (the same examples).
+
+        Raises:
+            MetricError: The two do not fit each other or the metric, the metric raised, or it
+                returned something that is not a finite number.
+        """
+        if len(truth) != len(outputs):
+            raise MetricError(f"{self.name}: {len(outputs)} outputs for {len(truth)} "
+                              f"{'labels' if self.needs_labels else 'reference outputs'}")
+        if len(outputs) == 0:
+            raise MetricError(f"{self.name}: no examples to score")
+        try:
+            value = self.score_fn(truth, outputs)
+        except MetricError:
+            raise
+        except Exception as error:
+            raise MetricError(f"{self.name} raised {type(error).__name__}: {error}") from error
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise MetricError(f"{self.name} returned {type(value).__name__}, not a number"
+                              ) from None
+        if not math.isfinite(number):
+            raise MetricError(f"{self.name} returned {number} on {len(outputs)} examples")
+        return number
+
+    def per_example(self, truth: np.ndarray, outputs: np.ndarray) -> np.ndarray | None:
+        """Each example's share of the score (their mean is `score`); None: it is no mean."""
+        if self.per_example_fn is None:
+            return None
+        return np.asarray(self.per_example_fn(truth, outputs), dtype=np.float64)
+
+    def better(self, value: float, than: float) -> bool:
+        """Whether `value` is strictly better than `than` in this metric's direction."""
+        return value > than if self.higher_is_better else value < than
+
+    def gain(self, value: float, over: float) -> float:
+        """How much better `value` is than `over` (negative: worse), in the metric's units."""
+        return value - over if self.higher_is_better else over - value
+
+    def shown(self, value: float) -> str:
+        """The figure as people read it: a share as a percentage, a value with 4 figures."""
+        if self.unit == "share":
+            return f"{100 * value:.2f}%"
+        return f"{value:.4g}{' dB' if self.unit == 'dB' else ''}"
+
+    def shown_gain(self, gain: float) -> str:
+        """A `gain` as people read it: points for a share, signed values otherwise."""
+        if self.unit == "share":
+            return f"{100 * gain:+.2f} points"
+        return f"{gain:+.4g}{' dB' if self.unit == 'dB' else ''} {self.name}"
+
+
+@dataclass(frozen=True)
+class MetricBudget:
+    """How much of the baseline's figure a compressed model may give up on `metric`.
+
+    `amount` is in the metric's units (a share for a share metric: 0.01 is one point), or, with
+    `relative`, a share of the baseline's value (0.02: 2% of it).
+    """
+
+    metric: Metric
+    amount: float
+    relative: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.amount >= 0 and math.isfinite(self.amount)):
+            raise ValueError(f"a metric budget is a finite amount >= 0, not {self.amount}")
+
+    def allowance(self, baseline: float) -> float:
+        """What may be given up from `baseline`, in the metric's units."""
+        return self.amount * abs(baseline) if self.relative else self.amount
+
+    def kept(self, baseline: float) -> float:
+        """The worst figure still within the budget of `baseline`."""
+        allowance = self.allowance(baseline)
+        return baseline - allowance if self.metric.higher_is_better else baseline + allowance
+
+    def within(self, value: float, baseline: float) -> bool:
+        """Whether `value` gives up at most the budget from `baseline`."""
+        kept = self.kept(baseline)
+        return value >= kept if self.metric.higher_is_better else value <= kept
+
+    def described(self) -> str:
+        """The budget in words, as the terminal and the report say it."""
+        if self.relative:
+            return f"{100 * self.amount:g}% of the baseline's {self.metric.name}"
+        if self.metric.unit == "share":
+            return f"{100 * self.amount:g} points of {self.metric.name}"
+        return f"{self.amount:g} of {self.metric.name}"
+
+
+def _classes(truth: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+    """Class indices from labels: integers as they are, one-hot rows or scores by their argmax."""
+    truth = np.asarray(truth)
+    if truth.shape == (*outputs.shape[:-1], 1):
+        truth = truth[..., 0]  # [N, 1] labels
+    elif truth.shape == outputs.shape:
+        return np.argmax(truth, axis=-1)
+    if truth.shape != outputs.shape[:-1]:
+        raise MetricError(f"labels of shape {list(truth.shape)} do not fit class scores of "
+                          f"shape {list(outputs.shape)} (one class index per score row, or "
+                          "one-hot rows)")
+    return truth.astype(np.int64)
+
+
+def _scores(outputs: np.ndarray, name: str) -> np.ndarray:
+    outputs = np.asarray(outputs)
+    if outputs.ndim < 2:
+        raise MetricError(f"{name} needs class scores [N, ..., classes], not outputs of shape "
+                          f"{list(outputs.shape)}")
+    return outputs
+
+
+def _per_example_mean(values: np.ndarray) -> np.ndarray:
+    """One figure per example: the mean over every axis but the batch."""
+    return values.reshape(len(values), -1).mean(axis=1)
+
+
+def _top_k_correct(k: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    def correct(truth: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+        scores = _scores(outputs, f"top{k}")
+        classes = _classes(truth, scores)
+        if k == 1:
+            hit = np.argmax(scores, axis=-1) == classes
+        else:
+            if scores.shape[-1] < k:
+                raise MetricError(f"top{k} needs at least {k} classes, the outputs have "
+                                  f"{scores.shape[-1]}")
+            # A class is in the top k when fewer than k classes score strictly above it.
+            own = np.take_along_axis(scores, classes[..., None], axis=-1)
+            hit = np.sum(scores > own, axis=-1) < k
+        return _per_example_mean(hit.astype(np.float64))
+    return correct
+
+
+def _regression_pair(truth: np.ndarray, outputs: np.ndarray, name: str,
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    truth = np.asarray(truth, dtype=np.float64)
+    outputs = np.asarray(outputs, dtype=np.float64)
+    if truth.shape != outputs.shape and truth.size == outputs.size:
+        truth = truth.reshape(outputs.shape)  # [N] targets for [N, 1] outputs
+    if truth.shape != outputs.shape:
+        raise MetricError(f"{name}: targets of shape {list(truth.shape)} do not fit outputs "
+                          f"of shape {list(outputs.shape)}")
+    return truth, outputs
+
+
+def _absolute_errors(truth: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+    truth, outputs = _regression_pair(truth, outputs, "mae")
+    return _per_example_mean(np.abs(outputs - truth))
+
+
+def _rmse(truth: np.ndarray, outputs: np.ndarray) -> float:
+    truth, outputs = _regression_pair(truth, outputs, "rmse")
+    return float(np.sqrt(np.mean((outputs - truth) ** 2)))
+
+
+def _mean_iou(truth: np.ndarray, outputs: np.ndarray) -> float:
+    """Mean over the classes present (in the truth or the prediction) of their IoU."""
+    scores = _scores(outputs, "mean_iou")
+    classes = _classes(truth, scores).ravel()
+    predicted = np.argmax(scores, axis=-1).ravel()
+    count = scores.shape[-1]
+    if classes.size and (classes.min() < 0 or classes.max() >= count):
+        raise MetricError(f"mean_iou: labels outside the {count} classes of the outputs")
+    both = np.bincount(classes * count + predicted, minlength=count * count).reshape(count, count)
+    intersection = np.diag(both).astype(np.float64)
+    union = both.sum(axis=0) + both.sum(axis=1) - intersection
+    present = union > 0
+    return float(np.mean(intersection[present] / union[present]))
+
+
+def _auc(truth: np.ndarray, outputs: np.ndarray) -> float:
+    """The area under the ROC curve of binary scores (ties counted half: Mann-Whitney)."""
+    scores = np.asarray(outputs, dtype=np.float64)
+    if scores.ndim == 2 and scores.shape[1] == 2:
+        scores = scores[:, 1]
+    scores = scores.reshape(len(scores), -1)
+    if scores.shape[1] != 1:
+        raise MetricError(f"auc needs one score per example (or two class scores), not "
+                          f"outputs of shape {list(np.shape(outputs))}")
+    labels = np.asarray(truth).reshape(-1)
+    if labels.size != len(scores) or not np.isin(labels, (0, 1)).all():
+        raise MetricError("auc needs one 0/1 label per example")
+    positives = int(labels.sum())
+    negatives = labels.size - positives
+    if positives == 0 or negatives == 0:
+        raise MetricError("auc needs examples of both labels (0 and 1)")
+    ranks = _average_ranks(scores[:, 0])
+    return float((ranks[labels == 1].sum() - positives * (positives + 1) / 2)
+                 / (positives * negatives))
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, tied values sharing their average rank."""
+    order = np.argsort(values, kind="mergesort")
+    ordered = values[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(ordered)) + 1]
+    ends = np.r_[starts[1:], len(values)]
+    ranks = np.empty(len(values), dtype=np.float64)
+    for start, end in zip(starts, ends, strict=True):
+        ranks[order[start:end]] = (start + end + 1) / 2
+    return ranks
+
+
+def _relative_error(truth: np.ndarray, outputs: np.ndarray) -> float:
+    """||outputs - reference|| / ||reference|| over the split."""
+    reference, outputs = _regression_pair(truth, outputs, "relative_error")
+    norm = np.linalg.norm(reference)
+    if norm == 0:
+        raise MetricError("relative_error: the reference outputs are all zero")
+    return float(np.linalg.norm(outputs - reference) / norm)
+
+
+def _snr_db(truth: np.ndarray, outputs: np.ndarray) -> float:
+    """The reference's power over the error's, in decibels (LiteRT's quantization debugger's)."""
+    reference, outputs = _regression_pair(truth, outputs, "snr_db")
+    signal = float(np.sum(reference ** 2))
+    if signal == 0:
+        raise MetricError("snr_db: the reference outputs are all zero")
+    # No error below float32's resolution can be told apart (identical outputs: about 138 dB).
+    noise = max(float(np.sum((outputs - reference) ** 2)),
+                signal * float(np.finfo(np.float32).eps) ** 2)
+    return 10 * math.log10(signal / noise)
+
+
+def _mean_of(per_example: Callable[[np.ndarray, np.ndarray], np.ndarray],
+             ) -> Callable[[np.ndarray, np.ndarray], float]:
+    return lambda truth, outputs: float(np.mean(per_example(truth, outputs)))
+
+
+def top_k(k: int) -> Metric:
+    """Top-k accuracy: the share of examples whose class is among their k best scores."""
+    correct = _top_k_correct(k)
+    return Metric(f"top{k}", True, True, "share", _mean_of(correct), correct)
+
+
+TOP1 = top_k(1)
+AGREEMENT = Metric("agreement", True, False, "share", _mean_of(_top_k_correct(1)),
+                   _top_k_correct(1))
+"""Top-1 agreement with the baseline's class scores (a class index per row or pixel)."""
+
+BUILT_IN: dict[str, Metric] = {
+    metric.name: metric for metric in (
+        TOP1, top_k(5),
+        Metric("mae", False, True, "value", _mean_of(_absolute_errors), _absolute_errors),
+        Metric("rmse", False, True, "value", _rmse),
+        Metric("mean_iou", True, True, "share", _mean_iou),
+        Metric("auc", True, True, "share", _auc),
+        AGREEMENT,
+        Metric("relative_error", False, False, "value", _relative_error),
+        Metric("snr_db", True, False, "dB", _snr_db),
+    )
+}
+"""The metrics named without code (any ``top<k>`` too)."""
+
+
+def built_in(name: str) -> Metric | None:
+    """The built-in metric called `name` (``top<k>`` for any k >= 1), None when there is none."""
+    if name in BUILT_IN:
+        return BUILT_IN[name]
+    if name.startswith("top") and name[3:].isdigit() and int(name[3:]) >= 1:
+        return top_k(int(name[3:]))
+    return None
+
+
+def user_metric(spec: str, higher_is_better: bool, needs_labels: bool = True,
+                field_name: str = "eval.metric") -> Metric:
+    """The user's ``"file.py:function"`` (or ``"package.module:function"``) as a metric.
+
+    The function takes ``(y_true, y_pred)``, NumPy arrays batch first, and returns a float;
+    `needs_labels` false gives it the baseline's outputs as ``y_true``.
+
+    Raises:
+        MetricError: No such file or function, its module fails to import, or its code lies
+            outside the folders this machine runs code from (one line each).
+    """
+    from tfopt.user_code import CodeNotAllowedError, import_code
+
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise MetricError(f"{field_name}: {spec!r} is neither a built-in metric "
+                          f"({', '.join(BUILT_IN)}, top<k>) nor 'file.py:function'")
+    if target.endswith(".py"):
+        from pathlib import Path
+
+        if not Path(target).is_file():
+            raise MetricError(f"{field_name}: {target} does not exist")
+    try:
+        module = import_code(spec, field_name)
+    except CodeNotAllowedError as error:
+        raise MetricError(str(error)) from error
+    except Exception as error:
+        raise MetricError(f"{field_name}: importing {target} failed: "
+                          f"{type(error).__name__}: {error}") from error
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise MetricError(f"{field_name}: {target} has no function {name!r}")
+    return Metric(name, higher_is_better, needs_labels, "value", function)
+
+
+def metric_named(spec: str, higher_is_better: bool | None = None,
+                 needs_labels: bool = True) -> Metric:
+    """A built-in metric by name, or the user's function (`user_metric`).
+
+    Raises:
+        MetricError: An unknown name, a user function without its direction, or one that
+            cannot be loaded.
+    """
+    found = built_in(spec)
+    if found is not None:
+        return found
+    if ":" in spec and higher_is_better is None:
+        raise MetricError(f"eval.higher_is_better: say whether a higher {spec} is better "
+                          "(true or false)")
+    return user_metric(spec, bool(higher_is_better), needs_labels)
