@@ -199,8 +199,9 @@ class TrainConfig(Section):
     stop: Literal["plateau", "fixed"] = Field(
         "plateau",
         description=(
-            "plateau: train until the validation accuracy stops improving (by min_delta for "
-            "patience epochs; the learning rate is halved after half of them), then take the "
+            "plateau: train until the held-out accuracy stops improving (by min_delta for "
+            "patience epochs, nor holds while the held-out loss falls 1% below its best; the "
+            "learning rate is halved after half of them), then take the "
             "rate down to zero over cool_down_epochs, keeping the best epoch, and train further "
             "when a compressed child beats it; fixed: train all "
             "train.epochs, and no further."

@@ -16,15 +16,17 @@ from tfopt.artifacts import ModelArtifact
 from tfopt.models.training import StopWhenDone
 
 
-def _run(judge: StopWhenDone, accuracies: list[float], rate: float = 1e-3) -> list[float]:
-    """Feed `judge` one epoch's validation accuracy at a time; the learning rate each epoch."""
+def _run(judge: StopWhenDone, accuracies: list[float], rate: float = 1e-3,
+         losses: list[float] | None = None) -> list[float]:
+    """Feed `judge` one epoch's validation accuracy (and loss) at a time; the rate each epoch."""
     model = SimpleNamespace(stop_training=False,
                             optimizer=SimpleNamespace(learning_rate=keras.backend.variable(rate)))
     judge.set_model(model)
     rates = []
     for epoch, value in enumerate(accuracies):
         judge.on_epoch_begin(epoch)
-        judge.on_epoch_end(epoch, {"val_accuracy": value})
+        judge.on_epoch_end(epoch, {"val_accuracy": value,
+                                   **({"val_loss": losses[epoch]} if losses else {})})
         rates.append(float(keras.backend.get_value(model.optimizer.learning_rate)))
         if model.stop_training:
             break
@@ -39,6 +41,25 @@ def test_a_plateau_halves_the_rate_then_ends_the_training_converged():
     outcome = judge.outcome(cap=50)
     assert outcome["converged"] and outcome["stop_reason"].startswith("plateau")
     assert (outcome["epochs_run"], outcome["best_epoch"]) == (7, 7)
+
+
+def test_a_saturated_split_reads_the_loss_before_it_calls_a_plateau():
+    # The demo baseline's selection split (191 images): every image right from epoch 5 while
+    # its loss still fell by a quarter an epoch.
+    accuracies = [0.9372, 0.9372, 0.9791, 0.9634, 1.0, 0.9948, 1.0, 0.9948, 1.0, 1.0, 1.0, 1.0]
+    losses = [0.697, 0.364, 0.161, 0.136, 0.0592, 0.049, 0.047, 0.0312, 0.0259, 0.0186, 0.017,
+              0.0182]
+    on_accuracy = StopWhenDone(patience=4, min_delta=0.002)
+    assert len(_run(on_accuracy, accuracies)) == 9, "blind past epoch 5 without the loss"
+    with_loss = StopWhenDone(patience=4, min_delta=0.002)
+    flat = [0.0182, 0.0181, 0.0183, 0.0182]  # the loss wavers: a plateau after all
+    assert len(_run(with_loss, accuracies + [1.0] * 4, losses=losses + flat)) == 15
+    assert with_loss.outcome(cap=50)["stop_reason"] == (
+        "plateau: no held-out accuracy gain of 0.002 (nor a held-out loss 1% lower at the same "
+        "accuracy) for 4 epochs")
+    # A lower loss at a lower accuracy is no gain.
+    worse = StopWhenDone(patience=2, min_delta=0.0)
+    assert len(_run(worse, [0.9, 0.8, 0.8], losses=[0.5, 0.3, 0.2])) == 3
 
 
 def test_back_within_the_budget_the_rate_cools_down_to_zero_then_the_training_ends():

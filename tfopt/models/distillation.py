@@ -61,12 +61,13 @@ class Distiller(keras.Model):
         return {metric.name: metric.result() for metric in self.metrics}
 
     def test_step(self, data: tuple[tf.Tensor, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """Validation judges the student alone, on labels."""
+        """Validation judges the student alone, on labels (its ``loss`` is the student's)."""
         images, labels = data
         student_logits = self.student(images, training=False)
         self.student_loss_tracker.update_state(self.student_loss_fn(labels, student_logits))
         self.accuracy.update_state(labels, student_logits)
-        return {"student_loss": self.student_loss_tracker.result(),
+        return {"loss": self.student_loss_tracker.result(),
+                "student_loss": self.student_loss_tracker.result(),
                 "accuracy": self.accuracy.result()}
 
     def call(self, images: tf.Tensor, training: bool = False) -> tf.Tensor:

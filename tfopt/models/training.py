@@ -185,13 +185,21 @@ def _epochs(count: int) -> str:
     return f"{count} epoch" if count == 1 else f"{count} epochs"
 
 
+LOSS_GAIN = 0.01
+"""The held-out loss's relative fall that counts as a gain where the accuracy held (a plateau
+reads it): a loss that only wavers does not keep a training going."""
+
+
 class StopWhenDone(keras.callbacks.Callback):
     """Ends a training when more epochs would not pay: on its plateau, once recovered, or in time.
 
-    - plateau (`patience`): the held-out accuracy (Keras' ``val_accuracy``: the selection split
-      where there is one) has not improved by `min_delta` for `patience` epochs; after half of
-      them the learning rate is halved (a constant rate only: a schedule keeps its own course),
-      so a plateau is tried at a finer step before it ends;
+    - plateau (`patience`): for `patience` epochs, the held-out accuracy (Keras'
+      ``val_accuracy``: the selection split where there is one) has not improved by
+      `min_delta`, nor has it held while the held-out loss (``val_loss``) fell more than
+      `LOSS_GAIN` below its best; after half of them the learning rate is halved (a constant
+      rate only: a schedule keeps its own course), so a plateau is tried at a finer step before
+      it ends. The loss is read because a small held-out split saturates: once every image on
+      it is right, the accuracy cannot show that the model still learns;
     - recovered (`target`): the held-out accuracy reached `target` (a fine-tuning back within
       the accuracy budget of its baseline) and the last `settle` epochs did not improve it;
     - deadline (`deadline`, a `time.time()` value): the next epoch would end after it, or it
@@ -215,6 +223,7 @@ class StopWhenDone(keras.callbacks.Callback):
         self._settle, self._cool_down, self._cooling_from = settle, cool_down, -1
         self._from_epoch, self._deadline = from_epoch, deadline
         self._best, self._best_epoch, self._wait, self._reference = -1.0, -1, 0, -1.0
+        self._best_loss, self._unsettled = math.inf, 0
         self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
         self._done_why, self.reason, self._out_of_time = "", "", False
         self._checks_batches, self._passed_within_epoch = False, False
@@ -240,9 +249,9 @@ class StopWhenDone(keras.callbacks.Callback):
         """Stop when the plateau, the recovery or the deadline says so."""
         self._epochs = epoch + 1
         self._slowest_epoch = max(self._slowest_epoch, time.monotonic() - self._epoch_started)
-        value = (logs or {}).get("val_accuracy")
+        value, loss = (logs or {}).get("val_accuracy"), (logs or {}).get("val_loss")
         if value is not None and epoch >= self._from_epoch:
-            self._judge(epoch, float(value))
+            self._judge(epoch, float(value), None if loss is None else float(loss))
         if not self.reason and self._deadline is not None and (
                 self._passed_within_epoch
                 or time.time() + self._slowest_epoch > self._deadline):
@@ -253,10 +262,14 @@ class StopWhenDone(keras.callbacks.Callback):
         if self.reason:
             self.model.stop_training = True
 
-    def _judge(self, epoch: int, value: float) -> None:
-        improved = value > self._reference + self._min_delta
+    def _judge(self, epoch: int, value: float, loss: float | None) -> None:
+        gained = value > self._reference + self._min_delta
+        improved = gained or (loss is not None and value >= self._reference
+                              and loss < self._best_loss * (1 - LOSS_GAIN))
+        self._best_loss = min(self._best_loss, math.inf if loss is None else loss)
         if value > self._best:
             self._best, self._best_epoch = value, epoch
+        self._unsettled = 0 if gained else self._unsettled + 1
         if improved:
             self._reference, self._wait = value, 0
         else:
@@ -273,14 +286,16 @@ class StopWhenDone(keras.callbacks.Callback):
     def _done(self) -> tuple[Stop, str]:
         """What ends the training, as a kind and in words ("cap", "" while more epochs may pay)."""
         if self._target is not None and self._best >= self._target and (
-                self._cool_down is not None or self._wait >= self._settle):
+                self._cool_down is not None or self._unsettled >= self._settle):
             return Stop.RECOVERED, (
                 f"recovered: held-out accuracy {self._best:.4f} within the budget "
                 f"(>= {self._target:.4f})"
-                + ("" if self._cool_down else f" and no gain for {_epochs(self._wait)}"))
+                + ("" if self._cool_down else f" and no gain for {_epochs(self._unsettled)}"))
         if self._patience is not None and self._wait >= self._patience:
-            return Stop.PLATEAU, (f"plateau: no held-out accuracy gain of {self._min_delta:g} "
-                               f"for {_epochs(self._patience)}")
+            loss = (f" (nor a held-out loss {LOSS_GAIN:.0%} lower at the same accuracy)"
+                    if math.isfinite(self._best_loss) else "")
+            return Stop.PLATEAU, (f"plateau: no held-out accuracy gain of {self._min_delta:g}"
+                                  f"{loss} for {_epochs(self._patience)}")
         return Stop.CAP, ""
 
     def _cool(self, epoch: int) -> None:
