@@ -21,7 +21,7 @@ from tfopt.artifacts import BenchmarkInputs, VariantSpec
 from tfopt.config import MeasurementProtocol
 from tfopt.machines import MACHINE_RUN_ROLE, local_protocol, machine_label, machine_protocol
 from tfopt.measurement.amx import AmxDecision, with_decided_amx
-from tfopt.measurement.inputs import INPUTS_ARTIFACT, read_inputs_index
+from tfopt.measurement.inputs import INPUTS_ARTIFACT, check_judged, read_inputs_index
 from tfopt.models.references import UnusableModelError
 from tfopt.orchestration import claim_flow_run
 from tfopt.prefect_artifacts import publish_prefect_artifacts
@@ -86,8 +86,8 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         for path in write_report(summary, [result], run_dir / "report"):
             tracking.log_file(run, path, "report")
         publish_prefect_artifacts(summary)
-    get_run_logger().info("%s: accuracy %s, p50 %.3f ms", result.name,
-                          "n/a (no labelled data)" if result.accuracy is None
+    get_run_logger().info("%s: %s %s, p50 %.3f ms", result.name, result.metric,
+                          "n/a (no labels or targets)" if result.accuracy is None
                           else f"{result.accuracy:.4f}", result.latency_ms.p50)
     return summary
 
@@ -103,12 +103,15 @@ def _inputs_of(config: BenchmarkOnlyConfig, spec: VariantSpec, work_dir: Path,
                out_dir: Path) -> tuple[BenchmarkInputs, list[str] | None]:
     """The benchmark's inputs, and the data's classes when they are a labelled test split."""
     inputs = choose_benchmark_inputs(spec, config.inputs, config.shapes, config.examples,
-                                     config.batch_size, config.data.source_dir, out_dir)
+                                     config.batch_size, config.data.source_dir, out_dir,
+                                     config.eval)
     if inputs is not None:
         return inputs, None
+    check_judged(config.eval, labelled=True)
     dataset = sharded_data(config.data, work_dir)
-    return (prepare_benchmark_inputs(None, dataset, out_dir, config.batch_size,
-                                     config.input_scale), dataset.class_names)
+    inputs = prepare_benchmark_inputs(None, dataset, out_dir, config.batch_size,
+                                      config.input_scale)
+    return inputs.model_copy(update={"judged_by": config.eval}), dataset.class_names
 
 
 def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,

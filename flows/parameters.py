@@ -18,6 +18,7 @@ from techniques import CompressConfig
 from tfopt.config import (
     BenchmarkConfig,
     DataConfig,
+    EvalConfig,
     InputConfig,
     InputScale,
     MachineSettings,
@@ -239,6 +240,11 @@ class BenchmarkOnlyConfig(Section):
     )
     examples: int = Field(32, ge=1, le=10_000,
                           description="Requests generated from the signature (inputs: random).")
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig,
+        description=("What the model is scored by: the data's labels, or an .npz's y (its "
+                     "labels or targets) with eval.metric."),
+    )
     work_dir: Path = Field(Path(".tfopt/work"), description="Folder for shards and reports.")
     batch_size: int = Field(32, ge=1, le=8192, description="Batch of the throughput figure.")
     input_scale: InputScale = Field(

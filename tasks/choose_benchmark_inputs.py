@@ -8,13 +8,14 @@ from pathlib import Path
 from prefect import task
 
 from tfopt.artifacts import BenchmarkInputs, VariantSpec
+from tfopt.config import EvalConfig
 from tfopt.measurement.inputs import feeds_inputs
 
 
 @task(name="choose_benchmark_inputs", tags=["benchmark"])
 def choose_benchmark_inputs(
     spec: VariantSpec, setting: str, shapes: Mapping[str, Sequence[int]], examples: int,
-    batch_size: int, data_dir: Path, out_dir: Path,
+    batch_size: int, data_dir: Path, out_dir: Path, judged_by: EvalConfig,
 ) -> BenchmarkInputs | None:
     """Read the model's signature (in a probe process) and choose its benchmark inputs.
 
@@ -31,8 +32,10 @@ def choose_benchmark_inputs(
         batch_size: Batch of the throughput figure.
         data_dir: The data folder (``auto`` uses it for a classifier when it exists).
         out_dir: Where the measuring process writes the inputs it generates.
+        judged_by: The metric, scored against an ``.npz``'s ``y``.
 
     Returns:
         The inputs, or None: measure on the data folder's test split.
     """
-    return feeds_inputs(spec, setting, shapes, examples, batch_size, data_dir, out_dir)
+    return feeds_inputs(spec, setting, shapes, examples, batch_size, data_dir, out_dir,
+                        judged_by)

@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cli.main import main
@@ -43,6 +44,11 @@ def place(tmp_path_factory) -> Path:
     left = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(3, 3)(inputs))
     right = keras.layers.GlobalMaxPooling2D()(keras.layers.Conv2D(3, 3)(inputs))
     keras.Model(inputs, keras.layers.Add(name="add")([left, right])).save(root / "two-heads.keras")
+    features = keras.Input((4,), name="features")
+    keras.Model(features, keras.layers.Dense(1, name="value")(features)).save(
+        root / "regressor.keras")
+    np.savez(root / "no-y.npz", x=np.ones((6, 4), np.float32))
+    np.savez(root / "short-y.npz", features=np.ones((6, 4), np.float32), y=np.ones(5))
     (root / "text.keras").write_text("I am not a model")
     (root / "empty.h5").write_bytes(b"")
     (root / "text.tflite").write_text("not a flatbuffer")
@@ -267,3 +273,32 @@ def test_bad_input_a_full_disk_is_refused_with_the_space_it_needs(place, tmp_pat
         assert list(small.iterdir()) == [], "nothing written"
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+SCORING_CASES = {
+    "a metric without y": (["--inputs", "{place}/no-y.npz", "--set", "eval.metric=mae"],
+                           "eval.metric: mae needs labels or targets: an .npz with y"),
+    "y of another length": (["--inputs", "{place}/short-y.npz"],
+                            "y holds 5 labels or targets for 6 examples"),
+    "fidelity alone": (["--inputs", "{place}/no-y.npz", "--set", "eval.metric=fidelity"],
+                       "eval.metric: fidelity compares a model with a reference model"),
+    "an output it lacks": (["--inputs", "{place}/no-y.npz", "--set", "eval.output=boxes"],
+                           "eval.output: the model has no output 'boxes'; its outputs: value"),
+    "a function it lacks": (["--inputs", "{place}/no-y.npz", "--set",
+                             "eval.metric={place}/builders.py:score", "--set",
+                             "eval.higher_is_better=true"], "has no function 'score'"),
+    "a function without its direction": (["--set", "eval.metric={place}/builders.py:text"],
+                                         "eval.higher_is_better: say whether a higher"),
+}
+
+
+@pytest.mark.parametrize("case", SCORING_CASES)
+def test_bad_input_what_a_benchmark_is_scored_by_is_a_one_line_refusal(case, place, tmp_path,
+                                                                       capsys):
+    args, expected = SCORING_CASES[case]
+    code = main(["benchmark", "--model", str(place / "regressor.keras"),
+                 "--work-dir", str(tmp_path / "work"),
+                 *(arg.format(place=place) for arg in args)])
+    out = capsys.readouterr()
+    _refused(code, out.out, out.err, expected.format(place=place))
+    assert not (tmp_path / "work").exists(), "nothing written"

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tfopt.config import InputConfig, InputScale
+from tfopt.config import EvalConfig, InputConfig, InputScale
 
 VariantFormat = str
 """A variant's format: the one the runtime that measures it declares (`Runtime.formats`);
@@ -351,6 +351,8 @@ class BenchmarkInputs(_Frozen):
     """The decoded validation split, on which the run's choices are made (None: no labelled
     validation split): each variant's `VariantResult.val_accuracy`."""
     selection_labels: Path | None = None
+    judged_by: EvalConfig = Field(default_factory=EvalConfig)
+    """The metric every variant is scored by on these inputs."""
     floor_models: dict[str, Path] = Field(default_factory=dict)
     """Per runner format, a model that does next to nothing on inputs of the same shape: timed
     through the same runner, it is the harness's own floor (see `tfopt.measurement.floor`)."""
@@ -531,9 +533,12 @@ class VariantResult(_Frozen):
     size_bytes: int = 0
     gzip_bytes: int = 0
     accuracy: float | None = 0.0
-    """Top-1 accuracy on the test split; None for a model benchmarked without labelled data."""
+    """The metric (`metric`: top-1 accuracy unless ``eval.metric`` names another) on the test
+    split; None for a model benchmarked without labels or targets."""
+    metric: str = "accuracy"
+    """What `accuracy` and `val_accuracy` hold (`tfopt.eval.metrics.Metric.name`)."""
     val_accuracy: float | None = None
-    """Top-1 accuracy on the validation split, the figure the accuracy budget is judged on
+    """The metric on the validation split, the figure the accuracy budget is judged on
     (`tfopt.measurement.champion.BudgetRule`); None: not measured (no validation split)."""
     predictions: Path | None = None
     """Its predicted class per test image (``.npy``), for paired comparisons

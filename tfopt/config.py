@@ -541,6 +541,55 @@ class BenchmarkConfig(ChampionPolicy, MeasurementProtocol):
         return self
 
 
+class EvalConfig(Section):
+    """What a model is judged by: its metric (`tfopt.eval.metrics`), on which of its outputs."""
+
+    metric: str = Field(
+        "accuracy", min_length=1, max_length=300,
+        pattern=r"^([a-z0-9_]+|[A-Za-z0-9_./ -]+\.py:[A-Za-z_][A-Za-z0-9_]*"
+                r"|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$",
+        description=(
+            "accuracy (top-1), top5 (any top<k>), mae, rmse, mean_iou, auc; fidelity (against "
+            "the reference model's own outputs, no labels: top-1 agreement for class scores, "
+            "snr_db for other tensors; or agreement, snr_db, relative_error by name); or your "
+            "function 'my_metrics.py:score' ((y_true, y_pred) -> float; set higher_is_better)."
+        ),
+    )
+    higher_is_better: bool | None = Field(
+        None, description="Your function's direction (a built-in metric knows its own).")
+    output: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="The model output the metric scores (default: logits, else the first).",
+    )
+
+    @model_validator(mode="after")
+    def _a_metric_that_exists(self) -> EvalConfig:
+        from tfopt.eval.metrics import built_in
+
+        if built_in(self.metric) is not None:
+            if self.higher_is_better is not None:
+                raise ValueError(f"eval.higher_is_better: {self.metric} knows its direction; "
+                                 "leave it unset")
+        elif ":" not in self.metric:
+            raise ValueError(f"eval.metric: {self.metric!r} is no built-in metric (accuracy, "
+                             "top5, mae, rmse, mean_iou, auc, fidelity, agreement, snr_db, "
+                             "relative_error) nor 'file.py:function'")
+        elif self.higher_is_better is None:
+            raise ValueError(f"eval.higher_is_better: say whether a higher {self.metric} is "
+                             "better (true or false)")
+        return self
+
+    def judged_by(self) -> Any:
+        """The `tfopt.eval.metrics.Metric` (a user's function imported now).
+
+        Raises:
+            tfopt.eval.metrics.MetricError: The user's function cannot be loaded (one line).
+        """
+        from tfopt.eval.metrics import metric_named
+
+        return metric_named(self.metric, self.higher_is_better)
+
+
 def _optional(info: Any) -> tuple[Any, Any]:
     """A protocol field as a machine's optional setting: the same bounds, None when unset."""
     annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation

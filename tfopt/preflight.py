@@ -209,23 +209,34 @@ def check_benchmark_inputs(config: Any, signature: tuple[list, list] | None) -> 
     Raises:
         ConfigError: Naming the input or the folder and what to give.
     """
-    from tfopt.measurement.feeds import FeedsError, read_feeds, request_shapes
-    from tfopt.measurement.inputs import takes_images
+    from tfopt.eval.metrics import MetricError
+    from tfopt.measurement.feeds import FeedsError, read_feeds, read_truth, request_shapes
+    from tfopt.measurement.inputs import check_judged, takes_images
 
     setting = config.inputs
     classifier = signature is None or takes_images(*signature)
-    if setting == "data" or (setting == "auto" and classifier and signature is not None):
-        if not config.data.source_dir.is_dir():
-            raise ConfigError(
-                f"data.source_dir: {config.data.source_dir} is not a folder (a model measured "
-                "on inputs generated from its signature: --inputs random)")
-        return
-    if signature is None:
-        return
     try:
+        if setting == "data" or (setting == "auto" and classifier and signature is not None):
+            if not config.data.source_dir.is_dir():
+                raise ConfigError(
+                    f"data.source_dir: {config.data.source_dir} is not a folder (a model "
+                    "measured on inputs generated from its signature: --inputs random)")
+            check_judged(config.eval, labelled=True)
+            return
+        if signature is None:
+            return
+        outputs = [output.name for output in signature[1]]
+        if config.eval.output is not None and config.eval.output not in outputs:
+            raise ConfigError(f"eval.output: the model has no output {config.eval.output!r}; "
+                              f"its outputs: {', '.join(outputs)}")
+        labelled = False
         if setting in ("auto", "random"):
             request_shapes(signature[0], config.shapes)
         elif setting.endswith(".npz"):
             read_feeds(Path(setting), signature[0])
+            labelled = read_truth(Path(setting), signature[0]) is not None
+        check_judged(config.eval, labelled)
+    except MetricError as error:
+        raise ConfigError(str(error)) from error
     except (FeedsError, OSError) as error:
         raise ConfigError(f"inputs: {error}") from error

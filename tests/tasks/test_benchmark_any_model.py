@@ -117,6 +117,30 @@ def test_a_savedmodel_of_two_inputs_is_measured_on_generated_and_given_inputs(tw
         feeds_inputs(spec, wrong.as_posix(), {}, 0, 4, tmp_path, tmp_path / "wrong")
 
 
+def test_a_model_of_two_inputs_is_scored_by_its_metric_against_the_files_y(two_inputs,
+                                                                          tmp_path):
+    import tensorflow as tf
+
+    from tfopt.config import EvalConfig
+    from tfopt.eval.metrics import MetricError
+
+    spec = _spec(two_inputs, "savedmodel")
+    model_inputs, _ = probe_signature("savedmodel", two_inputs)
+    feeds = generated_feeds(model_inputs, {}, 6, seed=3)
+    serve = tf.saved_model.load(str(two_inputs)).signatures["serving_default"]
+    score = serve(**{name: tf.constant(values) for name, values in feeds.items()})["score"]
+    given = save_feeds(tmp_path / "scored.npz", {**feeds, "y": score.numpy() + 0.5})
+    judged = EvalConfig(metric="mae", output="score")
+    inputs = feeds_inputs(spec, given.as_posix(), {}, 0, 4, tmp_path, tmp_path / "in", judged)
+    result = measure_variant(spec, inputs, QUICK)
+    assert result.metric == "mae" and result.accuracy == pytest.approx(0.5, abs=1e-4)
+    # The other output does not fit the targets: the variant fails with the metric's line.
+    other = inputs.model_copy(update={"judged_by": EvalConfig(metric="mae", output="embedding")})
+    with pytest.raises(MetricError, match=r"^mae: targets of shape \[6\] do not fit outputs "
+                                          r"of shape \[6, 4\]$"):
+        measure_variant(spec, other, QUICK)
+
+
 @pytest.mark.parametrize(("given", "message"), [
     ({"pixels": [1, 3]}, "the model has no input 'pixels'"),
     ({"images": [1, 3, 32]}, "input images has 4 dimensions"),

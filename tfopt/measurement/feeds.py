@@ -1,7 +1,8 @@
 """Inputs for any model: named arrays, batch first, read from a file or made from its signature.
 
 A classifier is measured on the decoded test split; a model of any other inputs (several named
-tensors, NCHW, integers) on feeds: the user's ``.npz`` (one array per input name), or arrays
+tensors, NCHW, integers) on feeds: the user's ``.npz`` (one array per input name, ``x`` for a
+model of one input, and optionally ``y``: the labels or targets its metric scores), or arrays
 generated from the model's signature, each dimension it leaves open given by the user
 (``--shape NAME=1x3x320x320``, the batch first). Requests are batch 1, as in the SingleStream
 protocol: the feeds hold `examples` of them along the first axis.
@@ -17,6 +18,14 @@ import numpy as np
 from tfopt.runtimes.base import TensorInfo
 
 Feeds = dict[str, np.ndarray]
+
+
+TRUTH = "y"
+"""The array of an ``.npz`` that holds the labels or targets (unless the model has an input so
+named)."""
+
+ONE_INPUT = "x"
+"""The array of an ``.npz`` that a model of one input takes, whatever that input's name."""
 
 
 class FeedsError(ValueError):
@@ -119,12 +128,18 @@ def generated_feeds(inputs: Sequence[TensorInfo], given: Mapping[str, Sequence[i
 def read_feeds(path: Path, inputs: Sequence[TensorInfo]) -> Feeds:
     """The user's inputs from an ``.npz``: one array per input name, batch first.
 
+    A model of one input takes ``x`` too; ``y`` (`TRUTH`) is no input (`read_truth`) unless the
+    model has an input of that name.
+
     Raises:
         FeedsError: A missing or extra input name, or a shape or dtype the model does not take.
     """
-    with np.load(path, allow_pickle=False) as stored:
-        feeds = {name: stored[name] for name in stored.files}
     names = [info.name for info in inputs]
+    with np.load(path, allow_pickle=False) as stored:
+        feeds = {name: stored[name] for name in stored.files
+                 if name != TRUTH or TRUTH in names}
+    if len(names) == 1 and list(feeds) == [ONE_INPUT]:
+        feeds = {names[0]: feeds[ONE_INPUT]}
     if sorted(feeds) != sorted(names):
         raise FeedsError(f"--inputs {path}: holds {sorted(feeds)}, the model takes "
                          f"{signature_text(inputs)}")
@@ -142,6 +157,25 @@ def read_feeds(path: Path, inputs: Sequence[TensorInfo]) -> Feeds:
                              f"model takes {_dims(info)}")
         feeds[info.name] = values.astype(np.dtype(info.dtype), copy=False)
     return feeds
+
+
+def read_truth(path: Path, inputs: Sequence[TensorInfo]) -> np.ndarray | None:
+    """The labels or targets an ``.npz`` holds beside the inputs (`TRUTH`), None without them.
+
+    Raises:
+        FeedsError: They are not one per example of the inputs.
+    """
+    if TRUTH in {info.name for info in inputs}:
+        return None
+    with np.load(path, allow_pickle=False) as stored:
+        if TRUTH not in stored.files:
+            return None
+        truth = stored[TRUTH]
+        count = count_of({name: stored[name] for name in stored.files if name != TRUTH})
+    if truth.ndim == 0 or len(truth) != count:
+        raise FeedsError(f"--inputs {path}: {TRUTH} holds {len(truth) if truth.ndim else 0} "
+                         f"labels or targets for {count} examples (one per example, first axis)")
+    return truth
 
 
 def save_feeds(path: Path, feeds: Mapping[str, np.ndarray]) -> Path:

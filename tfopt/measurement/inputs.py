@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tfopt.artifacts import BenchmarkInputs, DatasetArtifact, VariantSpec
-from tfopt.config import BenchmarkConfig, InputScale
+from tfopt.config import BenchmarkConfig, EvalConfig, InputScale
 from tfopt.data.pipeline import load_split
 from tfopt.fileio import atomic_save_array, atomic_write_json
 from tfopt.measurement.floor import build_floor_models
@@ -83,21 +83,31 @@ def takes_images(inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo]) ->
 
 def feeds_inputs(spec: VariantSpec, setting: str, shapes: Mapping[str, Sequence[int]],
                  examples: int, batch_size: int, data_dir: Path, out_dir: Path,
-                 ) -> BenchmarkInputs | None:
+                 judged_by: EvalConfig | None = None) -> BenchmarkInputs | None:
     """The inputs a model is measured on without its data, or None to measure it on the data.
 
     The model's signature is read in a probe process (`probe_signature`), so this process never
     opens it. ``auto`` picks the data's test split for an image classifier when `data_dir` is
     a folder, else inputs generated from the signature; ``random`` generates them (each open
     dimension from `shapes`); a path names the user's ``.npz``. The generated inputs are
-    written by the measuring process to ``<out_dir>/generated-feeds.npz``.
+    written by the measuring process to ``<out_dir>/generated-feeds.npz``. `judged_by` scores
+    the model against the ``.npz``'s ``y`` (`check_judged`).
 
     Raises:
-        UnusableModelError: The model cannot be opened, or the inputs do not fit it (one line
-            naming the input and how to give its shape).
+        UnusableModelError: The model cannot be opened, the inputs do not fit it (one line
+            naming the input and how to give its shape), or they cannot be scored.
     """
-    from tfopt.measurement.feeds import FeedsError, count_of, read_feeds, request_shapes
+    from tfopt.eval.metrics import MetricError
+    from tfopt.measurement.feeds import (
+        FeedsError,
+        count_of,
+        read_feeds,
+        read_truth,
+        request_shapes,
+    )
     from tfopt.models.references import UnusableModelError, probe_signature
+
+    judged_by = judged_by or EvalConfig()
 
     if setting == "data":
         return None
@@ -109,16 +119,46 @@ def feeds_inputs(spec: VariantSpec, setting: str, shapes: Mapping[str, Sequence[
     try:
         if setting == "random":
             request_shapes(model_inputs, shapes)
+            check_judged(judged_by, labelled=False)
             return BenchmarkInputs(
                 images=None, labels=None, reference_logits=None, examples=examples,
                 batch_size=batch_size, feeds=out_dir / "generated-feeds.npz",
-                generate={name: list(dims) for name, dims in shapes.items()})
+                generate={name: list(dims) for name, dims in shapes.items()},
+                judged_by=judged_by)
         given = Path(setting)
         count = count_of(read_feeds(given, model_inputs))
+        check_judged(judged_by, labelled=read_truth(given, model_inputs) is not None)
+    except MetricError as error:
+        raise UnusableModelError(str(error)) from error
     except (FeedsError, OSError, ValueError) as error:
         raise UnusableModelError(f"inputs: {error}") from error
     return BenchmarkInputs(images=None, labels=None, reference_logits=None, examples=count,
-                           batch_size=batch_size, feeds=given)
+                           batch_size=batch_size, feeds=given, judged_by=judged_by)
+
+
+def check_judged(judged_by: EvalConfig, labelled: bool) -> None:
+    """Refuse a metric a model benchmarked alone cannot be scored by, in one line.
+
+    The user's function is imported now. A metric other than the default (top-1 accuracy,
+    scored where there are labels, else left empty) needs labels or targets (`labelled`: the
+    data's, or an ``.npz``'s ``y``); a fidelity metric needs a reference model, which a model
+    benchmarked alone does not have.
+
+    Raises:
+        MetricError: Naming the metric and what is missing.
+    """
+    from tfopt.eval.metrics import MetricError
+    from tfopt.measurement.feeds import TRUTH
+
+    metric = judged_by.judged_by()
+    if judged_by.metric == EvalConfig.model_fields["metric"].default:
+        return
+    if not metric.needs_labels:
+        raise MetricError(f"eval.metric: {judged_by.metric} compares a model with a reference "
+                          "model; one benchmarked alone has none")
+    if not labelled:
+        raise MetricError(f"eval.metric: {judged_by.metric} needs labels or targets: an .npz "
+                          f"with {TRUTH} beside the inputs (--inputs FILE.npz)")
 
 
 def write_inputs_index(inputs: BenchmarkInputs, protocol: BenchmarkConfig) -> Path:

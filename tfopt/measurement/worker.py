@@ -358,6 +358,7 @@ def measure_variant(
     if inputs.images is None:
         return measure_on_feeds(spec, inputs, cfg)
     runtime = runtime_of(spec.format)
+    metric = inputs.judged_by.judged_by()
     images, labels = np.load(inputs.images), np.load(inputs.labels)
     started = time.perf_counter()
     runner = load_runner(spec, cfg.threads)
@@ -403,11 +404,14 @@ def measure_variant(
         derived_from=spec.derived_from,
         size_bytes=path_size_bytes(spec.path),
         gzip_bytes=gzip_size_bytes(spec.path),
-        accuracy=float(np.mean(np.argmax(logits, axis=1) == labels)),
-        val_accuracy=None if validation is None else float(np.mean(validation[0] == validation[1])),
+        accuracy=metric.score(labels if metric.needs_labels else reference, logits),
+        metric=metric.name,
+        val_accuracy=(None if validation is None or not metric.needs_labels
+                      else metric.score(validation[1], validation[0])),
         predictions=save_predictions(spec.name, np.argmax(logits, axis=1), inputs),
         val_predictions=(None if validation is None
-                         else save_predictions(spec.name, validation[0], inputs, "val")),
+                         else save_predictions(spec.name, np.argmax(validation[0], axis=1),
+                                               inputs, "val")),
         latency_ms=latency_stats(samples, cfg.p50_ci_width),
         throughput_per_s=float(len(samples) / (samples.sum() / 1000.0)),
         timed_runs=len(samples),
@@ -442,13 +446,13 @@ def measure_variant(
 
 def validation_predictions(runner: Runner, inputs: BenchmarkInputs,
                            ) -> tuple[np.ndarray, np.ndarray] | None:
-    """The runner's predicted class per validation image, and the labels (None: no images)."""
+    """The runner's scores for the validation images, and the labels (None: no images)."""
     if inputs.selection_images is None or inputs.selection_labels is None:
         return None
     images, labels = np.load(inputs.selection_images), np.load(inputs.selection_labels)
     if len(images) == 0:
         return None
-    return np.argmax(predict_batched(runner, images), axis=1), labels
+    return predict_batched(runner, images), labels
 
 
 def save_predictions(name: str, predicted: np.ndarray, inputs: BenchmarkInputs,
@@ -469,16 +473,18 @@ def save_predictions(name: str, predicted: np.ndarray, inputs: BenchmarkInputs,
 
 def measure_on_feeds(spec: VariantSpec, inputs: BenchmarkInputs,
                      cfg: MeasurementProtocol) -> VariantResult:
-    """Measure a model of any inputs and outputs on named feeds, without labelled data.
+    """Measure a model of any inputs and outputs on named feeds.
 
     The feeds are the user's file, or generated from the model's signature now (and written
-    to `inputs.feeds`, so the same inputs can be given again). Everything but accuracy and
-    agreement is measured as for a pipeline's variant: latency statistics, throughput, load
-    scenarios, peak memory, FLOPs and the operator profile. A model whose batch dimension is
-    fixed is measured at batch 1 only.
+    to `inputs.feeds`, so the same inputs can be given again). Everything but agreement is
+    measured as for a pipeline's variant: latency statistics, throughput, load scenarios, peak
+    memory, FLOPs and the operator profile, and the metric where the user's file holds labels
+    or targets (`score_on_feeds`). A model whose batch dimension is fixed is measured at batch
+    1 only.
 
     Raises:
         FeedsError: The inputs do not fit the model (naming the input).
+        MetricError: The metric cannot score the outputs against the labels (one line).
     """
     from tfopt.measurement.feeds import generated_feeds, read_feeds, save_feeds, take
 
@@ -495,6 +501,7 @@ def measure_on_feeds(spec: VariantSpec, inputs: BenchmarkInputs,
     started = time.perf_counter()
     runner.run(take(feeds, slice(0, 1)))
     first_inference_ms = (time.perf_counter() - started) * 1000.0
+    metric, score = score_on_feeds(runner, inputs, feeds)
     prepared = runner.prepare(feeds)
     cores_before = background_cores(_LOAD_PROBE_S)
     probe = LoadProbe.start()
@@ -509,7 +516,7 @@ def measure_on_feeds(spec: VariantSpec, inputs: BenchmarkInputs,
     return VariantResult(
         name=spec.name, source=spec.source, format=spec.format, precision=spec.precision,
         status="ok", derived_from=spec.derived_from, size_bytes=path_size_bytes(spec.path),
-        gzip_bytes=gzip_size_bytes(spec.path), accuracy=None,
+        gzip_bytes=gzip_size_bytes(spec.path), accuracy=score, metric=metric,
         latency_ms=latency_stats(samples, cfg.p50_ci_width),
         throughput_per_s=float(len(samples) / (samples.sum() / 1000.0)),
         timed_runs=len(samples), load_seconds=load_seconds,
@@ -525,6 +532,51 @@ def measure_on_feeds(spec: VariantSpec, inputs: BenchmarkInputs,
         under_load=any(cores is not None and cores > cfg.max_background_cores
                        for cores in (cores_before, cores_during)),
     )
+
+
+def score_on_feeds(runner: Runner, inputs: BenchmarkInputs, feeds: dict[str, np.ndarray],
+                   ) -> tuple[str, float | None]:
+    """The metric's name, and its figure on the user's feeds against their labels or targets.
+
+    The figure is None where there is nothing to score against: inputs generated from the
+    signature, a file without ``y``, or a fidelity metric (a model benchmarked alone is its
+    own reference).
+
+    Raises:
+        FeedsError: ``eval.output`` names no output of the model.
+        MetricError: The metric cannot score the outputs against ``y`` (one line).
+    """
+    from tfopt.measurement.feeds import count_of, read_truth, take
+
+    metric = inputs.judged_by.judged_by()
+    if inputs.generate is not None or inputs.feeds is None or not metric.needs_labels:
+        return metric.name, None
+    truth = read_truth(inputs.feeds, runner.inputs)
+    if truth is None:
+        return metric.name, None
+    output = scored_output(runner, inputs.judged_by.output)
+    fixed = any(info.shape and info.shape[0] is not None for info in runner.inputs)
+    step = 1 if fixed else 64
+    outputs = np.concatenate([runner.run(take(feeds, slice(start, start + step)))[output]
+                              for start in range(0, count_of(feeds), step)])
+    return metric.name, metric.score(truth, outputs)
+
+
+def scored_output(runner: Runner, name: str | None) -> str:
+    """The output a metric scores: `name` (``eval.output``), else logits or the first output.
+
+    Raises:
+        FeedsError: The model has no output `name` (naming its outputs).
+    """
+    from tfopt.measurement.feeds import FeedsError
+
+    if name is None:
+        return runner.scores_output
+    names = [output.name for output in runner.outputs]
+    if name not in names:
+        raise FeedsError(f"eval.output: the model has no output {name!r}; its outputs: "
+                         f"{', '.join(names)}")
+    return name
 
 
 def _batch_throughput_if_batched(runner: Runner, feeds: dict[str, np.ndarray],

@@ -7,7 +7,13 @@ from typing import Any
 from tfopt.cpu_features import SERVE_WITHOUT_AMX
 from tfopt.models.health import health_line
 from tfopt.report.compare import markdown_moves, markdown_overview
-from tfopt.report.summary import accuracy_sentence, or_dash, peers_sentence, speedup_sentence
+from tfopt.report.summary import (
+    accuracy_sentence,
+    metric_name,
+    or_dash,
+    peers_sentence,
+    speedup_sentence,
+)
 from tfopt.search.front import combined_front, is_chosen, params_label
 
 _WHOLE_REPORT = ("The whole report (every table, the plots, CSV and JSON) is in report/ among "
@@ -17,6 +23,7 @@ _WHOLE_REPORT = ("The whole report (every table, the plots, CSV and JSON) is in 
 def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """The whole report: every table, every section (``report.md``)."""
     env = summary.get("environment", {})
+    metric = metric_name(summary)
     lines = [
         *_verdict_lines(summary),
         f"MLflow run: {summary.get('mlflow_run_url', summary['mlflow_run_id'])}",
@@ -31,7 +38,7 @@ def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "nothing, through the same runner and threads (the harness's and runtime's own cost "
         "per call).",
         "",
-        "| variant | status | val accuracy | test accuracy (95% interval) | Δ pts (test) "
+        f"| variant | status | val {metric} | test {metric} (95% interval) | Δ pts (test) "
         "| p50 ms | p50 95% interval | floor ms | p99 ms "
         "| ex/s (b=1) | ex/s (batch) | size KB | gzip KB | peak MB | tied with | notes |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",

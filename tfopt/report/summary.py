@@ -12,6 +12,7 @@ from tfopt.artifacts import (
     VariantResult,
 )
 from tfopt.cpu_features import SERVE_WITHOUT_AMX
+from tfopt.eval.metrics import counted
 from tfopt.models.health import baseline_health
 from tfopt.report.diagnosis import diagnose
 from tfopt.runtimes import runtime_of
@@ -87,7 +88,9 @@ def variant_entry(
         "size_bytes": result.size_bytes,
         "gzip_bytes": result.gzip_bytes,
         "accuracy": result.accuracy,
-        "accuracy_ci95": _interval(result.accuracy, test_images),
+        "metric": result.metric,
+        "accuracy_ci95": _interval(result.accuracy, test_images) if counted(result.metric)
+        else None,
         "val_accuracy": result.val_accuracy,
         "accuracy_delta_points": delta,
         "latency_ms": latency,
@@ -256,6 +259,12 @@ def benchmark_summary(
         **(extras or {}),
     }
 
+
+
+def metric_name(summary: dict[str, Any]) -> str:
+    """What the variants' ``accuracy`` holds (``accuracy`` unless ``eval.metric`` named another)."""
+    return next((entry.get("metric") for entry in summary.get("variants", [])
+                 if entry.get("status") == "ok" and entry.get("metric")), None) or "accuracy"
 
 
 def speedup_sentence(speedup: dict[str, Any] | None) -> str:

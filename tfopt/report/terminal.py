@@ -15,20 +15,29 @@ from rich.table import Table
 
 from tfopt.cpu_features import SERVE_WITHOUT_AMX
 from tfopt.models.health import health_line
-from tfopt.report.summary import load_clause, not_held_on_test, or_dash, threads_clause
+from tfopt.report.summary import (
+    load_clause,
+    metric_name,
+    not_held_on_test,
+    or_dash,
+    threads_clause,
+)
 
 COLUMNS = ("variant", "accuracy", "Δ pts", "p50 ms", "p99 ms", "ex/s", "size KB", "gzip KB")
 
 
 
 def measured_table(summary: dict[str, Any]) -> Table:
-    """The ok variants: accuracy, its difference to the baseline, latency, throughput, sizes.
+    """The ok variants: the metric, its difference to the baseline, latency, throughput, sizes.
 
-    The champion is starred.
+    The metric's column is named after it (accuracy unless ``eval.metric`` names another). The
+    champion is starred.
     """
     table = Table(title="tfopt: variants measured on the same test inputs (★ champion)")
+    metric = metric_name(summary)
     for column in COLUMNS:
-        table.add_column(column, justify="left" if column == "variant" else "right")
+        table.add_column(metric if column == "accuracy" else column,
+                         justify="left" if column == "variant" else "right")
     for entry in summary["variants"]:
         if entry["status"] != "ok":
             continue

@@ -44,11 +44,21 @@ DESCRIPTION_LIMIT = 8000  # MLflow's longest tag value (MAX_TAG_VAL_LENGTH)
 
 
 def variant_metrics(result: object) -> dict[str, float]:
-    """Flatten a benchmarked variant's numbers into MLflow metric names."""
+    """Flatten a benchmarked variant's numbers into MLflow metric names.
+
+    The figure it is judged by is named after its metric: ``accuracy`` and ``val_accuracy``, or
+    ``mae`` and ``val_mae`` (``eval.metric``).
+    """
     data = result.model_dump(exclude={"samples_ms"})  # type: ignore[attr-defined]
+    metric = data.get("metric") or "accuracy"
     metrics = {
+        name: float(data[key])
+        for key, name in (("accuracy", metric), ("val_accuracy", f"val_{metric}"))
+        if data.get(key) is not None
+    }
+    metrics |= {
         key: float(data[key])
-        for key in ("accuracy", "val_accuracy", "size_bytes", "gzip_bytes", "throughput_per_s",
+        for key in ("size_bytes", "gzip_bytes", "throughput_per_s",
                     "timed_runs", "load_seconds", "first_inference_ms", "peak_rss_mb",
                     "top1_agreement", "max_abs_diff", "batch_throughput_per_s",
                     "background_cores_before", "background_cores", "under_load",

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 from sklearn import metrics as sk
 
-from tfopt.metrics import (
+from tfopt.eval.metrics import (
     BUILT_IN,
     TOP1,
     MetricBudget,
     MetricError,
     built_in,
+    fidelity,
     metric_named,
 )
 
@@ -62,6 +63,8 @@ def test_auc_is_scikit_learns_with_ties():
 
 
 def test_fidelity_needs_no_labels():
+    assert built_in("fidelity") is BUILT_IN["agreement"] is fidelity(class_scores=True)
+    assert fidelity(class_scores=False) is BUILT_IN["snr_db"]
     noisy = SCORES + RNG.normal(scale=0.5, size=SCORES.shape).astype(np.float32)
     assert not BUILT_IN["agreement"].needs_labels
     assert BUILT_IN["agreement"].score(SCORES, noisy) == pytest.approx(
@@ -78,7 +81,7 @@ def test_the_budget_follows_the_metrics_direction():
     accuracy = MetricBudget(TOP1, 0.01)
     assert accuracy.kept(0.95) == pytest.approx(0.94)
     assert accuracy.within(0.941, 0.95) and not accuracy.within(0.939, 0.95)
-    assert accuracy.described() == "1 points of top1"
+    assert accuracy.described() == "1 points of accuracy"
     error = MetricBudget(BUILT_IN["mae"], 0.05, relative=True)
     assert error.kept(2.0) == pytest.approx(2.1)
     assert error.within(2.09, 2.0) and not error.within(2.11, 2.0)
@@ -91,11 +94,15 @@ def test_the_budget_follows_the_metrics_direction():
 def test_outputs_that_do_not_fit_are_one_line_errors():
     with pytest.raises(MetricError, match="do not fit class scores"):
         TOP1.score(np.zeros((300, 2)), SCORES)
+    with pytest.raises(MetricError, match=r"^accuracy: labels are class indices, not float64"):
+        TOP1.score(LABELS + 0.5, SCORES)
+    with pytest.raises(MetricError, match=r"^accuracy: class scores \[N, ..., classes >= 2\]"):
+        TOP1.score(LABELS, SCORES[:, :1])
     with pytest.raises(MetricError, match="299 outputs for 300 labels"):
         TOP1.score(LABELS, SCORES[:299])
     with pytest.raises(MetricError, match="targets of shape"):
         BUILT_IN["mae"].score(np.zeros((300, 2)), SCORES)
-    with pytest.raises(MetricError, match="both labels"):
+    with pytest.raises(MetricError, match=r"^auc: examples of both labels"):
         BUILT_IN["auc"].score(np.ones(300), SCORES[:, 0])
 
 

@@ -2,10 +2,10 @@
 
 A `Metric` scores a model's outputs on a split against the truth: the labels (or targets), or,
 for the fidelity metrics, the baseline's own outputs on the same inputs (no labels needed).
-Built-ins: classification (``top1``, ``top5``, any ``top<k>``), regression (``mae``, ``rmse``),
-segmentation (``mean_iou``), binary scores (``auc``), fidelity (``agreement``,
-``relative_error``, ``snr_db``); or the user's ``"file.py:function"`` (``(y_true, y_pred) ->
-float``, with whether higher is better).
+Built-ins: classification (``accuracy``: top-1; ``top5``, any ``top<k>``), regression (``mae``,
+``rmse``), segmentation (``mean_iou``), binary scores (``auc``), fidelity (``fidelity``: top-1
+``agreement`` for class scores, ``snr_db`` for other tensors; ``relative_error``); or the user's
+``"file.py:function"`` (``(y_true, y_pred) -> float``, with whether higher is better).
 
 A `MetricBudget` is how much of the baseline's figure a compressed model may give up: an amount
 in the metric's own units, or a share of the baseline's value.
@@ -36,14 +36,16 @@ class Metric:
     """One way of judging a model's outputs against the truth.
 
     Attributes:
-        name: What it is called in the terminal, the report and MLflow (``top1``, ``mae``, the
-            user function's name).
+        name: What it is called in the terminal, the report and MLflow (``accuracy``, ``mae``,
+            the user function's name).
         higher_is_better: Its direction.
         needs_labels: False for the fidelity metrics, whose truth is the baseline's outputs.
         unit: How its figure reads (`Unit`).
         score_fn: ``(truth, outputs) -> float`` over a whole split.
         per_example_fn: ``(truth, outputs) -> [N]`` when the score is the mean of one value per
             example (intervals and paired comparisons need them); None when it is not.
+        counted: The score is the share of examples that are right (top-k, agreement): Wilson
+            intervals and McNemar's test apply.
     """
 
     name: str
@@ -53,6 +55,7 @@ class Metric:
     score_fn: Callable[[np.ndarray, np.ndarray], float] = field(repr=False, compare=False)
     per_example_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = field(
         default=None, repr=False, compare=False)
+    counted: bool = False
 
     def score(self, truth: np.ndarray, outputs: np.ndarray) -> float:
         """The metric on a split: `outputs` (batch first) against `truth` (the same examples).
@@ -68,8 +71,8 @@ class Metric:
             raise MetricError(f"{self.name}: no examples to score")
         try:
             value = self.score_fn(truth, outputs)
-        except MetricError:
-            raise
+        except MetricError as error:
+            raise MetricError(f"{self.name}: {error}") from None
         except Exception as error:
             raise MetricError(f"{self.name} raised {type(error).__name__}: {error}") from error
         try:
@@ -158,14 +161,17 @@ def _classes(truth: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         raise MetricError(f"labels of shape {list(truth.shape)} do not fit class scores of "
                           f"shape {list(outputs.shape)} (one class index per score row, or "
                           "one-hot rows)")
+    if not np.issubdtype(truth.dtype, np.integer) and np.any(truth != np.round(truth)):
+        raise MetricError(f"labels are class indices, not {truth.dtype} values like "
+                          f"{truth.flat[0]:g} (targets want a metric such as mae or rmse)")
     return truth.astype(np.int64)
 
 
-def _scores(outputs: np.ndarray, name: str) -> np.ndarray:
+def _scores(outputs: np.ndarray) -> np.ndarray:
     outputs = np.asarray(outputs)
-    if outputs.ndim < 2:
-        raise MetricError(f"{name} needs class scores [N, ..., classes], not outputs of shape "
-                          f"{list(outputs.shape)}")
+    if outputs.ndim < 2 or outputs.shape[-1] < 2:
+        raise MetricError(f"class scores [N, ..., classes >= 2] are needed, not outputs of "
+                          f"shape {list(outputs.shape)}")
     return outputs
 
 
@@ -176,13 +182,13 @@ def _per_example_mean(values: np.ndarray) -> np.ndarray:
 
 def _top_k_correct(k: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     def correct(truth: np.ndarray, outputs: np.ndarray) -> np.ndarray:
-        scores = _scores(outputs, f"top{k}")
+        scores = _scores(outputs)
         classes = _classes(truth, scores)
         if k == 1:
             hit = np.argmax(scores, axis=-1) == classes
         else:
             if scores.shape[-1] < k:
-                raise MetricError(f"top{k} needs at least {k} classes, the outputs have "
+                raise MetricError(f"at least {k} classes are needed, the outputs have "
                                   f"{scores.shape[-1]}")
             # A class is in the top k when fewer than k classes score strictly above it.
             own = np.take_along_axis(scores, classes[..., None], axis=-1)
@@ -191,36 +197,35 @@ def _top_k_correct(k: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     return correct
 
 
-def _regression_pair(truth: np.ndarray, outputs: np.ndarray, name: str,
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def _regression_pair(truth: np.ndarray, outputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     truth = np.asarray(truth, dtype=np.float64)
     outputs = np.asarray(outputs, dtype=np.float64)
     if truth.shape != outputs.shape and truth.size == outputs.size:
         truth = truth.reshape(outputs.shape)  # [N] targets for [N, 1] outputs
     if truth.shape != outputs.shape:
-        raise MetricError(f"{name}: targets of shape {list(truth.shape)} do not fit outputs "
+        raise MetricError(f"targets of shape {list(truth.shape)} do not fit outputs "
                           f"of shape {list(outputs.shape)}")
     return truth, outputs
 
 
 def _absolute_errors(truth: np.ndarray, outputs: np.ndarray) -> np.ndarray:
-    truth, outputs = _regression_pair(truth, outputs, "mae")
+    truth, outputs = _regression_pair(truth, outputs)
     return _per_example_mean(np.abs(outputs - truth))
 
 
 def _rmse(truth: np.ndarray, outputs: np.ndarray) -> float:
-    truth, outputs = _regression_pair(truth, outputs, "rmse")
+    truth, outputs = _regression_pair(truth, outputs)
     return float(np.sqrt(np.mean((outputs - truth) ** 2)))
 
 
 def _mean_iou(truth: np.ndarray, outputs: np.ndarray) -> float:
     """Mean over the classes present (in the truth or the prediction) of their IoU."""
-    scores = _scores(outputs, "mean_iou")
+    scores = _scores(outputs)
     classes = _classes(truth, scores).ravel()
     predicted = np.argmax(scores, axis=-1).ravel()
     count = scores.shape[-1]
     if classes.size and (classes.min() < 0 or classes.max() >= count):
-        raise MetricError(f"mean_iou: labels outside the {count} classes of the outputs")
+        raise MetricError(f"labels outside the {count} classes of the outputs")
     both = np.bincount(classes * count + predicted, minlength=count * count).reshape(count, count)
     intersection = np.diag(both).astype(np.float64)
     union = both.sum(axis=0) + both.sum(axis=1) - intersection
@@ -235,15 +240,15 @@ def _auc(truth: np.ndarray, outputs: np.ndarray) -> float:
         scores = scores[:, 1]
     scores = scores.reshape(len(scores), -1)
     if scores.shape[1] != 1:
-        raise MetricError(f"auc needs one score per example (or two class scores), not "
+        raise MetricError(f"one score per example (or two class scores) is needed, not "
                           f"outputs of shape {list(np.shape(outputs))}")
     labels = np.asarray(truth).reshape(-1)
     if labels.size != len(scores) or not np.isin(labels, (0, 1)).all():
-        raise MetricError("auc needs one 0/1 label per example")
+        raise MetricError("one 0/1 label per example is needed")
     positives = int(labels.sum())
     negatives = labels.size - positives
     if positives == 0 or negatives == 0:
-        raise MetricError("auc needs examples of both labels (0 and 1)")
+        raise MetricError("examples of both labels (0 and 1) are needed")
     ranks = _average_ranks(scores[:, 0])
     return float((ranks[labels == 1].sum() - positives * (positives + 1) / 2)
                  / (positives * negatives))
@@ -263,19 +268,19 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
 
 def _relative_error(truth: np.ndarray, outputs: np.ndarray) -> float:
     """||outputs - reference|| / ||reference|| over the split."""
-    reference, outputs = _regression_pair(truth, outputs, "relative_error")
+    reference, outputs = _regression_pair(truth, outputs)
     norm = np.linalg.norm(reference)
     if norm == 0:
-        raise MetricError("relative_error: the reference outputs are all zero")
+        raise MetricError("the reference outputs are all zero")
     return float(np.linalg.norm(outputs - reference) / norm)
 
 
 def _snr_db(truth: np.ndarray, outputs: np.ndarray) -> float:
     """The reference's power over the error's, in decibels (LiteRT's quantization debugger's)."""
-    reference, outputs = _regression_pair(truth, outputs, "snr_db")
+    reference, outputs = _regression_pair(truth, outputs)
     signal = float(np.sum(reference ** 2))
     if signal == 0:
-        raise MetricError("snr_db: the reference outputs are all zero")
+        raise MetricError("the reference outputs are all zero")
     # No error below float32's resolution can be told apart (identical outputs: about 138 dB).
     noise = max(float(np.sum((outputs - reference) ** 2)),
                 signal * float(np.finfo(np.float32).eps) ** 2)
@@ -287,15 +292,16 @@ def _mean_of(per_example: Callable[[np.ndarray, np.ndarray], np.ndarray],
     return lambda truth, outputs: float(np.mean(per_example(truth, outputs)))
 
 
-def top_k(k: int) -> Metric:
+def top_k(k: int, name: str | None = None) -> Metric:
     """Top-k accuracy: the share of examples whose class is among their k best scores."""
     correct = _top_k_correct(k)
-    return Metric(f"top{k}", True, True, "share", _mean_of(correct), correct)
+    return Metric(name or f"top{k}", True, True, "share", _mean_of(correct), correct,
+                  counted=True)
 
 
-TOP1 = top_k(1)
+TOP1 = top_k(1, "accuracy")
 AGREEMENT = Metric("agreement", True, False, "share", _mean_of(_top_k_correct(1)),
-                   _top_k_correct(1))
+                   _top_k_correct(1), counted=True)
 """Top-1 agreement with the baseline's class scores (a class index per row or pixel)."""
 
 BUILT_IN: dict[str, Metric] = {
@@ -310,16 +316,35 @@ BUILT_IN: dict[str, Metric] = {
         Metric("snr_db", True, False, "dB", _snr_db),
     )
 }
-"""The metrics named without code (any ``top<k>`` too)."""
+"""The metrics named without code (any ``top<k>`` too, and ``fidelity``)."""
+
+FIDELITY = "fidelity"
+"""Agreement with the reference model's outputs, as suits them (`fidelity`)."""
+
+
+def fidelity(class_scores: bool) -> Metric:
+    """``fidelity`` for a model's outputs: top-1 agreement for class scores, else the SNR."""
+    return AGREEMENT if class_scores else BUILT_IN["snr_db"]
 
 
 def built_in(name: str) -> Metric | None:
-    """The built-in metric called `name` (``top<k>`` for any k >= 1), None when there is none."""
+    """The built-in metric called `name` (``top<k>`` for any k >= 1), None when there is none.
+
+    ``fidelity`` is the classifier's, top-1 agreement (`fidelity` chooses by the outputs).
+    """
     if name in BUILT_IN:
         return BUILT_IN[name]
+    if name == FIDELITY:
+        return AGREEMENT
     if name.startswith("top") and name[3:].isdigit() and int(name[3:]) >= 1:
         return top_k(int(name[3:]))
     return None
+
+
+def counted(name: str) -> bool:
+    """Whether the metric called `name` is a share of examples right (`Metric.counted`)."""
+    found = built_in(name)
+    return found is not None and found.counted
 
 
 def user_metric(spec: str, higher_is_better: bool, needs_labels: bool = True,
@@ -338,7 +363,8 @@ def user_metric(spec: str, higher_is_better: bool, needs_labels: bool = True,
     target, _, name = spec.rpartition(":")
     if not target or not name:
         raise MetricError(f"{field_name}: {spec!r} is neither a built-in metric "
-                          f"({', '.join(BUILT_IN)}, top<k>) nor 'file.py:function'")
+                          f"({', '.join(BUILT_IN)}, {FIDELITY}, top<k>) nor "
+                          "'file.py:function'")
     if target.endswith(".py"):
         from pathlib import Path
 
