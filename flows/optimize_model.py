@@ -61,6 +61,7 @@ from tfopt.artifacts import (
     VariantSpec,
 )
 from tfopt.config import resolve_cpus
+from tfopt.eval.metrics import accuracy_budget
 from tfopt.fileio import atomic_write_json, path_size_bytes
 from tfopt.measurement.amx import AmxDecision, with_decided_amx
 from tfopt.measurement.champion import (
@@ -566,7 +567,7 @@ def _summarize(
             "champion_model": champion_model,
             "champion_speedup": speedup,
             "accuracy_verdict": accuracy_verdict(choice, results, inputs,
-                                                  bench.accuracy_budget_points),
+                                                  accuracy_budget(bench.accuracy_budget_points)),
             **over_one_call_forms(choice.name, results, runoff),
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),
             "training_batch_size": measured.data.batch_size,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import task
 
 from tfopt.artifacts import Runoff, VariantResult
+from tfopt.eval.metrics import accuracy_budget
 from tfopt.measurement.champion import ChampionChoice, choose_champion
 
 
@@ -24,4 +25,4 @@ def pick_champion(
     Returns:
         The choice and its reason.
     """
-    return choose_champion(results, budget_points, objective, runoff)
+    return choose_champion(results, accuracy_budget(budget_points), objective, runoff)

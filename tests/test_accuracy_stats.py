@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 
 from tfopt.artifacts import BenchmarkInputs, LatencyStats, VariantResult
+from tfopt.eval.metrics import accuracy_budget
 from tfopt.measurement.accuracy_stats import mcnemar_p_value, paired_comparison, wilson_interval
 from tfopt.measurement.champion import accuracy_verdict, budget_rule, choose_champion
 from tfopt.report.summary import accuracy_sentence
+
+ONE_POINT = accuracy_budget(1.0)
 
 
 def _result(name: str, source: str, val: float | None, test: float, p50: float,
@@ -61,18 +64,18 @@ def test_the_budget_is_judged_on_validation_and_the_test_figures_only_reported(t
     baseline = _result("baseline-tflite-int8", "baseline", 0.95, 0.96, 2.0)
     lucky_on_test = _result("channels-80-tflite-int8", "channels-80", 0.90, 0.97, 0.5)
     within_on_val = _result("channels-50-tflite-int8", "channels-50", 0.945, 0.93, 1.0)
-    choice = choose_champion([baseline, lucky_on_test, within_on_val], 1.0)
+    choice = choose_champion([baseline, lucky_on_test, within_on_val], ONE_POINT)
     assert choice.name == "channels-50-tflite-int8", "validation decides, not test"
     assert (choice.judged_on, choice.reference) == ("validation", "baseline-tflite-int8")
     assert "on validation" in choice.reason
     inputs = BenchmarkInputs(images=tmp_path / "images.npy", labels=tmp_path / "labels.npy",
                              reference_logits=None, examples=200)
-    verdict = accuracy_verdict(choice, [baseline, lucky_on_test, within_on_val], inputs, 1.0)
+    verdict = accuracy_verdict(choice, [baseline, lucky_on_test, within_on_val], inputs, ONE_POINT)
     assert verdict["test_images"] == 200 and verdict["champion"]["test_accuracy"] == 0.93
     assert verdict["paired"] is None, "no predictions kept: no paired comparison"
     assert verdict["paired_on_validation"] is None
     sentence = accuracy_sentence(verdict)
     assert "judged on the validation split" in sentence and "held-out test images" in sentence
     without_val = [r.model_copy(update={"val_accuracy": None}) for r in (baseline, lucky_on_test)]
-    assert budget_rule(without_val, 1.0).split == "test", "no validation figures: test it is"
-    assert choose_champion(without_val, 1.0).name == "channels-80-tflite-int8"
+    assert budget_rule(without_val, ONE_POINT).split == "test", "no validation figures: test it is"
+    assert choose_champion(without_val, ONE_POINT).name == "channels-80-tflite-int8"

@@ -11,6 +11,7 @@ from tfopt.eval.metrics import (
     TOP1,
     MetricBudget,
     MetricError,
+    accuracy_budget,
     built_in,
     fidelity,
     metric_named,
@@ -81,7 +82,9 @@ def test_the_budget_follows_the_metrics_direction():
     accuracy = MetricBudget(TOP1, 0.01)
     assert accuracy.kept(0.95) == pytest.approx(0.94)
     assert accuracy.within(0.941, 0.95) and not accuracy.within(0.939, 0.95)
-    assert accuracy.described() == "1 points of accuracy"
+    assert accuracy.described() == "1 accuracy point" and accuracy.points() == 1.0
+    assert accuracy_budget(1.0) == accuracy and accuracy_budget(2.5).described() == (
+        "2.5 accuracy points")
     error = MetricBudget(BUILT_IN["mae"], 0.05, relative=True)
     assert error.kept(2.0) == pytest.approx(2.1)
     assert error.within(2.09, 2.0) and not error.within(2.11, 2.0)

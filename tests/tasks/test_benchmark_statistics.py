@@ -8,8 +8,11 @@ import pytest
 
 from tfopt.artifacts import LatencyStats, VariantResult
 from tfopt.config import BenchmarkConfig
+from tfopt.eval.metrics import accuracy_budget
 from tfopt.measurement.champion import choose_champion
 from tfopt.measurement.worker import latency_stats, time_runs
+
+ONE_POINT = accuracy_budget(1.0)
 
 
 def _protocol(**overrides):
@@ -137,7 +140,7 @@ def test_champion_is_the_fastest_within_the_accuracy_budget():
         _result("qat-tflite-int8", 0.945, 0.3),
         _result("broken-tflite-int8", 0.0, 0.0, status="failed"),
     ]
-    choice = choose_champion(results, budget_points=1.0)
+    choice = choose_champion(results, ONE_POINT)
     assert choice.name == "qat-tflite-int8"
     assert choice.baseline_accuracy == 0.95
 
@@ -147,19 +150,19 @@ def test_champion_objective_can_be_throughput_or_size():
         update={"throughput_per_s": 10.0, "size_bytes": 50})
     wide = _result("baseline-graph", 0.95, 2.0).model_copy(
         update={"throughput_per_s": 99.0, "size_bytes": 500})
-    assert choose_champion([wide, fast], 1.0, "p50").name == "baseline-tflite-int8"
-    assert choose_champion([wide, fast], 1.0, "throughput").name == "baseline-graph"
-    assert choose_champion([wide, fast], 1.0, "size").name == "baseline-tflite-int8"
+    assert choose_champion([wide, fast], ONE_POINT, "p50").name == "baseline-tflite-int8"
+    assert choose_champion([wide, fast], ONE_POINT, "throughput").name == "baseline-graph"
+    assert choose_champion([wide, fast], ONE_POINT, "size").name == "baseline-tflite-int8"
 
 
 def test_no_variant_within_budget_is_a_clear_result_not_a_crash():
     results = [_result("baseline-graph", 0.95, 2.0), _result("tiny-tflite-int8", 0.5, 0.1)]
     results[0] = results[0].model_copy(update={"status": "failed", "latency_ms": None})
-    choice = choose_champion(results, budget_points=1.0)
+    choice = choose_champion(results, ONE_POINT)
     assert choice.name is None and "baseline" in choice.reason
     only_bad = [_result("baseline-graph", 0.95, 2.0), _result("x-tflite-int8", 0.5, 0.1)]
-    assert choose_champion(only_bad, budget_points=0.0).name == "baseline-graph"
-    assert choose_champion([], budget_points=1.0).reason == "no variant finished"
+    assert choose_champion(only_bad, accuracy_budget(0.0)).name == "baseline-graph"
+    assert choose_champion([], ONE_POINT).reason == "no variant finished"
 
 
 def test_the_p50_interval_spans_the_window_medians_and_holds_the_p50():
@@ -188,21 +191,21 @@ def test_variants_the_measurement_cannot_tell_apart_are_tied_and_the_tie_has_a_s
     qat = _timed("qat-tflite-int8", 0.98, 0.029, (0.021, 0.033), precision="int8")
     int8 = _timed("baseline-tflite-int8", 0.98, 0.032, (0.021, 0.034), precision="int8")
     graph = _timed("baseline-graph", 0.98, 0.9, (0.85, 0.95), size=900, fmt="graph")
-    choice = choose_champion([graph, qat, int8], 1.0)
+    choice = choose_champion([graph, qat, int8], ONE_POINT)
     assert choice.name == "baseline-tflite-int8", "equal accuracy and size: the simpler one"
     assert choice.tied_with == ("qat-tflite-int8",)
     assert "tied on p50" in choice.reason and "qat-tflite-int8" in choice.reason
 
     more_accurate = qat.model_copy(update={"accuracy": 0.985})
-    assert choose_champion([graph, more_accurate, int8], 1.0).name == "qat-tflite-int8"
+    assert choose_champion([graph, more_accurate, int8], ONE_POINT).name == "qat-tflite-int8"
     smaller = qat.model_copy(update={"size_bytes": 50})
-    assert choose_champion([graph, smaller, int8], 1.0).name == "qat-tflite-int8"
+    assert choose_champion([graph, smaller, int8], ONE_POINT).name == "qat-tflite-int8"
 
     apart = int8.model_copy(update={"latency_ms": int8.latency_ms.model_copy(
         update={"p50": 0.05, "p50_ci95": (0.045, 0.055)})})
-    clear = choose_champion([graph, qat, apart], 1.0)
+    clear = choose_champion([graph, qat, apart], ONE_POINT)
     assert clear.name == "qat-tflite-int8" and clear.tied_with == ()
-    assert choose_champion([graph, qat, int8], 1.0, "size").tied_with == (), "p50 ties only"
+    assert choose_champion([graph, qat, int8], ONE_POINT, "size").tied_with == (), "p50 ties only"
 
 
 def test_a_runoff_decides_among_its_contenders_instead_of_their_own_turns():
@@ -217,7 +220,7 @@ def test_a_runoff_decides_among_its_contenders_instead_of_their_own_turns():
     graph = _timed("baseline-graph", 0.98, 0.06, (0.059, 0.061), fmt="graph")
     qat, int8, fp32 = (r.model_copy(update={"path": Path(f"{r.name}.tflite")})
                        for r in (qat, int8, fp32))
-    assert choose_champion([qat, int8, fp32], 1.0).name == "qat-tflite-int8"
+    assert choose_champion([qat, int8, fp32], ONE_POINT).name == "qat-tflite-int8"
     cfg = BenchmarkConfig(runoff_margin=0.5)
     assert [r.name for r in runoff_contenders([graph, qat, int8, fp32], cfg)] == [
         "qat-tflite-int8", "baseline-tflite-int8"], "TFLite/ONNX within the margin, fastest first"
@@ -235,25 +238,26 @@ def test_a_runoff_decides_among_its_contenders_instead_of_their_own_turns():
                                                                 0.078, 0.075],
                                            "baseline-tflite-int8": [0.073, 0.074, 0.072, 0.076,
                                                                     0.073, 0.074]})
-    choice = choose_champion([qat, int8, fp32], 1.0, "p50", equal)
+    choice = choose_champion([qat, int8, fp32], ONE_POINT, "p50", equal)
     assert choice.name == "baseline-tflite-int8" and choice.tied_with == ("qat-tflite-int8",)
     assert "run-off" in choice.reason
     apart = Runoff(rounds=6, round_p50_ms={"qat-tflite-int8": [0.09] * 6,
                                            "baseline-tflite-int8": [0.07] * 6})
-    assert choose_champion([qat, int8, fp32], 1.0, "p50", apart).tied_with == ()
-    assert choose_champion([qat, int8, fp32], 1.0, "p50", apart).name == "baseline-tflite-int8"
+    assert choose_champion([qat, int8, fp32], ONE_POINT, "p50", apart).tied_with == ()
+    assert choose_champion([qat, int8, fp32], ONE_POINT, "p50",
+                           apart).name == "baseline-tflite-int8"
     assert equal.p50("qat-tflite-int8") == 0.076 and equal.interval("qat-tflite-int8") == (
         0.075, 0.078)
     slow = Runoff(rounds=6, round_p50_ms={"qat-tflite-int8": [0.31] * 6,
                                           "baseline-tflite-int8": [0.30] * 6})
     fp32_beats_a_slow_process = fp32.model_copy(update={"latency_ms": fp32.latency_ms.model_copy(
         update={"p50": 0.2, "p50_ci95": (0.19, 0.21)})})
-    choice = choose_champion([qat, int8, fp32_beats_a_slow_process], 1.0, "p50", slow)
+    choice = choose_champion([qat, int8, fp32_beats_a_slow_process], ONE_POINT, "p50", slow)
     assert choice.name == "baseline-tflite-int8", "a run-off figure is not compared with a turn's"
     assert "the others were slower on their own turns" in choice.reason
     faster_graph = graph.model_copy(update={"latency_ms": graph.latency_ms.model_copy(
         update={"p50": 0.03, "p50_ci95": (0.029, 0.031)})})
-    on_turns = choose_champion([qat, int8, fp32, faster_graph], 1.0, "p50", slow)
+    on_turns = choose_champion([qat, int8, fp32, faster_graph], ONE_POINT, "p50", slow)
     assert on_turns.name == "baseline-graph" and "run-off" not in on_turns.reason, (
         "faster on its turn than every contender on theirs: all compared on their turns")
 
@@ -309,18 +313,18 @@ def test_a_round_the_vms_slow_state_hit_one_contender_in_does_not_make_a_tie():
         .model_copy(update={"path": Path(f"{name}.tflite"), "source": name.split("-tflite")[0]})
         for name, rounds in measured.items()]
     six = Runoff(rounds=6, round_p50_ms=measured, anchor="baseline-tflite-int8")
-    tied = choose_champion(results, 1.0, "p50", six)
+    tied = choose_champion(results, ONE_POINT, "p50", six)
     assert tied.name == "depth-100-tflite-int8", "one slow round in six: not told apart"
     assert tied.tied_with == ("channels-62-tflite-int8",)
     twelve = Runoff(rounds=12, round_p50_ms={name: rounds * 2 for name, rounds in
                                              measured.items()}, anchor="baseline-tflite-int8")
-    decided = choose_champion(results, 1.0, "p50", twelve)
+    decided = choose_champion(results, ONE_POINT, "p50", twelve)
     assert decided.name == "channels-62-tflite-int8" and decided.tied_with == ()
     assert twelve.ratio("baseline-tflite-int8", "channels-62-tflite-int8") > 2.5
     mixed = {name: rounds * 2 for name, rounds in measured.items()}
     mixed["channels-62-tflite-int8"] = [0.3432, 0.46, 0.3429, 0.47, 0.3427, 0.46] * 2
     even = Runoff(rounds=12, round_p50_ms=mixed, anchor="baseline-tflite-int8")
-    assert choose_champion(results, 1.0, "p50", even).name == "depth-100-tflite-int8", (
+    assert choose_champion(results, ONE_POINT, "p50", even).name == "depth-100-tflite-int8", (
         "faster in half the rounds only: still a tie, decided by accuracy")
 
 
@@ -341,11 +345,11 @@ def test_throughput_under_budget_picks_the_highest_server_rate_that_met_it():
             update={"server_qps_within_budget": 3000}),
         _result("qat-tflite-int8", 0.95, 0.1).model_copy(update={"server_qps_within_budget": 0}),
     ]
-    choice = choose_champion(results, 1.0, "throughput_under_budget")
+    choice = choose_champion(results, ONE_POINT, "throughput_under_budget")
     assert choice.name == "baseline-tflite-int8"
     assert "within the latency budget" in choice.reason
     none = choose_champion([r.model_copy(update={"server_qps_within_budget": 0})
-                            for r in results], 1.0, "throughput_under_budget")
+                            for r in results], ONE_POINT, "throughput_under_budget")
     assert none.name is None and "latency budget" in none.reason
 
 

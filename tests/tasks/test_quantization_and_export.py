@@ -14,6 +14,7 @@ from tests.steps import build, sources_for, to_onnx, to_tflite
 from tfopt.artifacts import VariantSpec
 from tfopt.config import BenchmarkConfig
 from tfopt.cpu_features import bf16_unavailable_reason
+from tfopt.eval.metrics import accuracy_budget
 from tfopt.fileio import sha256_file
 from tfopt.measurement import load_scenarios
 from tfopt.measurement.floor import floor_key
@@ -327,7 +328,7 @@ def test_a_runoff_times_the_contenders_side_by_side_in_a_light_process(
     assert sorted(runoff.threads) == sorted(r.name for r in results), runoff.threads
     assert set(runoff.threads.values()) <= {1, 2}, "each contender's own thread count"
     assert all(set(tried) == {1, 2} for tried in runoff.thread_pick_p50_ms.values())
-    choice = choose_champion(results, 100.0, "p50", runoff)
+    choice = choose_champion(results, accuracy_budget(100.0), "p50", runoff)
     assert "run-off" in choice.reason and choice.name in runoff.round_p50_ms
     loaded, response = _worker_modules({
         "specs": [VariantSpec(name=r.name, source=r.source, format=r.format,

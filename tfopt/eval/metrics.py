@@ -22,6 +22,10 @@ from typing import Literal
 
 import numpy as np
 
+_ROUNDING = 1e-9
+"""Slack in every budget comparison, relative to the figure kept: scores read back in float32
+(Keras' accuracies) can sit a hair off a budget's edge they are exactly at."""
+
 Unit = Literal["share", "value", "dB"]
 """How a metric's figure reads: a share of examples (shown as %, budgets in points), a value in
 the targets' own units, or decibels."""
@@ -137,17 +141,28 @@ class MetricBudget:
         return baseline - allowance if self.metric.higher_is_better else baseline + allowance
 
     def within(self, value: float, baseline: float) -> bool:
-        """Whether `value` gives up at most the budget from `baseline`."""
+        """Whether `value` gives up at most the budget from `baseline` (float rounding aside)."""
         kept = self.kept(baseline)
-        return value >= kept if self.metric.higher_is_better else value <= kept
+        slack = _ROUNDING * max(1.0, abs(kept))
+        return value >= kept - slack if self.metric.higher_is_better else value <= kept + slack
+
+    def points(self) -> float | None:
+        """The budget in points (0-100) for an absolute budget on a share, else None."""
+        return None if self.relative or self.metric.unit != "share" else 100.0 * self.amount
 
     def described(self) -> str:
         """The budget in words, as the terminal and the report say it."""
         if self.relative:
             return f"{100 * self.amount:g}% of the baseline's {self.metric.name}"
         if self.metric.unit == "share":
-            return f"{100 * self.amount:g} points of {self.metric.name}"
+            points = 100 * self.amount
+            return f"{points:g} {self.metric.name} point{'' if points == 1 else 's'}"
         return f"{self.amount:g} of {self.metric.name}"
+
+
+def accuracy_budget(points: float) -> MetricBudget:
+    """``benchmark.accuracy_budget_points`` as a budget on top-1 accuracy (1 point: 0.01)."""
+    return MetricBudget(TOP1, points / 100.0)
 
 
 def _classes(truth: np.ndarray, outputs: np.ndarray) -> np.ndarray:

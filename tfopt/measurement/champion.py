@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
+from tfopt.eval.metrics import MetricBudget
 from tfopt.runtimes import runtime_of
 from tfopt.variants import plan_variant
 
@@ -54,13 +55,13 @@ class BudgetRule:
     Attributes:
         split: ``validation`` when the baseline was measured on it, else ``test`` (inputs
             without a validation split: the only labelled figure there is).
-        reference: The baseline's accuracy on that split.
-        points: The accuracy points (0-100 scale) a variant may lose to it.
+        reference: The baseline's figure on that split.
+        budget: What a variant may give up from it.
     """
 
     split: Literal["validation", "test"]
     reference: float
-    points: float
+    budget: MetricBudget
     name: str = ""
     """The baseline variant the reference figure is of."""
 
@@ -69,20 +70,20 @@ class BudgetRule:
         return result.val_accuracy if self.split == "validation" else result.accuracy
 
     def keeps(self, result: VariantResult) -> bool:
-        """Whether an ok, timed variant lost at most `points` to the baseline on the split."""
+        """Whether an ok, timed variant gave up at most the budget on the split."""
         figure = self.figure(result)
         return (result.status == "ok" and result.latency_ms is not None and figure is not None
-                and (self.reference - figure) * 100.0 <= self.points + 1e-9)
+                and self.budget.within(figure, self.reference))
 
 
-def budget_rule(results: list[VariantResult], budget_points: float) -> BudgetRule | None:
+def budget_rule(results: list[VariantResult], budget: MetricBudget) -> BudgetRule | None:
     """The rule the baseline's first ok variant sets (None: no ok baseline variant)."""
     for result in results:
         if result.status == "ok" and result.source == "baseline":
             if result.val_accuracy is not None:
-                return BudgetRule("validation", result.val_accuracy, budget_points, result.name)
+                return BudgetRule("validation", result.val_accuracy, budget, result.name)
             if result.accuracy is not None:
-                return BudgetRule("test", result.accuracy, budget_points, result.name)
+                return BudgetRule("test", result.accuracy, budget, result.name)
             return None
     return None
 
@@ -302,14 +303,14 @@ _OBJECTIVE_WORDS = {"p50": "batch-1 p50 latency", "p90": "batch-1 p90 latency",
 
 
 def choose_champion(
-    results: list[VariantResult], budget_points: float, objective: str = "p50",
+    results: list[VariantResult], budget: MetricBudget, objective: str = "p50",
     runoff: Runoff | None = None,
 ) -> ChampionChoice:
-    """Pick the best ok variant on `objective` among those within `budget_points` of baseline.
+    """Pick the best ok variant on `objective` among those within `budget` of the baseline.
 
     Args:
         results: Every benchmarked variant, failed ones included.
-        budget_points: Accuracy points (0-100 scale) a champion may lose to the baseline.
+        budget: What a champion may give up from the baseline's figure.
         objective: ``p50`` (default), ``p90``, ``p99``, ``mean`` (batch-1 latency, lower is
             better), ``throughput`` (higher is better), ``size`` (smaller is better) or
             ``throughput_under_budget`` (the highest Server-scenario rate whose p99 met the
@@ -324,7 +325,7 @@ def choose_champion(
     ok = [r for r in results if r.status == "ok" and r.latency_ms is not None]
     if not ok:
         return ChampionChoice(name=None, reason="no variant finished", baseline_accuracy=reference)
-    rule = budget_rule(results, budget_points)
+    rule = budget_rule(results, budget)
     if rule is None:
         return ChampionChoice(
             name=None, reason="no ok baseline variant to compare accuracy with",
@@ -336,7 +337,7 @@ def choose_champion(
     if not eligible:
         return ChampionChoice(
             name=None,
-            reason=f"no ok variant is within {budget_points} accuracy points of the baseline "
+            reason=f"no ok variant is within {budget.described()} of the baseline "
             f"on {rule.split}" + (" and meets the latency budget at any Server rate"
                if objective == "throughput_under_budget" else ""),
             baseline_accuracy=reference, judged_on=rule.split, reference=rule.name,
@@ -348,7 +349,7 @@ def choose_champion(
     fastest = min(eligible, key=lambda r: objective_value(r, objective, runoff))
     reason = (f"best {_OBJECTIVE_WORDS[objective].lstrip('-')} "
               f"({abs(objective_value(fastest, objective, runoff)):,.3f}) among {within} "
-              f"ok variants within {budget_points} accuracy points of the baseline on "
+              f"ok variants within {budget.described()} of the baseline on "
               f"{rule.split}")
     if runoff is not None:
         reason += (f" (run-off: {', '.join(runoff.round_p50_ms)} timed again side by side in "
@@ -373,7 +374,7 @@ def choose_champion(
 
 
 def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult],
-                     inputs: BenchmarkInputs, budget_points: float) -> dict[str, Any] | None:
+                     inputs: BenchmarkInputs, budget: MetricBudget) -> dict[str, Any] | None:
     """The champion's accuracy as the summary reports it (``accuracy_verdict``).
 
     Which split the budget was judged on; the champion's and the baseline's accuracies on both
@@ -397,7 +398,7 @@ def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult],
                 "test_accuracy": result.accuracy,
                 "test_ci95": None if interval is None else [round(v, 4) for v in interval]}
 
-    return {"judged_on": choice.judged_on, "budget_points": budget_points,
+    return {"judged_on": choice.judged_on, "budget_points": budget.points(),
             "test_images": test_images, "champion": figures(champion),
             "baseline": figures(baseline),
             "paired": paired_comparison(champion, baseline, inputs.labels),

@@ -36,6 +36,7 @@ import logging
 
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
 from tfopt.config import BenchmarkConfig, MeasurementProtocol
+from tfopt.eval.metrics import accuracy_budget
 from tfopt.measurement.champion import (
     budget_rule,
     fastest_peer,
@@ -68,7 +69,7 @@ def runoff_contenders(results: list[VariantResult], cfg: BenchmarkConfig) -> lis
     of the near ones wins. None (an empty list) unless the objective is p50, a
     margin is set and at least two variants qualify.
     """
-    rule = budget_rule(results, cfg.accuracy_budget_points)
+    rule = budget_rule(results, accuracy_budget(cfg.accuracy_budget_points))
     if cfg.objective != "p50" or cfg.runoff_margin is None or rule is None:
         return []
     eligible = sorted(
