@@ -183,7 +183,7 @@ def _run_log(work_dir: Path, name: str) -> Path | None:
 # `tfopt benchmark` flags that are shorthands for config keys (an explicit --set wins).
 _BENCHMARK_FLAGS = {"model": "model", "format": "format", "name": "name",
                     "data": "data.source_dir", "image_size": "data.image_size",
-                    "work_dir": "work_dir", "inputs": "inputs"}
+                    "work_dir": "work_dir", "inputs": "inputs", "reference": "reference"}
 
 
 def _parse_shapes(pairs: list[str]) -> dict[str, list[int]]:
@@ -380,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x320x320",
                        help="one batch-1 request's shape for an input whose dimensions the "
                             "model leaves open (repeatable)")
+    bench.add_argument("--reference", default=None,
+                       help="the model whose outputs are the truth for --set "
+                            "eval.metric=fidelity (the float model a file was converted from)")
     bench.add_argument("--format", default=None)
     bench.add_argument("--name", default=None)
     bench.add_argument("--work-dir", type=Path, default=None)

@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 from flows.common import benchmark_serialized, error_of, sharded_data
 from flows.parameters import BenchmarkOnlyConfig
 from tasks.choose_benchmark_inputs import choose_benchmark_inputs
+from tasks.compute_reference_outputs import compute_reference_outputs
 from tasks.decide_amx import decide_amx_setting
 from tasks.package_models import package_models
 from tasks.prepare_benchmark_inputs import prepare_benchmark_inputs
@@ -63,7 +64,7 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
         tracking_uri, config.experiment, f"benchmark-{config.name}-{spec.name}",
         params=config.model_dump(mode="json"), tags=tags,
     ) as run:
-        inputs, class_names = _inputs_of(config, spec, work_dir, run_dir / "inputs")
+        inputs, class_names = _inputs_of(config, spec, work_dir, run_dir, tracking_uri)
         protocol, amx = _amx_decided(protocol, spec, inputs)
         measured = benchmark_serialized(spec, inputs, protocol)
         if not measured.is_completed():
@@ -99,17 +100,26 @@ def _amx_decided(protocol: MeasurementProtocol, spec: VariantSpec,
     return with_decided_amx(protocol, decision), decision
 
 
-def _inputs_of(config: BenchmarkOnlyConfig, spec: VariantSpec, work_dir: Path,
-               out_dir: Path) -> tuple[BenchmarkInputs, list[str] | None]:
-    """The benchmark's inputs, and the data's classes when they are a labelled test split."""
+def _inputs_of(config: BenchmarkOnlyConfig, spec: VariantSpec, work_dir: Path, run_dir: Path,
+               tracking_uri: str) -> tuple[BenchmarkInputs, list[str] | None]:
+    """The benchmark's inputs, and the data's classes when they are a labelled test split.
+
+    With a reference model, its outputs on the same inputs (`compute_reference_outputs`, or
+    its logits on the test split) are what a fidelity metric scores against.
+    """
+    out_dir = run_dir / "inputs"
+    reference = (None if config.reference is None else resolve_model(
+        config.reference, "auto", "auto", tracking_uri, run_dir / "reference"))
     inputs = choose_benchmark_inputs(spec, config.inputs, config.shapes, config.examples,
                                      config.batch_size, config.data.source_dir, out_dir,
-                                     config.eval)
+                                     config.eval, reference is not None)
     if inputs is not None:
+        if reference is not None:
+            inputs = compute_reference_outputs(reference, inputs, out_dir)
         return inputs, None
-    check_judged(config.eval, labelled=True)
+    check_judged(config.eval, labelled=True, referenced=reference is not None)
     dataset = sharded_data(config.data, work_dir)
-    inputs = prepare_benchmark_inputs(None, dataset, out_dir, config.batch_size,
+    inputs = prepare_benchmark_inputs(reference, dataset, out_dir, config.batch_size,
                                       config.input_scale)
     return inputs.model_copy(update={"judged_by": config.eval}), dataset.class_names
 

@@ -242,8 +242,16 @@ class BenchmarkOnlyConfig(Section):
                           description="Requests generated from the signature (inputs: random).")
     eval: EvalConfig = Field(
         default_factory=EvalConfig,
-        description=("What the model is scored by: the data's labels, or an .npz's y (its "
-                     "labels or targets) with eval.metric."),
+        description=("What the model is scored by: the data's labels, an .npz's y (its "
+                     "labels or targets), or with eval.metric fidelity the reference's outputs."),
+    )
+    reference: str | None = Field(
+        None, min_length=1,
+        description=(
+            "A model whose outputs are the truth for eval.metric fidelity (agreement, snr_db, "
+            "relative_error): the float model a converted file came from, run on the same "
+            "inputs, its outputs matched by name (a path or a models:/ reference)."
+        ),
     )
     work_dir: Path = Field(Path(".tfopt/work"), description="Folder for shards and reports.")
     batch_size: int = Field(32, ge=1, le=8192, description="Batch of the throughput figure.")

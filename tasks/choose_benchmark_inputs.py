@@ -16,6 +16,7 @@ from tfopt.measurement.inputs import feeds_inputs
 def choose_benchmark_inputs(
     spec: VariantSpec, setting: str, shapes: Mapping[str, Sequence[int]], examples: int,
     batch_size: int, data_dir: Path, out_dir: Path, judged_by: EvalConfig,
+    referenced: bool = False,
 ) -> BenchmarkInputs | None:
     """Read the model's signature (in a probe process) and choose its benchmark inputs.
 
@@ -32,10 +33,11 @@ def choose_benchmark_inputs(
         batch_size: Batch of the throughput figure.
         data_dir: The data folder (``auto`` uses it for a classifier when it exists).
         out_dir: Where the measuring process writes the inputs it generates.
-        judged_by: The metric, scored against an ``.npz``'s ``y``.
+        judged_by: The metric, scored against an ``.npz``'s ``y`` (or a reference's outputs).
+        referenced: A reference model's outputs will be there (``--reference``).
 
     Returns:
         The inputs, or None: measure on the data folder's test split.
     """
     return feeds_inputs(spec, setting, shapes, examples, batch_size, data_dir, out_dir,
-                        judged_by)
+                        judged_by, referenced)

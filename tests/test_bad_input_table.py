@@ -47,6 +47,8 @@ def place(tmp_path_factory) -> Path:
     features = keras.Input((4,), name="features")
     keras.Model(features, keras.layers.Dense(1, name="value")(features)).save(
         root / "regressor.keras")
+    keras.Model(features, keras.layers.Dense(1, name="price")(features)).save(
+        root / "priced.keras")
     np.savez(root / "no-y.npz", x=np.ones((6, 4), np.float32))
     np.savez(root / "short-y.npz", features=np.ones((6, 4), np.float32), y=np.ones(5))
     (root / "text.keras").write_text("I am not a model")
@@ -282,6 +284,11 @@ SCORING_CASES = {
                             "y holds 5 labels or targets for 6 examples"),
     "fidelity alone": (["--inputs", "{place}/no-y.npz", "--set", "eval.metric=fidelity"],
                        "eval.metric: fidelity compares a model with a reference model"),
+    "a reference without the output": (["--inputs", "{place}/no-y.npz", "--reference",
+                                        "{place}/priced.keras", "--set", "eval.metric=fidelity"],
+                                       "reference: {place}/priced.keras has no output 'value'"),
+    "a reference that is not there": (["--inputs", "random", "--reference", "{place}/gone.onnx"],
+                                      "reference: {place}/gone.onnx does not exist"),
     "an output it lacks": (["--inputs", "{place}/no-y.npz", "--set", "eval.output=boxes"],
                            "eval.output: the model has no output 'boxes'; its outputs: value"),
     "a function it lacks": (["--inputs", "{place}/no-y.npz", "--set",

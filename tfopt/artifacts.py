@@ -353,6 +353,9 @@ class BenchmarkInputs(_Frozen):
     selection_labels: Path | None = None
     judged_by: EvalConfig = Field(default_factory=EvalConfig)
     """The metric every variant is scored by on these inputs."""
+    reference_outputs: Path | None = None
+    """A reference model's outputs on `feeds`, by output name (an ``.npz``): what a fidelity
+    metric scores each variant's same-named output against."""
     floor_models: dict[str, Path] = Field(default_factory=dict)
     """Per runner format, a model that does next to nothing on inputs of the same shape: timed
     through the same runner, it is the harness's own floor (see `tfopt.measurement.floor`)."""

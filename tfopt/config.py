@@ -550,8 +550,9 @@ class EvalConfig(Section):
                 r"|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$",
         description=(
             "accuracy (top-1), top5 (any top<k>), mae, rmse, mean_iou, auc; fidelity (against "
-            "the reference model's own outputs, no labels: top-1 agreement for class scores, "
-            "snr_db for other tensors; or agreement, snr_db, relative_error by name); or your "
+            "the reference model's own outputs, no labels: top-1 agreement for an image "
+            "classifier, snr_db for other models' tensors; or agreement, snr_db, "
+            "relative_error by name); or your "
             "function 'my_metrics.py:score' ((y_true, y_pred) -> float; set higher_is_better)."
         ),
     )
@@ -579,15 +580,18 @@ class EvalConfig(Section):
                              "better (true or false)")
         return self
 
-    def judged_by(self) -> Any:
+    def judged_by(self, class_scores: bool = True) -> Any:
         """The `tfopt.eval.metrics.Metric` (a user's function imported now).
+
+        ``fidelity`` is top-1 agreement on `class_scores` (an image classifier's), else the
+        SNR of the outputs against the reference's.
 
         Raises:
             tfopt.eval.metrics.MetricError: The user's function cannot be loaded (one line).
         """
         from tfopt.eval.metrics import metric_named
 
-        return metric_named(self.metric, self.higher_is_better)
+        return metric_named(self.metric, self.higher_is_better, class_scores=class_scores)
 
 
 def _optional(info: Any) -> tuple[Any, Any]:

@@ -198,6 +198,39 @@ def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:
     return data, facts
 
 
+def check_reference(config: Any, signature: tuple[list, list] | None) -> None:
+    """Refuse a reference model (``--reference``) that cannot be the truth for this model.
+
+    A path must hold a model (opened in a probe process) taking the same named inputs, with an
+    output of the name the metric scores (outputs are matched by name). A registered reference
+    is checked when the flow downloads it.
+
+    Raises:
+        ConfigError: Naming the reference and what does not match.
+    """
+    from tfopt.models.references import UnusableModelError, check_model_reference
+
+    if config.reference is None or config.reference.startswith(("models:/", "runs:/")):
+        return
+    try:
+        found = check_model_reference(config.reference, tracking_uri="")
+    except UnusableModelError as error:
+        raise ConfigError(f"reference: {str(error).removeprefix('model: ')}") from error
+    if signature is None or found is None:
+        return
+    names = sorted(info.name for info in signature[0])
+    if sorted(info.name for info in found[0]) != names:
+        raise ConfigError(f"reference: {config.reference} takes "
+                          f"{', '.join(sorted(i.name for i in found[0]))}; the model takes "
+                          f"{', '.join(names)}")
+    outputs = [info.name for info in signature[1]]
+    scored = config.eval.output or ("logits" if "logits" in outputs else outputs[0])
+    theirs = [info.name for info in found[1]]
+    if scored not in theirs:
+        raise ConfigError(f"reference: {config.reference} has no output {scored!r} (its "
+                          f"outputs: {', '.join(theirs)}); outputs are matched by name")
+
+
 def check_benchmark_inputs(config: Any, signature: tuple[list, list] | None) -> None:
     """Refuse inputs that cannot be made for the model, or a missing data folder, in one line.
 
@@ -215,13 +248,15 @@ def check_benchmark_inputs(config: Any, signature: tuple[list, list] | None) -> 
 
     setting = config.inputs
     classifier = signature is None or takes_images(*signature)
+    referenced = config.reference is not None
+    check_reference(config, signature)
     try:
         if setting == "data" or (setting == "auto" and classifier and signature is not None):
             if not config.data.source_dir.is_dir():
                 raise ConfigError(
                     f"data.source_dir: {config.data.source_dir} is not a folder (a model "
                     "measured on inputs generated from its signature: --inputs random)")
-            check_judged(config.eval, labelled=True)
+            check_judged(config.eval, labelled=True, referenced=referenced)
             return
         if signature is None:
             return
@@ -235,7 +270,7 @@ def check_benchmark_inputs(config: Any, signature: tuple[list, list] | None) -> 
         elif setting.endswith(".npz"):
             read_feeds(Path(setting), signature[0])
             labelled = read_truth(Path(setting), signature[0]) is not None
-        check_judged(config.eval, labelled)
+        check_judged(config.eval, labelled, referenced)
     except MetricError as error:
         raise ConfigError(str(error)) from error
     except (FeedsError, OSError) as error:

@@ -24,11 +24,15 @@ QUICK = BenchmarkConfig(warmup_runs=3, warmup_seconds=0.02, min_runs=12, min_sec
 @pytest.fixture(scope="module")
 def two_inputs(tmp_path_factory) -> Path:
     """A SavedModel of two named inputs (float features, integer ids) and two outputs."""
+    return _two_input_savedmodel(tmp_path_factory.mktemp("any") / "two-inputs")
+
+
+def _two_input_savedmodel(path: Path, scale: float = 1.0) -> Path:
+    """The two-input SavedModel, its weights times `scale` (so are its outputs)."""
     import tensorflow as tf
 
-    path = tmp_path_factory.mktemp("any") / "two-inputs"
-    weights = tf.Variable(tf.random.stateless_normal([8, 4], seed=[1, 2]))
-    table = tf.Variable(tf.random.stateless_normal([16, 4], seed=[3, 4]))
+    weights = tf.Variable(scale * tf.random.stateless_normal([8, 4], seed=[1, 2]))
+    table = tf.Variable(scale * tf.random.stateless_normal([16, 4], seed=[3, 4]))
 
     @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, "features"),
                                   tf.TensorSpec([None, 3], tf.int32, "ids")])
@@ -139,6 +143,29 @@ def test_a_model_of_two_inputs_is_scored_by_its_metric_against_the_files_y(two_i
     with pytest.raises(MetricError, match=r"^mae: targets of shape \[6\] do not fit outputs "
                                           r"of shape \[6, 4\]$"):
         measure_variant(spec, other, QUICK)
+
+
+def test_a_converted_model_is_judged_against_its_reference_without_labels(two_inputs,
+                                                                          tmp_path):
+    from tfopt.config import EvalConfig
+    from tfopt.measurement.inputs import reference_outputs
+
+    drifted = _two_input_savedmodel(tmp_path / "drifted", scale=1.01)
+    spec = _spec(drifted, "savedmodel")
+    judged = EvalConfig(metric="relative_error", output="score")
+    inputs = feeds_inputs(spec, "random", {}, 8, 4, tmp_path, tmp_path / "in", judged,
+                          referenced=True)
+    inputs = reference_outputs(_spec(two_inputs, "savedmodel"), inputs, tmp_path / "in")
+    assert inputs.generate is None and inputs.feeds.is_file(), "both see the same inputs"
+    result = measure_variant(spec, inputs, QUICK)
+    assert result.metric == "relative_error" and result.accuracy == pytest.approx(0.01, rel=1e-3)
+    fidelity = inputs.model_copy(update={"judged_by": EvalConfig(metric="fidelity",
+                                                                 output="embedding")})
+    snr = measure_variant(spec, fidelity, QUICK)
+    assert snr.metric == "snr_db" and snr.accuracy == pytest.approx(40.0, abs=0.01)
+    with pytest.raises(UnusableModelError, match="compares a model with a reference model"):
+        feeds_inputs(spec, "random", {}, 8, 4, tmp_path, tmp_path / "alone",
+                     EvalConfig(metric="fidelity"))
 
 
 @pytest.mark.parametrize(("given", "message"), [

@@ -291,7 +291,7 @@ def _relative_error(truth: np.ndarray, outputs: np.ndarray) -> float:
 
 
 def _snr_db(truth: np.ndarray, outputs: np.ndarray) -> float:
-    """The reference's power over the error's, in decibels (LiteRT's quantization debugger's)."""
+    """The reference's power over the error's, in decibels."""
     reference, outputs = _regression_pair(truth, outputs)
     signal = float(np.sum(reference ** 2))
     if signal == 0:
@@ -399,13 +399,17 @@ def user_metric(spec: str, higher_is_better: bool, needs_labels: bool = True,
 
 
 def metric_named(spec: str, higher_is_better: bool | None = None,
-                 needs_labels: bool = True) -> Metric:
+                 needs_labels: bool = True, class_scores: bool = True) -> Metric:
     """A built-in metric by name, or the user's function (`user_metric`).
+
+    ``fidelity`` is top-1 agreement for `class_scores` (an image classifier's), else the SNR.
 
     Raises:
         MetricError: An unknown name, a user function without its direction, or one that
             cannot be loaded.
     """
+    if spec == FIDELITY:
+        return fidelity(class_scores)
     found = built_in(spec)
     if found is not None:
         return found

@@ -83,7 +83,8 @@ def takes_images(inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo]) ->
 
 def feeds_inputs(spec: VariantSpec, setting: str, shapes: Mapping[str, Sequence[int]],
                  examples: int, batch_size: int, data_dir: Path, out_dir: Path,
-                 judged_by: EvalConfig | None = None) -> BenchmarkInputs | None:
+                 judged_by: EvalConfig | None = None, referenced: bool = False,
+                 ) -> BenchmarkInputs | None:
     """The inputs a model is measured on without its data, or None to measure it on the data.
 
     The model's signature is read in a probe process (`probe_signature`), so this process never
@@ -91,7 +92,8 @@ def feeds_inputs(spec: VariantSpec, setting: str, shapes: Mapping[str, Sequence[
     a folder, else inputs generated from the signature; ``random`` generates them (each open
     dimension from `shapes`); a path names the user's ``.npz``. The generated inputs are
     written by the measuring process to ``<out_dir>/generated-feeds.npz``. `judged_by` scores
-    the model against the ``.npz``'s ``y`` (`check_judged`).
+    the model against the ``.npz``'s ``y``, or a reference model's outputs where `referenced`
+    (`check_judged`).
 
     Raises:
         UnusableModelError: The model cannot be opened, the inputs do not fit it (one line
@@ -119,7 +121,7 @@ def feeds_inputs(spec: VariantSpec, setting: str, shapes: Mapping[str, Sequence[
     try:
         if setting == "random":
             request_shapes(model_inputs, shapes)
-            check_judged(judged_by, labelled=False)
+            check_judged(judged_by, labelled=False, referenced=referenced)
             return BenchmarkInputs(
                 images=None, labels=None, reference_logits=None, examples=examples,
                 batch_size=batch_size, feeds=out_dir / "generated-feeds.npz",
@@ -127,7 +129,8 @@ def feeds_inputs(spec: VariantSpec, setting: str, shapes: Mapping[str, Sequence[
                 judged_by=judged_by)
         given = Path(setting)
         count = count_of(read_feeds(given, model_inputs))
-        check_judged(judged_by, labelled=read_truth(given, model_inputs) is not None)
+        check_judged(judged_by, labelled=read_truth(given, model_inputs) is not None,
+                     referenced=referenced)
     except MetricError as error:
         raise UnusableModelError(str(error)) from error
     except (FeedsError, OSError, ValueError) as error:
@@ -136,13 +139,40 @@ def feeds_inputs(spec: VariantSpec, setting: str, shapes: Mapping[str, Sequence[
                            batch_size=batch_size, feeds=given, judged_by=judged_by)
 
 
-def check_judged(judged_by: EvalConfig, labelled: bool) -> None:
-    """Refuse a metric a model benchmarked alone cannot be scored by, in one line.
+REFERENCE_STEP = NativeStep("reference_outputs",
+                            "the reference model's forward pass over the inputs")
+
+
+def reference_outputs(reference: VariantSpec, inputs: BenchmarkInputs,
+                      out_dir: Path) -> BenchmarkInputs:
+    """`inputs` with the reference model's outputs on their feeds (`reference_outputs`).
+
+    Feeds still to be generated from the signature are generated here and written to
+    `inputs.feeds` first, so the reference and the model measured see the same inputs.
+
+    Raises:
+        FeedsError: The feeds do not fit the reference model.
+    """
+    from tfopt.measurement.feeds import generated_feeds, read_feeds, save_feeds
+    from tfopt.runtimes.base import outputs_batched
+
+    runner = load_runner(reference)
+    if inputs.generate is not None:
+        feeds = generated_feeds(runner.inputs, inputs.generate, inputs.examples)
+        save_feeds(inputs.feeds, feeds)
+        inputs = inputs.model_copy(update={"generate": None})
+    else:
+        feeds = read_feeds(inputs.feeds, runner.inputs)
+    path = save_feeds(out_dir / "reference-outputs.npz", outputs_batched(runner, feeds))
+    return inputs.model_copy(update={"reference_outputs": path})
+
+
+def check_judged(judged_by: EvalConfig, labelled: bool, referenced: bool = False) -> None:
+    """Refuse a metric a benchmarked model cannot be scored by, in one line.
 
     The user's function is imported now. A metric other than the default (top-1 accuracy,
     scored where there are labels, else left empty) needs labels or targets (`labelled`: the
-    data's, or an ``.npz``'s ``y``); a fidelity metric needs a reference model, which a model
-    benchmarked alone does not have.
+    data's, or an ``.npz``'s ``y``); a fidelity metric needs a reference model (`referenced`).
 
     Raises:
         MetricError: Naming the metric and what is missing.
@@ -154,8 +184,10 @@ def check_judged(judged_by: EvalConfig, labelled: bool) -> None:
     if judged_by.metric == EvalConfig.model_fields["metric"].default:
         return
     if not metric.needs_labels:
-        raise MetricError(f"eval.metric: {judged_by.metric} compares a model with a reference "
-                          "model; one benchmarked alone has none")
+        if not referenced:
+            raise MetricError(f"eval.metric: {judged_by.metric} compares a model with a "
+                              "reference model: name one (--reference PATH)")
+        return
     if not labelled:
         raise MetricError(f"eval.metric: {judged_by.metric} needs labels or targets: an .npz "
                           f"with {TRUTH} beside the inputs (--inputs FILE.npz)")

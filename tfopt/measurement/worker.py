@@ -41,7 +41,7 @@ from tfopt.fileio import (
 from tfopt.measurement.floor import floor_format, floor_key
 from tfopt.measurement.machine_load import LoadProbe, background_cores
 from tfopt.runtimes import load_runner, runtime_of
-from tfopt.runtimes.base import Runner, predict_batched, softmax
+from tfopt.runtimes.base import Runner, outputs_batched, predict_batched, softmax
 
 _KEPT_SAMPLES = 2000
 PREDICTIONS_FOLDER = "predictions"
@@ -538,28 +538,34 @@ def score_on_feeds(runner: Runner, inputs: BenchmarkInputs, feeds: dict[str, np.
                    ) -> tuple[str, float | None]:
     """The metric's name, and its figure on the user's feeds against their labels or targets.
 
-    The figure is None where there is nothing to score against: inputs generated from the
-    signature, a file without ``y``, or a fidelity metric (a model benchmarked alone is its
-    own reference).
+    Against the file's ``y``, or for a fidelity metric against the reference model's output of
+    the same name (`BenchmarkInputs.reference_outputs`). The figure is None where there is
+    nothing to score against: inputs generated for this model alone, a file without ``y``, a
+    fidelity metric without a reference.
 
     Raises:
-        FeedsError: ``eval.output`` names no output of the model.
+        FeedsError: ``eval.output`` names no output of the model, or of the reference.
         MetricError: The metric cannot score the outputs against ``y`` (one line).
     """
-    from tfopt.measurement.feeds import count_of, read_truth, take
+    from tfopt.measurement.feeds import FeedsError, read_truth
 
-    metric = inputs.judged_by.judged_by()
-    if inputs.generate is not None or inputs.feeds is None or not metric.needs_labels:
+    metric = inputs.judged_by.judged_by(class_scores=False)
+    if inputs.generate is not None or inputs.feeds is None:
         return metric.name, None
-    truth = read_truth(inputs.feeds, runner.inputs)
-    if truth is None:
+    if metric.needs_labels:
+        truth = read_truth(inputs.feeds, runner.inputs)
+        if truth is None:
+            return metric.name, None
+    elif inputs.reference_outputs is None:
         return metric.name, None
     output = scored_output(runner, inputs.judged_by.output)
-    fixed = any(info.shape and info.shape[0] is not None for info in runner.inputs)
-    step = 1 if fixed else 64
-    outputs = np.concatenate([runner.run(take(feeds, slice(start, start + step)))[output]
-                              for start in range(0, count_of(feeds), step)])
-    return metric.name, metric.score(truth, outputs)
+    if not metric.needs_labels:
+        with np.load(inputs.reference_outputs) as reference:
+            if output not in reference.files:
+                raise FeedsError(f"the reference model has no output {output!r} (its outputs: "
+                                 f"{', '.join(reference.files)}): outputs are matched by name")
+            truth = reference[output]
+    return metric.name, metric.score(truth, outputs_batched(runner, feeds)[output])
 
 
 def scored_output(runner: Runner, name: str | None) -> str:

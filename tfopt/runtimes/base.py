@@ -137,6 +137,21 @@ def predict_batched(runner: Runner, images: np.ndarray, batch_size: int = 64) ->
     return np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32)
 
 
+def outputs_batched(runner: Runner, feeds: Mapping[str, np.ndarray],
+                    batch_size: int = 64) -> dict[str, np.ndarray]:
+    """Run a model over named feeds in batches, every output stacked by name.
+
+    Batches of 1 where the model's batch dimension is fixed.
+    """
+    fixed = any(info.shape and info.shape[0] is not None for info in runner.inputs)
+    step = 1 if fixed else batch_size
+    count = len(next(iter(feeds.values()))) if feeds else 0
+    batches = [runner.run({name: values[start : start + step] for name, values in feeds.items()})
+               for start in range(0, count, step)]
+    return {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]
+            } if batches else {}
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax, computed stably."""
     shifted = logits - logits.max(axis=1, keepdims=True)
