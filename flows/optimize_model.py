@@ -209,7 +209,8 @@ def _child_runs(
         results, inputs, data.dataset.class_names, data.input_scale, run_dir / "mlflow-models",
         config.benchmark.threads, runoff), {})
     run_ids = late.run("MLflow child runs", lambda: tracking.log_variants(
-        run, results, {m.name: m for m in models}, tags, packaged), {})
+        run, results, {m.name: m for m in models}, tags, packaged, inputs.labels,
+        data.dataset.class_names), {})
     return runoff, packaged, run_ids
 
 
@@ -567,7 +568,8 @@ def _summarize(
             "champion_model": champion_model,
             "champion_speedup": speedup,
             "accuracy_verdict": accuracy_verdict(choice, results, inputs,
-                                                  accuracy_budget(bench.accuracy_budget_points)),
+                                                  accuracy_budget(bench.accuracy_budget_points),
+                                                  measured.data.dataset.class_names),
             **over_one_call_forms(choice.name, results, runoff),
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),
             "training_batch_size": measured.data.batch_size,

@@ -278,6 +278,14 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     assert champion.version == summary["champion_model"]["version"]
     champion_run = client.get_run(champion.run_id)
     assert champion_run.info.run_name == summary["champion"]
+    judged = {a.path for a in client.list_artifacts(champion.run_id, "classes")}
+    assert judged == {"classes/per_class.json", "classes/confusion_matrix.png"}
+    by_class = {k: v for k, v in champion_run.data.metrics.items()
+                if k.startswith("class_accuracy.")}
+    assert by_class and all(0.0 <= v <= 1.0 for v in by_class.values()), by_class
+    lost = summary["accuracy_verdict"]["classes_lost_most"]
+    assert isinstance(lost, list) and all(c["delta_points"] < 0 for c in lost)
+    assert ("Per class: " in note) or (f"Classes {summary['champion']} lost most" in note)
     assert champion_run.data.tags["tfopt.champion"] == "true"
     entry = next(v for v in summary["variants"] if v["name"] == summary["champion"])
     assert champion.tags["variant"] == entry["name"] and champion.tags["runtime"] == (

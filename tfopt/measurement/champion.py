@@ -14,6 +14,7 @@ XLA before XLA), then the lower p50.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -374,14 +375,16 @@ def choose_champion(
 
 
 def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult],
-                     inputs: BenchmarkInputs, budget: MetricBudget) -> dict[str, Any] | None:
+                     inputs: BenchmarkInputs, budget: MetricBudget,
+                     class_names: Sequence[str] = ()) -> dict[str, Any] | None:
     """The champion's accuracy as the summary reports it (``accuracy_verdict``).
 
     Which split the budget was judged on; the champion's and the baseline's accuracies on both
     splits, each test figure with its 95% interval (Wilson); and the two compared on the same
     test images (McNemar: the images only one of them got right), and on the validation images
     the budget was judged on (``paired_on_validation``: how strong the evidence the choice
-    rested on was). None without a champion.
+    rested on was); the classes the champion lost most against the baseline on test
+    (``classes_lost_most``, given the `class_names`). None without a champion.
     """
     from tfopt.measurement.accuracy_stats import paired_comparison, wilson_interval
 
@@ -404,4 +407,16 @@ def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult],
             "paired": paired_comparison(champion, baseline, inputs.labels),
             "paired_on_validation": (
                 paired_comparison(champion, baseline, inputs.selection_labels, "val")
-                if choice.judged_on == "validation" else None)}
+                if choice.judged_on == "validation" else None),
+            "classes_lost_most": _classes_lost_most(champion, baseline, inputs, class_names)}
+
+
+def _classes_lost_most(champion: VariantResult, baseline: VariantResult,
+                       inputs: BenchmarkInputs, class_names: Sequence[str],
+                       ) -> list[dict[str, Any]] | None:
+    """`tfopt.eval.classes.lost_most` on test (None: the predictions were not kept)."""
+    from tfopt.eval.classes import lost_most, read_class_results
+
+    theirs = read_class_results(inputs.labels, champion.predictions, class_names)
+    ours = read_class_results(inputs.labels, baseline.predictions, class_names)
+    return None if theirs is None or ours is None else lost_most(theirs, ours)

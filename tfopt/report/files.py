@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tfopt.artifacts import VariantResult
+from tfopt.eval.classes import ClassResults
 from tfopt.fileio import atomic_write_text
 from tfopt.report.markdown import report_markdown
 from tfopt.search.front import combined_front, is_chosen, params_label
@@ -77,6 +78,36 @@ def save_figure(fig: object, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def confusion_figure(results: ClassResults, title: str, path: Path) -> Path:
+    """The confusion matrix as a picture, each true class's row shaded by its share.
+
+    Counts are written in the cells (up to 30 classes), each class's accuracy beside its row.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    count = len(results.names)
+    images = np.maximum(results.images, 1)[:, None]
+    size = min(12.0, 2.5 + 0.45 * count)
+    fig, axis = plt.subplots(figsize=(size + 1.5, size))
+    axis.imshow(results.confusion / images, cmap="Blues", vmin=0.0, vmax=1.0)
+    if count <= 30:
+        for row in range(count):
+            for column in range(count):
+                value = int(results.confusion[row, column])
+                if value:
+                    axis.text(column, row, str(value), ha="center", va="center", fontsize=7,
+                              color="white" if value / images[row, 0] > 0.5 else "black")
+    labels = [f"{name} ({accuracy:.0%})" if not np.isnan(accuracy) else name
+              for name, accuracy in zip(results.names, results.accuracies, strict=True)]
+    axis.set_yticks(range(count), labels, fontsize=7)
+    axis.set_xticks(range(count), results.names, fontsize=7, rotation=90)
+    axis.set_ylabel("true class (its accuracy)")
+    axis.set_xlabel("predicted class")
+    axis.set_title(title, fontsize=9)
+    return save_figure(fig, path)
 
 
 def _accuracy_plot(summary: dict[str, Any], ok: list[VariantResult], path: Path) -> Path:

@@ -9,6 +9,7 @@ from tfopt.models.health import health_line
 from tfopt.report.compare import markdown_moves, markdown_overview
 from tfopt.report.summary import (
     accuracy_sentence,
+    classes_sentence,
     metric_name,
     or_dash,
     peers_sentence,
@@ -139,6 +140,7 @@ def _verdict_lines(summary: dict[str, Any]) -> list[str]:
         *filter(None, [peers_sentence(summary.get("champion_speedup_over_peers"),
                                       summary["champion"])]),
         *filter(None, [accuracy_sentence(summary.get("accuracy_verdict"))]),
+        *filter(None, [classes_sentence(summary.get("accuracy_verdict"))]),
     ]
 
 

@@ -302,6 +302,24 @@ def threads_clause(speedup: dict[str, Any]) -> str:
     return "" if ours is None or theirs is None else f", at {ours} vs {theirs} threads"
 
 
+def classes_sentence(verdict: dict[str, Any] | None) -> str:
+    """The classes the champion lost most against the baseline on test, in one sentence.
+
+    Empty without a verdict or its per-class figures; said plainly when it lost none.
+    """
+    lost = (verdict or {}).get("classes_lost_most")
+    if lost is None:
+        return ""
+    champion, baseline = verdict["champion"]["name"], verdict["baseline"]["name"]
+    if not lost:
+        return f"Per class: {champion} is no worse than {baseline} on any class of the test split."
+    shown = "; ".join(f"{entry['class']} {entry['delta_points']:+.2f} points "
+                      f"({entry['accuracy']:.4f} vs {entry['baseline_accuracy']:.4f}, "
+                      f"{entry['images']} images)" for entry in lost)
+    return (f"Classes {champion} lost most against {baseline} on test: {shown} (each variant's "
+            "per-class accuracy and confusion matrix are in its MLflow run, `classes/`).")
+
+
 def accuracy_sentence(verdict: dict[str, Any] | None) -> str:
     """The champion's accuracy against the baseline's in one sentence (empty without one).
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from tfopt.artifacts import (
     ModelFacts,
     VariantResult,
 )
+from tfopt.eval.classes import ClassResults, metric_key, read_class_results
 from tfopt.tracking.client import (
     client,
     log_artifact,
@@ -91,6 +93,7 @@ def log_variant_run(
     source_metrics: Mapping[str, float] | None = None,
     mlflow_model: Path | None = None,
     run_name: str | None = None,
+    classes: ClassResults | None = None,
 ) -> str:
     """Create a child run for one benchmarked variant with its params, metrics and model.
 
@@ -107,6 +110,9 @@ def log_variant_run(
             ``source.<name>``.
         mlflow_model: The variant packaged as an MLflow Model folder.
         run_name: The child run's name (default: the variant's).
+        classes: Its predictions class by class: each class's accuracy as
+            ``class_accuracy.<class>``, the numbers (``classes/per_class.json``) and the
+            confusion matrix (``classes/confusion_matrix.png``).
 
     Returns:
         The child run's id.
@@ -144,8 +150,34 @@ def log_variant_run(
             log_artifact(mlflow, run_id, path, "model")
         for extra in data.get("extra_files") or []:
             log_artifact(mlflow, run_id, Path(extra), "extra")
+        if classes is not None:
+            _log_classes(mlflow, run_id, data["name"], classes, model_id)
     end_run(mlflow, run_id, "FINISHED" if data["status"] != "failed" else "FAILED")
     return run_id
+
+
+def _log_classes(mlflow: MlflowClient, run_id: str, name: str, classes: ClassResults,
+                 model_id: str | None) -> None:
+    """A variant's per-class accuracies, their numbers and its confusion matrix.
+
+    See `log_variant_run`.
+    """
+    import tempfile
+
+    from tfopt.fileio import atomic_write_json
+    from tfopt.report.files import confusion_figure
+
+    log_metrics(mlflow, run_id, {metric_key(class_name): float(accuracy)
+                                 for class_name, accuracy in zip(classes.names,
+                                                                 classes.accuracies, strict=True)
+                                 if not math.isnan(accuracy)}, model_id=model_id)
+    with tempfile.TemporaryDirectory() as folder:
+        numbers = Path(folder) / "per_class.json"
+        atomic_write_json(numbers, classes.as_json())
+        picture = confusion_figure(classes, f"{name}: test images by true and predicted class",
+                                   Path(folder) / "confusion_matrix.png")
+        for path in (numbers, picture):
+            log_artifact(mlflow, run_id, path, "classes")
 
 
 def log_file(run: TrackedRun, path: Path, artifact_path: str | None = None) -> None:
@@ -306,11 +338,15 @@ def log_variants(
     sources: Mapping[str, ModelArtifact],
     tags: Mapping[str, str],
     mlflow_models: Mapping[str, Path] | None = None,
+    labels: Path | None = None,
+    class_names: Sequence[str] = (),
 ) -> dict[str, str]:
     """A child run per variant, with the params and metrics of the model it was made from.
 
     A variant packaged in `mlflow_models` is logged as that MLflow Model, so it loads with
-    ``mlflow.pyfunc.load_model("runs:/<child run>/model")``; others as their file.
+    ``mlflow.pyfunc.load_model("runs:/<child run>/model")``; others as their file. A variant
+    whose predicted classes were kept is also judged class by class against the test `labels`
+    (`class_names`).
 
     Returns:
         Variant name to child run id.
@@ -323,6 +359,7 @@ def log_variants(
             source_params=source.params if source else None,
             source_metrics=source.metrics if source else None,
             mlflow_model=(mlflow_models or {}).get(result.name),
+            classes=read_class_results(labels, result.predictions, class_names),
         )
     return run_ids
 
