@@ -18,9 +18,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
+
+from tfopt.user_code import CodeNotAllowedError, import_code
 
 _ROUNDING = 1e-9
 """Slack in every budget comparison, relative to the figure kept: scores read back in float32
@@ -362,29 +365,23 @@ def counted(name: str) -> bool:
     return found is not None and found.counted
 
 
-def user_metric(spec: str, higher_is_better: bool, needs_labels: bool = True,
-                field_name: str = "eval.metric") -> Metric:
+def user_metric(spec: str, higher_is_better: bool, field_name: str = "eval.metric") -> Metric:
     """The user's ``"file.py:function"`` (or ``"package.module:function"``) as a metric.
 
-    The function takes ``(y_true, y_pred)``, NumPy arrays batch first, and returns a float;
-    `needs_labels` false gives it the baseline's outputs as ``y_true``.
+    The function takes ``(y_true, y_pred)``, NumPy arrays batch first (the labels or targets,
+    and the model's output), and returns a float.
 
     Raises:
         MetricError: No such file or function, its module fails to import, or its code lies
             outside the folders this machine runs code from (one line each).
     """
-    from tfopt.user_code import CodeNotAllowedError, import_code
-
     target, _, name = spec.rpartition(":")
     if not target or not name:
         raise MetricError(f"{field_name}: {spec!r} is neither a built-in metric "
                           f"({', '.join(BUILT_IN)}, {FIDELITY}, top<k>) nor "
                           "'file.py:function'")
-    if target.endswith(".py"):
-        from pathlib import Path
-
-        if not Path(target).is_file():
-            raise MetricError(f"{field_name}: {target} does not exist")
+    if target.endswith(".py") and not Path(target).is_file():
+        raise MetricError(f"{field_name}: {target} does not exist")
     try:
         module = import_code(spec, field_name)
     except CodeNotAllowedError as error:
@@ -395,11 +392,11 @@ def user_metric(spec: str, higher_is_better: bool, needs_labels: bool = True,
     function = getattr(module, name, None)
     if not callable(function):
         raise MetricError(f"{field_name}: {target} has no function {name!r}")
-    return Metric(name, higher_is_better, needs_labels, "value", function)
+    return Metric(name, higher_is_better, True, "value", function)
 
 
 def metric_named(spec: str, higher_is_better: bool | None = None,
-                 needs_labels: bool = True, class_scores: bool = True) -> Metric:
+                 class_scores: bool = True) -> Metric:
     """A built-in metric by name, or the user's function (`user_metric`).
 
     ``fidelity`` is top-1 agreement for `class_scores` (an image classifier's), else the SNR.
@@ -416,4 +413,4 @@ def metric_named(spec: str, higher_is_better: bool | None = None,
     if ":" in spec and higher_is_better is None:
         raise MetricError(f"eval.higher_is_better: say whether a higher {spec} is better "
                           "(true or false)")
-    return user_metric(spec, bool(higher_is_better), needs_labels)
+    return user_metric(spec, bool(higher_is_better))
