@@ -580,7 +580,7 @@ class EvalConfig(Section):
                              "better (true or false)")
         return self
 
-    def judged_by(self, class_scores: bool = True) -> Any:
+    def resolve(self, class_scores: bool = True) -> Any:
         """The `tfopt.eval.metrics.Metric` (a user's function imported now).
 
         ``fidelity`` is top-1 agreement on `class_scores` (an image classifier's), else the

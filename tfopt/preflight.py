@@ -209,6 +209,7 @@ def check_reference(config: Any, signature: tuple[list, list] | None) -> None:
         ConfigError: Naming the reference and what does not match.
     """
     from tfopt.models.references import UnusableModelError, check_model_reference
+    from tfopt.runtimes.base import scores_output
 
     if config.reference is None or config.reference.startswith(("models:/", "runs:/")):
         return
@@ -224,7 +225,7 @@ def check_reference(config: Any, signature: tuple[list, list] | None) -> None:
                           f"{', '.join(sorted(i.name for i in found[0]))}; the model takes "
                           f"{', '.join(names)}")
     outputs = [info.name for info in signature[1]]
-    scored = config.eval.output or ("logits" if "logits" in outputs else outputs[0])
+    scored = config.eval.output or scores_output(outputs)
     theirs = [info.name for info in found[1]]
     if scored not in theirs:
         raise ConfigError(f"reference: {config.reference} has no output {scored!r} (its "

@@ -180,7 +180,7 @@ def check_judged(judged_by: EvalConfig, labelled: bool, referenced: bool = False
     from tfopt.eval.metrics import MetricError
     from tfopt.measurement.feeds import TRUTH
 
-    metric = judged_by.judged_by()
+    metric = judged_by.resolve()
     if judged_by.metric == EvalConfig.model_fields["metric"].default:
         return
     if not metric.needs_labels:

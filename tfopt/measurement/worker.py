@@ -358,7 +358,7 @@ def measure_variant(
     if inputs.images is None:
         return measure_on_feeds(spec, inputs, cfg)
     runtime = runtime_of(spec.format)
-    metric = inputs.judged_by.judged_by()
+    metric = inputs.judged_by.resolve()
     images, labels = np.load(inputs.images), np.load(inputs.labels)
     started = time.perf_counter()
     runner = load_runner(spec, cfg.threads)
@@ -549,7 +549,7 @@ def score_on_feeds(runner: Runner, inputs: BenchmarkInputs, feeds: dict[str, np.
     """
     from tfopt.measurement.feeds import FeedsError, read_truth
 
-    metric = inputs.judged_by.judged_by(class_scores=False)
+    metric = inputs.judged_by.resolve(class_scores=False)
     if inputs.generate is not None or inputs.feeds is None:
         return metric.name, None
     if metric.needs_labels:

@@ -16,7 +16,7 @@ signature, named outputs. A classifier (one image input, a logits output) is one
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -72,6 +72,11 @@ class Runner(ABC):
         names = tuple(output.name for output in self.outputs)
         return (OUTPUT_LOGITS,) if OUTPUT_LOGITS in names else names
 
+    @property
+    def scores_output(self) -> str:
+        """The classifier's output: the first `fetched` (``logits`` if the model has one)."""
+        return self.fetched[0]
+
     def run(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Run a batch (any size the model allows) and return every output by name.
 
@@ -112,11 +117,6 @@ class Runner(ABC):
                              f"({', '.join(i.name for i in self.inputs)}), not one image tensor")
         return self.inputs[0]
 
-    @property
-    def scores_output(self) -> str:
-        """The classifier's output: ``logits`` if the model has one, else its first output."""
-        return self.fetched[0]
-
     def predict(self, images: np.ndarray) -> np.ndarray:
         """A classifier's scores for a batch of images (its one input, its logits output)."""
         return self.run({self.image_input.name: images})[self.scores_output]
@@ -135,6 +135,15 @@ def predict_batched(runner: Runner, images: np.ndarray, batch_size: int = 64) ->
     outputs = [runner.predict(images[start : start + batch_size])
                for start in range(0, len(images), batch_size)]
     return np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32)
+
+
+def scores_output(names: Iterable[str]) -> str:
+    """The output a model is scored on by default, from its output names alone.
+
+    ``logits`` if it has one, else its first: `Runner.scores_output` before the model is opened.
+    """
+    names = list(names)
+    return OUTPUT_LOGITS if OUTPUT_LOGITS in names else names[0]
 
 
 def outputs_batched(runner: Runner, feeds: Mapping[str, np.ndarray],
