@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -318,8 +318,7 @@ def top_k(k: int, name: str | None = None) -> Metric:
 
 
 TOP1 = top_k(1, "accuracy")
-AGREEMENT = Metric("agreement", True, False, "share", _mean_of(_top_k_correct(1)),
-                   _top_k_correct(1), counted=True)
+AGREEMENT = replace(TOP1, name="agreement", needs_labels=False)
 """Top-1 agreement with the baseline's class scores (a class index per row or pixel)."""
 
 BUILT_IN: dict[str, Metric] = {
