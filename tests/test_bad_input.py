@@ -138,7 +138,7 @@ def test_bad_input_only_bad_files_is_a_clear_error(tmp_path):
         (tmp_path / "src" / name).mkdir(parents=True)
         (tmp_path / "src" / name / "a.jpg").write_bytes(b"nope")
         (tmp_path / "src" / name / "b.txt").write_text("nope")
-    with pytest.raises(NoUsableDataError, match="no usable image"):
+    with pytest.raises(NoUsableDataError, match="no usable example"):
         write_tfrecords.fn(DataConfig(source_dir=tmp_path / "src"), tmp_path / "work")
 
 

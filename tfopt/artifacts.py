@@ -36,6 +36,13 @@ class SplitInfo(_Frozen):
     bytes: int = 0
 
 
+class ArraySpec(_Frozen):
+    """One array of an array data set (`tfopt.data.arrays`): its dtype and one example's shape."""
+
+    dtype: str
+    shape: list[int]
+
+
 class DatasetArtifact(_Frozen):
     """A sharded TFRecord data set and its manifest."""
 
@@ -50,6 +57,9 @@ class DatasetArtifact(_Frozen):
     channels: int = 3
     """The channels readers hand the model (the shards hold RGB; 1 is converted to grayscale):
     the model's input decides (`tfopt.models.inspection`)."""
+    arrays: dict[str, ArraySpec] = Field(default_factory=dict)
+    """An array data set's arrays by name, the labels or targets (``y``) among them; empty for
+    images (`tfopt.data.arrays`)."""
 
     @property
     def num_classes(self) -> int:

@@ -129,9 +129,13 @@ class DataConfig(Section):
             "to be written, else one)."
         ),
     )
-    source_format: Literal["image_folder", "tfrecord"] = Field(
+    source_format: Literal["image_folder", "tfrecord", "npz"] = Field(
         "image_folder",
-        description="image_folder: <source_dir>/<label>/<image>; tfrecord: *.tfrecord* files.",
+        description=(
+            "image_folder: <source_dir>/<label>/<image>; tfrecord: *.tfrecord* files of "
+            "images; npz: *.npz files of any model's inputs, one array per input name (x for "
+            "one input) and optionally y, the labels or targets (docs/own-models.md)."
+        ),
     )
     tfrecord_image_key: str = Field(
         "image/encoded", min_length=1,
@@ -144,7 +148,7 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _splits_leave_training_data(self) -> DataConfig:
-        if self.source_format == "tfrecord" and self.max_examples_per_class is not None:
+        if self.source_format != "image_folder" and self.max_examples_per_class is not None:
             raise ValueError("max_examples_per_class applies to image_folder sources only")
         if self.val_fraction != "auto" and not 0.0 <= self.val_fraction <= 0.4:
             raise ValueError("val_fraction must be auto or between 0 and 0.4")

@@ -58,7 +58,7 @@ def shard_dataset(
                 len(plans), out_dir, len(plans) - len(pending), len(pending), writers)
     return write_manifest(cfg, out_dir, listing.class_names,
                           [metas[plan.file_name] for plan in plans], listing.skipped,
-                          listing.val_fraction, listing.select_fraction)
+                          listing.val_fraction, listing.select_fraction, listing.arrays)
 
 
 def preprocessing_cache_key(_context: object, parameters: dict) -> str | None:

@@ -2,8 +2,9 @@
 
 Each shard is written under a temporary name and renamed when complete, then described by a
 small sidecar JSON. A rerun skips every shard whose sidecar matches the plan and whose bytes
-still match its checksum, so an interrupted run resumes instead of starting over. Whatever the
-source, the shards hold the same features (encoded JPEG, label, class name, shape, source).
+still match its checksum, so an interrupted run resumes instead of starting over. Images from a
+folder or from TFRecords become the same features (encoded JPEG, label, class name, shape,
+source); an array source's examples become each array's raw bytes (`tfopt.data.arrays`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from tfopt.artifacts import DatasetArtifact, SplitInfo
+from tfopt.artifacts import ArraySpec, DatasetArtifact, SplitInfo
 from tfopt.config import DataConfig
 from tfopt.data.sources import (
     NoUsableDataError,
@@ -195,9 +196,31 @@ def _shard_sources(
         yield image, data, None if data is not None else "record no longer readable"
 
 
+def _shard_records(plan: ShardPlan, cfg: DataConfig, class_names: list[str]
+                   ) -> Iterator[tuple[SourceImage, bytes | None, bool, str | None]]:
+    """Each planned entry's serialized example, whether it was re-encoded, or why it is skipped."""
+    if cfg.source_format == "npz":
+        from tfopt.data.arrays import example_records
+
+        by_name = {entry.relative_path: entry for entry in plan.images}
+        for name, record, problem in example_records(list(by_name), cfg.source_dir):
+            yield by_name[name], record, False, problem
+        return
+    for image, data, error in _shard_sources(plan, cfg):
+        try:
+            if data is None:
+                raise ValueError(error)
+            encoded, height, width, converted = validate_image(data)
+        except ValueError as problem:
+            yield image, None, False, str(problem)
+            continue
+        yield image, _example_bytes(encoded, image.label, class_names[image.label], height,
+                                    width, image.relative_path), converted, None
+
+
 def write_shard(plan: ShardPlan, cfg: DataConfig, class_names: list[str],
                 shard_path: Path) -> dict:
-    """Write one shard atomically and its sidecar; skip and record unreadable images.
+    """Write one shard atomically and its sidecar; skip and record unreadable examples.
 
     Returns:
         The sidecar's content: examples, bytes, sha256, class counts and skipped files.
@@ -209,21 +232,15 @@ def write_shard(plan: ShardPlan, cfg: DataConfig, class_names: list[str],
     skipped, class_counts, examples, reencoded = [], {}, 0, 0
     try:
         with tf.io.TFRecordWriter(str(tmp_path), options) as writer:
-            for image, data, error in _shard_sources(plan, cfg):
-                try:
-                    if data is None:
-                        raise ValueError(error)
-                    encoded, height, width, converted = validate_image(data)
-                except ValueError as problem:
-                    skipped.append({"path": image.relative_path, "reason": str(problem)[:300]})
+            for entry, record, converted, problem in _shard_records(plan, cfg, class_names):
+                if record is None:
+                    skipped.append({"path": entry.relative_path, "reason": str(problem)[:300]})
                     continue
                 reencoded += converted
-                class_name = class_names[image.label]
-                writer.write(
-                    _example_bytes(encoded, image.label, class_name, height, width,
-                                   image.relative_path)
-                )
-                class_counts[class_name] = class_counts.get(class_name, 0) + 1
+                writer.write(record)
+                if class_names:
+                    class_name = class_names[entry.label]
+                    class_counts[class_name] = class_counts.get(class_name, 0) + 1
                 examples += 1
         # The sidecar goes first: a shard under its final name always has one, and a sidecar
         # whose shard is missing or differs is ignored on resume.
@@ -279,7 +296,8 @@ def is_intact(dataset: DatasetArtifact) -> bool:
 
 def write_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
                    shard_metas: list[dict], listing_skipped: list[dict],
-                   val_fraction: float, select_fraction: float = 0.0) -> DatasetArtifact:
+                   val_fraction: float, select_fraction: float = 0.0,
+                   arrays: dict[str, ArraySpec] | None = None) -> DatasetArtifact:
     splits: dict[str, SplitInfo] = {}
     manifest_splits = {}
     for split in SPLITS:
@@ -307,7 +325,7 @@ def write_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
     total = sum(info.examples for info in splits.values())
     if total == 0:
         raise NoUsableDataError(
-            f"no usable image in {cfg.source_dir}: all {len(quarantine)} files were skipped "
+            f"no usable example in {cfg.source_dir}: all {len(quarantine)} were skipped "
             f"(first: {quarantine[0] if quarantine else 'none'})"
         )
     if splits["train"].examples == 0:
@@ -316,6 +334,7 @@ def write_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
         "version": _MANIFEST_VERSION,
         "source_dir": str(cfg.source_dir.resolve()),
         "class_names": class_names,
+        "arrays": {name: spec.model_dump() for name, spec in (arrays or {}).items()},
         "source_format": cfg.source_format,
         "compression": cfg.compression,
         "shard_target_bytes": int(cfg.shard_size_mb * 1024 * 1024),
@@ -342,4 +361,5 @@ def write_manifest(cfg: DataConfig, out_dir: Path, class_names: list[str],
         shards=sum(len(info.files) for info in splits.values()),
         skipped_records=len(quarantine),
         compression=_writer_compression(cfg),
+        arrays=arrays or {},
     )

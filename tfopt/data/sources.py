@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from tfopt.artifacts import ArraySpec
 from tfopt.config import ConfigError, DataConfig
 
 
@@ -247,16 +248,21 @@ class SourceListing:
     """The validation split's share (``auto`` resolved for these images: `DataConfig.val_share`)."""
     select_fraction: float = 0.0
     """The selection split's share (``auto`` resolved: `DataConfig.select_share`)."""
+    arrays: dict[str, ArraySpec] = field(default_factory=dict)
+    """An ``npz`` source's arrays by name (`tfopt.data.arrays`); empty for images."""
 
 
 def list_source(cfg: DataConfig) -> SourceListing:
-    """List `cfg.source_dir` (images or TFRecords) and refuse a source a classifier cannot use.
+    """List `cfg.source_dir` (images, TFRecords or arrays) and refuse a source no model can use.
 
     Class folders that hold no usable file name are left out (and listed as skipped).
 
     Raises:
         NoUsableDataError: No class folders or files, or fewer than two classes with images.
+        ArraySourceError: ``.npz`` files whose arrays cannot be one model's data.
     """
+    if cfg.source_format == "npz":
+        return _array_listing(cfg)
     empty: list[str] = []
     if cfg.source_format == "tfrecord":
         class_names, images, skipped = list_tfrecord_source(cfg)
@@ -282,3 +288,20 @@ def list_source(cfg: DataConfig) -> SourceListing:
     return SourceListing(
         class_names, with_splits(images, val_fraction, cfg.test_fraction, select_fraction),
         skipped, empty if images else [], val_fraction, select_fraction)
+
+
+def _array_listing(cfg: DataConfig) -> SourceListing:
+    """An ``npz`` source's examples, split as records are (no classes: any model's data)."""
+    from tfopt.data.arrays import list_npz_source
+
+    entries, skipped, arrays = list_npz_source(cfg.source_dir)
+    if not entries:
+        raise NoUsableDataError(f"data.source_dir {cfg.source_dir}: no readable .npz file holds "
+                                f"an example (first skipped: {skipped[0] if skipped else 'none'})")
+    val_fraction = cfg.val_share(len(entries))
+    select_fraction = cfg.select_share(len(entries))
+    examples = [SourceImage(relative_path=name, label=0, size_bytes=size, split="")
+                for name, size in entries]
+    return SourceListing([], with_splits(examples, val_fraction, cfg.test_fraction,
+                                         select_fraction),
+                         skipped, [], val_fraction, select_fraction, arrays)

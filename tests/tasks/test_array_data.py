@@ -1,0 +1,147 @@
+"""Array sources (`data.source_format: npz`): any model's inputs sharded like images are."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tasks.write_tfrecords import write_tfrecords
+from tfopt.config import DataConfig
+from tfopt.data.arrays import SOURCE_KEY, ArraySourceError, input_specs, load_split_feeds
+from tfopt.data.sources import NoUsableDataError
+
+
+def _arrays(rows: int, seed: int) -> dict[str, np.ndarray]:
+    """Two named inputs of other shapes and dtypes than an image, and float targets."""
+    rng = np.random.default_rng(seed)
+    return {"features": rng.normal(size=(rows, 5)).astype(np.float32),
+            "ids": rng.integers(0, 1000, size=(rows, 3)).astype(np.int32),
+            "y": rng.normal(size=rows).astype(np.float32)}
+
+
+def _config(source: Path) -> DataConfig:
+    return DataConfig(source_dir=source, source_format="npz", val_fraction=0.2,
+                      select_fraction=0.0, shard_size_mb=0.002)
+
+
+def _source(tmp_path: Path) -> tuple[Path, dict[str, dict[str, np.ndarray]]]:
+    source = tmp_path / "arrays"
+    source.mkdir()
+    files = {"part-a.npz": _arrays(120, 1), "more/part-b.npz": _arrays(80, 2)}
+    for name, arrays in files.items():
+        (source / name).parent.mkdir(exist_ok=True)
+        np.savez(source / name, **arrays)
+    return source, files
+
+
+def _by_source(dataset) -> dict[str, dict]:
+    """Every sharded example, by its ``<file>#<row>``, its arrays decoded as the manifest says."""
+    spec = {name: tf.io.FixedLenFeature([], tf.string) for name in dataset.arrays}
+    spec[SOURCE_KEY] = tf.io.FixedLenFeature([], tf.string)
+    found: dict[str, dict] = {}
+    for info in dataset.splits.values():
+        for raw in tf.data.TFRecordDataset([str(path) for path in info.files]):
+            parsed = tf.io.parse_single_example(raw, spec)
+            name = parsed[SOURCE_KEY].numpy().decode()
+            assert name not in found, f"{name} written twice"
+            found[name] = {key: np.frombuffer(parsed[key].numpy(), dtype=spec.dtype).reshape(
+                spec.shape) for key, spec in dataset.arrays.items()}
+    return found
+
+
+def test_every_example_of_every_file_is_sharded_once_with_its_values(tmp_path):
+    source, files = _source(tmp_path)
+    dataset = write_tfrecords.fn(_config(source), tmp_path / "work")
+
+    assert dataset.class_names == []
+    assert {name: (spec.dtype, spec.shape) for name, spec in dataset.arrays.items()} == {
+        "features": ("float32", [5]), "ids": ("int32", [3]), "y": ("float32", [])}
+    assert sorted(input_specs(dataset)) == ["features", "ids"]
+    found = _by_source(dataset)
+    assert len(found) == 200 == sum(info.examples for info in dataset.splits.values())
+    for name, arrays in files.items():
+        for row in (0, 37, len(arrays["y"]) - 1):
+            for key, values in arrays.items():
+                np.testing.assert_array_equal(found[f"{name}#{row}"][key], values[row])
+    assert dataset.shards > 4, "the shard size was not honoured"
+    manifest = json.loads(dataset.manifest_path.read_text())
+    assert manifest["arrays"]["ids"] == {"dtype": "int32", "shape": [3]}
+    assert manifest["skipped_records"] == 0
+    assert 20 <= dataset.examples("test") <= 60 and 20 <= dataset.examples("val") <= 60
+
+
+def test_a_split_reads_back_as_named_arrays_in_file_order_and_a_rerun_reuses_the_shards(
+        tmp_path):
+    source, files = _source(tmp_path)
+    first = write_tfrecords.fn(_config(source), tmp_path / "work")
+    feeds = load_split_feeds(first, "test")
+
+    assert sorted(feeds) == ["features", "ids", "y"]
+    assert feeds["features"].dtype == np.float32 and feeds["ids"].dtype == np.int32
+    assert len(feeds["y"]) == first.examples("test")
+    rows = {tuple(values): index for name, arrays in files.items()
+            for index, values in enumerate(arrays["features"].tolist())}
+    assert all(tuple(values) in rows for values in feeds["features"].tolist())
+    written = {path: path.stat().st_mtime_ns for info in first.splits.values()
+               for path in info.files}
+    again = write_tfrecords.fn(_config(source), tmp_path / "work")
+    assert again.manifest_path.read_text() == first.manifest_path.read_text()
+    assert {path: path.stat().st_mtime_ns for path in written} == written
+
+
+def test_non_finite_examples_and_an_unreadable_file_are_skipped_and_counted(tmp_path):
+    source, _ = _source(tmp_path)
+    broken = _arrays(30, 3)
+    broken["features"][4, 2] = np.nan
+    broken["y"][7] = np.inf
+    np.savez(source / "broken.npz", **broken)
+    (source / "torn.npz").write_bytes((source / "part-a.npz").read_bytes()[:300])
+
+    dataset = write_tfrecords.fn(_config(source), tmp_path / "work")
+
+    manifest = json.loads(dataset.manifest_path.read_text())
+    reasons = {item["path"]: item["reason"] for item in manifest["quarantine"]}
+    assert dataset.skipped_records == 3 == manifest["skipped_records"]
+    assert "non-finite" in reasons["broken.npz#4"] and "features" in reasons["broken.npz#4"]
+    assert "y" in reasons["broken.npz#7"]
+    assert reasons["torn.npz"].startswith("not a readable .npz")
+    assert sum(info.examples for info in dataset.splits.values()) == 200 + 28
+
+
+@pytest.mark.parametrize(("arrays", "message"), [
+    ({"x": np.zeros((4, 2), np.float32), "y": np.zeros(3, np.float32)},
+     "differ in length"),
+    ({"y": np.zeros(4, np.float32)}, "holds no input array"),
+    ({"x": np.array(["a", "b"])}, "numbers or booleans"),
+    ({"x": np.float32(1.0)}, "single value"),
+])
+def test_arrays_no_model_can_take_are_refused_in_one_line(tmp_path, arrays, message):
+    source = tmp_path / "arrays"
+    source.mkdir()
+    np.savez(source / "data.npz", **arrays)
+    with pytest.raises(ArraySourceError, match=message) as raised:
+        write_tfrecords.fn(_config(source), tmp_path / "work")
+    assert "\n" not in str(raised.value) and "data.npz" in str(raised.value)
+
+
+def test_files_of_different_arrays_or_no_file_at_all_are_refused(tmp_path):
+    source, _ = _source(tmp_path)
+    np.savez(source / "z-other.npz", features=np.zeros((3, 6), np.float32),
+             ids=np.zeros((3, 3), np.int32), y=np.zeros(3, np.float32))
+    with pytest.raises(ArraySourceError, match=r"z-other.npz: holds .*features float32\[6\]"):
+        write_tfrecords.fn(_config(source), tmp_path / "work")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ArraySourceError, match=r"holds no \.npz files"):
+        write_tfrecords.fn(_config(empty), tmp_path / "work")
+    only_torn = tmp_path / "torn"
+    only_torn.mkdir()
+    with zipfile.ZipFile(only_torn / "data.npz", "w") as archive:
+        archive.writestr("x.npy", b"not an array")
+    with pytest.raises(NoUsableDataError, match=r"no readable \.npz file holds an example"):
+        write_tfrecords.fn(_config(only_torn), tmp_path / "work")
