@@ -154,11 +154,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     summary = supervision.supervised(lambda: optimize_model(config=config), api_url,
                                      config.work_dir, run_log)
-    ip = summary["input_pipeline"]
-    console.print(
-        f"input pipeline: naive {ip['naive_examples_per_s']:,.0f} ex/s, tuned "
-        f"{ip['tuned_examples_per_s']:,.0f} ex/s, cached {ip['cached_examples_per_s']:,.0f} ex/s"
-    )
+    if ip := summary["input_pipeline"]:
+        console.print(
+            f"input pipeline: naive {ip['naive_examples_per_s']:,.0f} ex/s, tuned "
+            f"{ip['tuned_examples_per_s']:,.0f} ex/s, cached "
+            f"{ip['cached_examples_per_s']:,.0f} ex/s")
     _report(summary, args.summary_json)
     if args.summary_json:
         console.print(f"summary JSON: {args.summary_json}", highlight=False)

@@ -61,7 +61,6 @@ from tfopt.artifacts import (
     VariantSpec,
 )
 from tfopt.config import resolve_cpus
-from tfopt.eval.metrics import accuracy_budget
 from tfopt.fileio import atomic_write_json, path_size_bytes
 from tfopt.measurement.amx import AmxDecision, with_decided_amx
 from tfopt.measurement.champion import (
@@ -81,7 +80,7 @@ from tfopt.models.baseline import (
 )
 from tfopt.models.health import verdicts_note
 from tfopt.models.sources import source_stamp
-from tfopt.models.step_timing import unswept
+from tfopt.models.step_timing import DEFAULT_BATCH_SIZE, unswept
 from tfopt.native import contain_native_steps, read_record
 from tfopt.orchestration import LateSteps, claim_flow_run
 from tfopt.prefect_artifacts import (
@@ -122,7 +121,8 @@ class _Measured:
 
     data: TrainingData
     sweep: BatchSweepResult
-    pipeline: InputPipelineResult
+    pipeline: InputPipelineResult | None
+    """None for array data: nothing is decoded (`tfopt.data.arrays`)."""
     layout: LayoutResult | None
     facts: ModelFacts
 
@@ -161,7 +161,7 @@ def optimize_model(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         budget = _planned_budget(config)
         measured = _prepare_data(config, work_dir, run_dir, run, budget)
         baseline, savedmodel = _baseline(config, measured.data, work_dir, run_dir, run, budget)
-        inputs = _benchmark_inputs(savedmodel or baseline, measured.data, run_dir)
+        inputs = _benchmark_inputs(config, savedmodel or baseline, measured.data, run_dir)
         variants, budget = _baseline_variants(config, measured.data, (baseline, savedmodel),
                                               inputs, run_dir, run, budget)
         config, amx = _amx_decided(config, baseline_int8(variants, baseline.name), inputs, run)
@@ -242,8 +242,17 @@ def _prepare_data(
     get_run_logger().info(budget.plan_line())
     dataset = sharded_data(config.data, work_dir, config.scale)
     tracking.log_dataset(run, dataset)
-    facts = inspect_model(config.model, dataset)
+    facts = inspect_model(config.model, dataset, config.eval.output)
     tracking.log_model_facts(run, facts)
+    costs = load_costs(work_dir, costs_key(config.model, config.data.image_size))
+    if dataset.arrays:
+        batch_size = config.train.batch_size or DEFAULT_BATCH_SIZE
+        data = TrainingData(dataset=dataset, batch_size=batch_size, seed=config.train.seed,
+                            input=config.input, input_scale=config.model.input_scale,
+                            costs=costs)
+        sweep = BatchSweepResult(points=[], chosen_batch_size=batch_size, rule=(
+            "not measured: a model file taken as it is with array data trains on nothing"))
+        return _Measured(data, sweep, None, None, facts)
     dataset = dataset.model_copy(update={"channels": facts.channels})
     sweep = _swept(config, dataset, run_dir, budget.measuring_deadline)
     batch_size = config.train.batch_size or sweep.chosen_batch_size
@@ -262,9 +271,7 @@ def _prepare_data(
             get_run_logger().warning("the layout measurement failed; the run goes on without "
                                      "it: %s", error_of(measuring))
     data = TrainingData(dataset=dataset, batch_size=batch_size, seed=config.train.seed,
-                        input=config.input, input_scale=config.model.input_scale,
-                        costs=load_costs(work_dir, costs_key(config.model,
-                                                             config.data.image_size)))
+                        input=config.input, input_scale=config.model.input_scale, costs=costs)
     return _Measured(data, sweep, pipeline, layout, facts)
 
 
@@ -318,15 +325,17 @@ def _baseline(
 
 
 def _benchmark_inputs(
-    model: ModelArtifact, data: TrainingData, run_dir: Path
+    config: PipelineConfig, model: ModelArtifact, data: TrainingData, run_dir: Path
 ) -> BenchmarkInputs:
     """The decoded test split and the reference model's logits on it (every variant's input).
 
-    The reference is the float SavedModel, or a .tflite or .onnx baseline itself.
+    The reference is the float SavedModel, or a .tflite or .onnx baseline itself; every
+    variant is scored by ``eval.metric`` on them.
     """
     reference = plan_variant(model.name, model.format, model.precision, path=model.path)
-    return prepare_benchmark_inputs(reference, data.dataset, run_dir / "benchmark-inputs",
-                                    data.batch_size, model.input_scale)
+    inputs = prepare_benchmark_inputs(reference, data.dataset, run_dir / "benchmark-inputs",
+                                      data.batch_size, model.input_scale)
+    return inputs.model_copy(update={"judged_by": config.eval})
 
 
 def _baseline_variants(
@@ -498,7 +507,7 @@ def _trained_further(
             f"{beaten}, even after {further.params['continued_epochs']} more epochs of its "
             "training"))
     savedmodel = export_savedmodel(further, run_dir / "models")
-    inputs = _benchmark_inputs(savedmodel, data, run_dir / "continued")
+    inputs = _benchmark_inputs(config, savedmodel, data, run_dir / "continued")
     variants, _ = _baseline_variants(config, data, (further, savedmodel), inputs,
                                      run_dir / "continued", run, budget)
     return _Held(further, savedmodel, inputs, variants, note=None)
@@ -541,8 +550,10 @@ def _summarize(
     late.run("MLflow baseline health",
              lambda: tracking.log_baseline_health(run, training["health"]), None)
     baseline_note = verdicts_note(baseline_note, training["health"])
+    budget = config.eval.metric_budget(bench.accuracy_budget_points)
     choice = late.run("champion choice", lambda: pick_champion(
-        results, bench.accuracy_budget_points, bench.objective, runoff), ChampionChoice(
+        results, bench.accuracy_budget_points, bench.objective, runoff, config.eval),
+        ChampionChoice(
         name=None, reason="its choice failed (late_failures)",
         baseline_accuracy=baseline_accuracy(results)))
     speedup = champion_speedup(choice.name, results, runoff)
@@ -555,7 +566,7 @@ def _summarize(
         flow_run_id=str(flow_run.id), dataset=measured.data.dataset,
         input_pipeline=measured.pipeline, results=results, champion=choice.name,
         champion_reason=choice.reason, baseline_accuracy=choice.baseline_accuracy,
-        budget_points=bench.accuracy_budget_points, tied=list(choice.tied_with),
+        budget=budget, tied=list(choice.tied_with),
         techniques={m.name: {"params": m.params, "metrics": m.metrics} for m in technique_models},
         runoff=runoff,
         extras={
@@ -567,16 +578,15 @@ def _summarize(
             "amx_decision": amx.model_dump(mode="json"),
             "champion_model": champion_model,
             "champion_speedup": speedup,
-            "accuracy_verdict": accuracy_verdict(choice, results, inputs,
-                                                  accuracy_budget(bench.accuracy_budget_points),
+            "accuracy_verdict": accuracy_verdict(choice, results, inputs, budget,
                                                   measured.data.dataset.class_names),
             **over_one_call_forms(choice.name, results, runoff),
             "batch_size_sweep": measured.sweep.model_dump(mode="json"),
             "training_batch_size": measured.data.batch_size,
             "model_facts": measured.facts.params(),
             "data_layout": measured.layout.model_dump(mode="json") if measured.layout else None,
-            "input_cache": {"mode": measured.pipeline.cache_mode,
-                            "reason": measured.pipeline.cache_reason},
+            "input_cache": None if measured.pipeline is None else {
+                "mode": measured.pipeline.cache_mode, "reason": measured.pipeline.cache_reason},
             "native_crashes": crashes,
             "baseline_training": {**training,
                                   "verdicts_against_unconverged_baseline": baseline_note},

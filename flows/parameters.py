@@ -108,6 +108,11 @@ class PipelineConfig(Section):
     benchmark: BenchmarkConfig = Field(
         default_factory=BenchmarkConfig, description="Benchmark protocol."
     )
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig,
+        description=("What every variant is judged by and may give up: the metric, the output "
+                     "it scores, the budget (npz data; image data: accuracy)."),
+    )
     scale: ScaleConfig = Field(
         default_factory=ScaleConfig, description="Task runner for the compression techniques."
     )
@@ -174,6 +179,15 @@ class PipelineConfig(Section):
                 f"train.epochs: 0 trains nothing, so model.source={self.model.source} leaves no "
                 "model to optimize (epochs 0 is for model.source=file)"
             )
+        if self.data.source_format != "npz" and self.eval.metric != "accuracy":
+            raise ValueError(
+                f"eval.metric {self.eval.metric}: image data is trained and judged on top-1 "
+                "accuracy; other metrics judge npz data (data.source_format: npz)")
+        if self.data.source_format == "npz" and self.model.kind == "keras":
+            raise ValueError(
+                "data.source_format npz: the baseline must be a trained SavedModel, .tflite or "
+                ".onnx file (model.source: file), taken as it is; Keras models are trained on "
+                "image data only so far")
         if self.train.mixed_precision != "off" and self.model.source != "zoo":
             raise ValueError("train.mixed_precision applies to model.source=zoo networks only")
         if (self.model.source == "zoo" and self.model.architecture in APPLICATION_ARCHITECTURES

@@ -11,7 +11,7 @@ from prefect import task
 
 from tfopt.artifacts import DatasetArtifact, ModelArtifact
 from tfopt.models.config import ModelConfig
-from tfopt.models.importing import IMPORT_STEP, import_model_file
+from tfopt.models.importing import IMPORT_STEP, import_array_model, import_model_file
 from tfopt.native import run_native
 
 
@@ -21,9 +21,13 @@ def import_model(
 ) -> ModelArtifact:
     """Check a SavedModel, ``.tflite`` or ``.onnx`` file against the data and make it the baseline.
 
+    With array data (``data.source_format: npz``) the file is taken as it is, its own
+    signature kept, its inputs matched to the arrays by name.
+
     Args:
         model_cfg: ``model.source: file`` with a non-Keras ``model.path``.
-        dataset: The data the model must fit (image size, classes and their order).
+        dataset: The data the model must fit (image size, classes and their order; or its
+            arrays).
         out_dir: Folder for the baseline (``baseline-savedmodel/``, ``baseline.tflite`` or
             ``baseline.onnx``) and its ``labels.txt``.
 
@@ -33,4 +37,6 @@ def import_model(
     Raises:
         ModelSourceError: The file cannot be read, or does not fit the data (naming both values).
     """
+    if dataset.arrays:
+        return run_native(IMPORT_STEP, import_array_model, model_cfg, dataset, out_dir)
     return run_native(IMPORT_STEP, import_model_file, model_cfg, dataset, out_dir)

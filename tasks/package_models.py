@@ -34,8 +34,14 @@ def package_models(
         runoff: The run-off, whose thread count per contender (`Runoff.threads`) overrides it.
 
     Returns:
-        Variant name to its MLflow Model folder.
+        Variant name to its MLflow Model folder (none for models of array data: their
+        serving contract, named inputs of any shape, is not built yet; their files are
+        uploaded as they are).
     """
+    if inputs.images is None:
+        step_logger().info("models of array data are not packaged as MLflow Models yet; "
+                           "each variant's file is logged with its run")
+        return {}
     contract = ServingContract(class_names, input_scale,
                                np.load(inputs.images, mmap_mode="r")[:2].copy(), threads)
     return package_variants(variants, contract, out_dir, step_logger(),

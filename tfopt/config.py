@@ -545,6 +545,11 @@ class BenchmarkConfig(ChampionPolicy, MeasurementProtocol):
         return self
 
 
+RELATIVE_BUDGET = 0.01
+"""A metric that is no share (MAE, RMSE, a user's) may by default give up 1% of the baseline's
+figure (`EvalConfig.budget`)."""
+
+
 class EvalConfig(Section):
     """What a model is judged by: its metric (`tfopt.eval.metrics`), on which of its outputs."""
 
@@ -566,6 +571,18 @@ class EvalConfig(Section):
         None, min_length=1, max_length=200,
         description="The model output the metric scores (default: logits, else the first).",
     )
+    budget: float | None = Field(
+        None, ge=0.0, le=1e12,
+        description=(
+            "What a variant may give up of the baseline's figure, in the metric's units (0.02: "
+            "2 points of a share such as accuracy; 5.0 of an MAE), or with budget_relative a "
+            "share of the baseline's figure. None: benchmark.accuracy_budget_points for a share "
+            f"(accuracy, top-k, IoU, AUC), else {100 * RELATIVE_BUDGET:g}% of the baseline's "
+            "figure."
+        ),
+    )
+    budget_relative: bool = Field(
+        False, description="eval.budget is a share of the baseline's figure (0.01: 1%).")
 
     @model_validator(mode="after")
     def _a_metric_that_exists(self) -> EvalConfig:
@@ -582,7 +599,21 @@ class EvalConfig(Section):
         elif self.higher_is_better is None:
             raise ValueError(f"eval.higher_is_better: say whether a higher {self.metric} is "
                              "better (true or false)")
+        if self.budget_relative and self.budget is None:
+            raise ValueError("eval.budget_relative: set eval.budget too (0.01: 1% of the "
+                             "baseline's figure)")
         return self
+
+    def metric_budget(self, accuracy_points: float, class_scores: bool = True) -> Any:
+        """The `tfopt.eval.metrics.MetricBudget` a variant is judged within (see `budget`)."""
+        from tfopt.eval.metrics import MetricBudget
+
+        metric = self.resolve(class_scores)
+        if self.budget is not None:
+            return MetricBudget(metric, self.budget, self.budget_relative)
+        if metric.unit == "share":
+            return MetricBudget(metric, accuracy_points / 100.0)
+        return MetricBudget(metric, RELATIVE_BUDGET, relative=True)
 
     def resolve(self, class_scores: bool = True) -> Any:
         """The `tfopt.eval.metrics.Metric` (a user's function imported now).

@@ -35,7 +35,7 @@ def publish_prefect_artifacts(summary: dict[str, Any]) -> None:
         "",
         f"Variants: {len(summary['variants'])} ({failed} failed).",
     ]
-    if "input_pipeline" in summary:
+    if summary.get("input_pipeline"):
         ip = summary["input_pipeline"]
         lines.append(
             f"Input pipeline: naive {ip['naive_examples_per_s']:,.0f}, tuned "

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tfopt.artifacts import ModelFacts
+from tfopt.artifacts import ArraySpec, ModelFacts
 from tfopt.config import ConfigError, DataConfig, check_writable
 from tfopt.models.config import ModelConfig
 from tfopt.runtimes import model_kind
@@ -37,6 +37,8 @@ class DataFacts:
     class_names: list[str]
     per_split: dict[str, int]
     source_bytes: int
+    arrays: dict[str, ArraySpec] = field(default_factory=dict)
+    """An npz source's arrays by name (`tfopt.data.arrays`)."""
 
 
 def check_data(cfg: DataConfig) -> DataFacts:
@@ -62,7 +64,8 @@ def check_data(cfg: DataConfig) -> DataFacts:
         shares["select"] = listing.select_fraction
     empty = [split for split, count in counts.items() if count == 0 and shares[split] > 0]
     if empty:
-        kind = "files" if cfg.source_format == "image_folder" else "records"
+        kind = {"image_folder": "files", "tfrecord": "records"}.get(cfg.source_format,
+                                                                     "examples")
         raise ConfigError(
             f"data.source_dir: {cfg.source_dir} has {len(listing.images)} {kind}, which leave "
             f"the {' and '.join(empty)} split empty (train {counts['train']}, val "
@@ -71,7 +74,8 @@ def check_data(cfg: DataConfig) -> DataFacts:
             f"select_fraction {listing.select_fraction}); add images (a few per class per split at "
             "least)")
     return DataFacts(class_names=listing.class_names, per_split=counts,
-                     source_bytes=sum(image.size_bytes for image in listing.images))
+                     source_bytes=sum(image.size_bytes for image in listing.images),
+                     arrays=listing.arrays)
 
 
 def _check_readable(source_dir: Path, listing: Any) -> None:
@@ -184,6 +188,7 @@ def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:
     Raises:
         ConfigError: The first problem found, in one line naming the field.
     """
+    from tfopt.models.importing import inspect_array_model
     from tfopt.models.inspection import INSPECT_STEP, inspect_model
     from tfopt.native import NativeCrashError, run_native
 
@@ -191,8 +196,11 @@ def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:
     data = check_data(config.data)
     check_free_space(config.work_dir, data, _model_bytes(config.model.path))
     try:
-        facts = run_native(INSPECT_STEP, inspect_model, config.model,
-                           config.data.image_size, data.class_names)
+        facts = (run_native(INSPECT_STEP, inspect_array_model, config.model, data.arrays,
+                            config.eval.output)
+                 if data.arrays else
+                 run_native(INSPECT_STEP, inspect_model, config.model, config.data.image_size,
+                            data.class_names))
     except NativeCrashError as error:
         raise ConfigError(f"model: opening or building it crashed TensorFlow ({error})") from error
     return data, facts

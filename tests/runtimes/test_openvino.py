@@ -13,6 +13,7 @@ from tfopt.artifacts import VariantSpec
 from tfopt.config import BenchmarkConfig
 from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.data.pipeline import load_split
+from tfopt.eval.metrics import accuracy_budget
 from tfopt.report.markdown import api_lines, runtime_lines
 from tfopt.report.summary import variant_entry
 from tfopt.runtimes import (
@@ -152,7 +153,7 @@ def test_litert_times_both_apis_and_says_if_the_file_ran_fully_accelerated(
     assert result.latency_ms_by_api["interpreter"].p50 == result.latency_ms.p50
     assert result.latency_ms_by_api["compiled_model"].p50 > 0
     assert result.runner_params["compiled_model.fully_accelerated"] in ("true", "false")
-    entry = variant_entry(result, None, 1.0)
+    entry = variant_entry(result, None, accuracy_budget(1.0))
     assert entry["latency_ms_by_api"]["compiled_model"]["p50"] > 0
     table = api_lines({"variants": [entry]})
     assert table and entry["name"] in table[-1]

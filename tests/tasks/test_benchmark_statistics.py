@@ -333,10 +333,10 @@ def test_the_summary_lists_each_tied_variant_with_the_others():
     from tfopt.report.summary import variant_entry
 
     qat = _timed("qat-tflite-int8", 0.98, 0.029, (0.021, 0.033))
-    entry = variant_entry(qat, 0.98, 1.0, tied_with=["baseline-tflite-int8"])
+    entry = variant_entry(qat, 0.98, accuracy_budget(1.0), tied_with=["baseline-tflite-int8"])
     assert entry["tied_with"] == ["baseline-tflite-int8"]
     assert entry["latency_ms"]["p50_ci95"] == (0.021, 0.033)
-    assert variant_entry(qat, 0.98, 1.0)["tied_with"] == []
+    assert variant_entry(qat, 0.98, accuracy_budget(1.0))["tied_with"] == []
 
 
 def test_throughput_under_budget_picks_the_highest_server_rate_that_met_it():

@@ -5,6 +5,7 @@ import json
 
 from tasks.write_report import write_report
 from tfopt.artifacts import DatasetArtifact, InputPipelineResult, LatencyStats, VariantResult
+from tfopt.eval.metrics import accuracy_budget
 from tfopt.report.diagnosis import diagnose
 from tfopt.report.files import pareto_front
 from tfopt.report.summary import build_summary
@@ -80,7 +81,7 @@ def _summary(tmp_path, results, champion, tied=None, runoff=None):
     return build_summary(tracking_uri="http://x", experiment_id="1", run_id="r",
                          flow_run_id="f", dataset=dataset, input_pipeline=pipeline,
                          results=results, champion=champion, champion_reason="fastest",
-                         baseline_accuracy=0.95, budget_points=1.0, tied=tied,
+                         baseline_accuracy=0.95, budget=accuracy_budget(1.0), tied=tied,
                          runoff=runoff)
 
 

@@ -111,7 +111,7 @@ def test_within_budget_the_first_convolution_is_kept_in_float_only_when_faster(
     """The quick timing decides: a gain of -100% takes any timing, +100% none."""
     from tests.steps import sources_for
     from tfopt.data.pipeline import load_split
-    from tfopt.runtimes._litert_files import representative_images, serving_converter
+    from tfopt.runtimes._litert_files import representative_inputs, serving_converter
     from tfopt.runtimes._litert_selective import (
         StartingFiles,
         float_stem_if_faster,
@@ -122,7 +122,7 @@ def test_within_budget_the_first_convolution_is_kept_in_float_only_when_faster(
     validation = load_split(tiny_dataset, "val", None, scale)
 
     def calibration():
-        return representative_images(tiny_dataset, CFG.calibration_examples, scale)
+        return representative_inputs(tiny_dataset, CFG.calibration_examples, scale)
 
     full_int8 = int8_with_float_nodes(tiny_savedmodel, calibration, [])
     starting = StartingFiles(serving_converter(tiny_savedmodel.path).convert(), full_int8,

@@ -152,6 +152,17 @@ def input_specs(dataset: DatasetArtifact) -> dict[str, ArraySpec]:
     return {name: spec for name, spec in dataset.arrays.items() if name != TRUTH}
 
 
+def feeds_for(names: Sequence[str], arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays a model of input `names` takes, by those names (``x`` for a model of one).
+
+    Raises:
+        KeyError: An input no array feeds.
+    """
+    if len(names) == 1 and names[0] not in arrays and "x" in arrays:
+        return {names[0]: arrays["x"]}
+    return {name: arrays[name] for name in names}
+
+
 def example_records(entries: Sequence[str], source_dir: Path
                     ) -> Iterator[tuple[str, bytes | None, str | None]]:
     """Each entry ``<file>#<row>`` as a serialized ``tf.train.Example``, or why it is skipped.

@@ -156,7 +156,7 @@ class MetricBudget:
     def described(self) -> str:
         """The budget in words, as the terminal and the report say it."""
         if self.relative:
-            return f"{100 * self.amount:g}% of the baseline's {self.metric.name}"
+            return f"{100 * self.amount:g}% {self.metric.name}"
         if self.metric.unit == "share":
             points = 100 * self.amount
             return f"{points:g} {self.metric.name} point{'' if points == 1 else 's'}"

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult, VariantSpec
-from tfopt.eval.metrics import MetricBudget
+from tfopt.eval.metrics import MetricBudget, counted
 from tfopt.runtimes import runtime_of
 from tfopt.variants import plan_variant
 
@@ -379,8 +379,9 @@ def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult],
                      class_names: Sequence[str] = ()) -> dict[str, Any] | None:
     """The champion's accuracy as the summary reports it (``accuracy_verdict``).
 
-    Which split the budget was judged on; the champion's and the baseline's accuracies on both
-    splits, each test figure with its 95% interval (Wilson); and the two compared on the same
+    Which split the budget was judged on, the metric and its budget in words; the champion's
+    and the baseline's figures on both splits, each test accuracy with its 95% interval
+    (Wilson; a metric that counts no right answers has none); and the two compared on the same
     test images (McNemar: the images only one of them got right), and on the validation images
     the budget was judged on (``paired_on_validation``: how strong the evidence the choice
     rested on was); the classes the champion lost most against the baseline on test
@@ -392,16 +393,17 @@ def accuracy_verdict(choice: ChampionChoice, results: list[VariantResult],
     champion, baseline = by_name.get(choice.name or ""), by_name.get(choice.reference or "")
     if champion is None or baseline is None:
         return None
-    test_images = inputs.examples if inputs.labels is not None else 0
+    test_images = inputs.examples if champion.accuracy is not None else 0
 
     def figures(result: VariantResult) -> dict[str, Any]:
         interval = (wilson_interval(result.accuracy, test_images)
-                    if result.accuracy is not None else None)
+                    if result.accuracy is not None and counted(budget.metric.name) else None)
         return {"name": result.name, "val_accuracy": result.val_accuracy,
                 "test_accuracy": result.accuracy,
                 "test_ci95": None if interval is None else [round(v, 4) for v in interval]}
 
     return {"judged_on": choice.judged_on, "budget_points": budget.points(),
+            "metric": budget.metric.name, "budget": budget.described(),
             "test_images": test_images, "champion": figures(champion),
             "baseline": figures(baseline),
             "paired": paired_comparison(champion, baseline, inputs.labels),

@@ -30,9 +30,14 @@ def prepare_inputs(reference: VariantSpec | None, dataset: DatasetArtifact, out_
                    batch_size: int, input_scale: InputScale) -> BenchmarkInputs:
     """Save the decoded test split and the reference model's logits on it (see the task).
 
+    An array data set's test split is saved as named feeds (with its ``y``), and the
+    reference's outputs on them by output name (`reference_outputs`).
+
     Raises:
         ValueError: The test split is empty.
     """
+    if dataset.arrays:
+        return _array_inputs(reference, dataset, out_dir, batch_size)
     images, labels = load_split(dataset, "test", scale=input_scale)
     if len(images) == 0:
         raise ValueError("the test split is empty: nothing to benchmark on")
@@ -53,6 +58,21 @@ def prepare_inputs(reference: VariantSpec | None, dataset: DatasetArtifact, out_
     atomic_save_array(inputs.images, images)
     atomic_save_array(inputs.labels, labels)
     return with_selection_split(inputs, dataset, input_scale)
+
+
+def _array_inputs(reference: VariantSpec | None, dataset: DatasetArtifact, out_dir: Path,
+                  batch_size: int) -> BenchmarkInputs:
+    """An array data set's test split as feeds (``y`` beside them), the reference's outputs."""
+    from tfopt.data.arrays import load_split_feeds
+    from tfopt.measurement.feeds import count_of, save_feeds
+
+    feeds = load_split_feeds(dataset, "test")
+    if count_of(feeds) == 0:
+        raise ValueError("the test split is empty: nothing to benchmark on")
+    inputs = BenchmarkInputs(images=None, labels=None, reference_logits=None,
+                             examples=count_of(feeds), batch_size=batch_size,
+                             feeds=save_feeds(out_dir / "test-feeds.npz", feeds))
+    return inputs if reference is None else reference_outputs(reference, inputs, out_dir)
 
 
 def with_selection_split(inputs: BenchmarkInputs, dataset: DatasetArtifact,
@@ -201,15 +221,17 @@ def write_inputs_index(inputs: BenchmarkInputs, protocol: BenchmarkConfig) -> Pa
     to the folder.
 
     Returns:
-        The index file (in the folder of ``inputs.images``).
+        The index file (in the folder of ``inputs.images``, or of ``inputs.feeds``).
     """
-    folder = inputs.images.parent
+    folder = (inputs.images or inputs.feeds).parent
 
-    def relative(path: Path) -> str:
-        return str(path.relative_to(folder))
+    def relative(path: Path | None) -> str | None:
+        return None if path is None else str(path.relative_to(folder))
 
     index = {
         "images": relative(inputs.images), "labels": relative(inputs.labels),
+        "feeds": relative(inputs.feeds), "reference_outputs": relative(inputs.reference_outputs),
+        "judged_by": inputs.judged_by.model_dump(mode="json"),
         "reference_logits": (relative(inputs.reference_logits)
                              if inputs.reference_logits else None),
         "selection_images": (relative(inputs.selection_images)
@@ -232,7 +254,10 @@ def read_inputs_index(folder: Path) -> tuple[BenchmarkInputs, BenchmarkConfig]:
     """
     index = json.loads((folder / INPUTS_INDEX).read_text(encoding="utf-8"))
     inputs = BenchmarkInputs(
-        images=folder / index["images"], labels=folder / index["labels"],
+        images=_optional(folder, index["images"]), labels=_optional(folder, index["labels"]),
+        feeds=_optional(folder, index.get("feeds")),
+        reference_outputs=_optional(folder, index.get("reference_outputs")),
+        judged_by=EvalConfig.model_validate(index.get("judged_by") or {}),
         reference_logits=folder / index["reference_logits"] if index["reference_logits"]
         else None,
         selection_images=_optional(folder, index.get("selection_images")),

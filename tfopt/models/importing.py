@@ -12,20 +12,22 @@ What each kind can go through (docs/own-models.md's table says the same):
 
 Every kind is checked against the data before any work: one image input ``[batch, S, S, C]``
 with S the data's image size and C 1 or 3, one output per class, and its ``labels.txt`` if it
-has one.
+has one. With array data (``data.source_format: npz``) a SavedModel, ``.tflite`` or ``.onnx``
+file is taken as it is, its own signature kept: its inputs matched to the arrays by name
+(`match_inputs`), the output its metric scores found (`inspect_array_model`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tfopt.artifacts import DatasetArtifact, ModelArtifact, ModelFacts, VariantSpec
+from tfopt.artifacts import ArraySpec, DatasetArtifact, ModelArtifact, ModelFacts, VariantSpec
 from tfopt.models.config import ModelConfig
 from tfopt.models.sources import IMAGE_CHANNELS, ModelSourceError, check_class_order
 from tfopt.native import NativeStep
 from tfopt.runtimes import model_kind, runtime_of
-from tfopt.runtimes.base import Runner
+from tfopt.runtimes.base import Runner, TensorInfo, scores_output
 from tfopt.serving import write_labels
 
 IMPORT_STEP = NativeStep("import_model", "opening the model file with its runtime")
@@ -137,3 +139,83 @@ def check_io(path: Path, runner: Runner, image_size: int, num_classes: int) -> N
         raise ModelSourceError(
             f"model.path: {path} has {outputs} outputs but the data folder has "
             f"{num_classes} classes")
+
+
+def match_inputs(path: Path, inputs: Sequence[TensorInfo],
+                 arrays: Mapping[str, ArraySpec]) -> dict[str, str]:
+    """Which array feeds each of a model's inputs: the same name (``x`` for a model of one).
+
+    Raises:
+        ModelSourceError: An input no array feeds, an array no input takes, or an array whose
+            example shape does not fit its input's (naming both).
+    """
+    from tfopt.data.arrays import TRUTH
+
+    given = {name: spec for name, spec in arrays.items() if name != TRUTH}
+    names = [info.name for info in inputs]
+    if len(inputs) == 1 and list(given) == ["x"]:
+        pairs = {names[0]: "x"}
+    elif sorted(given) == sorted(names):
+        pairs = {name: name for name in names}
+    else:
+        wanted = ", ".join(f"{info.name} {list(info.shape)}" for info in inputs)
+        raise ModelSourceError(f"model.path: {path} takes {wanted}; the data's arrays are "
+                               f"{sorted(given)} (name each after the input it feeds; x for a "
+                               "model of one input)")
+    for info in inputs:
+        shape = given[pairs[info.name]].shape
+        fits = len(shape) == len(info.shape) - 1 and all(
+            want is None or want == have for want, have in zip(info.shape[1:], shape, strict=True))
+        if not fits:
+            raise ModelSourceError(
+                f"model.path: {path}'s input {info.name} takes {list(info.shape)} but the "
+                f"data's {pairs[info.name]} holds examples of shape {shape} (the batch first)")
+    return pairs
+
+
+def inspect_array_model(model_cfg: ModelConfig, arrays: Mapping[str, ArraySpec],
+                        output: str | None) -> ModelFacts:
+    """Open a model file taken as it is with array data and check it against the arrays.
+
+    Raises:
+        ModelSourceError: The file cannot be read, its inputs do not fit the arrays, or it has
+            no output named `output`.
+    """
+    path = Path(str(model_cfg.path))
+    kind = model_kind(path)
+    runner = _open(path, kind)
+    match_inputs(path, runner.inputs, arrays)
+    names = [info.name for info in runner.outputs]
+    scored = output or scores_output(names)
+    if scored not in names:
+        raise ModelSourceError(f"eval.output: {path} has no output {scored!r} (its outputs: "
+                               f"{', '.join(names)})")
+    return ModelFacts(kind=kind, output=scored)
+
+
+def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
+                       out_dir: Path) -> ModelArtifact:
+    """A SavedModel, ``.tflite`` or ``.onnx`` file copied in as the baseline, as it is.
+
+    A SavedModel keeps its own signature (no image serving signature is made for it).
+
+    Raises:
+        ModelSourceError: As `inspect_array_model`.
+    """
+    import shutil
+
+    from tfopt.fileio import replace_dir, staging_dir_for
+
+    path = Path(str(model_cfg.path))
+    facts = inspect_array_model(model_cfg, dataset.arrays, None)
+    if facts.kind == "savedmodel":
+        final, precision = out_dir / "baseline-savedmodel", "fp32"
+        staging = staging_dir_for(final)
+        shutil.copytree(path, staging)
+        replace_dir(staging, final)
+    else:
+        final, precision = runtime_of(facts.kind).import_file(path, out_dir)
+    return ModelArtifact(
+        name="baseline", path=final, format=facts.kind, precision=precision,
+        image_size=dataset.image_size, num_classes=0, input_scale=model_cfg.input_scale,
+        params={"source": str(path), "kind": facts.kind, "taken_as_it_is": True})

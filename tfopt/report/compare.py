@@ -98,10 +98,18 @@ def _latency_move(before: dict[str, Any], after: dict[str, Any], history: list[f
 
 
 def _accuracy_move(before: dict[str, Any], after: dict[str, Any],
-                   test_examples: int | None) -> dict[str, Any] | None:
-    """An accuracy move beyond `accuracy_noise_points` on the test split, or None."""
+                   test_examples: int | None,
+                   budget: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """An accuracy move beyond `accuracy_noise_points` on the test split, or None.
+
+    A metric that is no share (`budget`: the summary's ``metric_budget``, its unit not
+    ``share``) moves when it changes by more than its budget allows of the earlier figure:
+    ``worse`` or ``better`` in its own direction.
+    """
     if before.get("accuracy") is None or after.get("accuracy") is None:
         return None
+    if budget is not None and budget.get("unit", "share") != "share":
+        return _metric_move(before, after, budget)
     points = (after["accuracy"] - before["accuracy"]) * 100.0
     noise = accuracy_noise_points(before["accuracy"], after["accuracy"], test_examples)
     if abs(points) <= noise:
@@ -109,6 +117,20 @@ def _accuracy_move(before: dict[str, Any], after: dict[str, Any],
     return {"variant": after["name"], "what": "accuracy",
             "direction": "lower" if points < 0 else "higher", "before": before["accuracy"],
             "after": after["accuracy"], "points": points, "noise_points": noise}
+
+
+def _metric_move(before: dict[str, Any], after: dict[str, Any],
+                 budget: dict[str, Any]) -> dict[str, Any] | None:
+    """A move of a metric that is no share beyond its budget of the earlier figure, or None."""
+    old, new = before["accuracy"], after["accuracy"]
+    allowance = budget["amount"] * abs(old) if budget["relative"] else budget["amount"]
+    change = new - old
+    if abs(change) <= allowance:
+        return None
+    better = change > 0 if budget["higher_is_better"] else change < 0
+    return {"variant": after["name"], "what": budget["metric"],
+            "direction": "better" if better else "worse", "before": old, "after": new,
+            "change": change, "allowance": allowance}
 
 
 def compare(previous: dict[str, Any], current: dict[str, Any],
@@ -141,7 +163,8 @@ def compare(previous: dict[str, Any], current: dict[str, Any],
         if old["status"] == new["status"] == "ok":
             moves += [move for move in (
                 _latency_move(old, new, (history or {}).get(name, []), configured),
-                _accuracy_move(old, new, test_examples)) if move]
+                _accuracy_move(old, new, test_examples, current.get("metric_budget")))
+                if move]
     since = {
         "previous_run_id": previous.get("mlflow_run_id"),
         "previous_run_url": previous.get("mlflow_run_url"),
@@ -189,15 +212,19 @@ _COUNTED = frozenset({"confirmed", "stricter_rule"})
 
 
 def _regressions(since: dict[str, Any]) -> list[dict[str, Any]]:
-    """Lower accuracy, newly failing variants, slowdowns confirmed (or past the stricter rule)."""
+    """Lower accuracy or a worse metric, new failures, slowdowns confirmed (or past the rule)."""
     regressions = [move for move in since["moves"]
-                   if move["direction"] == "lower"
+                   if move["direction"] in ("lower", "worse")
                    or (move["direction"] == "slower" and move.get("verdict") in _COUNTED)]
     return regressions + [change for change in since["status_changes"]
                           if change["after"] == "failed"]
 
 
 def _move_line(move: dict[str, Any]) -> str:
+    if "allowance" in move:
+        return (f"- {move['variant']}: {move['what']} {move['before']:.4g} -> "
+                f"{move['after']:.4g} ({move['direction']}, {move['change']:+.4g}, beyond the "
+                f"budget's {move['allowance']:.4g})")
     if move["what"] != "p50":
         return (f"- {move['variant']}: accuracy {move['before']:.4f} -> {move['after']:.4f} "
                 f"({move['points']:+.2f} points, noise {move.get('noise_points', 0.0):.2f})")

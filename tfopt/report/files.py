@@ -31,7 +31,7 @@ def pareto_front(points: list[tuple[str, float, float]]) -> set[str]:
 
 _CSV_COLUMNS = ("name", "source", "format", "precision", "status", "accuracy",
                 "accuracy_ci95_low", "accuracy_ci95_high", "val_accuracy",
-                "accuracy_delta_points", "top1_agreement", "max_abs_diff", "p50_ms",
+                "accuracy_delta_points", "metric_delta", "top1_agreement", "max_abs_diff", "p50_ms",
                 "p50_ci95_low_ms", "p50_ci95_high_ms", "harness_floor_ms", "tied_with", "p90_ms",
                 "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "trimmed_mean_ms",
                 "cv", "stable", "throughput_per_s", "batch_throughput_per_s", "batch_size",

@@ -10,6 +10,8 @@ from tfopt.report.compare import markdown_moves, markdown_overview
 from tfopt.report.summary import (
     accuracy_sentence,
     classes_sentence,
+    delta_cell,
+    delta_header,
     metric_name,
     or_dash,
     peers_sentence,
@@ -39,7 +41,8 @@ def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "nothing, through the same runner and threads (the harness's and runtime's own cost "
         "per call).",
         "",
-        f"| variant | status | val {metric} | test {metric} (95% interval) | Δ pts (test) "
+        f"| variant | status | val {metric} | test {metric} (95% interval) "
+        f"| {delta_header(summary)} (test) "
         "| p50 ms | p50 95% interval | floor ms | p99 ms "
         "| ex/s (b=1) | ex/s (batch) | size KB | gzip KB | peak MB | tied with | notes |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
@@ -54,7 +57,7 @@ def report_markdown(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {_name_cell(row, summary)} | {_status_cell(row)} "
             f"| {or_dash(row.get('val_accuracy'), '.4f')} | {_accuracy_cell(row)} "
-            f"| {or_dash(row['accuracy_delta_points'], '+.2f')} | {or_dash(row['p50_ms'], '.3f')} "
+            f"| {delta_cell(row, summary)} | {or_dash(row['p50_ms'], '.3f')} "
             f"| {interval(row)} | {or_dash(row['harness_floor_ms'], '.4f')} "
             f"| {or_dash(row['p99_ms'], '.3f')} | {or_dash(row['throughput_per_s'], ',.0f')} "
             f"| {or_dash(row['batch_throughput_per_s'], ',.0f')} "
@@ -194,7 +197,8 @@ _SHORT_ERROR = 60
 
 def _short_variant_table(summary: dict[str, Any]) -> str:
     """Every variant in six columns (the whole report has fifteen)."""
-    lines = ["| variant | status | accuracy | Δ pts | p50 ms | size KB |",
+    lines = [f"| variant | status | {metric_name(summary)} | {delta_header(summary)} | p50 ms "
+             "| size KB |",
              "|---|---|---:|---:|---:|---:|"]
     for entry in summary["variants"]:
         status = _status_cell(entry, _SHORT_ERROR)
@@ -203,7 +207,7 @@ def _short_variant_table(summary: dict[str, Any]) -> str:
             continue
         lines.append(f"| {_name_cell(entry, summary)} | {status} "
                      f"| {or_dash(entry['accuracy'], '.4f')} "
-                     f"| {or_dash(entry.get('accuracy_delta_points'), '+.2f')} "
+                     f"| {delta_cell(entry, summary)} "
                      f"| {or_dash(entry['latency_ms'].get('p50'), '.3f')} "
                      f"| {entry['size_bytes'] / 1024:,.1f} |")
     return "\n".join(lines)

@@ -12,7 +12,7 @@ from tfopt.artifacts import (
     VariantResult,
 )
 from tfopt.cpu_features import SERVE_WITHOUT_AMX
-from tfopt.eval.metrics import counted
+from tfopt.eval.metrics import MetricBudget, counted
 from tfopt.models.health import baseline_health
 from tfopt.report.diagnosis import diagnose
 from tfopt.runtimes import runtime_of
@@ -50,7 +50,7 @@ def dataset_digest(dataset: DatasetArtifact) -> str:
 def variant_entry(
     result: VariantResult,
     baseline_accuracy: float | None,
-    budget_points: float,
+    budget: MetricBudget,
     notes: list[str] | None = None,
     tied_with: list[str] | None = None,
     gflops: float | None = None,
@@ -73,9 +73,10 @@ def variant_entry(
         result.latency_ms.model_dump() if result.latency_ms
         else dict.fromkeys(_LATENCY_KEYS)
     )
-    delta = None
+    difference = None
     if result.status == "ok" and None not in (baseline_accuracy, result.accuracy):
-        delta = (result.accuracy - baseline_accuracy) * 100.0
+        difference = result.accuracy - baseline_accuracy
+    share = budget.metric.unit == "share"
     return {
         "name": result.name,
         "source": result.source,
@@ -92,7 +93,9 @@ def variant_entry(
         "accuracy_ci95": _interval(result.accuracy, test_images) if counted(result.metric)
         else None,
         "val_accuracy": result.val_accuracy,
-        "accuracy_delta_points": delta,
+        "accuracy_delta_points": (None if difference is None or not share
+                                  else 100.0 * difference),
+        "metric_delta": difference,
         "latency_ms": latency,
         "throughput_per_s": result.throughput_per_s,
         "timed_runs": result.timed_runs,
@@ -100,7 +103,8 @@ def variant_entry(
         "peak_rss_mb": result.peak_rss_mb,
         "top1_agreement": result.top1_agreement,
         "max_abs_diff": result.max_abs_diff,
-        "flags": variant_flags(delta, budget_points),
+        "flags": variant_flags(result.accuracy if difference is not None else None,
+                               baseline_accuracy, budget),
         "notes": notes or [],
         "batch_throughput_per_s": result.batch_throughput_per_s,
         "batch_size": result.batch_size,
@@ -137,11 +141,17 @@ def _interval(accuracy: float | None, images: int) -> list[float] | None:
     return None if interval is None else [round(value, 4) for value in interval]
 
 
-def variant_flags(delta_points: float | None, budget_points: float) -> list[str]:
-    """Warnings a reader should not miss, e.g. an accuracy drop beyond the budget."""
-    if delta_points is not None and -delta_points > budget_points:
-        return [f"accuracy drop {-delta_points:.2f} points exceeds the {budget_points} budget"]
-    return []
+def variant_flags(value: float | None, baseline: float | None,
+                  budget: MetricBudget) -> list[str]:
+    """Warnings a reader should not miss, e.g. a metric given up beyond the budget."""
+    if value is None or baseline is None or budget.within(value, baseline):
+        return []
+    metric = budget.metric
+    if metric.unit == "share" and not budget.relative:
+        return [f"{metric.name} drop {100 * (baseline - value):.2f} points exceeds the "
+                f"{budget.points():g} budget"]
+    return [f"{metric.name} {metric.shown(value)} is beyond the budget ({budget.described()}) "
+            f"of the baseline's {metric.shown(baseline)}"]
 
 
 def or_dash(value: float | None, pattern: str) -> str:
@@ -175,12 +185,12 @@ def build_summary(
     run_id: str,
     flow_run_id: str,
     dataset: DatasetArtifact,
-    input_pipeline: InputPipelineResult,
+    input_pipeline: InputPipelineResult | None,
     results: list[VariantResult],
     champion: str | None,
     champion_reason: str,
     baseline_accuracy: float | None,
-    budget_points: float,
+    budget: MetricBudget,
     tied: list[str] | None = None,
     techniques: dict[str, Any] | None = None,
     extras: dict[str, Any] | None = None,
@@ -188,7 +198,8 @@ def build_summary(
 ) -> dict[str, Any]:
     """Assemble the summary JSON (DESIGN.md's contract; keys are only ever added).
 
-    `tied` names the variants tied with the champion; each of them, and the champion, lists the
+    `input_pipeline` is None for array data (nothing decoded, nothing trained). `tied` names the
+    variants tied with the champion; each of them, and the champion, lists the
     others of that group in its ``tied_with``. `runoff` holds the contenders' side-by-side
     timings, if a run-off took place.
     """
@@ -203,7 +214,7 @@ def build_summary(
         "prefect_flow_run_id": flow_run_id,
         "dataset": dataset_entry(dataset),
         "dataset_digest": dataset_digest(dataset),
-        "input_pipeline": {
+        "input_pipeline": None if input_pipeline is None else {
             "naive_examples_per_s": input_pipeline.naive_examples_per_s,
             "tuned_examples_per_s": input_pipeline.tuned_examples_per_s,
             "cached_examples_per_s": input_pipeline.cached_examples_per_s,
@@ -214,7 +225,7 @@ def build_summary(
             "cache": input_pipeline.cache_mode,
         },
         "variants": [
-            variant_entry(result, baseline_accuracy, budget_points, notes.get(result.name),
+            variant_entry(result, baseline_accuracy, budget, notes.get(result.name),
                           [name for name in group if name != result.name]
                           if result.name in group else [], network_gflops.get(result.source),
                           runoff, dataset.splits["test"].examples)
@@ -222,6 +233,10 @@ def build_summary(
         ],
         "runoff": runoff.model_dump() if runoff else None,
         "baseline_accuracy": baseline_accuracy,
+        "metric_budget": {"metric": budget.metric.name, "amount": budget.amount,
+                          "relative": budget.relative, "described": budget.described(),
+                          "higher_is_better": budget.metric.higher_is_better,
+                          "unit": budget.metric.unit},
         "techniques": techniques or {},
         **(extras or {}),
         "champion": champion or "",
@@ -239,7 +254,7 @@ def benchmark_summary(
     flow_run_id: str,
     environment: dict[str, Any],
     result: VariantResult,
-    budget_points: float,
+    budget: MetricBudget,
     extras: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The summary of one model benchmarked alone (``tfopt benchmark``), the pipeline's keys.
@@ -255,7 +270,7 @@ def benchmark_summary(
         "mlflow_run_id": run_id,
         "prefect_flow_run_id": flow_run_id,
         "environment": environment,
-        "variants": [variant_entry(result, None, budget_points)],
+        "variants": [variant_entry(result, None, budget)],
         **(extras or {}),
     }
 
@@ -265,6 +280,23 @@ def metric_name(summary: dict[str, Any]) -> str:
     """What the variants' ``accuracy`` holds (``accuracy`` unless ``eval.metric`` named another)."""
     return next((entry.get("metric") for entry in summary.get("variants", [])
                  if entry.get("status") == "ok" and entry.get("metric")), None) or "accuracy"
+
+
+def in_points(summary: dict[str, Any]) -> bool:
+    """Whether the run's metric is a share whose differences read as points (accuracy)."""
+    return (summary.get("metric_budget") or {}).get("unit", "share") == "share"
+
+
+def delta_header(summary: dict[str, Any]) -> str:
+    """The column of each variant's difference to the baseline: ``Δ pts``, or ``Δ <metric>``."""
+    return "Δ pts" if in_points(summary) else f"Δ {metric_name(summary)}"
+
+
+def delta_cell(entry: dict[str, Any], summary: dict[str, Any]) -> str:
+    """A variant's difference to the baseline: in points for a share, else in its units."""
+    if in_points(summary):
+        return or_dash(entry.get("accuracy_delta_points"), "+.2f")
+    return or_dash(entry.get("metric_delta"), "+.4f")
 
 
 def speedup_sentence(speedup: dict[str, Any] | None) -> str:
@@ -337,7 +369,9 @@ def accuracy_sentence(verdict: dict[str, Any] | None) -> str:
                 + (f" (95% interval {interval[0]:.3f}-{interval[1]:.3f})" if interval else ""))
 
     sentence = (f"Accuracy: the {verdict['budget_points']:g}-point budget was judged on the "
-                f"{verdict['judged_on']} split")
+                f"{verdict['judged_on']} split" if verdict["budget_points"] is not None else
+                f"Metric {verdict['metric']}: the budget ({verdict['budget']}) was judged on "
+                f"the {verdict['judged_on']} split")
     if verdict["judged_on"] == "validation":
         chosen_on = _image_by_image(verdict.get("paired_on_validation"), champion, baseline,
                                     within_brackets=True)
@@ -345,7 +379,8 @@ def accuracy_sentence(verdict: dict[str, Any] | None) -> str:
                      f"{baseline['name']} {or_dash(baseline['val_accuracy'], '.4f')}{chosen_on}"
                      f"); on {verdict['test_images']} held-out test images no choice used")
     else:
-        sentence += f", on its {verdict['test_images']} images"
+        sentence += (f", on its {verdict['test_images']} "
+                     + ("images" if verdict["budget_points"] is not None else "examples"))
     sentence += f", {champion['name']} {tested(champion)}, {baseline['name']} {tested(baseline)}"
     sentence += _image_by_image(verdict.get("paired"), champion, baseline)
     held_out = not_held_on_test(verdict)
@@ -377,7 +412,7 @@ def not_held_on_test(verdict: dict[str, Any] | None) -> str:
     once, can disagree. Beyond the budget there and McNemar's p below `SIGNIFICANT_P`: said.
     """
     paired = (verdict or {}).get("paired")
-    if not paired or verdict["judged_on"] != "validation":
+    if not paired or verdict["judged_on"] != "validation" or verdict["budget_points"] is None:
         return ""
     champion, baseline = verdict["champion"]["test_accuracy"], verdict["baseline"]["test_accuracy"]
     if champion is None or baseline is None:

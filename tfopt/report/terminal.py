@@ -16,6 +16,9 @@ from rich.table import Table
 from tfopt.cpu_features import SERVE_WITHOUT_AMX
 from tfopt.models.health import health_line
 from tfopt.report.summary import (
+    delta_cell,
+    delta_header,
+    in_points,
     load_clause,
     metric_name,
     not_held_on_test,
@@ -34,9 +37,9 @@ def measured_table(summary: dict[str, Any]) -> Table:
     champion is starred.
     """
     table = Table(title="tfopt: variants measured on the same test inputs (★ champion)")
-    metric = metric_name(summary)
+    named = {"accuracy": metric_name(summary), "Δ pts": delta_header(summary)}
     for column in COLUMNS:
-        table.add_column(metric if column == "accuracy" else column,
+        table.add_column(named.get(column, column),
                          justify="left" if column == "variant" else "right")
     for entry in summary["variants"]:
         if entry["status"] != "ok":
@@ -45,7 +48,7 @@ def measured_table(summary: dict[str, Any]) -> Table:
         table.add_row(
             ("★ " if entry["name"] == summary.get("champion") else "") + entry["name"],
             or_dash(entry["accuracy"], ".4f"),
-            or_dash(entry["accuracy_delta_points"], "+.2f"),
+            delta_cell(entry, summary),
             or_dash(latency["p50"], ".3f"),
             or_dash(latency["p99"], ".3f"),
             or_dash(entry["throughput_per_s"], ",.0f"),
@@ -89,10 +92,15 @@ def champion_line(summary: dict[str, Any]) -> str:
     delta = entry.get("accuracy_delta_points")
     budget = summary.get("accuracy_budget_points")
     judged_on = (summary.get("accuracy_verdict") or {}).get("judged_on")
+    judged = f", judged on {judged_on}" if judged_on else ""
     accuracy = ("" if delta is None else f", {delta:+.2f} points against the baseline on test"
-                + (f" (budget {budget:g} point{'' if budget == 1 else 's'}"
-                   + (f", judged on {judged_on}" if judged_on else "") + ")"
+                + (f" (budget {budget:g} point{'' if budget == 1 else 's'}{judged})"
                    if budget is not None else ""))
+    if not in_points(summary) and entry.get("metric_delta") is not None:
+        metric_budget = summary["metric_budget"]
+        accuracy = (f", {metric_budget['metric']} {entry['accuracy']:.4g} against the "
+                    f"baseline's {entry['accuracy'] - entry['metric_delta']:.4g} on test "
+                    f"(budget {metric_budget['described']}{judged})")
     speedup = summary.get("champion_speedup_over_int8")
     if speedup and speedup.get("ratio") is not None:
         how = _how(speedup)

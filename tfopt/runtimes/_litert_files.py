@@ -235,10 +235,23 @@ def _info(name: str, detail: Mapping[str, Any]) -> TensorInfo:
     return TensorInfo(name, shape, np.dtype(detail["dtype"]).name)
 
 
-def representative_images(
+def representative_inputs(
     dataset: DatasetArtifact, examples: int, scale: InputScale = "unit"
-) -> Iterator[list[np.ndarray]]:
-    """Yield calibration inputs one at a time from the training shards, scaled for the model."""
+) -> Iterator[list[np.ndarray] | dict[str, np.ndarray]]:
+    """Yield calibration inputs one at a time (batch 1) from the training shards.
+
+    Images scaled for the model, as a list of one; an array data set's inputs (never ``y``):
+    a list of one for a model of one input, else by input name (`tfopt.data.arrays`).
+    """
+    if dataset.arrays:
+        from tfopt.data.arrays import input_specs, load_split_feeds
+
+        names = list(input_specs(dataset))
+        feeds = load_split_feeds(dataset, "train", examples)
+        for row in range(len(feeds[names[0]])):
+            one = {name: feeds[name][row : row + 1] for name in names}
+            yield [one[names[0]]] if len(names) == 1 else one
+        return
     from tfopt.data.pipeline import load_split
 
     images, _ = load_split(dataset, "train", examples, scale)
@@ -270,7 +283,7 @@ def configure_converter(converter: Any, precision: Precision, dataset: DatasetAr
     if precision == "float16":
         converter.target_spec.supported_types = [tf.float16]
     elif precision in ("int8", "int16x8"):
-        converter.representative_dataset = lambda: representative_images(
+        converter.representative_dataset = lambda: representative_inputs(
             dataset, calibration_examples, scale)
         converter.target_spec.supported_ops = [{
             "int8": tf.lite.OpsSet.TFLITE_BUILTINS_INT8,

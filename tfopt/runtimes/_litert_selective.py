@@ -43,7 +43,7 @@ from tfopt.logs import step_logger
 from tfopt.runtimes._litert_files import (
     STEM_GAIN,
     TFLiteRunner,
-    representative_images,
+    representative_inputs,
     serving_converter,
 )
 from tfopt.runtimes.base import BuildSources
@@ -303,7 +303,7 @@ def select_int8_layers(savedmodel: ModelArtifact, variant: VariantSpec, sources:
     float_accuracy, float_p50 = _accuracy_and_p50(float_model, images, labels, threads, scratch,
                                                   timed=search)
     def calibration() -> Iterator[list[np.ndarray]]:
-        return representative_images(dataset, sources.calibration_examples, scale)
+        return representative_inputs(dataset, sources.calibration_examples, scale)
 
     full_int8 = _full_int8(savedmodel, calibration)
     full_accuracy, full_p50 = _accuracy_and_p50(full_int8, images, labels, threads, scratch,

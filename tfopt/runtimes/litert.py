@@ -175,6 +175,10 @@ class LiteRT(Runtime):
         if spec.form == "tflite-selective":
             from tfopt.runtimes._litert_selective import select_int8_layers
 
+            if sources.dataset.arrays:
+                return skipped(spec, "selective int8 judges a classifier's top-1 on images; "
+                                     "not built yet for array data")
+
             return select_int8_layers(sources.savedmodel, spec, sources,
                                       settings.selective_max_float_layers,
                                       settings.selective_float_stem,

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from tfopt.artifacts import OpProfile, Precision, VariantResult, VariantSpec
+from tfopt.artifacts import DatasetArtifact, OpProfile, Precision, VariantResult, VariantSpec
 from tfopt.fileio import atomic_write_bytes
 from tfopt.logs import step_logger
 from tfopt.measurement.profiles import PROFILED_CALLS, WARMUP_CALLS, top_ops
@@ -168,6 +168,35 @@ def max_probability_difference(
     )
 
 
+def _check_on_arrays(savedmodel: Path, onnx_file: Path,
+                     dataset: DatasetArtifact) -> tuple[float, int]:
+    """The largest |ONNX - SavedModel| on test examples, and the examples compared.
+
+    Every output is matched by name; its difference is a share of its largest magnitude.
+
+    Raises:
+        OnnxMismatchError: The two files' outputs have different names.
+    """
+    from tfopt.data.arrays import feeds_for, load_split_feeds
+    from tfopt.runtimes.base import outputs_batched
+    from tfopt.runtimes.tensorflow import SavedModelRunner
+
+    arrays = load_split_feeds(dataset, "test", CHECK_EXAMPLES)
+    outputs = []
+    for runner in (SavedModelRunner(savedmodel), OnnxRunner(onnx_file)):
+        outputs.append(outputs_batched(runner, feeds_for(
+            [info.name for info in runner.inputs], arrays), 32))
+    reference, candidate = outputs
+    if sorted(reference) != sorted(candidate):
+        raise OnnxMismatchError(f"ONNX outputs {sorted(candidate)} are not the SavedModel's "
+                                f"{sorted(reference)}")
+    worst = max(float(np.max(np.abs(reference[name] - candidate[name])))
+                / max(float(np.max(np.abs(reference[name]))), 1e-12) for name in reference)
+    step_logger().info("ONNX vs SavedModel on %d test examples: max |Δ| %.2e of the outputs' "
+                       "largest value", len(next(iter(arrays.values()))), worst)
+    return worst, len(next(iter(arrays.values())))
+
+
 def export_onnx(spec: VariantSpec, sources: BuildSources, cfg: OnnxSettings) -> VariantSpec:
     """Write ``<source>.onnx`` from the serving signature and check it with ONNX Runtime.
 
@@ -188,6 +217,13 @@ def export_onnx(spec: VariantSpec, sources: BuildSources, cfg: OnnxSettings) -> 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_labels(out_dir, sources.dataset.class_names)
     run_tf2onnx(savedmodel.path, path, cfg.onnx_opset)
+    if sources.dataset.arrays:
+        max_diff, checked = _check_on_arrays(savedmodel.path, path, sources.dataset)
+        if max_diff > cfg.onnx_atol:
+            raise OnnxMismatchError(f"ONNX differs from the SavedModel by {max_diff:.3e} of its "
+                                    f"outputs' largest value > onnx_atol {cfg.onnx_atol}")
+        return built(spec, path, opset=cfg.onnx_opset, check_max_rel_diff=max_diff,
+                     check_examples=checked)
     images, _ = load_split(sources.dataset, "test", CHECK_EXAMPLES, savedmodel.input_scale)
     reference = predict_batched(SavedModelRunner(savedmodel.path), images, 32)
     candidate = predict_batched(OnnxRunner(path), images, 32)
@@ -202,7 +238,8 @@ def export_onnx(spec: VariantSpec, sources: BuildSources, cfg: OnnxSettings) -> 
 
 
 def quantize_onnx_file(
-    source: Path, output: Path, precision: str, calibration: Iterator[list[np.ndarray]] | None,
+    source: Path, output: Path, precision: str,
+    calibration: Iterator[list[np.ndarray] | dict[str, np.ndarray]] | None,
 ) -> dict[str, str | int | float | bool]:
     """Write the quantized form of `source` to `output` atomically; return how it was made.
 
@@ -221,8 +258,10 @@ def quantize_onnx_file(
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     class Calibration(CalibrationDataReader):
-        def __init__(self, input_name: str, images: Iterator[list[np.ndarray]]) -> None:
-            self._feeds = ({input_name: batch[0]} for batch in images)
+        def __init__(self, input_name: str,
+                     examples: Iterator[list[np.ndarray] | dict[str, np.ndarray]]) -> None:
+            self._feeds = (one if isinstance(one, dict) else {input_name: one[0]}
+                           for one in examples)
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self._feeds, None)
@@ -394,11 +433,11 @@ class OnnxRuntime(Runtime):
             return built(spec, sources.model.path)
         if spec.precision == "fp32":
             return export_onnx(spec, sources, settings)
-        from tfopt.runtimes._litert_files import representative_images
+        from tfopt.runtimes._litert_files import representative_inputs
 
         float_file = required(sources, spec.derived_from)
         path = sources.out_dir / f"{spec.name}.onnx"
-        calibration = (None if spec.precision == "dynamic" else representative_images(
+        calibration = (None if spec.precision == "dynamic" else representative_inputs(
             sources.dataset, sources.calibration_examples, sources.model.input_scale))
         how = quantize_onnx_file(float_file.path, path, spec.precision, calibration)
         if calibration is not None:

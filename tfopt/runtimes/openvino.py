@@ -341,24 +341,28 @@ def quantize_int8(float_xml: Path, dataset: DatasetArtifact, calibration_example
     import openvino as ov
 
     from tfopt.data.pipeline import load_split
+    from tfopt.runtimes._litert_files import representative_inputs
 
     core = ov.Core()
     model = core.read_model(str(float_xml))
     if has_fake_quantize(model):
         return save_model(model, folder), {
             "quantizer": "the model's own FakeQuantize ops (quantization-aware training)"}
-    train_images, _ = load_split(dataset, "train", calibration_examples, scale)
-    calibration = nncf.Dataset([image[np.newaxis] for image in train_images])
-    quantized = nncf.quantize(model, calibration, subset_size=len(train_images))
+    examples = [one[0] if isinstance(one, list) else one
+                for one in representative_inputs(dataset, calibration_examples, scale)]
+    calibration = nncf.Dataset(examples)
+    quantized = nncf.quantize(model, calibration, subset_size=len(examples))
+    how: dict[str, str | int | float | bool] = {
+        "quantizer": "nncf.quantize", "calibration_examples": len(examples),
+        "accuracy_controlled": False}
+    if dataset.arrays:  # the accuracy control judges a classifier's top-1 on images
+        return save_model(quantized, folder), how
     val_images, val_labels = load_split(dataset, "val", None, scale)
     config = compile_config(1, "f32")
     float_accuracy = _accuracy(core.compile_model(model, "CPU", config), val_images, val_labels)
     int8_accuracy = _accuracy(core.compile_model(quantized, "CPU", config), val_images,
                               val_labels)
-    how: dict[str, str | int | float | bool] = {
-        "quantizer": "nncf.quantize", "calibration_examples": len(train_images),
-        "val_accuracy_float": float_accuracy, "val_accuracy_int8": int8_accuracy,
-        "accuracy_controlled": False}
+    how.update(val_accuracy_float=float_accuracy, val_accuracy_int8=int8_accuracy)
     drop_points = (float_accuracy - int8_accuracy) * 100.0
     if drop_points > budget_points and accuracy_control and len(val_images):
         step_logger().info("OpenVINO int8 loses %.2f points on validation (budget %.2f): "
@@ -373,7 +377,7 @@ def quantize_int8(float_xml: Path, dataset: DatasetArtifact, calibration_example
         quantized = nncf.quantize_with_accuracy_control(
             model, calibration, validation, validation_fn=validate,
             max_drop=budget_points / 100.0, drop_type=nncf.DropType.ABSOLUTE,
-            subset_size=len(train_images))
+            subset_size=len(examples))
         how.update(quantizer="nncf.quantize_with_accuracy_control", accuracy_controlled=True,
                    val_accuracy_int8=_accuracy(core.compile_model(quantized, "CPU", config),
                                                val_images, val_labels))

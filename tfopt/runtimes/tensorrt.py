@@ -48,15 +48,37 @@ def tftrt_unavailable_reason() -> str | None:
     )
 
 
-def trtexec_command(image_size: int, max_batch: int, channels: int = 3) -> str:
-    """The trtexec line that builds an engine with a dynamic-batch shape profile."""
+def trtexec_command(shapes: dict[str, list[int]], max_batch: int) -> str:
+    """The trtexec line that builds an engine with a dynamic-batch shape profile per input.
+
+    `shapes` holds each input's example shape (the batch left out), by input name.
+    """
     opt_batch = max(1, max_batch // 4)
-    shape = f"{image_size}x{image_size}x{channels}"
+
+    def profile(batch: int) -> str:
+        return ",".join(f"{name}:{'x'.join(str(d) for d in (batch, *shape))}"
+                        for name, shape in shapes.items())
+
     return (
         "trtexec --onnx=model.onnx --saveEngine=model.plan "
-        f"--minShapes={INPUT_NAME}:1x{shape} --optShapes={INPUT_NAME}:{opt_batch}x{shape} "
-        f"--maxShapes={INPUT_NAME}:{max_batch}x{shape} --fp16"
+        f"--minShapes={profile(1)} --optShapes={profile(opt_batch)} "
+        f"--maxShapes={profile(max_batch)} --fp16"
     )
+
+
+def input_shapes(sources: BuildSources, onnx: Path) -> dict[str, list[int]]:
+    """Each ONNX input's example shape: the image a serving SavedModel takes, or the arrays'."""
+    savedmodel = sources.savedmodel
+    if not sources.dataset.arrays:
+        return {INPUT_NAME: [savedmodel.image_size, savedmodel.image_size, savedmodel.channels]}
+    import onnxruntime as ort
+
+    from tfopt.data.arrays import feeds_for
+
+    names = [info.name for info in ort.InferenceSession(
+        str(onnx), providers=["CPUExecutionProvider"]).get_inputs()]
+    return {name: list(spec.shape) for name, spec in feeds_for(
+        names, sources.dataset.arrays).items()}
 
 
 def bundle(sources: BuildSources, onnx: VariantSpec, max_batch: int, out_dir: Path) -> Path:
@@ -67,21 +89,24 @@ def bundle(sources: BuildSources, onnx: VariantSpec, max_batch: int, out_dir: Pa
     staging.mkdir()
     shutil.copy2(onnx.path, staging / "model.onnx")
     shutil.copytree(savedmodel.path, staging / "saved_model")
-    command = trtexec_command(savedmodel.image_size, max_batch, savedmodel.channels)
+    shapes = input_shapes(sources, Path(onnx.path))
+    command = trtexec_command(shapes, max_batch)
     atomic_write_text(
         staging / "trtexec.sh",
         "#!/usr/bin/env bash\n# Build a TensorRT engine from model.onnx on a machine with "
         "TensorRT.\nset -euo pipefail\ncd \"$(dirname \"$0\")\"\n" + command + "\n",
     )
     (staging / "trtexec.sh").chmod(0o755)
+    inputs = [{"name": name, "dtype": _dtype(sources, name), "shape": [-1, *shape]}
+              for name, shape in shapes.items()]
     atomic_write_text(staging / "bundle.json", json.dumps({
         "onnx": "model.onnx",
         "saved_model": "saved_model",
         "signature": SIGNATURE_KEY,
-        "input": {"name": INPUT_NAME, "dtype": "float32",
-                  "shape": [-1, savedmodel.image_size, savedmodel.image_size,
-                            savedmodel.channels]},
-        "outputs": ["logits", "probabilities"],
+        "input": inputs[0],
+        "inputs": inputs,
+        "outputs": (["logits", "probabilities"] if not sources.dataset.arrays
+                    else "the SavedModel's own"),
         "opset": onnx.params.get("opset"),
         "onnx_vs_savedmodel_max_abs_diff": onnx.params.get("check_max_abs_diff"),
         "trtexec": command,
@@ -89,6 +114,16 @@ def bundle(sources: BuildSources, onnx: VariantSpec, max_batch: int, out_dir: Pa
     }, indent=2) + "\n")
     replace_dir(staging, final)
     return final
+
+
+def _dtype(sources: BuildSources, name: str) -> str:
+    """An input's dtype: float32 images, or its array's."""
+    if not sources.dataset.arrays:
+        return "float32"
+    from tfopt.data.arrays import input_specs
+
+    specs = input_specs(sources.dataset)
+    return (specs.get(name) or next(iter(specs.values()))).dtype
 
 
 class TensorRT(Runtime):

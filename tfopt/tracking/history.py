@@ -95,7 +95,20 @@ def previous_variant_file(tracking_uri: str, previous_run_id: str, variant: str,
             filter_string=(f"tags.mlflow.parentRunId = '{previous_run_id}' and "
                            f"tags.`tfopt.variant` = '{variant}'"), max_results=5))
         child = next(c for c in children if c.data.tags.get("tfopt.role") != "machine-benchmark")
-        return download_run_artifacts(tracking_uri, child.info.run_id, "model",
-                                      scratch / variant)
+        folder = download_run_artifacts(tracking_uri, child.info.run_id, "model",
+                                        scratch / variant)
     except (MlflowException, OSError, StopIteration):
         return None
+    return _model_in(folder)
+
+
+def _model_in(folder: Path) -> Path:
+    """The model a downloaded ``model`` artifact holds.
+
+    An MLflow Model folder or a SavedModel as they are, else the one file inside it (a
+    ``.tflite`` or ``.onnx`` logged as it is).
+    """
+    if (folder / "MLmodel").is_file() or (folder / "saved_model.pb").is_file():
+        return folder
+    entries = [entry for entry in folder.iterdir() if not entry.name.startswith(".")]
+    return entries[0] if len(entries) == 1 else folder
