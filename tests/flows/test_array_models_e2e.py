@@ -1,0 +1,103 @@
+"""A model that is no image classifier, through `tfopt run`: arrays in, the user's metric out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.live import LIGHT, TECHNIQUES_OFF, run_smoke_with
+
+pytestmark = pytest.mark.e2e
+
+
+def _regression_data(rows: int) -> dict[str, np.ndarray]:
+    """Two named inputs (numbers and a category) and a target made from both."""
+    rng = np.random.default_rng(7)
+    numbers = rng.normal(size=(rows, 6)).astype(np.float32)
+    category = rng.integers(0, 5, size=rows).astype(np.int32)
+    target = (numbers @ np.linspace(-1, 1, 6) + np.sin(numbers[:, 0]) * 2 + category * 0.5)
+    return {"numbers": numbers, "category": category, "y": target.astype(np.float32)}
+
+
+@pytest.fixture(scope="module")
+def their_regressor(tmp_path_factory):
+    """A two-input Keras 3 regressor trained outside tfopt, exported as a plain SavedModel,
+    and its data as two .npz files."""
+    import keras
+
+    tmp = tmp_path_factory.mktemp("regressor")
+    data = _regression_data(600)
+    (tmp / "data").mkdir()
+    np.savez(tmp / "data" / "first.npz", **{k: v[:400] for k, v in data.items()})
+    np.savez(tmp / "data" / "second.npz", **{k: v[400:] for k, v in data.items()})
+    keras.utils.set_random_seed(0)
+    numbers = keras.Input((6,), name="numbers")
+    category = keras.Input((), dtype="int32", name="category")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(5, 4)(
+        keras.layers.Reshape((1,))(category)))
+    hidden = keras.layers.Dense(64, activation="relu")(
+        keras.layers.Concatenate()([numbers, embedded]))
+    output = keras.layers.Reshape(())(keras.layers.Dense(1)(
+        keras.layers.Dense(64, activation="relu")(hidden)))
+    model = keras.Model({"numbers": numbers, "category": category}, output)
+    model.compile(optimizer="adam", loss="mse")
+    model.fit({"numbers": data["numbers"], "category": data["category"]}, data["y"],
+              epochs=40, batch_size=32, verbose=0)
+    model.export(str(tmp / "model"), verbose=False)
+    return tmp / "data", tmp / "model", model
+
+
+def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime(
+        live_services, tmp_path, their_regressor):
+    import mlflow
+
+    data_dir, model_dir, model = their_regressor
+    summary = run_smoke_with(live_services, tmp_path / "out.json", {
+        **LIGHT, **TECHNIQUES_OFF, "name": "arrays", "work_dir": tmp_path / "work",
+        "data.source_dir": data_dir, "data.source_format": "npz",
+        "data.max_examples_per_class": "null", "model.source": "file",
+        "model.path": model_dir, "train.epochs": 0, "eval.metric": "mae",
+        "eval.budget": 0.05, "eval.budget_relative": True, "convert.tflite": "[fp32, int8]",
+        "convert.onnx_quantize": "[int8]", "runtimes.openvino.precisions": "[fp32, int8]",
+    })
+    log = (tmp_path / "out.log").read_text()
+    assert "Δ mae" in log and "budget 5% mae" in log, log[-3000:]
+    assert summary["metric_budget"]["metric"] == "mae"
+    assert summary["input_pipeline"] is None
+    by_name = {v["name"]: v for v in summary["variants"]}
+    forms = ["baseline-savedmodel", "baseline-tflite-fp32", "baseline-tflite-int8",
+             "baseline-onnx", "baseline-onnx-int8", "baseline-openvino", "baseline-openvino-int8"]
+    assert all(by_name[name]["status"] == "ok" for name in forms), {
+        name: by_name[name]["error"] for name in forms}
+    feeds = np.load(next((tmp_path / "work").rglob("benchmark-inputs/test-feeds.npz")))
+    own = float(np.mean(np.abs(model.predict(
+        {"numbers": feeds["numbers"], "category": feeds["category"]}, verbose=0) - feeds["y"])))
+    baseline = by_name["baseline-savedmodel"]["accuracy"]
+    for name in forms:
+        entry = by_name[name]
+        assert entry["metric"] == "mae" and entry["accuracy_ci95"] is None
+        if "int8" not in name:  # the float forms compute the same function
+            assert abs(entry["accuracy"] - own) <= 1e-4, (name, entry["accuracy"], own)
+        elif "openvino" not in name:  # LiteRT's and ONNX Runtime's int8 add at most 2% of
+            # the targets' spread to the error (NNCF's int8 adds more: docs/measurements.md)
+            assert abs(entry["accuracy"] - own) <= 0.02 * float(np.std(feeds["y"])), (
+                name, entry["accuracy"], own)
+        beyond = entry["accuracy"] > 1.05 * baseline + 1e-9
+        assert bool(entry["flags"]) == beyond and (
+            not beyond or "beyond the budget (5% mae)" in entry["flags"][0]), entry["flags"]
+    champion = by_name[summary["champion"]]
+    assert champion["accuracy"] <= 1.05 * by_name["baseline-savedmodel"]["accuracy"] + 1e-9
+    assert summary["accuracy_verdict"]["budget"] == "5% mae"
+    mlflow.set_tracking_uri(live_services.mlflow_url)
+    child = mlflow.get_run(summary["mlflow_run_id"])
+    assert child.info.status == "FINISHED"
+    runs = mlflow.search_runs([summary["mlflow_experiment_id"]], output_format="list",
+                              filter_string=f"tags.mlflow.parentRunId = "
+                                            f"'{summary['mlflow_run_id']}'")
+    logged = {run.data.tags.get("tfopt.variant"): run.data.metrics for run in runs}
+    assert abs(logged["baseline-tflite-int8"]["mae"]
+               - by_name["baseline-tflite-int8"]["accuracy"]) < 1e-6
+    bundle = Path(summary["report"]).parents[1] / "export"
+    assert any(bundle.rglob("trtexec.sh")), "the TensorRT bundle for named inputs"
