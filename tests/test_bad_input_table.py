@@ -50,6 +50,27 @@ def place(tmp_path_factory) -> Path:
     keras.Model(features, keras.layers.Dense(1, name="price")(features)).save(
         root / "priced.keras")
     np.savez(root / "no-y.npz", x=np.ones((6, 4), np.float32))
+    for name, arrays in {"arrays-good": {"x": (40, 4), "y": (40,)},
+                         "arrays-named-otherwise": {"a": (40, 4), "b": (40, 2), "y": (40,)},
+                         "arrays-too-wide": {"x": (40, 5), "y": (40,)},
+                         "arrays-of-two-lengths": {"x": (40, 4), "y": (39,)},
+                         "arrays-without-y": {"x": (40, 4)}}.items():
+        (root / name).mkdir()
+        np.savez(root / name / "part.npz", **{key: np.random.default_rng(0).normal(
+            size=shape).astype(np.float32) for key, shape in arrays.items()})
+    import tensorflow as tf
+
+    class Priced(tf.Module):
+        def __init__(self) -> None:
+            self.weights = tf.Variable(tf.ones((4, 1)))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="features")])
+        def __call__(self, features):
+            return {"price": tf.matmul(features, self.weights)[:, 0]}
+
+    priced = Priced()
+    tf.saved_model.save(priced, str(root / "priced-savedmodel"),
+                        signatures={"serving_default": priced.__call__})
     np.savez(root / "short-y.npz", features=np.ones((6, 4), np.float32), y=np.ones(5))
     (root / "text.keras").write_text("I am not a model")
     (root / "empty.h5").write_bytes(b"")
@@ -212,6 +233,44 @@ MODEL_CASES = {
                                    "train.mixed_precision": "mixed_bfloat16"},
                                   "train.mixed_precision applies to model.source=zoo"),
 }
+
+
+ARRAY_CASES = {
+    "a Keras file": ("arrays-good", {"model.path": "{place}/good.keras"},
+                     "data.source_format npz: the baseline must be a trained SavedModel"),
+    "arrays named otherwise": ("arrays-named-otherwise", {},
+                               "takes features [None, 4]; the data's arrays are ['a', 'b']"),
+    "examples too wide": ("arrays-too-wide", {},
+                          "input features takes [None, 4] but the data's x holds examples of "
+                          "shape [5]"),
+    "arrays of two lengths": ("arrays-of-two-lengths", {},
+                              "part.npz: its arrays differ in length"),
+    "an output it lacks": ("arrays-good", {"eval.output": "boxes"},
+                           "has no output 'boxes' (its outputs: price)"),
+    "a metric without y": ("arrays-without-y", {"eval.metric": "mae"},
+                           "eval.metric: mae needs labels or targets: an array y"),
+    "fidelity in a pipeline": ("arrays-good", {"eval.metric": "fidelity"},
+                               "not built into tfopt run yet"),
+    "a metric for images": ("", {"eval.metric": "mae"},
+                            "eval.metric mae: image data is trained and judged on top-1"),
+}
+
+
+@pytest.mark.parametrize("case", ARRAY_CASES)
+def test_bad_input_arrays_and_their_model_are_one_line_refusals(case, place, tmp_path, capsys):
+    folder, settings, expected = ARRAY_CASES[case]
+    args = ["--set", f"work_dir={tmp_path / 'work'}", "--set", "train.epochs=0",
+            "--set", "model.source=file", "--set", f"model.path={place / 'priced-savedmodel'}"]
+    if folder:
+        args += ["--set", f"data.source_dir={place / folder}", "--set", "data.source_format=npz",
+                 "--set", "data.max_examples_per_class=null", "--set", "eval.metric=mae"]
+    else:
+        args += ["--set", f"data.source_dir={place / 'good'}"]
+    for key, value in settings.items():
+        args += ["--set", f"{key}={str(value).format(place=place)}"]
+    code, out, err = _run(args, capsys)
+    _refused(code, out, err, expected.format(place=place))
+    assert not (tmp_path / "work").exists(), "nothing written"
 
 
 @pytest.mark.parametrize("case", MODEL_CASES)

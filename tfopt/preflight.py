@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tfopt.artifacts import ArraySpec, ModelFacts
-from tfopt.config import ConfigError, DataConfig, check_writable
+from tfopt.config import ConfigError, DataConfig, EvalConfig, check_writable
 from tfopt.models.config import ModelConfig
 from tfopt.runtimes import model_kind
 
@@ -179,6 +179,29 @@ def _check_model_path(path: Path, config: Any) -> None:
         )
 
 
+def check_array_metric(judged_by: EvalConfig, arrays: dict[str, ArraySpec]) -> None:
+    """Refuse a metric array data cannot score a pipeline's variants by, in one line.
+
+    Raises:
+        ConfigError: A metric that needs labels or targets without ``y`` in the arrays; a
+            fidelity metric (judged against a reference: ``tfopt benchmark --reference``).
+    """
+    from tfopt.data.arrays import TRUTH
+    from tfopt.eval.metrics import MetricError
+
+    try:
+        metric = judged_by.resolve()
+    except MetricError as error:
+        raise ConfigError(str(error)) from error
+    if not metric.needs_labels:
+        raise ConfigError(f"eval.metric: {judged_by.metric} judges a model against a reference "
+                          "without labels: not built into tfopt run yet (tfopt benchmark "
+                          "--reference does it)")
+    if TRUTH not in arrays:
+        raise ConfigError(f"eval.metric: {judged_by.metric} needs labels or targets: an array "
+                          f"{TRUTH} beside the inputs in every .npz file")
+
+
 def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:
     """Check a pipeline run's data, names, space and model before any work.
 
@@ -194,6 +217,8 @@ def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:
 
     check_paths(config)
     data = check_data(config.data)
+    if data.arrays:
+        check_array_metric(config.eval, data.arrays)
     check_free_space(config.work_dir, data, _model_bytes(config.model.path))
     try:
         facts = (run_native(INSPECT_STEP, inspect_array_model, config.model, data.arrays,
