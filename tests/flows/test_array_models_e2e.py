@@ -61,13 +61,14 @@ def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime(
         "model.path": model_dir, "train.epochs": 0, "eval.metric": "mae",
         "eval.budget": 0.05, "eval.budget_relative": True, "convert.tflite": "[fp32, int8]",
         "convert.onnx_quantize": "[int8]", "runtimes.openvino.precisions": "[fp32, int8]",
+        "convert.xla": "[jit_compile]",
     })
     log = (tmp_path / "out.log").read_text()
     assert "Δ mae" in log and "budget 5% mae" in log, log[-3000:]
     assert summary["metric_budget"]["metric"] == "mae"
     assert summary["input_pipeline"] is None
     by_name = {v["name"]: v for v in summary["variants"]}
-    forms = ["baseline-savedmodel", "baseline-tflite-fp32", "baseline-tflite-int8",
+    forms = ["baseline-savedmodel", "baseline-xla", "baseline-tflite-fp32", "baseline-tflite-int8",
              "baseline-onnx", "baseline-onnx-int8", "baseline-openvino", "baseline-openvino-int8"]
     assert all(by_name[name]["status"] == "ok" for name in forms), {
         name: by_name[name]["error"] for name in forms}
@@ -78,7 +79,7 @@ def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime(
     for name in forms:
         entry = by_name[name]
         assert entry["metric"] == "mae" and entry["accuracy_ci95"] is None
-        if "int8" not in name:  # the float forms compute the same function
+        if "int8" not in name:  # the float forms (XLA's of the signature too) compute the same
             assert abs(entry["accuracy"] - own) <= 1e-4, (name, entry["accuracy"], own)
         elif "openvino" not in name:  # LiteRT's and ONNX Runtime's int8 add at most 2% of
             # the targets' spread to the error (NNCF's int8 adds more: docs/measurements.md)

@@ -4,7 +4,8 @@ Forms of a tf_keras model: ``graph`` (the model traced with `tf.function`), ``sa
 serving signature reloaded), ``xla`` (``jit_compile=True``) and ``xla-autocluster``
 (TensorFlow's auto-clustering, flags set when the measuring process starts), and
 ``graph-bfloat16`` (Grappler's ``auto_mixed_precision_onednn_bfloat16`` rewrite, where the CPU
-has bf16 instructions). A plain SavedModel (no Keras metadata) has the ``savedmodel`` form only.
+has bf16 instructions). A plain SavedModel (no Keras metadata) has the ``savedmodel`` form and
+XLA's forms of its signature (no Keras model to trace for the graph or bfloat16 forms).
 
 Operators are profiled with the TensorFlow profiler, FLOPs counted on the Keras layers, and
 MLflow packages Keras models with its TensorFlow flavor and SavedModels as a TF2 module.
@@ -158,9 +159,13 @@ class GraphRunner(Runner):
 
 
 class SavedModelRunner(Runner):
-    """A reloaded SavedModel's ``serving_default`` signature (or its only one)."""
+    """A reloaded SavedModel's ``serving_default`` signature (or its only one).
 
-    def __init__(self, path: Path) -> None:
+    With `jit_compile`, the signature is called through a `tf.function` XLA compiles: the XLA
+    form of a SavedModel that has no Keras model to trace.
+    """
+
+    def __init__(self, path: Path, jit_compile: bool = False) -> None:
         import tensorflow as tf
 
         self._tf = tf
@@ -170,13 +175,15 @@ class SavedModelRunner(Runner):
             raise ValueError(f"{path} has no serving signature to call")
         self.signature_key = (SIGNATURE_KEY if SIGNATURE_KEY in signatures
                               else sorted(signatures)[0])
-        self._signature = signatures[self.signature_key]
-        specs = self._signature.structured_input_signature[1]
+        signature = signatures[self.signature_key]
+        self._signature = (tf.function(lambda **kwargs: signature(**kwargs), jit_compile=True)
+                           if jit_compile else signature)
+        specs = signature.structured_input_signature[1]
         self.inputs = tuple(_info(name, spec.shape, spec.dtype)
                             for name, spec in sorted(specs.items()))
         self._dtypes = {name: spec.dtype for name, spec in specs.items()}
         self.outputs = tuple(_info(name, spec.shape, spec.dtype) for name, spec
-                             in self._signature.structured_outputs.items())
+                             in signature.structured_outputs.items())
 
     def _kwargs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, object]:
         return {name: self._tf.constant(values, self._dtypes[name])
@@ -306,9 +313,10 @@ class TensorFlow(Runtime):
                      for mode in settings.xla]
         bf16 = [self.variant(source, "graph", "bfloat16", derived_from=graph.name,
                              params={"rewrite": BF16_REWRITE})] if settings.bfloat16 else []
-        if request.kind == "savedmodel":
+        if request.kind == "savedmodel":  # XLA compiles its signature (`SavedModelRunner`)
             why = "needs a tf_keras model; model.path is a plain SavedModel"
-            return [skipped(graph, why), served, *(skipped(x, why) for x in [*xla_forms, *bf16])]
+            signature_xla = [x.model_copy(update={"derived_from": served.name}) for x in xla_forms]
+            return [skipped(graph, why), served, *signature_xla, *(skipped(x, why) for x in bf16)]
         no_bf16 = bf16_unavailable_reason()
         bf16 = [skipped(x, no_bf16) for x in bf16] if no_bf16 else bf16
         return [graph, served, *xla_forms, *bf16]
@@ -316,7 +324,7 @@ class TensorFlow(Runtime):
     def build(self, spec: VariantSpec, sources: BuildSources,
               settings: TensorFlowSettings) -> VariantSpec:
         """The Keras file is the graph, XLA and bfloat16 forms' file; the SavedModel the other."""
-        if spec.format == "savedmodel":
+        if spec.format == "savedmodel" or sources.model.format == "savedmodel":
             if sources.savedmodel is None:
                 raise ValueError(f"{sources.model.name} has no SavedModel")
             return built(spec, sources.savedmodel.path)
@@ -331,9 +339,9 @@ class TensorFlow(Runtime):
         set_tf_threads(threads)
         if spec.precision == "bfloat16":
             enable_onednn_bfloat16()
-        if spec.format == "savedmodel":
-            return SavedModelRunner(spec.path)
         jit = spec.format == "xla" and spec.params.get("xla_mode") == "jit_compile"
+        if spec.format == "savedmodel" or (Path(spec.path) / "saved_model.pb").is_file():
+            return SavedModelRunner(spec.path, jit_compile=jit)
         return GraphRunner(spec.path, jit_compile=jit)
 
     def import_file(self, path: Path, out_dir: Path, class_names: Sequence[str] = (),
@@ -388,7 +396,7 @@ class TensorFlow(Runtime):
                 dst: Path) -> str:
         """MLflow's TensorFlow flavor: the Keras model, or the SavedModel as a TF2 module."""
         example = contract.example.astype(np.float32)
-        if spec.format == "savedmodel":
+        if spec.format == "savedmodel" or (Path(spec.path) / "saved_model.pb").is_file():
             return _package_savedmodel(Path(spec.path), example, metadata, dst)
         return _package_keras(Path(spec.path), example, metadata, dst)
 
