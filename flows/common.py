@@ -74,6 +74,7 @@ def build_sources(model: ModelArtifact, savedmodel: ModelArtifact | None, data: 
                         out_dir=out_dir,
                         calibration_examples=config.convert.calibration_examples,
                         accuracy_budget_points=config.benchmark.accuracy_budget_points,
+                        judged_by=config.eval,
                         threads=config.benchmark.threads)
 
 

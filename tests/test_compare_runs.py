@@ -228,3 +228,21 @@ def test_a_slowdown_is_confirmed_round_by_round_not_by_intervals_a_slow_round_wi
                                 0.05)["verdict"] == "not_confirmed", "10 of 12: 79 in 4096"
     barely = Runoff(rounds=6, round_p50_ms={"old": [1.0] * 6, "new": [1.02] * 6})
     assert side_by_side_verdict(barely, "old", "new", 0.05)["verdict"] == "not_confirmed"
+
+
+def test_a_metric_that_is_no_share_moves_beyond_its_budget_in_its_own_direction():
+    mae = {"metric": "mae", "amount": 0.02, "relative": True, "higher_is_better": False,
+           "unit": "value", "described": "2% mae"}
+    before = _summary(_entry("a", 1.0, (0.9, 1.1), accuracy=40.0),
+                      _entry("b", 1.0, (0.9, 1.1), accuracy=40.0),
+                      _entry("c", 1.0, (0.9, 1.1), accuracy=40.0))
+    after = {**_summary(_entry("a", 1.0, (0.9, 1.1), accuracy=40.7),
+                        _entry("b", 1.0, (0.9, 1.1), accuracy=41.0),
+                        _entry("c", 1.0, (0.9, 1.1), accuracy=38.0)), "metric_budget": mae}
+    since = compare(before, after)
+    moves = {m["variant"]: m for m in since["moves"]}
+    assert sorted(moves) == ["b", "c"], "a's 0.7 is within 2% of 40"
+    assert moves["b"]["direction"] == "worse" and moves["c"]["direction"] == "better"
+    assert [r["variant"] for r in since["regressions"]] == ["b"], "a lower MAE is no regression"
+    assert regression_lines(since) == [
+        "- b: mae 40 -> 41 (worse, +1, beyond the budget's 0.8)"]

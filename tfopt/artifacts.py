@@ -361,6 +361,9 @@ class BenchmarkInputs(_Frozen):
     """The decoded validation split, on which the run's choices are made (None: no labelled
     validation split): each variant's `VariantResult.val_accuracy`."""
     selection_labels: Path | None = None
+    selection_feeds: Path | None = None
+    """An array data set's validation split as named feeds with their ``y`` (an ``.npz``): each
+    variant's `VariantResult.val_accuracy` is its metric's figure there (None: no such split)."""
     judged_by: EvalConfig = Field(default_factory=EvalConfig)
     """The metric every variant is scored by on these inputs."""
     reference_outputs: Path | None = None

@@ -177,3 +177,12 @@ def test_a_new_runtime_is_one_module_and_one_config_section(
     np.testing.assert_allclose(fictitious_runtime.load_runner(made).predict(images),
                                runtime_of("onnx").load_runner(onnx).predict(images), atol=1e-4)
     assert VariantSpec.model_validate(made.model_dump()).format == "onnxref"
+
+
+def test_trtexec_builds_one_shape_profile_per_named_input():
+    from tfopt.runtimes.tensorrt import trtexec_command
+
+    command = trtexec_command({"numbers": [6], "category": []}, 64)
+    assert ("--minShapes=numbers:1x6,category:1 --optShapes=numbers:16x6,category:16 "
+            "--maxShapes=numbers:64x6,category:64 --fp16") in command
+    assert "--minShapes=images:1x32x32x3 " in trtexec_command({"images": [32, 32, 3]}, 8)

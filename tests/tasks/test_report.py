@@ -208,3 +208,16 @@ def test_amx_denied_to_the_measurements_is_said_where_files_are_served_from(tmp_
         measured = champion.model_copy(update={"runner_params": {"amx_permitted": held}})
         tags, description = champion_card(measured, "fastest", 1.0, "http://x", dataset)
         assert ("deny_amx()" in description) is said and (tags.get("amx") == "denied") is said
+
+
+def test_a_variant_beyond_a_metric_budget_is_flagged_in_that_metrics_direction():
+    from tfopt.eval.metrics import MetricBudget, metric_named
+    from tfopt.report.summary import variant_flags
+
+    budget = MetricBudget(metric_named("mae"), 0.02, relative=True)
+    assert variant_flags(40.7, 40.0, budget) == []
+    assert variant_flags(38.0, 40.0, budget) == [], "a lower MAE is better, never flagged"
+    assert variant_flags(41.0, 40.0, budget) == [
+        "mae 41 is beyond the budget (2% mae) of the baseline's 40"]
+    assert variant_flags(0.95, 0.97, accuracy_budget(1.0)) == [
+        "accuracy drop 2.00 points exceeds the 1 budget"]

@@ -62,16 +62,23 @@ def prepare_inputs(reference: VariantSpec | None, dataset: DatasetArtifact, out_
 
 def _array_inputs(reference: VariantSpec | None, dataset: DatasetArtifact, out_dir: Path,
                   batch_size: int) -> BenchmarkInputs:
-    """An array data set's test split as feeds (``y`` beside them), the reference's outputs."""
+    """An array data set's test and validation splits as feeds (``y`` beside them).
+
+    The run's choices are made on the validation feeds; the reference's outputs are its
+    outputs on the test feeds.
+    """
     from tfopt.data.arrays import load_split_feeds
     from tfopt.measurement.feeds import count_of, save_feeds
 
     feeds = load_split_feeds(dataset, "test")
     if count_of(feeds) == 0:
         raise ValueError("the test split is empty: nothing to benchmark on")
-    inputs = BenchmarkInputs(images=None, labels=None, reference_logits=None,
-                             examples=count_of(feeds), batch_size=batch_size,
-                             feeds=save_feeds(out_dir / "test-feeds.npz", feeds))
+    validation = load_split_feeds(dataset, "val") if dataset.examples("val") else {}
+    inputs = BenchmarkInputs(
+        images=None, labels=None, reference_logits=None, examples=count_of(feeds),
+        batch_size=batch_size, feeds=save_feeds(out_dir / "test-feeds.npz", feeds),
+        selection_feeds=save_feeds(out_dir / "val-feeds.npz", validation) if validation
+        else None)
     return inputs if reference is None else reference_outputs(reference, inputs, out_dir)
 
 
@@ -231,6 +238,7 @@ def write_inputs_index(inputs: BenchmarkInputs, protocol: BenchmarkConfig) -> Pa
     index = {
         "images": relative(inputs.images), "labels": relative(inputs.labels),
         "feeds": relative(inputs.feeds), "reference_outputs": relative(inputs.reference_outputs),
+        "selection_feeds": relative(inputs.selection_feeds),
         "judged_by": inputs.judged_by.model_dump(mode="json"),
         "reference_logits": (relative(inputs.reference_logits)
                              if inputs.reference_logits else None),
@@ -256,6 +264,7 @@ def read_inputs_index(folder: Path) -> tuple[BenchmarkInputs, BenchmarkConfig]:
     inputs = BenchmarkInputs(
         images=_optional(folder, index["images"]), labels=_optional(folder, index["labels"]),
         feeds=_optional(folder, index.get("feeds")),
+        selection_feeds=_optional(folder, index.get("selection_feeds")),
         reference_outputs=_optional(folder, index.get("reference_outputs")),
         judged_by=EvalConfig.model_validate(index.get("judged_by") or {}),
         reference_logits=folder / index["reference_logits"] if index["reference_logits"]

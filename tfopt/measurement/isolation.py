@@ -152,8 +152,9 @@ def measure(variant: VariantSpec, inputs: BenchmarkInputs, cfg: MeasurementProto
     if cfg.thread_sweep:
         result = with_thread_sweep(variant, inputs, cfg, result)
     logger.info(
-        "%s: accuracy val %s test %s, p50 %.3f ms, first inference %.1f ms, peak RSS %.0f MB, "
-        "%d bytes", variant.name, _figure(result.val_accuracy), _figure(result.accuracy),
+        "%s: %s val %s test %s, p50 %.3f ms, first inference %.1f ms, peak RSS %.0f MB, "
+        "%d bytes", variant.name, result.metric, _figure(result.val_accuracy),
+        _figure(result.accuracy),
         result.latency_ms.p50, result.first_inference_ms, result.peak_rss_mb, result.size_bytes,
     )
     return result

@@ -502,6 +502,7 @@ def measure_on_feeds(spec: VariantSpec, inputs: BenchmarkInputs,
     runner.run(take(feeds, slice(0, 1)))
     first_inference_ms = (time.perf_counter() - started) * 1000.0
     metric, score = score_on_feeds(runner, inputs, feeds)
+    validated = validation_on_feeds(runner, inputs)
     prepared = runner.prepare(feeds)
     cores_before = background_cores(_LOAD_PROBE_S)
     probe = LoadProbe.start()
@@ -517,6 +518,7 @@ def measure_on_feeds(spec: VariantSpec, inputs: BenchmarkInputs,
         name=spec.name, source=spec.source, format=spec.format, precision=spec.precision,
         status="ok", derived_from=spec.derived_from, size_bytes=path_size_bytes(spec.path),
         gzip_bytes=gzip_size_bytes(spec.path), accuracy=score, metric=metric,
+        val_accuracy=validated,
         latency_ms=latency_stats(samples, cfg.p50_ci_width),
         throughput_per_s=float(len(samples) / (samples.sum() / 1000.0)),
         timed_runs=len(samples), load_seconds=load_seconds,
@@ -566,6 +568,25 @@ def score_on_feeds(runner: Runner, inputs: BenchmarkInputs, feeds: dict[str, np.
                                  f"{', '.join(reference.files)}): outputs are matched by name")
             truth = reference[output]
     return metric.name, metric.score(truth, outputs_batched(runner, feeds)[output])
+
+
+def validation_on_feeds(runner: Runner, inputs: BenchmarkInputs) -> float | None:
+    """The metric's figure on the validation split's feeds against their ``y`` (None: none).
+
+    Raises:
+        FeedsError, MetricError: As `score_on_feeds`.
+    """
+    from tfopt.measurement.feeds import read_feeds, read_truth
+
+    metric = inputs.judged_by.resolve(class_scores=False)
+    if inputs.selection_feeds is None or not metric.needs_labels:
+        return None
+    truth = read_truth(inputs.selection_feeds, runner.inputs)
+    if truth is None:
+        return None
+    feeds = read_feeds(inputs.selection_feeds, runner.inputs)
+    output = scored_output(runner, inputs.judged_by.output)
+    return metric.score(truth, outputs_batched(runner, feeds)[output])
 
 
 def scored_output(runner: Runner, name: str | None) -> str:

@@ -41,6 +41,10 @@ def baseline_health(baseline: ModelArtifact) -> dict[str, Any]:
     train = baseline.at_kept_epoch("accuracy")
     chance = 1.0 / max(baseline.num_classes, 1)
     figures = {"train_accuracy": train, "val_accuracy": val, "chance_accuracy": chance}
+    if baseline.num_classes == 0:
+        return {"status": "not_judged", "reasons": [
+            "no classes: its checks read a classifier's accuracy (chance, a training gap)"],
+            **figures}
     if val is None:
         return {"status": "not_judged", "reasons": ["no validation split to judge it on"],
                 **figures}

@@ -372,15 +372,15 @@ def accuracy_sentence(verdict: dict[str, Any] | None) -> str:
                 f"{verdict['judged_on']} split" if verdict["budget_points"] is not None else
                 f"Metric {verdict['metric']}: the budget ({verdict['budget']}) was judged on "
                 f"the {verdict['judged_on']} split")
+    examples = "images" if verdict["budget_points"] is not None else "examples"
     if verdict["judged_on"] == "validation":
         chosen_on = _image_by_image(verdict.get("paired_on_validation"), champion, baseline,
                                     within_brackets=True)
         sentence += (f" ({champion['name']} {or_dash(champion['val_accuracy'], '.4f')}, "
                      f"{baseline['name']} {or_dash(baseline['val_accuracy'], '.4f')}{chosen_on}"
-                     f"); on {verdict['test_images']} held-out test images no choice used")
+                     f"); on {verdict['test_images']} held-out test {examples} no choice used")
     else:
-        sentence += (f", on its {verdict['test_images']} "
-                     + ("images" if verdict["budget_points"] is not None else "examples"))
+        sentence += f", on its {verdict['test_images']} {examples}"
     sentence += f", {champion['name']} {tested(champion)}, {baseline['name']} {tested(baseline)}"
     sentence += _image_by_image(verdict.get("paired"), champion, baseline)
     held_out = not_held_on_test(verdict)

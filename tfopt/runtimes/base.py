@@ -32,7 +32,7 @@ from tfopt.artifacts import (
     VariantResult,
     VariantSpec,
 )
-from tfopt.config import Section
+from tfopt.config import EvalConfig, Section
 from tfopt.serving import OUTPUT_LOGITS
 from tfopt.variants import plan_variant, variant_name
 
@@ -232,6 +232,8 @@ class BuildSources(BaseModel):
         calibration_examples: Training images every runtime's int8 calibration sees
             (``convert.calibration_examples``).
         accuracy_budget_points: The run's accuracy budget (accuracy-driven conversions).
+        judged_by: The run's metric and its budget (``eval``: an array data set's conversions
+            are judged by it; image data's by top-1 within `accuracy_budget_points`).
         threads: The run's benchmark threads (quick latency checks while converting).
     """
 
@@ -244,6 +246,7 @@ class BuildSources(BaseModel):
     built: dict[str, VariantSpec] = Field(default_factory=dict)
     calibration_examples: int = 200
     accuracy_budget_points: float = 1.0
+    judged_by: EvalConfig = Field(default_factory=EvalConfig)
     threads: int = 1
 
 

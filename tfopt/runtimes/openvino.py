@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from tfopt.artifacts import DatasetArtifact, OpProfile, VariantResult, VariantSpec
-from tfopt.config import InputScale
+from tfopt.config import EvalConfig, InputScale
 from tfopt.cpu_features import bf16_unavailable_reason, cpu_flags
 from tfopt.fileio import atomic_write_text, replace_dir, staging_dir_for
 from tfopt.logs import step_logger
@@ -324,15 +324,68 @@ def _accuracy(compiled: Any, images: np.ndarray, labels: np.ndarray) -> float:
     return correct / max(len(images), 1)
 
 
+def _metric_controlled(model: Any, quantized: Any, calibration: Any, subset_size: int,
+                       dataset: DatasetArtifact, budget: Any, output: str | None,
+                       how: dict[str, str | int | float | bool]) -> Any:
+    """An array model's int8, brought back within `budget` of the float model's metric.
+
+    Both are scored by the run's metric on the validation split's arrays against their ``y``;
+    when int8 gives up more than the budget allows, NNCF's accuracy control reverts the layers
+    that cost most to float (it maximises: a lower-is-better metric is handed over negated).
+    `how` records the figures. Unchanged without a validation split with ``y``.
+    """
+    import nncf
+    import openvino as ov
+
+    from tfopt.data.arrays import TRUTH, feeds_for, load_split_feeds
+
+    if not dataset.examples("val") or TRUTH not in dataset.arrays:
+        return quantized
+    arrays = load_split_feeds(dataset, "val")
+    names = [port.get_any_name() for port in model.inputs]
+    feeds, truth = feeds_for(names, arrays), arrays[TRUTH]
+    sign = 1.0 if budget.metric.higher_is_better else -1.0
+    items = [({name: values[row : row + 1] for name, values in feeds.items()}, truth[row])
+             for row in range(len(truth))]
+    core, config = ov.Core(), compile_config(1, "f32")
+
+    def validate(compiled: Any, chosen: Any) -> float:
+        pairs = list(chosen)
+        port = compiled.output(output) if output else compiled.outputs[0]
+        outputs = np.concatenate([compiled(feed)[port] for feed, _ in pairs])
+        return sign * budget.metric.score(np.stack([row for _, row in pairs]), outputs)
+
+    float_value = sign * validate(core.compile_model(model, "CPU", config), items)
+    int8_value = sign * validate(core.compile_model(quantized, "CPU", config), items)
+    how.update({f"val_{budget.metric.name}_float": float_value,
+                f"val_{budget.metric.name}_int8": int8_value})
+    if budget.within(int8_value, float_value):
+        return quantized
+    step_logger().info("OpenVINO int8 gives up more than %s on validation (%s: float %.4g, int8 "
+                       "%.4g): accuracy-controlled quantization", budget.described(),
+                       budget.metric.name, float_value, int8_value)
+    controlled = nncf.quantize_with_accuracy_control(
+        model, calibration, nncf.Dataset(items), validation_fn=validate,
+        max_drop=budget.allowance(float_value), drop_type=nncf.DropType.ABSOLUTE,
+        subset_size=subset_size)
+    how.update({"quantizer": "nncf.quantize_with_accuracy_control",
+                "accuracy_controlled": True,
+                f"val_{budget.metric.name}_int8": sign * validate(
+                    core.compile_model(controlled, "CPU", config), items)})
+    return controlled
+
+
 def quantize_int8(float_xml: Path, dataset: DatasetArtifact, calibration_examples: int,
                   budget_points: float, accuracy_control: bool, scale: InputScale,
-                  folder: Path) -> tuple[Path, dict[str, str | int | float | bool]]:
+                  folder: Path, judged_by: EvalConfig | None = None,
+                  ) -> tuple[Path, dict[str, str | int | float | bool]]:
     """NNCF's int8 of a float OpenVINO model; accuracy-controlled when it misses the budget.
 
     Both the float and the int8 model are scored on the validation split (f32 inference
     precision, so bf16 rounding does not count against int8). When int8 loses more than
     `budget_points`, `nncf.quantize_with_accuracy_control` reverts the layers that cost most
-    back to float until the drop is within the budget.
+    back to float until the drop is within the budget. An array data set's int8 is judged by the
+    run's metric instead (`judged_by`, `_metric_controlled`).
 
     Returns:
         The int8 model's ``.xml`` and how it was made.
@@ -355,8 +408,12 @@ def quantize_int8(float_xml: Path, dataset: DatasetArtifact, calibration_example
     how: dict[str, str | int | float | bool] = {
         "quantizer": "nncf.quantize", "calibration_examples": len(examples),
         "accuracy_controlled": False}
-    if dataset.arrays:  # the accuracy control judges a classifier's top-1 on images
-        return save_model(quantized, folder), how
+    if dataset.arrays:
+        judged_by = judged_by or EvalConfig()
+        return save_model(_metric_controlled(
+            model, quantized, calibration, len(examples), dataset,
+            judged_by.metric_budget(budget_points), judged_by.output, how)
+            if accuracy_control else quantized, folder), how
     val_images, val_labels = load_split(dataset, "val", None, scale)
     config = compile_config(1, "f32")
     float_accuracy = _accuracy(core.compile_model(model, "CPU", config), val_images, val_labels)
@@ -534,7 +591,7 @@ class OpenVINO(Runtime):
         folder = sources.out_dir / f"{spec.name}.openvino"
         _, how = quantize_int8(float_xml, sources.dataset, sources.calibration_examples,
                                sources.accuracy_budget_points, settings.accuracy_control,
-                               sources.savedmodel.input_scale, folder)
+                               sources.savedmodel.input_scale, folder, sources.judged_by)
         write_labels(folder, sources.dataset.class_names)
         return built(spec, folder, openvino=_version(), **how)
 
