@@ -186,3 +186,15 @@ def test_trtexec_builds_one_shape_profile_per_named_input():
     assert ("--minShapes=numbers:1x6,category:1 --optShapes=numbers:16x6,category:16 "
             "--maxShapes=numbers:64x6,category:64 --fp16") in command
     assert "--minShapes=images:1x32x32x3 " in trtexec_command({"images": [32, 32, 3]}, 8)
+
+
+def test_the_tflite_converters_pages_of_diagnostics_become_its_last_error_in_one_line():
+    from tfopt.runtimes._litert_files import converter_reason
+
+    message = ("ConverterError: <unknown>:0: error: loc(callsite(fused[\"A:\", \"b(c)\"] at d)): "
+               "'tf.TensorListReserve' op requires element_shape to be static\n"
+               "<unknown>:0: note: loc(fused[\"x\"]): called from\n"
+               "<unknown>:0: error: Lowering tensor list ops is failed. Please consider ...\n")
+    assert converter_reason(message) == "Lowering tensor list ops is failed. Please consider ..."
+    assert converter_reason("error: loc(a(b)): the op is bad") == "the op is bad"
+    assert converter_reason("no diagnostics\nat all") == "no diagnostics"

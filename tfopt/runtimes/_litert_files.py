@@ -294,6 +294,34 @@ def configure_converter(converter: Any, precision: Precision, dataset: DatasetAr
             converter.inference_output_type = tf.int8
 
 
+class ConversionError(RuntimeError):
+    """A model the TFLite converter refuses (the message: its diagnosis in one line)."""
+
+
+def converter_reason(message: str) -> str:
+    """The TFLite converter's diagnosis in one line: its last ``error:`` note, shortened.
+
+    The converter raises pages of MLIR locations (``loc(callsite(...))``) before the sentence
+    that says what failed.
+    """
+    errors = [_without_location(line.split("error:", 1)[1].strip())
+              for line in message.splitlines() if "error:" in line]
+    reason = errors[-1] if errors else message.strip().splitlines()[0] if message.strip() else ""
+    return reason[:400]
+
+
+def _without_location(text: str) -> str:
+    """`text` without a leading MLIR location ``loc(...):`` (its parentheses nest)."""
+    if not text.startswith("loc("):
+        return text
+    depth = 0
+    for index in range(len("loc"), len(text)):
+        depth += {"(": 1, ")": -1}.get(text[index], 0)
+        if depth == 0:
+            return text[index + 1 :].lstrip(": ").strip()
+    return text
+
+
 def convert_tflite(savedmodel: Path, variant: VariantSpec, dataset: DatasetArtifact,
                    calibration_examples: int, int8_io: bool, out_dir: Path,
                    scale: InputScale) -> VariantSpec:
@@ -313,7 +341,11 @@ def convert_tflite(savedmodel: Path, variant: VariantSpec, dataset: DatasetArtif
     if variant.params.get("sparsity_encoding"):
         converter.optimizations = [*converter.optimizations,
                                    tf.lite.Optimize.EXPERIMENTAL_SPARSITY]
-    flatbuffer = converter.convert()
+    try:
+        flatbuffer = converter.convert()
+    except Exception as error:  # the converter's MLIR diagnostics run to pages
+        raise ConversionError(f"the TFLite converter cannot convert it: "
+                              f"{converter_reason(str(error))}") from error
     path = out_dir / f"{variant.name}.tflite"
     atomic_write_bytes(path, flatbuffer)
     write_labels(out_dir, dataset.class_names)
