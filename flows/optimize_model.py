@@ -553,9 +553,8 @@ def _summarize(
     budget = config.eval.metric_budget(bench.accuracy_budget_points)
     choice = late.run("champion choice", lambda: pick_champion(
         results, bench.accuracy_budget_points, bench.objective, runoff, config.eval),
-        ChampionChoice(
-        name=None, reason="its choice failed (late_failures)",
-        baseline_accuracy=baseline_accuracy(results)))
+        ChampionChoice(name=None, reason="its choice failed (late_failures)",
+                       baseline_accuracy=baseline_accuracy(results)))
     speedup = champion_speedup(choice.name, results, runoff)
     champion_model = _registered(config, run, choice, results, run_ids, speedup,
                                  (measured.data.dataset, baseline_note), late)

@@ -190,7 +190,7 @@ def inspect_array_model(model_cfg: ModelConfig, arrays: Mapping[str, ArraySpec],
     if scored not in names:
         raise ModelSourceError(f"eval.output: {path} has no output {scored!r} (its outputs: "
                                f"{', '.join(names)})")
-    return ModelFacts(kind=kind, output=scored)
+    return ModelFacts(kind=kind, channels=0, output=scored)
 
 
 def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
