@@ -412,9 +412,10 @@ def _take_environment(environment: dict[str, str]) -> None:
 
 def _resident_mb() -> float:
     """This process's resident memory (VmRSS), in MB."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        status = Path("/proc/self/status").read_text().splitlines()
-        return float(next(line for line in status if line.startswith("VmRSS:")).split()[1]) / 1024
+    import psutil
+
+    with contextlib.suppress(OSError, psutil.Error):
+        return psutil.Process().memory_info().rss / 2**20
     return 0.0
 
 

@@ -256,6 +256,10 @@ def test_mlflow_holds_the_parent_run_and_one_child_per_variant(smoke_run):
     assert "mlflow.source.git.commit" in parent.data.tags
     assert {"dataset_train_examples", "dataset_shards", "input_tuned_examples_per_s",
             "pruned-80.sparsity"} <= set(parent.data.metrics)
+    cpu = client.get_metric_history(parent.info.run_id, "system/cpu_utilization_percentage")
+    memory = client.get_metric_history(parent.info.run_id, "system/system_memory_usage_megabytes")
+    assert len(cpu) >= 3 and len(memory) == len(cpu), "sampled over the run (psutil)"
+    assert all(0.0 <= point.value <= 100.0 for point in cpu) and memory[0].value > 0
     experiment = client.get_experiment(parent.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert parent.info.run_name == "smoke-small_cnn", "the config's name once"

@@ -1,24 +1,24 @@
-"""How busy the machine is with other work while a variant is timed (Linux `/proc/stat`)."""
+"""How busy the machine is with other work while a variant is timed (psutil's CPU times)."""
 
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-_PROC_STAT = Path("/proc/stat")
-_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal (not idle, iowait)
+_BUSY = ("user", "nice", "system", "irq", "softirq", "steal")
+"""Busy CPU time (not idle, not iowait); psutil has the last four on Linux only."""
 
 
 def machine_busy_seconds() -> float | None:
-    """CPU seconds every core of the machine spent busy since boot (None: not Linux)."""
+    """CPU seconds every core of the machine spent busy since boot (None: not measurable)."""
+    import psutil
+
     try:
-        fields = _PROC_STAT.read_text().splitlines()[0].split()[1:]
-    except (OSError, IndexError):
+        times = psutil.cpu_times()
+    except (OSError, RuntimeError):
         return None
-    return sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields)) / os.sysconf(
-        "SC_CLK_TCK")
+    return float(sum(getattr(times, field, 0.0) for field in _BUSY))
 
 
 def own_cpu_seconds() -> float:

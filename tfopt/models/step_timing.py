@@ -41,10 +41,9 @@ class StepTiming:
 
 def resident_mb() -> float:
     """This process's current resident memory (VmRSS) in MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    return 0.0
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
 
 
 class _PeakSampler:

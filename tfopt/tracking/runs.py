@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -135,9 +136,11 @@ def tracked_run(
 ) -> Iterator[TrackedRun]:
     """An MLflow run for the length of a block: FINISHED when it ends, FAILED when it raises.
 
-    The run is created with the params, the tags and the code's git commit; an error in the
-    block marks it FAILED, tags it with the error's first line (``tfopt.error``), and is raised
-    on.
+    The run is created with the params, the tags and the code's git commit, and MLflow's
+    system metrics (``system/*``: CPU, memory, disk and network, sampled with psutil every
+    `SYSTEM_METRICS_INTERVAL_S`) follow it while it lasts: the baseline's training and the
+    compression are the run's own time. An error in the block marks it FAILED, tags it with the
+    error's first line (``tfopt.error``), and is raised on.
 
     Args:
         tracking_uri: The MLflow server.
@@ -151,8 +154,13 @@ def tracked_run(
     run_id = start_run(mlflow, experiment_id, run_name, params=params,
                        tags={**tags, "mlflow.source.git.commit": git_commit(),
                              **process_identity()})
+    monitor = _system_metrics(tracking_uri, run_id)
     try:
-        yield TrackedRun(mlflow, tracking_uri, experiment_id, run_id)
+        try:
+            yield TrackedRun(mlflow, tracking_uri, experiment_id, run_id)
+        finally:
+            if monitor is not None:
+                monitor.finish()  # its last samples logged while the run still runs
     except TrackingUnavailableError:
         raise  # the run cannot be marked now; the next `tfopt run` reconciles it
     except BaseException as error:
@@ -163,6 +171,27 @@ def tracked_run(
         end_run(mlflow, run_id, "FAILED")
         raise
     end_run(mlflow, run_id, "FINISHED")
+
+
+SYSTEM_METRICS_INTERVAL_S = 10.0
+"""Seconds between two samples of a run's system metrics (MLflow's default)."""
+
+
+def _system_metrics(tracking_uri: str, run_id: str) -> Any:
+    """MLflow's system metrics monitor, started for `run_id` (None: it could not start).
+
+    It samples and logs on a thread of its own; MLflow's HTTP retries are off, so an outage
+    ends it instead of holding the run's end.
+    """
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    try:
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,
+                                       tracking_uri=tracking_uri)
+        monitor.start()
+    except Exception:  # system metrics are an extra: a run never fails for them
+        return None
+    return monitor
 
 
 def reconcile_orphans(tracking_uri: str) -> list[dict[str, str]]:
