@@ -25,7 +25,11 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 TRUTH = "y"
-"""The array that holds the labels or targets (never a model input)."""
+"""The array that holds the labels or targets (never a model input, unless the model has an
+input so named)."""
+
+ONE_INPUT = "x"
+"""The array a model of one input takes, whatever that input's name."""
 
 SOURCE_KEY = "tfopt/source"
 """The feature naming an example's file and row in the shards."""
@@ -158,8 +162,8 @@ def feeds_for(names: Sequence[str], arrays: Mapping[str, np.ndarray]) -> dict[st
     Raises:
         KeyError: An input no array feeds.
     """
-    if len(names) == 1 and names[0] not in arrays and "x" in arrays:
-        return {names[0]: arrays["x"]}
+    if len(names) == 1 and names[0] not in arrays and ONE_INPUT in arrays:
+        return {names[0]: arrays[ONE_INPUT]}
     return {name: arrays[name] for name in names}
 
 

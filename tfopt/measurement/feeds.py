@@ -15,17 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tfopt.data.arrays import ONE_INPUT, TRUTH
 from tfopt.runtimes.base import TensorInfo
 
 Feeds = dict[str, np.ndarray]
 
 
-TRUTH = "y"
-"""The array of an ``.npz`` that holds the labels or targets (unless the model has an input so
-named)."""
-
-ONE_INPUT = "x"
-"""The array of an ``.npz`` that a model of one input takes, whatever that input's name."""
 
 
 class FeedsError(ValueError):

@@ -549,24 +549,22 @@ def score_on_feeds(runner: Runner, inputs: BenchmarkInputs, feeds: dict[str, np.
         FeedsError: ``eval.output`` names no output of the model, or of the reference.
         MetricError: The metric cannot score the outputs against ``y`` (one line).
     """
-    from tfopt.measurement.feeds import FeedsError, read_truth
+    from tfopt.measurement.feeds import FeedsError
 
     metric = inputs.judged_by.resolve(class_scores=False)
     if inputs.generate is not None or inputs.feeds is None:
         return metric.name, None
     if metric.needs_labels:
-        truth = read_truth(inputs.feeds, runner.inputs)
-        if truth is None:
-            return metric.name, None
-    elif inputs.reference_outputs is None:
+        return metric.name, _scored_against_y(runner, inputs.feeds, metric,
+                                              inputs.judged_by.output, feeds)
+    if inputs.reference_outputs is None:
         return metric.name, None
     output = scored_output(runner, inputs.judged_by.output)
-    if not metric.needs_labels:
-        with np.load(inputs.reference_outputs) as reference:
-            if output not in reference.files:
-                raise FeedsError(f"the reference model has no output {output!r} (its outputs: "
-                                 f"{', '.join(reference.files)}): outputs are matched by name")
-            truth = reference[output]
+    with np.load(inputs.reference_outputs) as reference:
+        if output not in reference.files:
+            raise FeedsError(f"the reference model has no output {output!r} (its outputs: "
+                             f"{', '.join(reference.files)}): outputs are matched by name")
+        truth = reference[output]
     return metric.name, metric.score(truth, outputs_batched(runner, feeds)[output])
 
 
@@ -576,17 +574,29 @@ def validation_on_feeds(runner: Runner, inputs: BenchmarkInputs) -> float | None
     Raises:
         FeedsError, MetricError: As `score_on_feeds`.
     """
-    from tfopt.measurement.feeds import read_feeds, read_truth
-
     metric = inputs.judged_by.resolve(class_scores=False)
     if inputs.selection_feeds is None or not metric.needs_labels:
         return None
-    truth = read_truth(inputs.selection_feeds, runner.inputs)
+    return _scored_against_y(runner, inputs.selection_feeds, metric, inputs.judged_by.output)
+
+
+def _scored_against_y(runner: Runner, path: Path, metric: Any, output: str | None,
+                      feeds: dict[str, np.ndarray] | None = None) -> float | None:
+    """`metric` on `output` for an ``.npz``'s feeds (given, else read) against its ``y``.
+
+    None where the file holds no ``y``.
+
+    Raises:
+        FeedsError, MetricError: As `score_on_feeds`.
+    """
+    from tfopt.measurement.feeds import read_feeds, read_truth
+
+    truth = read_truth(path, runner.inputs)
     if truth is None:
         return None
-    feeds = read_feeds(inputs.selection_feeds, runner.inputs)
-    output = scored_output(runner, inputs.judged_by.output)
-    return metric.score(truth, outputs_batched(runner, feeds)[output])
+    feeds = feeds if feeds is not None else read_feeds(path, runner.inputs)
+    scored = outputs_batched(runner, feeds)[scored_output(runner, output)]
+    return metric.score(truth, scored)
 
 
 def scored_output(runner: Runner, name: str | None) -> str:

@@ -149,12 +149,12 @@ def match_inputs(path: Path, inputs: Sequence[TensorInfo],
         ModelSourceError: An input no array feeds, an array no input takes, or an array whose
             example shape does not fit its input's (naming both).
     """
-    from tfopt.data.arrays import TRUTH
+    from tfopt.data.arrays import ONE_INPUT, TRUTH
 
     given = {name: spec for name, spec in arrays.items() if name != TRUTH}
     names = [info.name for info in inputs]
-    if len(inputs) == 1 and list(given) == ["x"]:
-        pairs = {names[0]: "x"}
+    if len(inputs) == 1 and list(given) == [ONE_INPUT]:
+        pairs = {names[0]: ONE_INPUT}
     elif sorted(given) == sorted(names):
         pairs = {name: name for name in names}
     else:

@@ -272,6 +272,11 @@ def floor_savedmodel(input_shape: tuple[int, ...], path: Path) -> Path:
     return path
 
 
+def _is_savedmodel(spec: VariantSpec) -> bool:
+    """Whether a form runs a SavedModel's signature: its own, or XLA's of a plain SavedModel."""
+    return spec.format == "savedmodel" or (Path(spec.path) / "saved_model.pb").is_file()
+
+
 class TensorFlow(Runtime):
     """TensorFlow itself: the Keras graph, the SavedModel, XLA and the bfloat16 rewrite."""
 
@@ -340,7 +345,7 @@ class TensorFlow(Runtime):
         if spec.precision == "bfloat16":
             enable_onednn_bfloat16()
         jit = spec.format == "xla" and spec.params.get("xla_mode") == "jit_compile"
-        if spec.format == "savedmodel" or (Path(spec.path) / "saved_model.pb").is_file():
+        if _is_savedmodel(spec):
             return SavedModelRunner(spec.path, jit_compile=jit)
         return GraphRunner(spec.path, jit_compile=jit)
 
@@ -396,7 +401,7 @@ class TensorFlow(Runtime):
                 dst: Path) -> str:
         """MLflow's TensorFlow flavor: the Keras model, or the SavedModel as a TF2 module."""
         example = contract.example.astype(np.float32)
-        if spec.format == "savedmodel" or (Path(spec.path) / "saved_model.pb").is_file():
+        if _is_savedmodel(spec):
             return _package_savedmodel(Path(spec.path), example, metadata, dst)
         return _package_keras(Path(spec.path), example, metadata, dst)
 
