@@ -80,7 +80,7 @@ def benchmark_model(config: BenchmarkOnlyConfig = BenchmarkOnlyConfig()) -> dict
             experiment_id=run.experiment_id, run_id=run.run_id, flow_run_id=str(flow_run.id),
             environment=environment(protocol.threads, result.tf_intra_op_threads,
                                     protocol.cpus, protocol.amx),
-            result=result, budget=config.eval.metric_budget(protocol.accuracy_budget_points),
+            result=result, budget=inputs.budget(protocol.accuracy_budget_points),
             extras={"mlflow_run_url": run.url, "champion": result.name,
                     "amx_decision": amx.model_dump(mode="json"),
                     "champion_reason": "the only model benchmarked"})
@@ -158,7 +158,7 @@ def _benchmark_for_pipeline_run(config: BenchmarkOnlyConfig, pipeline_run: str,
         config_name=config.name, model=config.model, tracking_uri=tracking_uri,
         experiment_id=parent.info.experiment_id, run_id=run_id, flow_run_id=str(flow_run.id),
         environment=env, result=result,
-        budget=inputs.judged_by.metric_budget(protocol.accuracy_budget_points),
+        budget=inputs.budget(protocol.accuracy_budget_points),
         extras={"machine": machine, "pipeline_run": pipeline_run,
                 "amx_decision": amx.model_dump(mode="json")})
 

@@ -550,9 +550,10 @@ def _summarize(
     late.run("MLflow baseline health",
              lambda: tracking.log_baseline_health(run, training["health"]), None)
     baseline_note = verdicts_note(baseline_note, training["health"])
-    budget = config.eval.metric_budget(bench.accuracy_budget_points)
+    budget = inputs.budget(bench.accuracy_budget_points)
     choice = late.run("champion choice", lambda: pick_champion(
-        results, bench.accuracy_budget_points, bench.objective, runoff, config.eval),
+        results, bench.accuracy_budget_points, bench.objective, runoff, config.eval,
+        class_scores=inputs.images is not None),
         ChampionChoice(name=None, reason="its choice failed (late_failures)",
                        baseline_accuracy=baseline_accuracy(results)))
     speedup = champion_speedup(choice.name, results, runoff)

@@ -249,8 +249,10 @@ ARRAY_CASES = {
                            "has no output 'boxes' (its outputs: price)"),
     "a metric without y": ("arrays-without-y", {"eval.metric": "mae"},
                            "eval.metric: mae needs labels or targets: an array y"),
-    "fidelity in a pipeline": ("arrays-good", {"eval.metric": "fidelity"},
-                               "not built into tfopt run yet"),
+    "a share of an SNR's cap": ("arrays-without-y", {"eval.metric": "snr_db",
+                                                     "eval.budget": 0.1,
+                                                     "eval.budget_relative": "true"},
+                                "eval.budget_relative: a budget on snr_db is the worst figure"),
     "a metric for images": ("", {"eval.metric": "mae"},
                             "eval.metric mae: image data is trained and judged on top-1"),
 }

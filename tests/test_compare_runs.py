@@ -246,3 +246,17 @@ def test_a_metric_that_is_no_share_moves_beyond_its_budget_in_its_own_direction(
     assert [r["variant"] for r in since["regressions"]] == ["b"], "a lower MAE is no regression"
     assert regression_lines(since) == [
         "- b: mae 40 -> 41 (worse, +1, beyond the budget's 0.8)"]
+
+
+def test_a_metric_against_a_floor_moves_when_the_floor_is_crossed():
+    snr = {"metric": "snr_db", "amount": 30.0, "relative": False, "bound": True,
+           "higher_is_better": True, "unit": "dB", "described": "snr_db at least 30 dB"}
+    before = _summary(_entry("a", 1.0, (0.9, 1.1), accuracy=45.0),
+                      _entry("b", 1.0, (0.9, 1.1), accuracy=45.0),
+                      _entry("c", 1.0, (0.9, 1.1), accuracy=28.0))
+    after = {**_summary(_entry("a", 1.0, (0.9, 1.1), accuracy=31.0),
+                        _entry("b", 1.0, (0.9, 1.1), accuracy=29.0),
+                        _entry("c", 1.0, (0.9, 1.1), accuracy=33.0)), "metric_budget": snr}
+    moves = {m["variant"]: m for m in compare(before, after)["moves"]}
+    assert sorted(moves) == ["b", "c"], "a's 14 dB is still above the floor"
+    assert moves["b"]["direction"] == "worse" and moves["c"]["direction"] == "better"

@@ -94,6 +94,25 @@ def test_the_budget_follows_the_metrics_direction():
         MetricBudget(TOP1, -1)
 
 
+def test_a_budget_against_the_baselines_own_outputs_is_the_worst_figure_kept():
+    from tfopt.config import EvalConfig
+
+    snr = EvalConfig(metric="fidelity").metric_budget(1.0, class_scores=False)
+    assert snr.metric.name == "snr_db" and snr.bound and snr.amount == 30.0
+    cap = BUILT_IN["snr_db"].score(SCORES, SCORES)  # the baseline against itself
+    assert snr.kept(cap) == pytest.approx(30.0) and snr.allowance(cap) == pytest.approx(cap - 30)
+    assert snr.within(30.5, cap) and not snr.within(29.5, cap)
+    assert snr.described() == "snr_db at least 30 dB" and snr.points() is None
+    error = EvalConfig(metric="relative_error", budget=0.1).metric_budget(1.0)
+    assert error.kept(0.0) == pytest.approx(0.1) and not error.within(0.11, 0.0)
+    assert error.described() == "relative_error at most 0.1"
+    agreement = EvalConfig(metric="fidelity").metric_budget(1.0)  # a classifier's: points
+    assert agreement.metric.name == "agreement" and not agreement.bound
+    assert agreement.kept(1.0) == pytest.approx(0.99)
+    with pytest.raises(ValueError, match="worst figure a variant keeps"):
+        EvalConfig(metric="snr_db", budget=0.1, budget_relative=True)
+
+
 def test_outputs_that_do_not_fit_are_one_line_errors():
     with pytest.raises(MetricError, match="do not fit class scores"):
         TOP1.score(np.zeros((300, 2)), SCORES)

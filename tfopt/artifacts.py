@@ -369,12 +369,26 @@ class BenchmarkInputs(_Frozen):
     reference_outputs: Path | None = None
     """A reference model's outputs on `feeds`, by output name (an ``.npz``): what a fidelity
     metric scores each variant's same-named output against."""
+    selection_reference_outputs: Path | None = None
+    """The reference model's outputs on `selection_feeds` (a fidelity metric's truth there)."""
     floor_models: dict[str, Path] = Field(default_factory=dict)
     """Per runner format, a model that does next to nothing on inputs of the same shape: timed
     through the same runner, it is the harness's own floor (see `tfopt.measurement.floor`)."""
     floor_ms: dict[str, float] = Field(default_factory=dict)
     """Floors this run has measured already, per floor model and thread count (``floor_key``):
     the next variant of that kind reports it instead of timing the same model again."""
+
+    def metric(self) -> Any:
+        """The `tfopt.eval.metrics.Metric` variants are scored by on these inputs.
+
+        ``fidelity`` is top-1 agreement on images (a classifier's scores), the SNR on feeds.
+        """
+        return self.judged_by.resolve(class_scores=self.images is not None)
+
+    def budget(self, accuracy_points: float) -> Any:
+        """The `tfopt.eval.metrics.MetricBudget` on `metric` (`EvalConfig.metric_budget`)."""
+        return self.judged_by.metric_budget(accuracy_points,
+                                            class_scores=self.images is not None)
 
     def with_floor(self, key: str, floor_ms: float | None) -> BenchmarkInputs:
         """These inputs with a measured floor known (unchanged if None or known already)."""

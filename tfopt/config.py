@@ -550,6 +550,11 @@ RELATIVE_BUDGET = 0.01
 figure (`EvalConfig.budget`)."""
 
 
+_BOUNDED = ("fidelity", "snr_db", "relative_error")
+"""Metrics judged against the baseline's own outputs whose budget may be a bound
+(`tfopt.eval.metrics.Metric.bound`; ``fidelity`` is the SNR for tensors)."""
+
+
 class EvalConfig(Section):
     """What a model is judged by: its metric (`tfopt.eval.metrics`), on which of its outputs."""
 
@@ -578,7 +583,9 @@ class EvalConfig(Section):
             "2 points of a share such as accuracy; 5.0 of an MAE), or with budget_relative a "
             "share of the baseline's figure. None: benchmark.accuracy_budget_points for a share "
             f"(accuracy, top-k, IoU, AUC), else {100 * RELATIVE_BUDGET:g}% of the baseline's "
-            "figure."
+            "figure. For snr_db and relative_error (fidelity: against the baseline's own "
+            "outputs, its figure their cap) the worst figure a variant keeps: 30 (dB) by "
+            "default, 0.03 for relative_error."
         ),
     )
     budget_relative: bool = Field(
@@ -602,6 +609,10 @@ class EvalConfig(Section):
         if self.budget_relative and self.budget is None:
             raise ValueError("eval.budget_relative: set eval.budget too (0.01: 1% of the "
                              "baseline's figure)")
+        if self.budget_relative and self.metric in _BOUNDED:
+            raise ValueError(f"eval.budget_relative: a budget on {self.metric} is the worst "
+                             "figure a variant keeps (eval.budget: 30 for 30 dB), not a share "
+                             "of the baseline's (its own outputs: the metric's cap)")
         return self
 
     def metric_budget(self, accuracy_points: float, class_scores: bool = True) -> Any:
@@ -609,6 +620,9 @@ class EvalConfig(Section):
         from tfopt.eval.metrics import MetricBudget
 
         metric = self.resolve(class_scores)
+        if metric.bound is not None:
+            return MetricBudget(metric, metric.bound if self.budget is None else self.budget,
+                                bound=True)
         if self.budget is not None:
             return MetricBudget(metric, self.budget, self.budget_relative)
         if metric.unit == "share":

@@ -182,24 +182,23 @@ def _check_model_path(path: Path, config: Any) -> None:
 def check_array_metric(judged_by: EvalConfig, arrays: dict[str, ArraySpec]) -> None:
     """Refuse a metric array data cannot score a pipeline's variants by, in one line.
 
+    A fidelity metric needs no labels: the baseline's own outputs are its truth.
+
     Raises:
-        ConfigError: A metric that needs labels or targets without ``y`` in the arrays; a
-            fidelity metric (judged against a reference: ``tfopt benchmark --reference``).
+        ConfigError: The user's function cannot be loaded; a metric that needs labels or
+            targets without ``y`` in the arrays.
     """
     from tfopt.data.arrays import TRUTH
     from tfopt.eval.metrics import MetricError
 
     try:
-        metric = judged_by.resolve()
+        metric = judged_by.resolve(class_scores=False)
     except MetricError as error:
         raise ConfigError(str(error)) from error
-    if not metric.needs_labels:
-        raise ConfigError(f"eval.metric: {judged_by.metric} judges a model against a reference "
-                          "without labels: not built into tfopt run yet (tfopt benchmark "
-                          "--reference does it)")
-    if TRUTH not in arrays:
+    if metric.needs_labels and TRUTH not in arrays:
         raise ConfigError(f"eval.metric: {judged_by.metric} needs labels or targets: an array "
-                          f"{TRUTH} beside the inputs in every .npz file")
+                          f"{TRUTH} beside the inputs in every .npz file (or judge the model "
+                          "against its own outputs: eval.metric fidelity)")
 
 
 def check_run(config: Any) -> tuple[DataFacts, ModelFacts]:

@@ -155,10 +155,17 @@ def test_a_converted_model_is_judged_against_its_reference_without_labels(two_in
     judged = EvalConfig(metric="relative_error", output="score")
     inputs = feeds_inputs(spec, "random", {}, 8, 4, tmp_path, tmp_path / "in", judged,
                           referenced=True)
-    inputs = reference_outputs(_spec(two_inputs, "savedmodel"), inputs, tmp_path / "in")
+    # A validation split too (a pipeline's on array data): judged against the reference there.
+    model_inputs, _ = probe_signature("savedmodel", two_inputs)
+    validation = save_feeds(tmp_path / "val.npz", generated_feeds(model_inputs, {}, 5, seed=4))
+    inputs = reference_outputs(_spec(two_inputs, "savedmodel"),
+                               inputs.model_copy(update={"selection_feeds": validation}),
+                               tmp_path / "in")
     assert inputs.generate is None and inputs.feeds.is_file(), "both see the same inputs"
+    assert inputs.selection_reference_outputs.is_file()
     result = measure_variant(spec, inputs, QUICK)
     assert result.metric == "relative_error" and result.accuracy == pytest.approx(0.01, rel=1e-3)
+    assert result.val_accuracy == pytest.approx(0.01, rel=1e-3)
     fidelity = inputs.model_copy(update={"judged_by": EvalConfig(metric="fidelity",
                                                                  output="embedding")})
     snr = measure_variant(spec, fidelity, QUICK)

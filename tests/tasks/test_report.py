@@ -221,3 +221,25 @@ def test_a_variant_beyond_a_metric_budget_is_flagged_in_that_metrics_direction()
         "mae 41 is beyond the budget (2% mae) of the baseline's 40"]
     assert variant_flags(0.95, 0.97, accuracy_budget(1.0)) == [
         "accuracy drop 2.00 points exceeds the 1 budget"]
+
+
+def test_variants_judged_against_the_baselines_own_outputs_read_as_margins_over_a_floor():
+    from tfopt.config import EvalConfig
+    from tfopt.report.summary import delta_cell, delta_header, variant_flags
+    from tfopt.report.terminal import champion_line
+
+    budget = EvalConfig(metric="fidelity").metric_budget(1.0, class_scores=False)
+    assert variant_flags(42.8, 138.5, budget) == []
+    assert variant_flags(25.0, 138.5, budget) == [
+        "snr_db 25 dB misses the budget (snr_db at least 30 dB)"]
+    summary = {"metric_budget": {"metric": "snr_db", "amount": 30.0, "bound": True,
+                                 "higher_is_better": True, "unit": "dB",
+                                 "described": budget.described()},
+               "champion": "baseline-tflite-int8",
+               "variants": [{"name": "baseline-tflite-int8", "accuracy": 42.8,
+                             "metric_delta": -95.7}]}
+    assert delta_header(summary) == "over 30"
+    assert delta_cell(summary["variants"][0], summary) == "+12.8"
+    assert delta_cell({"accuracy": None}, summary) == "-"
+    assert ("snr_db 42.8 on test against the baseline's own outputs (budget snr_db at least "
+            "30 dB)") in champion_line(summary)

@@ -53,6 +53,9 @@ class Metric:
             example (intervals and paired comparisons need them); None when it is not.
         counted: The score is the share of examples that are right (top-k, agreement): Wilson
             intervals and McNemar's test apply.
+        bound: For a metric of agreement with a reference whose own figure is the metric's
+            cap (an SNR, a relative error): a budget on it is the worst figure a variant keeps
+            (`MetricBudget.bound`), by default this one; None: a budget is an allowance.
     """
 
     name: str
@@ -63,6 +66,7 @@ class Metric:
     per_example_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = field(
         default=None, repr=False, compare=False)
     counted: bool = False
+    bound: float | None = None
 
     def score(self, truth: np.ndarray, outputs: np.ndarray) -> float:
         """The metric on a split: `outputs` (batch first) against `truth` (the same examples).
@@ -123,19 +127,26 @@ class MetricBudget:
     """How much of the baseline's figure a compressed model may give up on `metric`.
 
     `amount` is in the metric's units (a share for a share metric: 0.01 is one point), or, with
-    `relative`, a share of the baseline's value (0.02: 2% of it).
+    `relative`, a share of the baseline's value (0.02: 2% of it). With `bound`, `amount` is the
+    worst figure kept itself (a floor of 30 dB for an SNR against the baseline's own outputs,
+    whose own figure is the metric's cap: "within X of the cap" would say nothing).
     """
 
     metric: Metric
     amount: float
     relative: bool = False
+    bound: bool = False
 
     def __post_init__(self) -> None:
-        if not (self.amount >= 0 and math.isfinite(self.amount)):
+        if not math.isfinite(self.amount) or (self.amount < 0 and not self.bound):
             raise ValueError(f"a metric budget is a finite amount >= 0, not {self.amount}")
+        if self.bound and self.relative:
+            raise ValueError("a bound on a metric is a figure, not a share of the baseline's")
 
     def allowance(self, baseline: float) -> float:
         """What may be given up from `baseline`, in the metric's units."""
+        if self.bound:
+            return max(0.0, self.metric.gain(baseline, self.amount))
         return self.amount * abs(baseline) if self.relative else self.amount
 
     def kept(self, baseline: float) -> float:
@@ -151,16 +162,30 @@ class MetricBudget:
 
     def points(self) -> float | None:
         """The budget in points (0-100) for an absolute budget on a share, else None."""
-        return None if self.relative or self.metric.unit != "share" else 100.0 * self.amount
+        if self.relative or self.bound or self.metric.unit != "share":
+            return None
+        return 100.0 * self.amount
 
     def described(self) -> str:
         """The budget in words, as the terminal and the report say it."""
+        if self.bound:
+            least = "at least" if self.metric.higher_is_better else "at most"
+            return f"{self.metric.name} {least} {self.metric.shown(self.amount)}"
         if self.relative:
             return f"{100 * self.amount:g}% {self.metric.name}"
         if self.metric.unit == "share":
             points = 100 * self.amount
             return f"{points:g} {self.metric.name} point{'' if points == 1 else 's'}"
         return f"{self.amount:g} of {self.metric.name}"
+
+    def clause(self) -> str:
+        """What a variant within the budget is, as a reason says it.
+
+        "within 1 accuracy point of the baseline"; for a bound "with snr_db at least 30 dB".
+        """
+        if self.bound:
+            return f"with {self.described()}"
+        return f"within {self.described()} of the baseline"
 
 
 def accuracy_budget(points: float) -> MetricBudget:
@@ -329,8 +354,8 @@ BUILT_IN: dict[str, Metric] = {
         Metric("mean_iou", True, True, "share", _mean_iou),
         Metric("auc", True, True, "share", _auc),
         AGREEMENT,
-        Metric("relative_error", False, False, "value", _relative_error),
-        Metric("snr_db", True, False, "dB", _snr_db),
+        Metric("relative_error", False, False, "value", _relative_error, bound=0.03),
+        Metric("snr_db", True, False, "dB", _snr_db, bound=30.0),
     )
 }
 """The metrics named without code (any ``top<k>`` too, and ``fidelity``)."""

@@ -338,8 +338,8 @@ def choose_champion(
     if not eligible:
         return ChampionChoice(
             name=None,
-            reason=f"no ok variant is within {budget.described()} of the baseline "
-            f"on {rule.split}" + (" and meets the latency budget at any Server rate"
+            reason=f"no ok variant is {budget.clause()} on {rule.split}"
+            + (" and meets the latency budget at any Server rate"
                if objective == "throughput_under_budget" else ""),
             baseline_accuracy=reference, judged_on=rule.split, reference=rule.name,
         )
@@ -350,8 +350,7 @@ def choose_champion(
     fastest = min(eligible, key=lambda r: objective_value(r, objective, runoff))
     reason = (f"best {_OBJECTIVE_WORDS[objective].lstrip('-')} "
               f"({abs(objective_value(fastest, objective, runoff)):,.3f}) among {within} "
-              f"ok variants within {budget.described()} of the baseline on "
-              f"{rule.split}")
+              f"ok variants {budget.clause()} on {rule.split}")
     if runoff is not None:
         reason += (f" (run-off: {', '.join(runoff.round_p50_ms)} timed again side by side in "
                    f"{runoff.rounds} alternating rounds"

@@ -175,7 +175,9 @@ def reference_outputs(reference: VariantSpec, inputs: BenchmarkInputs,
     """`inputs` with the reference model's outputs on their feeds (`reference_outputs`).
 
     Feeds still to be generated from the signature are generated here and written to
-    `inputs.feeds` first, so the reference and the model measured see the same inputs.
+    `inputs.feeds` first, so the reference and the model measured see the same inputs. The
+    outputs on the selection feeds, where there are some, are saved too (a fidelity metric's
+    truth on the validation split: `selection_reference_outputs`).
 
     Raises:
         FeedsError: The feeds do not fit the reference model.
@@ -191,7 +193,12 @@ def reference_outputs(reference: VariantSpec, inputs: BenchmarkInputs,
     else:
         feeds = read_feeds(inputs.feeds, runner.inputs)
     path = save_feeds(out_dir / "reference-outputs.npz", outputs_batched(runner, feeds))
-    return inputs.model_copy(update={"reference_outputs": path})
+    inputs = inputs.model_copy(update={"reference_outputs": path})
+    if inputs.selection_feeds is None:
+        return inputs
+    selection = outputs_batched(runner, read_feeds(inputs.selection_feeds, runner.inputs))
+    return inputs.model_copy(update={"selection_reference_outputs": save_feeds(
+        out_dir / "val-reference-outputs.npz", selection)})
 
 
 def check_judged(judged_by: EvalConfig, labelled: bool, referenced: bool = False) -> None:
@@ -239,6 +246,7 @@ def write_inputs_index(inputs: BenchmarkInputs, protocol: BenchmarkConfig) -> Pa
         "images": relative(inputs.images), "labels": relative(inputs.labels),
         "feeds": relative(inputs.feeds), "reference_outputs": relative(inputs.reference_outputs),
         "selection_feeds": relative(inputs.selection_feeds),
+        "selection_reference_outputs": relative(inputs.selection_reference_outputs),
         "judged_by": inputs.judged_by.model_dump(mode="json"),
         "reference_logits": (relative(inputs.reference_logits)
                              if inputs.reference_logits else None),
@@ -266,6 +274,7 @@ def read_inputs_index(folder: Path) -> tuple[BenchmarkInputs, BenchmarkConfig]:
         feeds=_optional(folder, index.get("feeds")),
         selection_feeds=_optional(folder, index.get("selection_feeds")),
         reference_outputs=_optional(folder, index.get("reference_outputs")),
+        selection_reference_outputs=_optional(folder, index.get("selection_reference_outputs")),
         judged_by=EvalConfig.model_validate(index.get("judged_by") or {}),
         reference_logits=folder / index["reference_logits"] if index["reference_logits"]
         else None,

@@ -358,7 +358,7 @@ def measure_variant(
     if inputs.images is None:
         return measure_on_feeds(spec, inputs, cfg)
     runtime = runtime_of(spec.format)
-    metric = inputs.judged_by.resolve()
+    metric = inputs.metric()
     images, labels = np.load(inputs.images), np.load(inputs.labels)
     started = time.perf_counter()
     runner = load_runner(spec, cfg.threads)
@@ -549,54 +549,53 @@ def score_on_feeds(runner: Runner, inputs: BenchmarkInputs, feeds: dict[str, np.
         FeedsError: ``eval.output`` names no output of the model, or of the reference.
         MetricError: The metric cannot score the outputs against ``y`` (one line).
     """
-    from tfopt.measurement.feeds import FeedsError
-
-    metric = inputs.judged_by.resolve(class_scores=False)
+    metric = inputs.metric()
     if inputs.generate is not None or inputs.feeds is None:
         return metric.name, None
-    if metric.needs_labels:
-        return metric.name, _scored_against_y(runner, inputs.feeds, metric,
-                                              inputs.judged_by.output, feeds)
-    if inputs.reference_outputs is None:
-        return metric.name, None
-    output = scored_output(runner, inputs.judged_by.output)
-    with np.load(inputs.reference_outputs) as reference:
-        if output not in reference.files:
-            raise FeedsError(f"the reference model has no output {output!r} (its outputs: "
-                             f"{', '.join(reference.files)}): outputs are matched by name")
-        truth = reference[output]
-    return metric.name, metric.score(truth, outputs_batched(runner, feeds)[output])
+    return metric.name, _scored(runner, inputs.feeds, inputs.reference_outputs, inputs, feeds)
 
 
 def validation_on_feeds(runner: Runner, inputs: BenchmarkInputs) -> float | None:
-    """The metric's figure on the validation split's feeds against their ``y`` (None: none).
+    """The metric's figure on the validation split's feeds (None: nothing to score against).
 
     Raises:
         FeedsError, MetricError: As `score_on_feeds`.
     """
-    metric = inputs.judged_by.resolve(class_scores=False)
-    if inputs.selection_feeds is None or not metric.needs_labels:
+    if inputs.selection_feeds is None:
         return None
-    return _scored_against_y(runner, inputs.selection_feeds, metric, inputs.judged_by.output)
+    return _scored(runner, inputs.selection_feeds, inputs.selection_reference_outputs, inputs)
 
 
-def _scored_against_y(runner: Runner, path: Path, metric: Any, output: str | None,
-                      feeds: dict[str, np.ndarray] | None = None) -> float | None:
-    """`metric` on `output` for an ``.npz``'s feeds (given, else read) against its ``y``.
+def _scored(runner: Runner, path: Path, reference_outputs: Path | None,
+            inputs: BenchmarkInputs, feeds: dict[str, np.ndarray] | None = None,
+            ) -> float | None:
+    """The run's metric on its output for an ``.npz``'s feeds (given, else read).
 
-    None where the file holds no ``y``.
+    Against the file's ``y``, or for a fidelity metric against the reference's same-named
+    output in `reference_outputs`; None where there is no such truth.
 
     Raises:
         FeedsError, MetricError: As `score_on_feeds`.
     """
-    from tfopt.measurement.feeds import read_feeds, read_truth
+    from tfopt.measurement.feeds import FeedsError, read_feeds, read_truth
 
-    truth = read_truth(path, runner.inputs)
+    metric = inputs.metric()
+    output = scored_output(runner, inputs.judged_by.output)
+    if metric.needs_labels:
+        truth = read_truth(path, runner.inputs)
+    elif reference_outputs is None:
+        truth = None
+    else:
+        with np.load(reference_outputs) as reference:
+            if output not in reference.files:
+                raise FeedsError(f"the reference model has no output {output!r} (its "
+                                 f"outputs: {', '.join(reference.files)}): outputs are "
+                                 "matched by name")
+            truth = reference[output]
     if truth is None:
         return None
     feeds = feeds if feeds is not None else read_feeds(path, runner.inputs)
-    scored = outputs_batched(runner, feeds)[scored_output(runner, output)]
-    return metric.score(truth, scored)
+    return metric.score(truth, outputs_batched(runner, feeds)[output])
 
 
 def scored_output(runner: Runner, name: str | None) -> str:

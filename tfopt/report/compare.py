@@ -121,13 +121,25 @@ def _accuracy_move(before: dict[str, Any], after: dict[str, Any],
 
 def _metric_move(before: dict[str, Any], after: dict[str, Any],
                  budget: dict[str, Any]) -> dict[str, Any] | None:
-    """A move of a metric that is no share beyond its budget of the earlier figure, or None."""
+    """A move of a metric that is no share beyond its budget of the earlier figure, or None.
+
+    A bound (``bound``: the worst figure kept, an SNR's floor) moves when it is crossed.
+    """
     old, new = before["accuracy"], after["accuracy"]
-    allowance = budget["amount"] * abs(old) if budget["relative"] else budget["amount"]
     change = new - old
-    if abs(change) <= allowance:
-        return None
-    better = change > 0 if budget["higher_is_better"] else change < 0
+    higher = budget["higher_is_better"]
+    if budget.get("bound"):
+        floor = budget["amount"]
+        kept_before, kept_after = ((old >= floor, new >= floor) if higher
+                                   else (old <= floor, new <= floor))
+        if kept_before == kept_after:
+            return None
+        allowance = 0.0
+    else:
+        allowance = budget["amount"] * abs(old) if budget["relative"] else budget["amount"]
+        if abs(change) <= allowance:
+            return None
+    better = change > 0 if higher else change < 0
     return {"variant": after["name"], "what": budget["metric"],
             "direction": "better" if better else "worse", "before": old, "after": new,
             "change": change, "allowance": allowance}

@@ -147,9 +147,11 @@ def variant_flags(value: float | None, baseline: float | None,
     if value is None or baseline is None or budget.within(value, baseline):
         return []
     metric = budget.metric
-    if metric.unit == "share" and not budget.relative:
+    if budget.points() is not None:
         return [f"{metric.name} drop {100 * (baseline - value):.2f} points exceeds the "
                 f"{budget.points():g} budget"]
+    if budget.bound:
+        return [f"{metric.name} {metric.shown(value)} misses the budget ({budget.described()})"]
     return [f"{metric.name} {metric.shown(value)} is beyond the budget ({budget.described()}) "
             f"of the baseline's {metric.shown(baseline)}"]
 
@@ -234,7 +236,8 @@ def build_summary(
         "runoff": runoff.model_dump() if runoff else None,
         "baseline_accuracy": baseline_accuracy,
         "metric_budget": {"metric": budget.metric.name, "amount": budget.amount,
-                          "relative": budget.relative, "described": budget.described(),
+                          "relative": budget.relative, "bound": budget.bound,
+                          "described": budget.described(),
                           "higher_is_better": budget.metric.higher_is_better,
                           "unit": budget.metric.unit},
         "techniques": techniques or {},
@@ -288,15 +291,39 @@ def in_points(summary: dict[str, Any]) -> bool:
 
 
 def delta_header(summary: dict[str, Any]) -> str:
-    """The column of each variant's difference to the baseline: ``Δ pts``, or ``Δ <metric>``."""
+    """The column of each variant's difference to the baseline: ``Δ pts``, or ``Δ <metric>``.
+
+    Against a bound (an SNR's floor: the baseline's own figure is the metric's cap), each
+    variant's margin over it: ``over 30`` (``under 0.03`` for a lower-is-better metric).
+    """
+    bound = _bound(summary)
+    if bound is not None:
+        higher = summary["metric_budget"]["higher_is_better"]
+        return f"{'over' if higher else 'under'} {bound:g}"
     return "Δ pts" if in_points(summary) else f"Δ {metric_name(summary)}"
 
 
 def delta_cell(entry: dict[str, Any], summary: dict[str, Any]) -> str:
-    """A variant's difference to the baseline: in points for a share, else in its units."""
+    """A variant's difference to the baseline (`delta_header`).
+
+    In points for a share, else in the metric's units; against a bound, the margin over it
+    (negative: the variant misses it).
+    """
+    bound = _bound(summary)
+    if bound is not None:
+        value = entry.get("accuracy")
+        higher = summary["metric_budget"]["higher_is_better"]
+        return or_dash(None if value is None else (value - bound if higher else bound - value),
+                       "+.4g")
     if in_points(summary):
         return or_dash(entry.get("accuracy_delta_points"), "+.2f")
     return or_dash(entry.get("metric_delta"), "+.4f")
+
+
+def _bound(summary: dict[str, Any]) -> float | None:
+    """The worst figure a variant keeps, where the budget is one (`MetricBudget.bound`)."""
+    budget = summary.get("metric_budget") or {}
+    return budget["amount"] if budget.get("bound") else None
 
 
 def speedup_sentence(speedup: dict[str, Any] | None) -> str:

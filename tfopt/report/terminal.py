@@ -96,8 +96,11 @@ def champion_line(summary: dict[str, Any]) -> str:
     accuracy = ("" if delta is None else f", {delta:+.2f} points against the baseline on test"
                 + (f" (budget {budget:g} point{'' if budget == 1 else 's'}{judged})"
                    if budget is not None else ""))
-    if not in_points(summary) and entry.get("metric_delta") is not None:
-        metric_budget = summary["metric_budget"]
+    metric_budget = summary.get("metric_budget") or {}
+    if metric_budget.get("bound") and entry.get("accuracy") is not None:
+        accuracy = (f", {metric_budget['metric']} {entry['accuracy']:.4g} on test against "
+                    f"the baseline's own outputs (budget {metric_budget['described']}{judged})")
+    elif not in_points(summary) and entry.get("metric_delta") is not None:
         accuracy = (f", {metric_budget['metric']} {entry['accuracy']:.4g} against the "
                     f"baseline's {entry['accuracy'] - entry['metric_delta']:.4g} on test "
                     f"(budget {metric_budget['described']}{judged})")
