@@ -291,10 +291,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
+    from deployments.alerts import register_alerts, save_webhook
     from deployments.serve import deploy_to_work_pool, load_deployment_specs, work_pool_names
 
     api_url, _ = supervision.connect_services()
     for line in deploy_to_work_pool(source=args.source):
+        console.print(line, highlight=False)
+    if args.alert_webhook:
+        save_webhook(args.alert_webhook)
+    for line in register_alerts():
         console.print(line, highlight=False)
     local = ServiceSettings.from_env()
     for pool in work_pool_names(load_deployment_specs()):
@@ -303,6 +308,18 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
                           f"{api_url.removesuffix('/api')}/deployments", highlight=False)
         else:
             console.print(f"start a worker for them: tfopt worker --pool {pool}")
+    return 0
+
+
+def _cmd_alerts(args: argparse.Namespace) -> int:
+    from deployments.alerts import send_test_alert
+
+    supervision.connect_services()
+    try:
+        console.print(send_test_alert(), highlight=False)
+    except LookupError as error:
+        console.print(f"[bold red]error:[/] {error}", highlight=False)
+        return 2
     return 0
 
 
@@ -411,7 +428,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     deploy.add_argument("--source", default=None,
                         help="git URL workers clone the code from (default: this checkout)")
+    deploy.add_argument("--alert-webhook", default=None, metavar="URL",
+                        help="save the notification block tfopt-alerts as a webhook to URL "
+                             "(failed or crashed deployment runs and confirmed regressions "
+                             "are sent to it)")
     deploy.set_defaults(handler=_cmd_deploy)
+    alerts = commands.add_parser(
+        "alerts", help="the alerts tfopt deploy registers: `tfopt alerts test` sends one")
+    alerts.add_argument("action", choices=["test"],
+                        help="test: send one notification through the tfopt-alerts block")
+    alerts.set_defaults(handler=_cmd_alerts)
     worker = commands.add_parser("worker", help="start a Prefect worker on a process work pool")
     worker.add_argument("--pool", default="tfopt-process")
     worker.add_argument("--set", action="append", default=[], metavar="benchmark.KEY=VALUE",

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -15,7 +22,7 @@ from deployments.serve import (
     load_deployment_specs,
 )
 from tests.conftest import write_digit_folder
-from tests.live import ROOT, run_tfopt, running_services, tfopt_process
+from tests.live import ROOT, run_tfopt, running_services, service_env, tfopt_process
 
 EXPECTED = {"optimize-nightly": "optimize_model", "preprocess-hourly": "preprocess_data",
             "benchmark-champion-weekly": "benchmark_model"}
@@ -74,9 +81,35 @@ def test_serve_registers_scheduled_deployments_with_a_parameter_form(
     assert nightly.parameters["config"]["train"]["epochs"] == epochs["default"]
 
 
+@contextmanager
+def webhook_receiver() -> Iterator[tuple[str, list[dict]]]:
+    """A webhook receiver on loopback: its URL, and the JSON bodies POSTed to it so far."""
+    received: list[dict] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/tfopt", received
+    finally:
+        server.shutdown()
+
+
 @pytest.mark.e2e
 def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(tmp_path):
-    """`tfopt deploy` + `tfopt worker`; the second run of unchanged data is a cache hit."""
+    """`tfopt deploy` + `tfopt worker`; the second run of unchanged data is a cache hit.
+
+    The alerts `tfopt deploy` registered reach a webhook receiver on loopback: `tfopt alerts
+    test`, a deployment run that fails, and a confirmed regression's event.
+    """
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -86,10 +119,15 @@ def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(
                              "data": {"source_dir": str(data), "image_size": 16,
                                       "shard_size_mb": 0.004}}}
     with running_services(tmp_path / "home") as settings, \
-            temporary_settings({PREFECT_API_URL: settings.prefect_api_url}):
-        deployed = run_tfopt(settings, ["deploy"], timeout_s=300)
+            temporary_settings({PREFECT_API_URL: settings.prefect_api_url}), \
+            webhook_receiver() as (webhook, received):
+        deployed = run_tfopt(settings, ["deploy", "--alert-webhook", webhook], timeout_s=300)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         assert deployed.stdout.count("-> work pool tfopt-process") == 3
+        assert deployed.stdout.count("-> Custom Webhook tfopt-alerts") == 2, deployed.stdout
+        tested = run_tfopt(settings, ["alerts", "test"], timeout_s=120)
+        assert tested.returncode == 0 and received[-1]["subject"] == "tfopt: test alert", (
+            tested.stdout + tested.stderr, received)
         with get_client(sync_client=True) as client:
             registered = {d.name: d for d in client.read_deployments()}
             assert {d.work_pool_name for d in registered.values()} == {"tfopt-process"}
@@ -108,7 +146,20 @@ def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(
                                      parameters=parameters, timeout=300)
                 assert run.state.is_completed(), (run.state, log.read_text()[-3000:])
                 states.append(_task_state(run.id, "write_tfrecords"))
+            failing = run_deployment("preprocess_data/preprocess-hourly", timeout=300,
+                                     parameters={"config": {**parameters["config"], "data": {
+                                         "source_dir": str(tmp_path / "gone")}}})
+            assert failing.state.is_failed(), failing.state
         assert states[0] != "Cached" and states[1] == "Cached", states
+        _emit_regression(settings)
+        alerts = _wait_for(lambda: len(received) >= 3 and received, 90,
+                           f"two alerts by automation; received {received}")
+        subjects = sorted(alert["subject"] for alert in alerts[1:])
+        assert subjects == ["tfopt: preprocess-hourly Failed", "tfopt: worker-test regressed"]
+        failed = next(a["body"] for a in alerts if a["subject"].endswith("Failed"))
+        assert "does not exist" in failed and f"/runs/flow-run/{failing.id}" in failed, failed
+        regressed = next(a["body"] for a in alerts if a["subject"].endswith("regressed"))
+        assert "- baseline-tflite-int8: p50 1.0 -> 1.3 (slower)" in regressed, regressed
         mlflow = MlflowClient(settings.mlflow_url)
         runs = mlflow.search_runs(
             [mlflow.get_experiment_by_name("tfopt-preprocess").experiment_id])
@@ -117,6 +168,19 @@ def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(
         assert runs[0].data.metrics["dataset_shards"] >= 3
         assert {"dataset_train_examples", "dataset_val_examples", "dataset_test_examples",
                 "dataset_skipped_records"} <= set(runs[0].data.metrics)
+
+
+def _emit_regression(settings) -> None:
+    """The event a pipeline run emits on a confirmed regression, from a process of its own
+    (Prefect keeps one events worker per process, bound to the first server it sent to)."""
+    code = ("from tfopt.prefect_artifacts import emit_regression_event\n"
+            "emit_regression_event('worker-test', 'http://mlflow/run', {'regressions': [\n"
+            "    {'variant': 'baseline-tflite-int8', 'what': 'p50', 'before': 1.0,\n"
+            "     'after': 1.3, 'direction': 'slower'}]})\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**service_env(settings),
+                                                       "PREFECT_API_URL": settings.prefect_api_url})
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def _task_state(flow_run_id, task_name: str) -> str:

@@ -165,6 +165,7 @@ def _services(settings: ServiceSettings) -> list[_Service]:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_API_DATABASE_CONNECTION_URL": prefect_store,
             "PREFECT_UI_API_URL": settings.prefect_api_url,
+            "PREFECT_UI_URL": settings.prefect_url,  # links in the alerts' text (ui_url)
             # Only the server's own UI may call the API from a browser (Prefect allows any
             # origin by default, so any web page could create or delete objects).
             "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": settings.prefect_url,
