@@ -112,13 +112,13 @@ def postgres_query(settings: ServiceSettings, database: str, sql: str,
     """The rows of `sql` in `database` of `settings`' PostgreSQL server."""
     import contextlib
 
-    import psycopg2
+    import psycopg
 
     from tfopt.services import postgres
 
-    connection = psycopg2.connect(host=postgres.LOOPBACK, port=settings.postgres_port,
-                                  user=postgres.SUPERUSER, dbname=database,
-                                  password=postgres.password(settings.state_dir))
+    connection = psycopg.connect(host=postgres.LOOPBACK, port=settings.postgres_port,
+                                 user=postgres.SUPERUSER, dbname=database,
+                                 password=postgres.password(settings.state_dir))
     with contextlib.closing(connection), connection.cursor() as cursor:
         cursor.execute(sql, args)
         return cursor.fetchall()

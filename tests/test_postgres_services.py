@@ -13,7 +13,7 @@ import stat
 import subprocess
 
 import psutil
-import psycopg2
+import psycopg
 import pytest
 
 from tests.live import (
@@ -49,9 +49,9 @@ def test_the_stores_are_in_postgresql_and_its_password_stays_private(live_servic
     assert listening and {c.laddr.ip for c in listening} == {"127.0.0.1"}
     named_sockets = [c.laddr for c in server.net_connections(kind="unix") if c.laddr]
     assert named_sockets == [], "no Unix socket: TCP with a password only"
-    with pytest.raises(psycopg2.OperationalError, match="password authentication failed"):
-        psycopg2.connect(host=postgres.LOOPBACK, port=settings.postgres_port,
-                         user=postgres.SUPERUSER, password="not-the-password", dbname="mlflow")
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(host=postgres.LOOPBACK, port=settings.postgres_port,
+                        user=postgres.SUPERUSER, password="not-the-password", dbname="mlflow")
 
     for log in (settings.state_dir / "logs").glob("*.log"):
         assert secret not in log.read_text(errors="replace"), log

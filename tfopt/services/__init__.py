@@ -144,7 +144,7 @@ def _store_urls(settings: ServiceSettings) -> tuple[str, str]:
     if settings.db == "postgres":
         state, port = settings.state_dir, settings.postgres_port
         return (postgres.database_url(state, port, "prefect", "asyncpg"),
-                postgres.database_url(state, port, "mlflow", "psycopg2"))
+                postgres.database_url(state, port, "mlflow", "psycopg"))
     return (f"sqlite+aiosqlite:///{settings.state_dir / 'prefect' / 'prefect.db'}",
             f"sqlite:///{settings.state_dir / 'mlflow' / 'mlflow.db'}")
 

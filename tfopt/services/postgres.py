@@ -98,7 +98,7 @@ def database_url(state_dir: Path, port: int, database: str, driver: str) -> str:
         state_dir: The tfopt state folder.
         port: The PostgreSQL port.
         database: One of `DATABASES`.
-        driver: The SQLAlchemy driver (`asyncpg` for Prefect, `psycopg2` for MLflow).
+        driver: The SQLAlchemy driver (`asyncpg` for Prefect, `psycopg` (3) for MLflow).
     """
     return (f"postgresql+{driver}://{SUPERUSER}:{password(state_dir)}@{LOOPBACK}:{port}/"
             f"{database}")
@@ -168,15 +168,15 @@ def server_command(state_dir: Path, port: int) -> list[str]:
 
 def can_log_in(state_dir: Path, port: int) -> bool:
     """Whether the server accepts the superuser's password (it is up and ready)."""
-    import psycopg2
+    import psycopg
 
     if not password_file(state_dir).exists():
         return False
     try:
-        connection = psycopg2.connect(host=LOOPBACK, port=port, user=SUPERUSER,
-                                      password=password(state_dir), dbname="postgres",
-                                      connect_timeout=2)
-    except psycopg2.OperationalError:
+        connection = psycopg.connect(host=LOOPBACK, port=port, user=SUPERUSER,
+                                     password=password(state_dir), dbname="postgres",
+                                     connect_timeout=2)
+    except psycopg.OperationalError:
         return False
     connection.close()
     return True
@@ -188,12 +188,12 @@ def create_databases(state_dir: Path, port: int) -> list[str]:
     Returns:
         The names of the databases created.
     """
-    import psycopg2
+    import psycopg
 
     created = []
-    connection = psycopg2.connect(host=LOOPBACK, port=port, user=SUPERUSER,
-                                  password=password(state_dir), dbname="postgres")
-    connection.autocommit = True
+    connection = psycopg.connect(host=LOOPBACK, port=port, user=SUPERUSER,
+                                 password=password(state_dir), dbname="postgres",
+                                 autocommit=True)
     with contextlib.closing(connection), connection.cursor() as cursor:
         for database in DATABASES:
             cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
