@@ -428,10 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     deploy.add_argument("--source", default=None,
                         help="git URL workers clone the code from (default: this checkout)")
-    deploy.add_argument("--alert-webhook", default=None, metavar="URL",
+    deploy.add_argument("--alert-webhook", default=os.environ.get("TFOPT_ALERT_WEBHOOK"),
+                        metavar="URL",
                         help="save the notification block tfopt-alerts as a webhook to URL "
                              "(failed or crashed deployment runs and confirmed regressions "
-                             "are sent to it)")
+                             "are sent to it; default: $TFOPT_ALERT_WEBHOOK, so `make run` "
+                             "sets it up too)")
     deploy.set_defaults(handler=_cmd_deploy)
     alerts = commands.add_parser(
         "alerts", help="the alerts tfopt deploy registers: `tfopt alerts test` sends one")

@@ -45,3 +45,11 @@ def test_every_imported_package_comes_from_a_declared_dependency():
         if top not in sys.stdlib_module_names and top not in SHIPPED
         and not {_canonical(name) for name in distributions.get(top, [])} & declared}
     assert undeclared == {}, "imported, not declared in pyproject.toml (add it, pinned)"
+
+
+def test_the_installed_packages_agree_with_each_others_requirements():
+    import subprocess
+
+    checked = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True,
+                             text=True, timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
