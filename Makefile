@@ -13,8 +13,10 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
-	@# pip byte-compiles on one core, compileall on all: the same files (measured 115 s -> 104 s)
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null
+	@# pip byte-compiles on one core, compileall on all: the same files (measured 115 s -> 104 s).
+	@# Only a speed-up: a file written for a newer Python (whenever's _typing_312.py) cannot
+	@# compile here, is never imported here, and must not fail the install.
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -305,13 +305,13 @@ def _baseline(
 ) -> tuple[ModelArtifact, ModelArtifact | None]:
     """Train the baseline (until its plateau, within the budget) and export its SavedModel.
 
-    A non-Keras model file is taken in as it is.
+    A non-Keras model file, and any model file with array data, is taken in as it is.
 
     Returns:
         The baseline, and the SavedModel conversions start from (None for .tflite and .onnx).
     """
     models_dir = run_dir / "models"
-    if config.model.kind != "keras":
+    if config.model.kind != "keras" or data.dataset.arrays:
         baseline = import_model(config.model, data.dataset, models_dir)
         tracking.log_training(run, baseline)
         return baseline, baseline if baseline.format == "savedmodel" else None

@@ -183,11 +183,12 @@ class PipelineConfig(Section):
             raise ValueError(
                 f"eval.metric {self.eval.metric}: image data is trained and judged on top-1 "
                 "accuracy; other metrics judge npz data (data.source_format: npz)")
-        if self.data.source_format == "npz" and self.model.kind == "keras":
+        if self.data.source_format == "npz" and self.model.kind == "keras" and (
+                self.model.source != "file" or self.train.epochs):
             raise ValueError(
-                "data.source_format npz: the baseline must be a trained SavedModel, .tflite or "
-                ".onnx file (model.source: file), taken as it is; Keras models are trained on "
-                "image data only so far")
+                "data.source_format npz: the baseline must be a trained model file (a Keras "
+                "file, SavedModel, .tflite or .onnx; model.source: file) taken as it is "
+                "(train.epochs: 0); training on arrays is not built yet")
         if self.train.mixed_precision != "off" and self.model.source != "zoo":
             raise ValueError("train.mixed_precision applies to model.source=zoo networks only")
         if (self.model.source == "zoo" and self.model.architecture in APPLICATION_ARCHITECTURES

@@ -145,3 +145,42 @@ def test_files_of_different_arrays_or_no_file_at_all_are_refused(tmp_path):
         archive.writestr("x.npy", b"not an array")
     with pytest.raises(NoUsableDataError, match=r"no readable \.npz file holds an example"):
         write_tfrecords.fn(_config(only_torn), tmp_path / "work")
+
+
+@pytest.mark.parametrize("flavor", ["keras3", "tf_keras"])
+def test_a_keras_file_is_taken_in_as_a_savedmodel_of_its_own_signature(tmp_path, flavor):
+    from tfopt.artifacts import VariantSpec
+    from tfopt.models.config import ModelConfig
+    from tfopt.models.importing import import_array_model
+    from tfopt.models.keras_io import keras_module
+    from tfopt.runtimes import load_runner
+    from tfopt.runtimes.base import outputs_batched
+
+    source, _ = _source(tmp_path)
+    dataset = write_tfrecords.fn(_config(source), tmp_path / "work")
+    keras = keras_module(flavor)
+    features = keras.Input((5,), name="features")
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(1000, 2)(ids))
+    joined = keras.layers.Concatenate()([features, embedded])
+    model = keras.Model([features, ids], [keras.layers.Dense(1, name="price")(joined),
+                                          keras.layers.Dense(3, name="parts")(joined)])
+    path = tmp_path / ("theirs.keras" if flavor == "keras3" else "theirs.h5")
+    model.save(path)
+
+    baseline = import_array_model(ModelConfig(source="file", path=path), dataset,
+                                  tmp_path / "models")
+
+    assert baseline.format == "savedmodel" and baseline.params["taken_as_it_is"]
+    runner = load_runner(VariantSpec(name="baseline-savedmodel", source="baseline",
+                                     format="savedmodel", precision="fp32", path=baseline.path))
+    assert sorted(info.name for info in runner.inputs) == ["features", "ids"]
+    feeds = load_split_feeds(dataset, "test")
+    served = outputs_batched(runner, {name: feeds[name] for name in ("features", "ids")})
+    own = model.predict([feeds["features"], feeds["ids"]], verbose=0)
+    assert len(served) == 2
+    for expected in own:  # each output under its own name, the same values
+        match = [name for name, values in served.items() if values.shape == expected.shape]
+        assert match and np.allclose(served[match[0]], expected, atol=1e-5), (
+            sorted(served), expected.shape)
+

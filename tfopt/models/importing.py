@@ -181,11 +181,19 @@ def inspect_array_model(model_cfg: ModelConfig, arrays: Mapping[str, ArraySpec],
         ModelSourceError: The file cannot be read, its inputs do not fit the arrays, or it has
             no output named `output`.
     """
+    import tempfile
+
     path = Path(str(model_cfg.path))
     kind = model_kind(path)
-    runner = _open(path, kind)
-    match_inputs(path, runner.inputs, arrays)
-    names = [info.name for info in runner.outputs]
+    with tempfile.TemporaryDirectory(prefix="tfopt-inspect-") as folder:
+        if kind == "keras":  # judged by its own signature, as the run will export it
+            kind = "savedmodel"
+            runner = _open(_own_savedmodel(path, Path(folder) / "savedmodel"), kind)
+        else:
+            runner = _open(path, kind)
+        inputs, outputs = runner.inputs, runner.outputs
+    match_inputs(path, inputs, arrays)
+    names = [info.name for info in outputs]
     scored = output or scores_output(names)
     if scored not in names:
         raise ModelSourceError(f"eval.output: {path} has no output {scored!r} (its outputs: "
@@ -193,11 +201,25 @@ def inspect_array_model(model_cfg: ModelConfig, arrays: Mapping[str, ArraySpec],
     return ModelFacts(kind=kind, channels=0, output=scored)
 
 
+def _own_savedmodel(path: Path, final: Path) -> Path:
+    """A Keras file as a plain SavedModel of its own signature at `final` (`save_own_signature`).
+
+    Raises:
+        ModelSourceError: The file cannot be loaded (naming the Keras that tried).
+    """
+    from tfopt.models.serving_export import save_own_signature
+    from tfopt.models.sources import load_model_file
+
+    save_own_signature(load_model_file(path), final)
+    return final
+
+
 def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
                        out_dir: Path) -> ModelArtifact:
-    """A SavedModel, ``.tflite`` or ``.onnx`` file copied in as the baseline, as it is.
+    """A SavedModel, ``.tflite``, ``.onnx`` or Keras file taken in as the baseline, as it is.
 
-    A SavedModel keeps its own signature (no image serving signature is made for it).
+    A SavedModel keeps its own signature (no image serving signature is made for it); a Keras
+    file becomes a plain SavedModel of its own signature (`save_own_signature`).
 
     Raises:
         ModelSourceError: As `inspect_array_model`.
@@ -208,7 +230,9 @@ def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
 
     path = Path(str(model_cfg.path))
     facts = inspect_array_model(model_cfg, dataset.arrays, None)
-    if facts.kind == "savedmodel":
+    if model_kind(path) == "keras":
+        final, precision = _own_savedmodel(path, out_dir / "baseline-savedmodel"), "fp32"
+    elif facts.kind == "savedmodel":
         final, precision = out_dir / "baseline-savedmodel", "fp32"
         staging = staging_dir_for(final)
         shutil.copytree(path, staging)

@@ -87,6 +87,37 @@ def save_serving_function(
     replace_dir(staging, final)
 
 
+def save_own_signature(keras_model: Any, final: Path) -> None:
+    """Save `keras_model` as a plain SavedModel serving its own inputs and outputs, atomically.
+
+    For a model that is no image classifier (array data): ``serving_default`` takes the model's
+    inputs under their own names and returns its outputs under theirs (a Keras 3 model's by
+    its own ``export``: a dict's keys, else ``output_0``...; a tf_keras model's by its
+    ``output_names``).
+    """
+    import tensorflow as tf
+
+    staging = staging_dir_for(final)
+    if _is_keras3(keras_model):
+        keras_model.export(str(staging), format="tf_saved_model", verbose=False)
+    else:
+        specs = [tf.TensorSpec(tensor.shape, tensor.dtype, name)
+                 for tensor, name in zip(keras_model.inputs, keras_model.input_names, strict=True)]
+
+        @tf.function(input_signature=specs)
+        def serve(*inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+            outputs = keras_model(list(inputs) if len(inputs) > 1 else inputs[0],
+                                  training=False)
+            outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
+            return dict(zip(keras_model.output_names, outputs, strict=True))
+
+        module = tf.Module()
+        module.model = keras_model
+        module.serve = serve
+        tf.saved_model.save(module, str(staging), signatures={SIGNATURE_KEY: serve})
+    replace_dir(staging, final)
+
+
 def _is_keras3(holder: object) -> bool:
     """Whether `holder` is a Keras 3 model (exported with Keras 3's own ExportArchive)."""
     from tfopt.models.keras_io import flavor_of

@@ -319,7 +319,7 @@ class TensorFlow(Runtime):
         bf16 = [self.variant(source, "graph", "bfloat16", derived_from=graph.name,
                              params={"rewrite": BF16_REWRITE})] if settings.bfloat16 else []
         if request.kind == "savedmodel":  # XLA compiles its signature (`SavedModelRunner`)
-            why = "needs a tf_keras model; model.path is a plain SavedModel"
+            why = "needs a Keras model; the baseline is a plain SavedModel (its own signature)"
             signature_xla = [x.model_copy(update={"derived_from": served.name}) for x in xla_forms]
             return [skipped(graph, why), served, *signature_xla, *(skipped(x, why) for x in bf16)]
         no_bf16 = bf16_unavailable_reason()
