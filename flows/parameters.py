@@ -179,14 +179,15 @@ class PipelineConfig(Section):
                 f"train.epochs: 0 trains nothing, so model.source={self.model.source} leaves no "
                 "model to optimize (epochs 0 is for model.source=file)"
             )
-        if self.data.source_format != "npz" and self.eval.metric != "accuracy":
+        if not self.data.arrays and self.eval.metric != "accuracy":
             raise ValueError(
                 f"eval.metric {self.eval.metric}: image data is trained and judged on top-1 "
-                "accuracy; other metrics judge npz data (data.source_format: npz)")
-        if self.data.source_format == "npz" and self.model.kind == "keras" and (
+                "accuracy; other metrics judge array data (data.source_format: npz, or tfrecord "
+                "with data.features)")
+        if self.data.arrays and self.model.kind == "keras" and (
                 self.model.source != "file" or self.train.epochs):
             raise ValueError(
-                "data.source_format npz: the baseline must be a trained model file (a Keras "
+                "array data: the baseline must be a trained model file (a Keras "
                 "file, SavedModel, .tflite or .onnx; model.source: file) taken as it is "
                 "(train.epochs: 0); training on arrays is not built yet")
         if self.train.mixed_precision != "off" and self.model.source != "zoo":

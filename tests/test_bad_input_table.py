@@ -60,6 +60,14 @@ def place(tmp_path_factory) -> Path:
             size=shape).astype(np.float32) for key, shape in arrays.items()})
     import tensorflow as tf
 
+    (root / "features-good").mkdir()
+    with tf.io.TFRecordWriter(str(root / "features-good" / "part.tfrecord")) as writer:
+        for row in np.random.default_rng(0).normal(size=(40, 5)).astype(np.float32):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "features": tf.train.Feature(float_list=tf.train.FloatList(value=row[:4])),
+                "price": tf.train.Feature(float_list=tf.train.FloatList(value=row[4:]))})
+            ).SerializeToString())
+
     class Priced(tf.Module):
         def __init__(self) -> None:
             self.weights = tf.Variable(tf.ones((4, 1)))
@@ -254,6 +262,12 @@ ARRAY_CASES = {
                                                      "eval.budget": 0.1,
                                                      "eval.budget_relative": "true"},
                                 "eval.budget_relative: a budget on snr_db is the worst figure"),
+    "a feature spec the records do not fit": (
+        "features-good", {"data.source_format": "tfrecord", "data.label_feature": "price",
+                          "data.features": "{{features: {{dtype: float32, shape: [3]}}, "
+                                           "price: {{dtype: float32}}}}"},
+        "data.features: no record of {place}/features-good fits them (part.tfrecord#0: does "
+        "not fit data.features: "),
     "a metric for images": ("", {"eval.metric": "mae"},
                             "eval.metric mae: image data is trained and judged on top-1"),
 }

@@ -71,6 +71,23 @@ AUTO_SELECT_MIN_IMAGES = 100
 images: below that, its per-epoch readings would be too coarse to stop a training on."""
 
 
+class FeatureSpec(Section):
+    """One feature of TFRecords of any model's inputs: its dtype and shape per example."""
+
+    dtype: Literal["float32", "int32", "int64"] = Field(
+        description="float32 (a float_list), int64 or int32 (an int64_list, int32 cast from it).")
+    shape: list[int] = Field(
+        default_factory=list, max_length=8,
+        description="Its shape per example, the batch left out ([]: one value).")
+
+    @field_validator("shape")
+    @classmethod
+    def _positive(cls, shape: list[int]) -> list[int]:
+        if any(size < 1 for size in shape):
+            raise ValueError(f"every dimension is at least 1, not {shape}")
+        return shape
+
+
 class DataConfig(Section):
     """Where the labelled data comes from and how it is split and sharded."""
 
@@ -145,11 +162,36 @@ class DataConfig(Section):
         "image/label", min_length=1,
         description="For tfrecord sources: int64 feature holding the class label.",
     )
+    features: dict[str, FeatureSpec] | None = Field(
+        None, max_length=64,
+        description=(
+            "For tfrecord sources of any model's inputs (not images): each feature's dtype and "
+            "shape, parsed into arrays named after the features, as npz data is (each input "
+            "feature named after the model's input it feeds; x for a model of one). None: "
+            "TFRecords of images (tfrecord_image_key, tfrecord_label_key)."
+        ),
+    )
+    label_feature: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="With features: the one holding the labels or targets (y); None: no labels.",
+    )
 
     @model_validator(mode="after")
     def _splits_leave_training_data(self) -> DataConfig:
         if self.source_format != "image_folder" and self.max_examples_per_class is not None:
             raise ValueError("max_examples_per_class applies to image_folder sources only")
+        if self.features is not None and self.source_format != "tfrecord":
+            raise ValueError("features describe tfrecord sources (source_format: tfrecord)")
+        if self.label_feature is not None and self.label_feature not in (self.features or {}):
+            raise ValueError(f"label_feature {self.label_feature!r} is not one of the features "
+                             f"({', '.join(self.features or {}) or 'none given'})")
+        if self.features is not None:
+            inputs = [name for name in self.features if name != self.label_feature]
+            if not inputs:
+                raise ValueError("features: name at least one input feature besides the label")
+            if "y" in inputs:
+                raise ValueError("features: y is the labels' name; set label_feature: y, or "
+                                 "rename that input")
         if self.val_fraction != "auto" and not 0.0 <= self.val_fraction <= 0.4:
             raise ValueError("val_fraction must be auto or between 0 and 0.4")
         if self.select_fraction != "auto" and not 0.0 <= self.select_fraction <= 0.2:
@@ -158,6 +200,11 @@ class DataConfig(Section):
                 + self.test_fraction >= 0.8:
             raise ValueError("val_fraction + select_fraction + test_fraction must be below 0.8")
         return self
+
+    @property
+    def arrays(self) -> bool:
+        """Any model's data (npz, or TFRecords of `features`), not labelled images."""
+        return self.source_format == "npz" or self.features is not None
 
     def val_share(self, examples: int) -> float:
         """The validation split's share of `examples` listed (`val_fraction`, auto resolved)."""

@@ -182,11 +182,13 @@ def test_a_run_out_of_time_narrows_the_compressed_forms_and_cuts_the_baseline_fo
 
 
 def test_a_run_with_room_for_the_tflite_pair_narrows_to_it_not_to_int8_alone(
-        tiny_baseline, tmp_path: Path):
+        tiny_baseline, tmp_path: Path, prefect_client):
     """Every form would starve the techniques, the int8 and fp32 TFLite files would not.
 
     int8 is not the faster file everywhere: narrowed to it alone, a thinned network whose fp32
-    file is the fast one (an Intel Xeon with AMX) would never have that file built.
+    file is the fast one (an Intel Xeon with AMX) would never have that file built. The forms
+    it measures take the machine's benchmark slot on the session's Prefect server (not a
+    temporary one started for the test, which can take longer than Prefect waits for it).
     """
     from compress import compressed_formats, plan
     from tfopt.models.baseline import epoch_seconds

@@ -32,7 +32,7 @@ def their_network(tmp_path_factory):
 
 # What each kind of file cannot give, and the reason the summary must give for it.
 CANNOT = {
-    "savedmodel": {"baseline-graph": "needs a tf_keras model",
+    "savedmodel": {"baseline-graph": "needs a Keras model",
                    "pruned-80-tflite-int8": "prune works on keras models"},
     "tflite": {"baseline-onnx": "benchmarked as it is", "qat-tflite-int8": "qat works on keras"},
     "onnx": {"baseline-savedmodel": "benchmarked as it is",

@@ -184,3 +184,44 @@ def test_a_keras_file_is_taken_in_as_a_savedmodel_of_its_own_signature(tmp_path,
         assert match and np.allclose(served[match[0]], expected, atol=1e-5), (
             sorted(served), expected.shape)
 
+
+
+def test_tfrecords_of_any_features_become_named_arrays_and_records_that_do_not_fit_are_counted(
+        tmp_path):
+    source = tmp_path / "records"
+    source.mkdir()
+    rng = np.random.default_rng(5)
+    rows = [(rng.normal(size=5).astype(np.float32), rng.integers(0, 1000, size=3),
+             float(rng.normal())) for _ in range(150)]
+    rows[7][0][1] = np.nan  # skipped as an .npz row with a NaN is
+
+    def example(features, ids, price, drop_price=False):
+        feature = {"features": tf.train.Feature(float_list=tf.train.FloatList(value=features)),
+                   "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids))}
+        if not drop_price:
+            feature["price"] = tf.train.Feature(float_list=tf.train.FloatList(value=[price]))
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    for name, part in (("a.tfrecord", rows[:100]), ("b.tfrecord", rows[100:])):
+        with tf.io.TFRecordWriter(str(source / name)) as writer:
+            for index, (features, ids, price) in enumerate(part):
+                writer.write(example(features, ids, price, drop_price=name == "b.tfrecord"
+                                     and index == 3))
+    cfg = DataConfig(source_dir=source, source_format="tfrecord", val_fraction=0.2,
+                     select_fraction=0.0, shard_size_mb=0.002, label_feature="price",
+                     features={"features": {"dtype": "float32", "shape": [5]},
+                               "ids": {"dtype": "int32", "shape": [3]},
+                               "price": {"dtype": "float32"}})
+
+    dataset = write_tfrecords.fn(cfg, tmp_path / "work")
+
+    assert {name: (spec.dtype, spec.shape) for name, spec in dataset.arrays.items()} == {
+        "features": ("float32", [5]), "ids": ("int32", [3]), "y": ("float32", [])}
+    found = _by_source(dataset)
+    assert len(found) == 148, "one record without its price, one with a NaN, skipped"
+    np.testing.assert_array_equal(found["a.tfrecord#12"]["ids"], rows[12][1].astype(np.int32))
+    assert found["b.tfrecord#0"]["y"] == np.float32(rows[100][2])
+    reasons = {item["path"]: item["reason"] for item in
+               json.loads(dataset.manifest_path.read_text())["quarantine"]}
+    assert "does not fit data.features" in reasons["b.tfrecord#3"]
+    assert "non-finite values (NaN or infinity) in features" in reasons["a.tfrecord#7"]

@@ -174,8 +174,6 @@ def example_records(entries: Sequence[str], source_dir: Path
     Rows are read file by file (each file loaded once); an example with a NaN or an infinity
     in any array is skipped with the array's name.
     """
-    import tensorflow as tf
-
     by_file: dict[str, list[tuple[str, int]]] = {}
     for entry in entries:
         name, _, row = entry.rpartition("#")
@@ -190,21 +188,32 @@ def example_records(entries: Sequence[str], source_dir: Path
                             for entry, _ in rows})
             continue
         for entry, row in rows:
-            values = {key: array[row] for key, array in arrays.items()}
-            bad = [key for key, value in values.items()
-                   if value.dtype.kind == "f" and not np.isfinite(value).all()]
-            if bad:
-                records[entry] = (None, f"non-finite values (NaN or infinity) in {', '.join(bad)}")
-                continue
-            feature = {key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[
-                np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()]))
-                for key, value in values.items()}
-            feature[SOURCE_KEY] = tf.train.Feature(
-                bytes_list=tf.train.BytesList(value=[entry.encode("utf-8")]))
-            example = tf.train.Example(features=tf.train.Features(feature=feature))
-            records[entry] = (example.SerializeToString(deterministic=True), None)
+            records[entry] = serialized_example(
+                entry, {key: array[row] for key, array in arrays.items()})
     for entry in entries:
         yield entry, *records[entry]
+
+
+def serialized_example(entry: str, values: Mapping[str, np.ndarray]
+                       ) -> tuple[bytes | None, str | None]:
+    """One example's arrays as a ``tf.train.Example`` of raw little-endian bytes.
+
+    The example is named `entry`; None and why where it is skipped (a NaN or an infinity,
+    naming the arrays).
+    """
+    import tensorflow as tf
+
+    bad = [key for key, value in values.items()
+           if value.dtype.kind == "f" and not np.isfinite(value).all()]
+    if bad:
+        return None, f"non-finite values (NaN or infinity) in {', '.join(bad)}"
+    feature = {key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[
+        np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()]))
+        for key, value in values.items()}
+    feature[SOURCE_KEY] = tf.train.Feature(
+        bytes_list=tf.train.BytesList(value=[entry.encode("utf-8")]))
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    return example.SerializeToString(deterministic=True), None
 
 
 def decode_examples(serialized: tf.Tensor, specs: Mapping[str, ArraySpec]

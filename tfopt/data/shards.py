@@ -199,11 +199,14 @@ def _shard_sources(
 def _shard_records(plan: ShardPlan, cfg: DataConfig, class_names: list[str]
                    ) -> Iterator[tuple[SourceImage, bytes | None, bool, str | None]]:
     """Each planned entry's serialized example, whether it was re-encoded, or why it is skipped."""
-    if cfg.source_format == "npz":
+    if cfg.arrays:
         from tfopt.data.arrays import example_records
+        from tfopt.data.features import feature_records
 
         by_name = {entry.relative_path: entry for entry in plan.images}
-        for name, record, problem in example_records(list(by_name), cfg.source_dir):
+        records = (example_records(list(by_name), cfg.source_dir) if cfg.source_format == "npz"
+                   else feature_records(list(by_name), cfg))
+        for name, record, problem in records:
             yield by_name[name], record, False, problem
         return
     for image, data, error in _shard_sources(plan, cfg):
@@ -283,6 +286,9 @@ def dataset_dir_for(cfg: DataConfig, work_dir: Path, images: list[SourceImage]) 
     listing.update(
         f"{cfg.source_dir.resolve()}|{cfg.shard_size_mb}|{cfg.compression}".encode()
     )
+    if cfg.features is not None:  # the same records parsed another way are other shards
+        listing.update(json.dumps([{k: v.model_dump() for k, v in cfg.features.items()},
+                                   cfg.label_feature], sort_keys=True).encode())
     for image in images:
         listing.update(f"{image.relative_path}\t{image.size_bytes}\t{image.split}\n".encode())
     return work_dir / "datasets" / f"{cfg.source_dir.name}-{listing.hexdigest()[:12]}"

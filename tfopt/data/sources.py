@@ -134,7 +134,12 @@ def _printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _tfrecord_files(source_dir: Path) -> list[Path]:
+def tfrecord_files(source_dir: Path) -> list[Path]:
+    """The ``*.tfrecord*`` files under `source_dir`, sorted.
+
+    Raises:
+        NoUsableDataError: The folder does not exist or holds none.
+    """
     if not source_dir.is_dir():
         raise NoUsableDataError(f"data.source_dir {source_dir} is not a folder")
     files = sorted(p for p in source_dir.rglob("*") if p.is_file() and ".tfrecord" in p.name)
@@ -190,7 +195,7 @@ def list_tfrecord_source(cfg: DataConfig) -> tuple[list[str], list[SourceImage],
     spec = source_feature_spec(cfg)
     entries: list[tuple[str, int, int]] = []
     skipped: list[dict] = []
-    for path in _tfrecord_files(cfg.source_dir):
+    for path in tfrecord_files(cfg.source_dir):
         relative = path.relative_to(cfg.source_dir).as_posix()
         for index, record in iterate_source_records(cfg, path):
             if isinstance(record, str):
@@ -261,7 +266,7 @@ def list_source(cfg: DataConfig) -> SourceListing:
         NoUsableDataError: No class folders or files, or fewer than two classes with images.
         ArraySourceError: ``.npz`` files whose arrays cannot be one model's data.
     """
-    if cfg.source_format == "npz":
+    if cfg.arrays:
         return _array_listing(cfg)
     empty: list[str] = []
     if cfg.source_format == "tfrecord":
@@ -291,12 +296,17 @@ def list_source(cfg: DataConfig) -> SourceListing:
 
 
 def _array_listing(cfg: DataConfig) -> SourceListing:
-    """An ``npz`` source's examples, split as records are (no classes: any model's data)."""
+    """An ``npz`` source's examples, or TFRecords of `features`, split as records are (no
+    classes: any model's data)."""
     from tfopt.data.arrays import list_npz_source
+    from tfopt.data.features import list_feature_source
 
-    entries, skipped, arrays = list_npz_source(cfg.source_dir)
+    if cfg.source_format == "npz":
+        (entries, skipped, arrays), files = list_npz_source(cfg.source_dir), ".npz file"
+    else:
+        (entries, skipped, arrays), files = list_feature_source(cfg), "TFRecord file"
     if not entries:
-        raise NoUsableDataError(f"data.source_dir {cfg.source_dir}: no readable .npz file holds "
+        raise NoUsableDataError(f"data.source_dir {cfg.source_dir}: no readable {files} holds "
                                 f"an example (first skipped: {skipped[0] if skipped else 'none'})")
     val_fraction = cfg.val_share(len(entries))
     select_fraction = cfg.select_share(len(entries))
