@@ -597,11 +597,6 @@ RELATIVE_BUDGET = 0.01
 figure (`EvalConfig.budget`)."""
 
 
-_BOUNDED = ("fidelity", "snr_db", "relative_error")
-"""Metrics judged against the baseline's own outputs whose budget may be a bound
-(`tfopt.eval.metrics.Metric.bound`; ``fidelity`` is the SNR for tensors)."""
-
-
 class EvalConfig(Section):
     """What a model is judged by: its metric (`tfopt.eval.metrics`), on which of its outputs."""
 
@@ -640,9 +635,10 @@ class EvalConfig(Section):
 
     @model_validator(mode="after")
     def _a_metric_that_exists(self) -> EvalConfig:
-        from tfopt.eval.metrics import built_in
+        from tfopt.eval.metrics import FIDELITY, built_in
 
-        if built_in(self.metric) is not None:
+        found = built_in(self.metric)
+        if found is not None:
             if self.higher_is_better is not None:
                 raise ValueError(f"eval.higher_is_better: {self.metric} knows its direction; "
                                  "leave it unset")
@@ -656,7 +652,9 @@ class EvalConfig(Section):
         if self.budget_relative and self.budget is None:
             raise ValueError("eval.budget_relative: set eval.budget too (0.01: 1% of the "
                              "baseline's figure)")
-        if self.budget_relative and self.metric in _BOUNDED:
+        # fidelity is the SNR for tensors: a bound too
+        bounded = self.metric == FIDELITY or (found is not None and found.bound is not None)
+        if self.budget_relative and bounded:
             raise ValueError(f"eval.budget_relative: a budget on {self.metric} is the worst "
                              "figure a variant keeps (eval.budget: 30 for 30 dB), not a share "
                              "of the baseline's (its own outputs: the metric's cap)")
