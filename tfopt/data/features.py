@@ -20,7 +20,7 @@ import numpy as np
 from tfopt.artifacts import ArraySpec
 from tfopt.config import DataConfig
 from tfopt.data.arrays import TRUTH, ArraySourceError, serialized_example
-from tfopt.data.sources import iterate_source_records, tfrecord_files
+from tfopt.data.records import iterate_source_records, tfrecord_files
 
 
 def array_specs(cfg: DataConfig) -> dict[str, ArraySpec]:

@@ -22,12 +22,8 @@ from PIL import Image
 
 from tfopt.artifacts import ArraySpec, DatasetArtifact, SplitInfo
 from tfopt.config import DataConfig
-from tfopt.data.sources import (
-    NoUsableDataError,
-    SourceImage,
-    iterate_source_records,
-    source_feature_spec,
-)
+from tfopt.data.records import NoUsableDataError, iterate_source_records
+from tfopt.data.sources import SourceImage, source_feature_spec
 from tfopt.fileio import atomic_write_json, sha256_file
 
 

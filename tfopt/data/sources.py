@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tfopt.artifacts import ArraySpec
-from tfopt.config import ConfigError, DataConfig
+from tfopt.config import DataConfig
+from tfopt.data.records import NoUsableDataError, iterate_source_records, tfrecord_files
 
 
 @dataclass(frozen=True)
@@ -24,10 +25,6 @@ class SourceImage:
     label: int
     size_bytes: int
     split: str
-
-
-class NoUsableDataError(ConfigError):
-    """The source folder holds no image the pipeline can use (a one-line error naming it)."""
 
 
 def list_class_folders(source_dir: Path) -> list[str]:
@@ -134,24 +131,6 @@ def _printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def tfrecord_files(source_dir: Path) -> list[Path]:
-    """The ``*.tfrecord*`` files under `source_dir`, sorted.
-
-    Raises:
-        NoUsableDataError: The folder does not exist or holds none.
-    """
-    if not source_dir.is_dir():
-        raise NoUsableDataError(f"data.source_dir {source_dir} is not a folder")
-    files = sorted(p for p in source_dir.rglob("*") if p.is_file() and ".tfrecord" in p.name)
-    if not files:
-        raise NoUsableDataError(f"data.source_dir {source_dir} holds no *.tfrecord* files")
-    return files
-
-
-def _compression_of(path: Path) -> str:
-    return "GZIP" if path.suffix in (".gz", ".gzip") else ""
-
-
 def source_feature_spec(cfg: DataConfig) -> dict:
     import tensorflow as tf
 
@@ -159,28 +138,6 @@ def source_feature_spec(cfg: DataConfig) -> dict:
         cfg.tfrecord_image_key: tf.io.FixedLenFeature([], tf.string),
         cfg.tfrecord_label_key: tf.io.FixedLenFeature([], tf.int64),
     }
-
-
-def iterate_source_records(cfg: DataConfig, path: Path) -> Iterator[tuple[int, bytes | str]]:
-    """Yield ``(index, serialized record)`` of one source file.
-
-    Where the file stops being readable (truncated or corrupt), yields ``(index, error text)``
-    once and ends.
-    """
-    import tensorflow as tf
-
-    index = 0
-    iterator = iter(tf.data.TFRecordDataset(str(path), compression_type=_compression_of(path)))
-    while True:
-        try:
-            record = next(iterator)
-        except StopIteration:
-            return
-        except tf.errors.OpError as error:
-            yield index, f"unreadable from record {index} on: {error.message[:200]}"
-            return
-        yield index, record.numpy()
-        index += 1
 
 
 def list_tfrecord_source(cfg: DataConfig) -> tuple[list[str], list[SourceImage], list[dict]]:
