@@ -329,33 +329,42 @@ def _metric_controlled(model: Any, quantized: Any, calibration: Any, subset_size
                        how: dict[str, str | int | float | bool]) -> Any:
     """An array model's int8, brought back within `budget` of the float model's metric.
 
-    Both are scored by the run's metric on the validation split's arrays against their ``y``;
-    when int8 gives up more than the budget allows, NNCF's accuracy control reverts the layers
-    that cost most to float (it maximises: a lower-is-better metric is handed over negated).
-    `how` records the figures. Unchanged without a validation split with ``y``.
+    Both are scored by the run's metric on the validation split's arrays against their ``y``,
+    or for a fidelity metric against the float model's own outputs; when int8 gives up more
+    than the budget allows, NNCF's accuracy control reverts the layers that cost most to float
+    (it maximises: a lower-is-better metric is handed over negated). `how` records the
+    figures. Unchanged without a validation split (with ``y`` where the metric needs it).
     """
     import nncf
     import openvino as ov
 
     from tfopt.data.arrays import TRUTH, feeds_for, load_split_feeds
 
-    if not dataset.examples("val") or TRUTH not in dataset.arrays:
+    if not dataset.examples("val") or (budget.metric.needs_labels
+                                       and TRUTH not in dataset.arrays):
         return quantized
     arrays = load_split_feeds(dataset, "val")
     names = [port.get_any_name() for port in model.inputs]
-    feeds, truth = feeds_for(names, arrays), arrays[TRUTH]
+    feeds = feeds_for(names, arrays)
+    rows = [{name: values[row : row + 1] for name, values in feeds.items()}
+            for row in range(len(next(iter(feeds.values()))))]
     sign = 1.0 if budget.metric.higher_is_better else -1.0
-    items = [({name: values[row : row + 1] for name, values in feeds.items()}, truth[row])
-             for row in range(len(truth))]
     core, config = ov.Core(), compile_config(1, "f32")
+    float_model = core.compile_model(model, "CPU", config)
+
+    def outputs_of(compiled: Any, chosen: list[dict[str, np.ndarray]]) -> np.ndarray:
+        port = compiled.output(output) if output else compiled.outputs[0]
+        return np.concatenate([compiled(feed)[port] for feed in chosen])
+
+    truth = arrays[TRUTH] if budget.metric.needs_labels else outputs_of(float_model, rows)
+    items = list(zip(rows, truth, strict=True))
 
     def validate(compiled: Any, chosen: Any) -> float:
         pairs = list(chosen)
-        port = compiled.output(output) if output else compiled.outputs[0]
-        outputs = np.concatenate([compiled(feed)[port] for feed, _ in pairs])
-        return sign * budget.metric.score(np.stack([row for _, row in pairs]), outputs)
+        return sign * budget.metric.score(np.stack([row for _, row in pairs]),
+                                          outputs_of(compiled, [feed for feed, _ in pairs]))
 
-    float_value = sign * validate(core.compile_model(model, "CPU", config), items)
+    float_value = sign * validate(float_model, items)
     int8_value = sign * validate(core.compile_model(quantized, "CPU", config), items)
     how.update({f"val_{budget.metric.name}_float": float_value,
                 f"val_{budget.metric.name}_int8": int8_value})
@@ -412,7 +421,7 @@ def quantize_int8(float_xml: Path, dataset: DatasetArtifact, calibration_example
         judged_by = judged_by or EvalConfig()
         return save_model(_metric_controlled(
             model, quantized, calibration, len(examples), dataset,
-            judged_by.metric_budget(budget_points), judged_by.output, how)
+            judged_by.metric_budget(budget_points, class_scores=False), judged_by.output, how)
             if accuracy_control else quantized, folder), how
     val_images, val_labels = load_split(dataset, "val", None, scale)
     config = compile_config(1, "f32")
