@@ -20,7 +20,10 @@ import numpy as np
 from tfopt.artifacts import ArraySpec
 from tfopt.config import DataConfig
 from tfopt.data.arrays import TRUTH, ArraySourceError, serialized_example
-from tfopt.data.records import iterate_source_records, tfrecord_files
+from tfopt.data.records import iterate_source_records, parsed_source_records
+
+UNFIT = "does not fit data.features"
+"""The reason a record the feature spec cannot parse is skipped with."""
 
 
 def array_specs(cfg: DataConfig) -> dict[str, ArraySpec]:
@@ -66,27 +69,11 @@ def list_feature_source(cfg: DataConfig) -> tuple[list[tuple[str, int]], list[di
     Raises:
         ArraySourceError: Not one record fits the spec (the first record's parse error).
     """
-    import tensorflow as tf
-
-    spec = _parse_spec(cfg)
     specs = array_specs(cfg)
     size = sum(int(np.dtype(s.dtype).itemsize * np.prod(s.shape, dtype=np.int64))
                for s in specs.values())
-    entries: list[tuple[str, int]] = []
-    skipped: list[dict] = []
-    for path in tfrecord_files(cfg.source_dir):
-        relative = path.relative_to(cfg.source_dir).as_posix()
-        for index, record in iterate_source_records(cfg, path):
-            if isinstance(record, str):
-                skipped.append({"path": f"{relative}#{index}", "reason": record})
-                break
-            try:
-                tf.io.parse_single_example(record, spec)
-            except tf.errors.OpError as error:
-                skipped.append({"path": f"{relative}#{index}",
-                                "reason": f"does not fit data.features: {_first(error)}"})
-                continue
-            entries.append((f"{relative}#{index}", size))
+    records, skipped = parsed_source_records(cfg, _parse_spec(cfg), UNFIT)
+    entries = [(name, size) for name, _, _ in records]
     if not entries and skipped:
         raise ArraySourceError(f"data.features: no record of {cfg.source_dir} fits them "
                                f"({skipped[0]['path']}: {skipped[0]['reason']})")
@@ -121,6 +108,6 @@ def feature_records(entries: Sequence[str], cfg: DataConfig
             try:
                 records[entry] = serialized_example(entry, parsed_arrays(cfg, record, spec))
             except tf.errors.OpError as error:
-                records[entry] = (None, f"does not fit data.features: {_first(error)}")
+                records[entry] = (None, f"{UNFIT}: {_first(error)}")
     for entry in entries:
         yield entry, *records.get(entry, (None, "record no longer readable"))

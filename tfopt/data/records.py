@@ -6,8 +6,9 @@ Shared by the image TFRecords' listing (`tfopt.data.sources`) and TFRecords of a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from tfopt.config import ConfigError, DataConfig
 
@@ -54,3 +55,32 @@ def iterate_source_records(cfg: DataConfig, path: Path) -> Iterator[tuple[int, b
             return
         yield index, record.numpy()
         index += 1
+
+
+def parsed_source_records(cfg: DataConfig, spec: Mapping[str, Any], unfit: str
+                          ) -> tuple[list[tuple[str, dict[str, Any], int]], list[dict]]:
+    """Every record of the source's TFRecord files parsed by `spec`.
+
+    Returns:
+        Each record that parses (``<file>#<index>``, its parsed features, its bytes), and the
+        records skipped with their reason: a file unreadable from a record on, or a record
+        `spec` cannot parse (`unfit` and the parser's first line).
+    """
+    import tensorflow as tf
+
+    parsed: list[tuple[str, dict[str, Any], int]] = []
+    skipped: list[dict] = []
+    for path in tfrecord_files(cfg.source_dir):
+        relative = path.relative_to(cfg.source_dir).as_posix()
+        for index, record in iterate_source_records(cfg, path):
+            if isinstance(record, str):
+                skipped.append({"path": f"{relative}#{index}", "reason": record})
+                break
+            try:
+                features = tf.io.parse_single_example(record, spec)
+            except tf.errors.OpError as error:
+                first = (error.message.strip().splitlines() or [""])[0][:200]
+                skipped.append({"path": f"{relative}#{index}", "reason": f"{unfit}: {first}"})
+                continue
+            parsed.append((f"{relative}#{index}", features, len(record)))
+    return parsed, skipped

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tfopt.artifacts import ArraySpec
 from tfopt.config import DataConfig
-from tfopt.data.records import NoUsableDataError, iterate_source_records, tfrecord_files
+from tfopt.data.records import NoUsableDataError, parsed_source_records
 
 
 @dataclass(frozen=True)
@@ -147,25 +147,9 @@ def list_tfrecord_source(cfg: DataConfig) -> tuple[list[str], list[SourceImage],
         Class names (the labels found, sorted), the entries, and the records that could not
         be read or parsed.
     """
-    import tensorflow as tf
-
-    spec = source_feature_spec(cfg)
-    entries: list[tuple[str, int, int]] = []
-    skipped: list[dict] = []
-    for path in tfrecord_files(cfg.source_dir):
-        relative = path.relative_to(cfg.source_dir).as_posix()
-        for index, record in iterate_source_records(cfg, path):
-            if isinstance(record, str):
-                skipped.append({"path": f"{relative}#{index}", "reason": record})
-                break
-            try:
-                parsed = tf.io.parse_single_example(record, spec)
-            except tf.errors.OpError as error:
-                skipped.append({"path": f"{relative}#{index}",
-                                "reason": f"cannot parse: {error.message[:200]}"})
-                continue
-            entries.append((f"{relative}#{index}", int(parsed[cfg.tfrecord_label_key]),
-                            len(record)))
+    records, skipped = parsed_source_records(cfg, source_feature_spec(cfg), "cannot parse")
+    entries = [(name, int(parsed[cfg.tfrecord_label_key]), size)
+               for name, parsed, size in records]
     labels = sorted({label for _, label, _ in entries})
     position = {label: i for i, label in enumerate(labels)}
     images = [SourceImage(relative_path=name, label=position[label], size_bytes=size, split="")
