@@ -20,7 +20,7 @@ import numpy as np
 from tfopt.artifacts import ArraySpec
 from tfopt.config import DataConfig
 from tfopt.data.arrays import TRUTH, ArraySourceError, serialized_example
-from tfopt.data.records import iterate_source_records, parsed_source_records
+from tfopt.data.records import first_line, iterate_source_records, parsed_source_records
 
 UNFIT = "does not fit data.features"
 """The reason a record the feature spec cannot parse is skipped with."""
@@ -80,11 +80,6 @@ def list_feature_source(cfg: DataConfig) -> tuple[list[tuple[str, int]], list[di
     return entries, skipped, specs
 
 
-def _first(error: Any) -> str:
-    lines = str(getattr(error, "message", error)).strip().splitlines()
-    return lines[0][:300] if lines else type(error).__name__
-
-
 def feature_records(entries: Sequence[str], cfg: DataConfig
                     ) -> Iterator[tuple[str, bytes | None, str | None]]:
     """Each entry ``<file>#<index>`` as a serialized example of raw arrays, or why it is skipped.
@@ -108,6 +103,6 @@ def feature_records(entries: Sequence[str], cfg: DataConfig
             try:
                 records[entry] = serialized_example(entry, parsed_arrays(cfg, record, spec))
             except tf.errors.OpError as error:
-                records[entry] = (None, f"{UNFIT}: {_first(error)}")
+                records[entry] = (None, f"{UNFIT}: {first_line(error)}")
     for entry in entries:
         yield entry, *records.get(entry, (None, "record no longer readable"))

@@ -79,8 +79,14 @@ def parsed_source_records(cfg: DataConfig, spec: Mapping[str, Any], unfit: str
             try:
                 features = tf.io.parse_single_example(record, spec)
             except tf.errors.OpError as error:
-                first = (error.message.strip().splitlines() or [""])[0][:200]
-                skipped.append({"path": f"{relative}#{index}", "reason": f"{unfit}: {first}"})
+                skipped.append({"path": f"{relative}#{index}",
+                                "reason": f"{unfit}: {first_line(error)}"})
                 continue
             parsed.append((f"{relative}#{index}", features, len(record)))
     return parsed, skipped
+
+
+def first_line(error: Any) -> str:
+    """A TensorFlow error's message (else its text), first line, at most 200 characters."""
+    lines = str(getattr(error, "message", error)).strip().splitlines()
+    return lines[0][:200] if lines else type(error).__name__

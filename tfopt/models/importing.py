@@ -177,6 +177,8 @@ def inspect_array_model(model_cfg: ModelConfig, arrays: Mapping[str, ArraySpec],
                         output: str | None) -> ModelFacts:
     """Open a model file taken as it is with array data and check it against the arrays.
 
+    A Keras file is judged by the SavedModel of its own signature the run will export.
+
     Raises:
         ModelSourceError: The file cannot be read, its inputs do not fit the arrays, or it has
             no output named `output`.
@@ -185,15 +187,22 @@ def inspect_array_model(model_cfg: ModelConfig, arrays: Mapping[str, ArraySpec],
 
     path = Path(str(model_cfg.path))
     kind = model_kind(path)
+    if kind != "keras":
+        return _checked(path, _open(path, kind), kind, arrays, output)
     with tempfile.TemporaryDirectory(prefix="tfopt-inspect-") as folder:
-        if kind == "keras":  # judged by its own signature, as the run will export it
-            kind = "savedmodel"
-            runner = _open(_own_savedmodel(path, Path(folder) / "savedmodel"), kind)
-        else:
-            runner = _open(path, kind)
-        inputs, outputs = runner.inputs, runner.outputs
-    match_inputs(path, inputs, arrays)
-    names = [info.name for info in outputs]
+        exported = _own_savedmodel(path, Path(folder) / "savedmodel")
+        return _checked(path, _open(exported, "savedmodel"), "savedmodel", arrays, output)
+
+
+def _checked(path: Path, runner: Runner, kind: str, arrays: Mapping[str, ArraySpec],
+             output: str | None) -> ModelFacts:
+    """The facts of `path` opened as `runner`, its inputs matched to the arrays.
+
+    Raises:
+        ModelSourceError: As `inspect_array_model`.
+    """
+    match_inputs(path, runner.inputs, arrays)
+    names = [info.name for info in runner.outputs]
     scored = output or scores_output(names)
     if scored not in names:
         raise ModelSourceError(f"eval.output: {path} has no output {scored!r} (its outputs: "
@@ -229,10 +238,10 @@ def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
     from tfopt.fileio import replace_dir, staging_dir_for
 
     path = Path(str(model_cfg.path))
-    facts = inspect_array_model(model_cfg, dataset.arrays, None)
-    if model_kind(path) == "keras":
+    if model_kind(path) == "keras":  # exported once, and checked as exported
         final, precision = _own_savedmodel(path, out_dir / "baseline-savedmodel"), "fp32"
-    elif facts.kind == "savedmodel":
+        facts = _checked(path, _open(final, "savedmodel"), "savedmodel", dataset.arrays, None)
+    elif (facts := inspect_array_model(model_cfg, dataset.arrays, None)).kind == "savedmodel":
         final, precision = out_dir / "baseline-savedmodel", "fp32"
         staging = staging_dir_for(final)
         shutil.copytree(path, staging)
