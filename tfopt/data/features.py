@@ -20,7 +20,7 @@ import numpy as np
 from tfopt.artifacts import ArraySpec
 from tfopt.config import DataConfig
 from tfopt.data.arrays import TRUTH, ArraySourceError, serialized_example
-from tfopt.data.records import first_line, iterate_source_records, parsed_source_records
+from tfopt.data.records import first_line, named_records, parsed_source_records
 
 UNFIT = "does not fit data.features"
 """The reason a record the feature spec cannot parse is skipped with."""
@@ -89,20 +89,13 @@ def feature_records(entries: Sequence[str], cfg: DataConfig
     """
     import tensorflow as tf
 
-    wanted: dict[str, set[int]] = {}
-    for entry in entries:
-        name, _, index = entry.rpartition("#")
-        wanted.setdefault(name, set()).add(int(index))
     spec = _parse_spec(cfg)
-    records: dict[str, tuple[bytes | None, str | None]] = {}
-    for name, indices in wanted.items():
-        for index, record in iterate_source_records(cfg, Path(cfg.source_dir) / name):
-            if index not in indices or isinstance(record, str):
-                continue
-            entry = f"{name}#{index}"
-            try:
-                records[entry] = serialized_example(entry, parsed_arrays(cfg, record, spec))
-            except tf.errors.OpError as error:
-                records[entry] = (None, f"{UNFIT}: {first_line(error)}")
+    readable = named_records(cfg, entries)
     for entry in entries:
-        yield entry, *records.get(entry, (None, "record no longer readable"))
+        if entry not in readable:
+            yield entry, None, "record no longer readable"
+            continue
+        try:
+            yield entry, *serialized_example(entry, parsed_arrays(cfg, readable[entry], spec))
+        except tf.errors.OpError as error:
+            yield entry, None, f"{UNFIT}: {first_line(error)}"

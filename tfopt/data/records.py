@@ -6,7 +6,7 @@ Shared by the image TFRecords' listing (`tfopt.data.sources`) and TFRecords of a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +90,21 @@ def first_line(error: Any) -> str:
     """A TensorFlow error's message (else its text), first line, at most 200 characters."""
     lines = str(getattr(error, "message", error)).strip().splitlines()
     return lines[0][:200] if lines else type(error).__name__
+
+
+def named_records(cfg: DataConfig, entries: Iterable[str]) -> dict[str, bytes]:
+    """The serialized records named ``<file>#<index>`` in `entries` that can still be read.
+
+    Each file is read once, up to where it stops being readable; an entry missing from the
+    result is a record no longer readable.
+    """
+    wanted: dict[str, set[int]] = {}
+    for entry in entries:
+        name, _, index = entry.rpartition("#")
+        wanted.setdefault(name, set()).add(int(index))
+    records: dict[str, bytes] = {}
+    for name, indices in wanted.items():
+        for index, record in iterate_source_records(cfg, Path(cfg.source_dir) / name):
+            if index in indices and isinstance(record, bytes):
+                records[f"{name}#{index}"] = record
+    return records

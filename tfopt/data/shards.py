@@ -22,7 +22,7 @@ from PIL import Image
 
 from tfopt.artifacts import ArraySpec, DatasetArtifact, SplitInfo
 from tfopt.config import DataConfig
-from tfopt.data.records import NoUsableDataError, iterate_source_records
+from tfopt.data.records import NoUsableDataError, named_records
 from tfopt.data.sources import SourceImage, source_feature_spec
 from tfopt.fileio import atomic_write_json, sha256_file
 
@@ -176,17 +176,10 @@ def _shard_sources(
         return
     import tensorflow as tf
 
-    wanted: dict[str, set[int]] = {}
-    for image in plan.images:
-        name, _, index = image.relative_path.rpartition("#")
-        wanted.setdefault(name, set()).add(int(index))
-    records: dict[str, bytes] = {}
     spec = source_feature_spec(cfg)
-    for name, indices in wanted.items():
-        for index, record in iterate_source_records(cfg, cfg.source_dir / name):
-            if index in indices and isinstance(record, bytes):
-                parsed = tf.io.parse_single_example(record, spec)
-                records[f"{name}#{index}"] = parsed[cfg.tfrecord_image_key].numpy()
+    records = {entry: tf.io.parse_single_example(record, spec)[cfg.tfrecord_image_key].numpy()
+               for entry, record in named_records(
+                   cfg, (image.relative_path for image in plan.images)).items()}
     for image in plan.images:
         data = records.get(image.relative_path)
         yield image, data, None if data is not None else "record no longer readable"
