@@ -105,38 +105,30 @@ def webhook_receiver() -> Iterator[tuple[str, list[dict]]]:
 
 @pytest.mark.e2e
 def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(tmp_path):
-    """`tfopt deploy` + `tfopt worker`; the second run of unchanged data is a cache hit.
-
-    The alerts `tfopt deploy` registered reach a webhook receiver on loopback: `tfopt alerts
-    test`, a deployment run that fails, and a confirmed regression's event.
-    """
+    """`tfopt deploy` + `tfopt worker`; the second run of unchanged data is a cache hit."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    data = write_digit_folder(tmp_path / "digits", classes=3, per_class=12)
-    parameters = {"config": {"name": "worker-test", "work_dir": str(tmp_path / "work"),
-                             "data": {"source_dir": str(data), "image_size": 16,
-                                      "shard_size_mb": 0.004}}}
+    from deployments.serve import DeploymentConflictError, refuse_work_pool_twins
+
+    parameters = _preprocessing(tmp_path)
     with running_services(tmp_path / "home") as settings, \
-            temporary_settings({PREFECT_API_URL: settings.prefect_api_url}), \
-            webhook_receiver() as (webhook, received):
-        deployed = run_tfopt(settings, ["deploy", "--alert-webhook", webhook], timeout_s=300)
+            temporary_settings({PREFECT_API_URL: settings.prefect_api_url}):
+        deployed = run_tfopt(settings, ["deploy"], timeout_s=300)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         assert deployed.stdout.count("-> work pool tfopt-process") == 3
-        assert deployed.stdout.count("-> Custom Webhook tfopt-alerts") == 2, deployed.stdout
-        tested = run_tfopt(settings, ["alerts", "test"], timeout_s=120)
-        assert tested.returncode == 0 and received[-1]["subject"] == "tfopt: test alert", (
-            tested.stdout + tested.stderr, received)
+        assert "alerts: none registered (no notification block named tfopt-alerts" \
+            in deployed.stdout, deployed.stdout
         with get_client(sync_client=True) as client:
             registered = {d.name: d for d in client.read_deployments()}
             assert {d.work_pool_name for d in registered.values()} == {"tfopt-process"}
             pull = registered["preprocess-hourly"].pull_steps[0]
             assert Path(pull["prefect.deployments.steps.set_working_directory"]["directory"]) \
                 == ROOT
-        refused = run_tfopt(settings, ["serve"], timeout_s=300)
-        assert refused.returncode == 2, refused.stdout + refused.stderr
-        assert "already registered to a work pool" in refused.stdout
+        # What `tfopt serve` would do now (it says so and ends with rc 2).
+        with pytest.raises(DeploymentConflictError, match="already registered to a work pool"):
+            refuse_work_pool_twins(build_runner_deployments(load_deployment_specs(PREFECT_YAML)))
         log = tmp_path / "worker.log"
         with tfopt_process(settings, ["worker"], log,
                            ready=lambda: "started" in log.read_text().lower()):
@@ -146,11 +138,41 @@ def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(
                                      parameters=parameters, timeout=300)
                 assert run.state.is_completed(), (run.state, log.read_text()[-3000:])
                 states.append(_task_state(run.id, "write_tfrecords"))
+        assert states[0] != "Cached" and states[1] == "Cached", states
+        mlflow = MlflowClient(settings.mlflow_url)
+        runs = mlflow.search_runs(
+            [mlflow.get_experiment_by_name("tfopt-preprocess").experiment_id])
+        assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+        # The same facts under the same names as in the pipeline's runs (tracking.log_dataset).
+        assert runs[0].data.metrics["dataset_shards"] >= 3
+        assert {"dataset_train_examples", "dataset_val_examples", "dataset_test_examples",
+                "dataset_skipped_records"} <= set(runs[0].data.metrics)
+
+
+@pytest.mark.e2e
+def test_the_alerts_deploy_registers_reach_a_webhook_on_a_failed_run_and_a_regression(tmp_path):
+    """`tfopt deploy --alert-webhook`'s automations, seen by a webhook receiver on loopback:
+    `tfopt alerts test`, a deployment run that fails on the worker, a confirmed regression."""
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    config = _preprocessing(tmp_path)["config"]
+    with running_services(tmp_path / "home") as settings, \
+            temporary_settings({PREFECT_API_URL: settings.prefect_api_url}), \
+            webhook_receiver() as (webhook, received):
+        deployed = run_tfopt(settings, ["deploy", "--alert-webhook", webhook], timeout_s=300)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        assert deployed.stdout.count("-> Custom Webhook tfopt-alerts") == 2, deployed.stdout
+        tested = run_tfopt(settings, ["alerts", "test"], timeout_s=120)
+        assert tested.returncode == 0 and received[-1]["subject"] == "tfopt: test alert", (
+            tested.stdout + tested.stderr, received)
+        log = tmp_path / "worker.log"
+        with tfopt_process(settings, ["worker"], log,
+                           ready=lambda: "started" in log.read_text().lower()):
             failing = run_deployment("preprocess_data/preprocess-hourly", timeout=300,
-                                     parameters={"config": {**parameters["config"], "data": {
+                                     parameters={"config": {**config, "data": {
                                          "source_dir": str(tmp_path / "gone")}}})
             assert failing.state.is_failed(), failing.state
-        assert states[0] != "Cached" and states[1] == "Cached", states
         _emit_regression(settings)
         alerts = _wait_for(lambda: len(received) >= 3 and received, 90,
                            f"two alerts by automation; received {received}")
@@ -160,14 +182,14 @@ def test_deploy_registers_to_a_work_pool_and_a_worker_runs_preprocessing_cached(
         assert "does not exist" in failed and f"/runs/flow-run/{failing.id}" in failed, failed
         regressed = next(a["body"] for a in alerts if a["subject"].endswith("regressed"))
         assert "- baseline-tflite-int8: p50 1.0 -> 1.3 (slower)" in regressed, regressed
-        mlflow = MlflowClient(settings.mlflow_url)
-        runs = mlflow.search_runs(
-            [mlflow.get_experiment_by_name("tfopt-preprocess").experiment_id])
-        assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
-        # The same facts under the same names as in the pipeline's runs (tracking.log_dataset).
-        assert runs[0].data.metrics["dataset_shards"] >= 3
-        assert {"dataset_train_examples", "dataset_val_examples", "dataset_test_examples",
-                "dataset_skipped_records"} <= set(runs[0].data.metrics)
+
+
+def _preprocessing(tmp_path: Path) -> dict:
+    """The parameters of a preprocessing run of a small digit folder written under `tmp_path`."""
+    data = write_digit_folder(tmp_path / "digits", classes=3, per_class=12)
+    return {"config": {"name": "worker-test", "work_dir": str(tmp_path / "work"),
+                       "data": {"source_dir": str(data), "image_size": 16,
+                                "shard_size_mb": 0.004}}}
 
 
 def _emit_regression(settings) -> None:
