@@ -23,7 +23,7 @@ def test_a_keras3_model_file_goes_through_pruning_and_int8_as_it_is(live_service
         "model.source": "file", "model.path": tmp_path / "theirs.keras", "train.epochs": 0,
         "convert.tflite": "[fp32, int8]", "compress.tflite": "[int8]",
         "compress.distill.enabled": "false", "compress.qat.enabled": "false",
-        "compress.prune.epochs": 3, "convert.onnx": "false", "compress.graph": "false",
+        "compress.prune.epochs": 2, "convert.onnx": "false", "compress.graph": "false",
     })
     by_name = {v["name"]: v for v in summary["variants"]}
     assert abs(summary["baseline_accuracy"] - own_accuracy) < 1e-6, "the model as it was"
