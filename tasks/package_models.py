@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 from prefect import task
 
 from tfopt.artifacts import BenchmarkInputs, Runoff, VariantResult
 from tfopt.logs import step_logger
-from tfopt.packaging import package_variants
+from tfopt.packaging import package_variants, serving_example
 from tfopt.runtimes.base import ServingContract
 
 
@@ -26,7 +25,8 @@ def package_models(
 
     Args:
         variants: The benchmarked variants.
-        inputs: The benchmark inputs; their first two images are the input example.
+        inputs: The benchmark inputs; their first two images, or rows of each named input
+            (array data), are the input example.
         class_names: The data's classes, in output order.
         input_scale: The run's ``model.input_scale``.
         out_dir: Parent folder of the model folders.
@@ -34,15 +34,9 @@ def package_models(
         runoff: The run-off, whose thread count per contender (`Runoff.threads`) overrides it.
 
     Returns:
-        Variant name to its MLflow Model folder (none for models of array data: their
-        serving contract, named inputs of any shape, is not built yet; their files are
-        uploaded as they are).
+        Variant name to its MLflow Model folder.
     """
-    if inputs.images is None:
-        step_logger().info("models of array data are not packaged as MLflow Models yet; "
-                           "each variant's file is logged with its run")
-        return {}
-    contract = ServingContract(class_names, input_scale,
-                               np.load(inputs.images, mmap_mode="r")[:2].copy(), threads)
+    contract = ServingContract(class_names, input_scale, serving_example(inputs), threads)
     return package_variants(variants, contract, out_dir, step_logger(),
                             runoff.threads if runoff else None)
+

@@ -1,8 +1,9 @@
 """Every variant as an MLflow Model folder, loadable by URI and servable over HTTP.
 
 Each runtime writes its own flavor (`Runtime.package`); this module adds what every folder
-carries: a tensor signature (``float32 [-1, H, W, C]`` in, the model's outputs out), an input
-example, the class order (``labels.txt`` and the ``class_names`` metadata) and
+carries: a tensor signature (``float32 [-1, H, W, C]`` in, the model's outputs out; a model of
+array data's named inputs and outputs, `named_signature`), an input example, the class order
+(``labels.txt`` and the ``class_names`` metadata; none for array data) and
 ``metadata.tfopt`` (format, precision, the model file inside the folder), which
 `tfopt.models.references` reads to benchmark a registered model again. Pip requirements are
 pinned from the installed packages: MLflow would otherwise infer them by loading every model in
@@ -22,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from tfopt.artifacts import VariantResult, VariantSpec
+from tfopt.artifacts import BenchmarkInputs, VariantResult, VariantSpec
+from tfopt.data.arrays import TRUTH, feeds_for
 from tfopt.serving import write_labels
 
 METADATA_KEY = "tfopt"
@@ -40,6 +42,47 @@ def mlflow_signature(example: np.ndarray, outputs: dict[str, int] | int) -> Any:
            if isinstance(outputs, dict) else Schema([spec(outputs)]))
     return ModelSignature(Schema([TensorSpec(np.dtype(np.float32), (-1, *example.shape[1:]))]),
                           out)
+
+
+QUANTIZED_DTYPES = ("int8", "uint8", "int16")
+"""Tensor types a quantized model computes in: its MLflow model takes and answers float32 there
+(its own scales applied), as every variant of the run does."""
+
+
+def served_dtype(dtype: str) -> str:
+    """The type a packaged model takes or answers for a tensor the runtime holds as `dtype`."""
+    return "float32" if dtype in QUANTIZED_DTYPES else dtype
+
+
+def named_signature(runner: Any) -> Any:
+    """An MLflow tensor signature of a runner's named inputs and outputs (any batch)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    def specs(infos: Sequence[Any]) -> Schema:
+        return Schema([TensorSpec(np.dtype(served_dtype(info.dtype)),
+                                  (-1, *(-1 if size is None else size for size in info.shape[1:])),
+                                  info.name) for info in infos])
+
+    return ModelSignature(specs(runner.inputs), specs(runner.outputs))
+
+
+def named_example(example: Mapping[str, np.ndarray], runner: Any) -> dict[str, np.ndarray]:
+    """`example`'s arrays by the runner's input names, in the types its signature takes.
+
+    ``x`` feeds a model of one input, as in the data.
+    """
+    fed = feeds_for([info.name for info in runner.inputs], example)
+    return {info.name: np.asarray(fed[info.name]).astype(served_dtype(info.dtype))
+            for info in runner.inputs}
+
+
+def serving_example(inputs: BenchmarkInputs) -> np.ndarray | dict[str, np.ndarray]:
+    """A packaged model's input example: two test images, or two rows of each named input."""
+    if inputs.images is not None:
+        return np.load(inputs.images, mmap_mode="r")[:2].copy()
+    with np.load(inputs.feeds) as feeds:
+        return {name: feeds[name][:2] for name in feeds.files if name != TRUTH}
 
 
 def pinned(*distributions: str) -> list[str]:
@@ -79,7 +122,8 @@ def save_variant_model(path: Path, model_format: str, precision: str, contract: 
     model = Model.load(str(dst))
     model.metadata[METADATA_KEY]["file"] = inner
     model.save(str(dst / "MLmodel"))
-    write_labels(dst, contract.class_names)
+    if contract.class_names:
+        write_labels(dst, contract.class_names)
     return dst
 
 

@@ -100,5 +100,20 @@ def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime(
     logged = {run.data.tags.get("tfopt.variant"): run.data.metrics for run in runs}
     assert abs(logged["baseline-tflite-int8"]["mae"]
                - by_name["baseline-tflite-int8"]["accuracy"]) < 1e-6
+    # Every form is an MLflow Model that takes the named inputs and answers by output name.
+    child_of = {run.data.tags.get("tfopt.variant"): run.info.run_id for run in runs}
+    request = {"numbers": feeds["numbers"][:16], "category": feeds["category"][:16]}
+    expected = model.predict(request, verbose=0)
+    for name in forms:
+        served = mlflow.pyfunc.load_model(f"runs:/{child_of[name]}/model")
+        assert [spec.name for spec in served.metadata.get_input_schema().inputs] == [
+            "category", "numbers"], name
+        answered = served.predict(request)
+        assert isinstance(answered, dict) and len(answered) == 1, (name, answered)
+        error = np.abs(np.ravel(next(iter(answered.values()))) - expected)
+        assert error.max() <= (1e-4 if "int8" not in name else 0.1 * float(np.std(feeds["y"]))
+                               ), (name, error.max())
+    registered = mlflow.pyfunc.load_model(summary["champion_model"]["uri"]).predict(request)
+    assert set(registered) == set(answered), "the registered champion answers the same way"
     bundle = Path(summary["report"]).parents[1] / "export"
     assert any(bundle.rglob("trtexec.sh")), "the TensorRT bundle for named inputs"

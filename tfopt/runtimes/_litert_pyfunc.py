@@ -2,9 +2,10 @@
 
 MLflow copies this file into every TFLite variant's model folder ("models from code"), so
 loading the model needs numpy, MLflow and ai-edge-litert, not tfopt. It imports nothing from
-tfopt on purpose. Inputs are float32 images as the model's float variants take them; a model
-with integer input and output is quantized and dequantized here with its own scales, so every
-variant of a run answers the same request with comparable outputs.
+tfopt on purpose. Inputs are float32 images as the model's float variants take them, or a
+model of array data's inputs by name (every output answered by its name); a model with integer
+input and output is quantized and dequantized here with its own scales, so every variant of a
+run answers the same request with comparable outputs.
 """
 
 from __future__ import annotations
@@ -39,25 +40,33 @@ class TFLiteModel(PythonModel):
     # No type hint on model_input: MLflow reads it as a schema and would warn on any hint that
     # is not list[...]; the logged tensor signature is the schema.
     def predict(self, context, model_input, params=None):
-        """Run a float32 batch ``[N, H, W, C]`` and return the float32 outputs."""
+        """Run a float32 batch ``[N, H, W, C]`` and return the float32 outputs.
+
+        Named inputs (a dict) answer every output by name.
+        """
+        if isinstance(model_input, dict):
+            inputs, outputs = self._runner.get_input_details(), self._runner.get_output_details()
+            answers = self._runner(**{name: _quantize(np.asarray(values), inputs[name])
+                                      for name, values in model_input.items()})
+            return {name: _dequantize(values, outputs[name]) for name, values in answers.items()}
         images = np.asarray(model_input, dtype=np.float32)
         outputs = self._runner(**{self._input_name: _quantize(images, self._input)})
         return _dequantize(outputs[self._output_name], self._output)
 
 
 def _quantize(values: np.ndarray, detail: dict) -> np.ndarray:
-    if detail["dtype"] == np.float32:
-        return values
     scale, zero_point = detail["quantization"]
+    if detail["dtype"] == np.float32 or not scale:  # a float, or an integer taken as it is
+        return values.astype(detail["dtype"], copy=False)
     info = np.iinfo(detail["dtype"])
     return np.clip(np.round(values / scale + zero_point), info.min, info.max).astype(
         detail["dtype"])
 
 
 def _dequantize(values: np.ndarray, detail: dict) -> np.ndarray:
-    if values.dtype == np.float32:
-        return values
     scale, zero_point = detail["quantization"]
+    if values.dtype == np.float32 or not scale:
+        return values
     return (values.astype(np.float32) - zero_point) * scale
 
 

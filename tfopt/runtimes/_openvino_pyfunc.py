@@ -2,7 +2,8 @@
 
 MLflow copies this file into every OpenVINO variant's model folder ("models from code"), so
 loading the model needs numpy, MLflow and openvino, not tfopt: it imports nothing from tfopt on
-purpose. Inputs are float32 images ``[N, H, W, C]``, as every variant of a run takes them.
+purpose. Inputs are float32 images ``[N, H, W, C]``, as every variant of a run takes them, or a
+model of array data's inputs by name (every output answered by its name).
 """
 
 from __future__ import annotations
@@ -36,7 +37,18 @@ class OpenVINOModel(PythonModel):
     # No type hint on model_input: MLflow reads it as a schema and would warn on any hint that
     # is not list[...]; the logged tensor signature is the schema.
     def predict(self, context, model_input, params=None):
-        """Run a float32 batch ``[N, H, W, C]`` and return the float32 outputs."""
+        """Run a float32 batch ``[N, H, W, C]`` and return the float32 outputs.
+
+        Named inputs (a dict) answer every output by name.
+        """
+        if isinstance(model_input, dict):
+            ports = {port.get_any_name(): (index, port.get_element_type().to_dtype())
+                     for index, port in enumerate(self._compiled.inputs)}
+            answers = self._compiled.create_infer_request().infer({
+                ports[name][0]: np.ascontiguousarray(values, dtype=ports[name][1])
+                for name, values in model_input.items()})
+            return {port.get_any_name(): np.array(answers[index])
+                    for index, port in enumerate(self._compiled.outputs)}
         images = np.asarray(model_input, dtype=np.float32)
         return np.array(self._compiled.create_infer_request().infer({0: images})[self._output])
 

@@ -272,17 +272,24 @@ class ServingContract:
     """What every variant of one run takes and answers, for its MLflow model.
 
     Attributes:
-        class_names: The output order.
+        class_names: The output order (none for a model of array data).
         input_scale: How pixel values are scaled before they reach the model.
-        example: A few inputs, float32 ``[N, H, W, C]``, already scaled.
+        example: A few inputs: images, float32 ``[N, H, W, C]``, already scaled; or a model of
+            array data's named inputs (`named`), served by those names, every output answered
+            by its name.
         threads: The intra-op threads a runtime that takes them serves with: the count the
             variant was measured at (its run-off pick, else ``benchmark.threads``).
     """
 
     class_names: Sequence[str]
     input_scale: str
-    example: np.ndarray
+    example: np.ndarray | Mapping[str, np.ndarray]
     threads: int = 1
+
+    @property
+    def named(self) -> bool:
+        """The model takes named inputs (array data), not a batch of images."""
+        return isinstance(self.example, Mapping)
 
 
 class Runtime(ABC):

@@ -26,7 +26,7 @@ from tfopt.artifacts import (
 )
 from tfopt.fileio import atomic_write_bytes
 from tfopt.measurement.profiles import top_ops
-from tfopt.packaging import mlflow_signature, pinned
+from tfopt.packaging import mlflow_signature, named_example, named_signature, pinned
 from tfopt.runtimes._litert_files import (
     STEM_GAIN,
     CompiledModelRunner,
@@ -230,13 +230,16 @@ class LiteRT(Runtime):
         import mlflow.pyfunc
 
         runner = TFLiteRunner(Path(spec.path))
-        example = contract.example.astype(np.float32)
+        if contract.named:
+            example, signature = named_example(contract.example, runner), named_signature(runner)
+        else:
+            example = contract.example.astype(np.float32)
+            signature = mlflow_signature(example, int(runner.output_detail["shape"][-1]))
         mlflow.pyfunc.save_model(
             str(dst), python_model=str(_PYFUNC), artifacts={"tflite": str(spec.path)},
             model_config={"signature": runner.signature_key, "input": runner.input_name,
                           "output": runner.output_name, "threads": contract.threads},
-            signature=mlflow_signature(example, int(runner.output_detail["shape"][-1])),
-            input_example=example, metadata=metadata,
+            signature=signature, input_example=example, metadata=metadata,
             pip_requirements=pinned("ai-edge-litert", "numpy"),
         )
         return f"artifacts/{Path(spec.path).name}"

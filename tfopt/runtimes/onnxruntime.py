@@ -27,7 +27,7 @@ from tfopt.artifacts import DatasetArtifact, OpProfile, Precision, VariantResult
 from tfopt.fileio import atomic_write_bytes
 from tfopt.logs import step_logger
 from tfopt.measurement.profiles import PROFILED_CALLS, WARMUP_CALLS, top_ops
-from tfopt.packaging import mlflow_signature, pinned
+from tfopt.packaging import mlflow_signature, named_example, named_signature, pinned
 from tfopt.runtimes.base import (
     BuildSources,
     PlanRequest,
@@ -480,11 +480,16 @@ class OnnxRuntime(Runtime):
         import onnx
 
         model = onnx.load(str(spec.path))
-        outputs = {output.name: output.type.tensor_type.shape.dim[-1].dim_value
-                   for output in model.graph.output}
-        example = contract.example.astype(np.float32)
+        if contract.named:  # fed and answered by name by the flavor itself
+            runner = OnnxRunner(Path(spec.path))
+            example, signature = named_example(contract.example, runner), named_signature(runner)
+        else:
+            example = contract.example.astype(np.float32)
+            signature = mlflow_signature(example, {
+                output.name: output.type.tensor_type.shape.dim[-1].dim_value
+                for output in model.graph.output})
         mlflow.onnx.save_model(
-            model, str(dst), signature=mlflow_signature(example, outputs), input_example=example,
+            model, str(dst), signature=signature, input_example=example,
             metadata=metadata, pip_requirements=pinned("onnx", "onnxruntime"),
         )
         return "model.onnx"

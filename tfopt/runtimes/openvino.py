@@ -34,7 +34,7 @@ from tfopt.cpu_features import bf16_unavailable_reason, cpu_flags
 from tfopt.fileio import atomic_write_text, replace_dir, staging_dir_for
 from tfopt.logs import step_logger
 from tfopt.measurement.profiles import PROFILED_CALLS, WARMUP_CALLS, top_ops
-from tfopt.packaging import mlflow_signature, pinned
+from tfopt.packaging import mlflow_signature, named_example, named_signature, pinned
 from tfopt.runtimes.base import (
     BuildSources,
     PlanRequest,
@@ -649,14 +649,18 @@ class OpenVINO(Runtime):
 
         folder = Path(spec.path)
         runner = OpenVINORunner(model_xml(folder))
-        example = contract.example.astype(np.float32)
-        widths = {info.name: int(info.shape[-1] or 0) for info in runner.outputs
-                  if info.name == runner.scores_output}
+        if contract.named:
+            example, signature = named_example(contract.example, runner), named_signature(runner)
+        else:
+            example = contract.example.astype(np.float32)
+            signature = mlflow_signature(example, {
+                info.name: int(info.shape[-1] or 0) for info in runner.outputs
+                if info.name == runner.scores_output})
         mlflow.pyfunc.save_model(
             str(dst), python_model=str(_PYFUNC), artifacts={"model": str(folder)},
             model_config={"output": runner.scores_output,
                           "precision_hint": _INFERENCE_PRECISION.get(spec.precision) or ""},
-            signature=mlflow_signature(example, widths), input_example=example,
+            signature=signature, input_example=example,
             metadata=metadata, pip_requirements=pinned("openvino", "numpy"),
         )
         return f"artifacts/{folder.name}"

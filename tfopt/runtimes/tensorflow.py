@@ -28,7 +28,7 @@ from tfopt.cpu_features import bf16_unavailable_reason
 from tfopt.measurement.profiles import PROFILED_CALLS, WARMUP_CALLS, top_ops
 from tfopt.models.flops import keras_flops
 from tfopt.models.serving_export import save_serving_function, save_serving_savedmodel
-from tfopt.packaging import mlflow_signature, pinned
+from tfopt.packaging import mlflow_signature, named_example, named_signature, pinned
 from tfopt.runtimes.base import (
     BuildSources,
     PlanRequest,
@@ -47,6 +47,7 @@ from tfopt.serving import (
 from tfopt.variants import built, skipped
 
 XLA_AUTOCLUSTER_FLAGS = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"
+_SIGNATURE_PYFUNC = Path(__file__).with_name("_savedmodel_pyfunc.py")
 BF16_REWRITE = "auto_mixed_precision_onednn_bfloat16"
 PROFILE_METHOD = "TensorFlow profiler: kernel time per call"
 
@@ -400,6 +401,8 @@ class TensorFlow(Runtime):
     def package(self, spec: VariantSpec, contract: ServingContract, metadata: dict,
                 dst: Path) -> str:
         """MLflow's TensorFlow flavor: the Keras model, or the SavedModel as a TF2 module."""
+        if contract.named:
+            return _package_signature(Path(spec.path), contract, metadata, dst)
         example = contract.example.astype(np.float32)
         if _is_savedmodel(spec):
             return _package_savedmodel(Path(spec.path), example, metadata, dst)
@@ -473,6 +476,20 @@ def _package_keras(path: Path, example: np.ndarray, metadata: dict, dst: Path) -
     # the loading process; naming tf_keras makes the model load anywhere it is installed.
     (dst / "data" / "keras_module.txt").write_text("tf_keras")
     return "data/model.keras"
+
+
+def _package_signature(path: Path, contract: ServingContract, metadata: dict, dst: Path) -> str:
+    """A pyfunc model calling a plain SavedModel's signature by name (`_SIGNATURE_PYFUNC`)."""
+    import mlflow.pyfunc
+
+    runner = SavedModelRunner(path)
+    mlflow.pyfunc.save_model(
+        str(dst), python_model=str(_SIGNATURE_PYFUNC), artifacts={"savedmodel": str(path)},
+        model_config={"signature": runner.signature_key}, signature=named_signature(runner),
+        input_example=named_example(contract.example, runner), metadata=metadata,
+        pip_requirements=pinned("tensorflow-cpu", "numpy"),
+    )
+    return f"artifacts/{path.name}"
 
 
 def _package_savedmodel(path: Path, example: np.ndarray, metadata: dict, dst: Path) -> str:
