@@ -86,14 +86,14 @@ def plan(config: Any, model: ModelArtifact) -> list[Planned]:
         if not cfg.enabled:
             continue
         cfg = cfg.fitted_to(model)
-        start, refusal, base = model.name, technique.refusal(model), technique.base_of(cfg)
+        start, refusal, base = model.name, technique.refusal(model, cfg), technique.base_of(cfg)
         if base is not None:
             base_cfg = getattr(compress, base)
             start = techniques[base].source_name(base_cfg)
             if not base_cfg.enabled and refusal is None:
                 refusal = f"{name} continues from the {base} technique's model: enable " \
                           f"compress.{base}"
-        variants = technique.variants(cfg, config, start)
+        variants = technique.variants(cfg, config, start, arrays=model.keras_file is not None)
         if refusal:
             variants = [skipped(spec, refusal) for spec in variants]
         plans.append(Planned(technique, cfg, variants, refusal))

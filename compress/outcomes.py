@@ -62,7 +62,8 @@ def replanned(planned: Planned, model: ModelArtifact, config: Any, baseline: Mod
         cfg = technique.at(cfg, {field: float(model.params[field])
                                  for field in technique.knob.fields})
     start = made[planned.starts_from].name if planned.starts_from in made else baseline.name
-    return Planned(technique, cfg, technique.variants(cfg, config, start))
+    return Planned(technique, cfg, technique.variants(
+        cfg, config, start, arrays=baseline.keras_file is not None))
 
 
 def with_read_back(model: ModelArtifact, forms: list[VariantSpec]) -> ModelArtifact:

@@ -79,6 +79,7 @@ from tfopt.models.baseline import (
     selection_examples,
 )
 from tfopt.models.health import verdicts_note
+from tfopt.models.importing import fine_tuning_loss
 from tfopt.models.sources import source_stamp
 from tfopt.models.step_timing import DEFAULT_BATCH_SIZE, unswept
 from tfopt.native import contain_native_steps, read_record
@@ -249,7 +250,8 @@ def _prepare_data(
         batch_size = config.train.batch_size or DEFAULT_BATCH_SIZE
         data = TrainingData(dataset=dataset, batch_size=batch_size, seed=config.train.seed,
                             input=config.input, input_scale=config.model.input_scale,
-                            costs=costs)
+                            costs=costs, judged_by=config.eval,
+                            loss=fine_tuning_loss(config.model, config.train.loss))
         sweep = BatchSweepResult(points=[], chosen_batch_size=batch_size, rule=(
             "not measured: a model file taken as it is with array data trains on nothing"))
         return _Measured(data, sweep, None, None, facts)

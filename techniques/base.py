@@ -239,21 +239,80 @@ def tfmot_model(model: ModelArtifact, data: TrainingData) -> tuple[Any, Translat
     from tfopt.models.keras_io import flavor_of, load_keras_model
     from tfopt.models.translate import UntranslatableError, tf_keras_twin
 
-    loaded = load_keras_model(model.path)
+    loaded = load_keras_model(model.keras_file or model.path)
     if flavor_of(loaded) == "tf_keras":
         return loaded, None
-    images, _ = load_split(data.dataset, "test", TRANSLATION_CHECK_EXAMPLES,
-                           scale=data.input_scale)
+    if data.dataset.arrays:
+        from tfopt.data.arrays import TRUTH, load_split_feeds
+
+        feeds = load_split_feeds(data.dataset, "test", TRANSLATION_CHECK_EXAMPLES)
+        feeds.pop(TRUTH, None)
+        images = next(iter(feeds.values())) if len(feeds) == 1 else feeds
+    else:
+        images, _ = load_split(data.dataset, "test", TRANSLATION_CHECK_EXAMPLES,
+                               scale=data.input_scale)
     try:
         translation = tf_keras_twin(loaded, images)
     except UntranslatableError as error:
         raise NotApplicable(f"tfmot needs tf_keras and the Keras 3 model {model.name} cannot be "
                             f"translated: {error}") from error
     step_logger().info(
-        "%s: Keras %s model translated into tf_keras for tfmot; on %d test images the logits "
+        "%s: Keras %s model translated into tf_keras for tfmot; on %d test inputs the outputs "
         "agree within %.3g (top-1 agreement %.3f)", model.name, translation.keras_version,
         translation.examples, translation.max_abs_diff, translation.top1_agreement)
     return translation.model, translation
+
+
+def array_loss(data: TrainingData) -> Any:
+    """The tf_keras loss a model of array data is fine-tuned with (`TrainingData.loss`).
+
+    Raises:
+        NotApplicable: No targets (``y``) to learn from or a metric that judges against the
+            baseline's own outputs (self-distillation is not built yet), or no loss known, or
+            one tf_keras does not have.
+    """
+    from tfopt.config import EvalConfig
+    from tfopt.data.arrays import TRUTH
+    from tfopt.models.keras_io import tf_keras_loss
+
+    metric = (data.judged_by or EvalConfig()).resolve(class_scores=False)
+    if TRUTH not in data.dataset.arrays or not metric.needs_labels:
+        raise NotApplicable(f"fine-tuning on array data learns from its targets (y) and is "
+                            f"judged by a metric of them, not by {metric.name}: against the "
+                            "baseline's own outputs (self-distillation) is not built yet")
+    if data.loss is None:
+        raise NotApplicable("the model file was not compiled with one loss for one output: "
+                            "name it in train.loss (mse, mae, huber, ...)")
+    try:
+        return tf_keras_loss(data.loss)
+    except ValueError as error:
+        raise NotApplicable(f"{error}: name another in train.loss") from error
+
+
+def test_metric(model: Any, data: TrainingData) -> dict[str, float]:
+    """A fine-tuned Keras model's ``test_<metric>``: the run's metric on array data's test split."""
+    from tfopt.config import EvalConfig
+    from tfopt.models.training import evaluate_split_metric
+
+    name = (data.judged_by or EvalConfig()).resolve(class_scores=False).name
+    return {f"test_{name}": evaluate_split_metric(model, data, "test")}
+
+
+def own_signature_savedmodel(keras_model: Any, baseline: ModelArtifact, final: Path) -> Path:
+    """A fine-tuned model of array data as a SavedModel of its own signature.
+
+    Its outputs are named as the baseline's SavedModel names them, where both have as many:
+    every variant's outputs are matched to the baseline's by name.
+    """
+    import tensorflow as tf
+
+    from tfopt.models.serving_export import save_own_signature
+
+    signatures = tf.saved_model.load(str(baseline.path)).signatures
+    names = list(next(iter(signatures.values())).structured_outputs) if signatures else []
+    save_own_signature(keras_model, final,
+                       names if len(names) == len(keras_model.outputs) else None)
+    return final
 
 
 def resolved(cfg: TechniqueSection, knob: Space) -> None:
@@ -339,6 +398,9 @@ class Technique:
             the chosen strength, `made` that trial's model). Distillation trains its controls
             there, once, where each trial trained its student alone. None: the chosen
             trial's model is the technique's.
+        on_arrays: It fine-tunes a model of array data (a Keras file's, with its loss, judged
+            by the run's metric: `ModelArtifact.keras_file`), its model then a SavedModel of
+            its own signature.
     """
 
     name: str
@@ -353,6 +415,7 @@ class Technique:
     reshapes: bool = False
     knob: Space | None = None
     after_search: Task | None = None
+    on_arrays: bool = False
 
     def searched(self, cfg: TechniqueSection) -> bool:
         """Whether its strength is ``auto`` in `cfg`: a search finds it (`tfopt.search`)."""
@@ -370,27 +433,38 @@ class Technique:
         """The technique whose model it continues from with settings `cfg` (None: baseline)."""
         return self.starts_from(cfg) if callable(self.starts_from) else self.starts_from
 
-    def request(self, cfg: TechniqueSection, config: Any, start: str) -> PlanRequest:
+    def request(self, cfg: TechniqueSection, config: Any, start: str,
+                arrays: bool = False) -> PlanRequest:
         """What its model asks the runtimes for: the forms the config asks of compressed models.
 
         Each form derives from the same form of the model named `start` (``pruned-80-tflite-
         int8`` from ``baseline-tflite-int8``): that is what its speed and size are judged
         against. The forms are the one rule's (`tfopt.runtimes.compressed_forms`), at the
-        technique's own precisions where it has them.
+        technique's own precisions where it has them. On `arrays` its model is a SavedModel
+        of its own signature (no Keras graph form).
         """
         asked = {fmt: self.precisions if self.precisions is not None else precisions
                  for fmt, precisions in compressed_forms(config).items()
                  if self.reshapes or fmt != FLOAT_STEM}
         return PlanRequest(source=self.source_name(cfg),
-                           kind="keras" if self.yields_graph else "savedmodel", start=start,
+                           kind="keras" if self.yields_graph and not arrays else "savedmodel",
+                           start=start,
                            asked=asked, sparse=self.sparse_tflite)
 
-    def variants(self, cfg: TechniqueSection, config: Any, start: str) -> list[VariantSpec]:
+    def variants(self, cfg: TechniqueSection, config: Any, start: str,
+                 arrays: bool = False) -> list[VariantSpec]:
         """The variants it yields from the model named `start` (not built yet)."""
-        return plan_forms(self.request(cfg, config, start), config)
+        return plan_forms(self.request(cfg, config, start, arrays), config)
 
-    def refusal(self, model: ModelArtifact) -> str | None:
-        """Why it cannot work on `model`, or None when it can."""
+    def refusal(self, model: ModelArtifact, cfg: TechniqueSection | None = None) -> str | None:
+        """Why it cannot work on `model` (with settings `cfg`), or None when it can."""
+        if model.keras_file is not None:
+            if not self.on_arrays:
+                return f"{self.name} of a model of array data is not built yet (pruning is)"
+            if cfg is not None and self.searched(cfg):
+                return (f"a search of {self.name} on array data is not built yet: set its "
+                        f"strength ({', '.join(self.knob.fields)})")
+            return None
         if model.format in self.accepts:
             return None
         kinds = ", ".join(sorted(self.accepts))

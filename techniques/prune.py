@@ -16,12 +16,15 @@ from techniques.base import (
     NotApplicable,
     Technique,
     TechniqueSection,
+    array_loss,
     derived_model,
     kernels,
+    own_signature_savedmodel,
     resolved,
+    test_metric,
     tfmot_model,
 )
-from tfopt.artifacts import ModelArtifact, TrainingData
+from tfopt.artifacts import KERAS_FILE, ModelArtifact, TrainingData
 from tfopt.fileio import gzip_size_bytes
 from tfopt.logs import step_logger
 from tfopt.models.keras_io import copy_model, is_layer_graph, keras_model_path, save_keras_model
@@ -30,6 +33,7 @@ from tfopt.models.training import (
     KeepBestWeights,
     evaluate_test_accuracy,
     fit,
+    held_out_key,
     recovery,
     steps_per_epoch,
 )
@@ -188,9 +192,11 @@ def wrap_prunable_layers(model: keras.Model, params: dict) -> keras.Model:
 
 
 def prune_and_finetune(
-    base: keras.Model, cfg: PruneConfig, data: TrainingData
+    base: keras.Model, cfg: PruneConfig, data: TrainingData, loss: object = None,
 ) -> tuple[keras.Model, Fitted]:
     """Wrap a copy of `base` for pruning and fine-tune it; `base` itself is not changed.
+
+    `loss`: a model of array data's own (`fit`); None: the labels' cross-entropy.
 
     Returns:
         The pruned model, still wrapped (call `strip_pruning` to export it), and its training.
@@ -205,7 +211,8 @@ def prune_and_finetune(
     fitted = fit(pruned, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
                  callbacks=[tfmot.sparsity.keras.UpdatePruningStep(),
                             *recovery(data, from_epoch=sparse_from)],
-                 best=KeepBestWeights(from_epoch=sparse_from))
+                 best=KeepBestWeights(from_epoch=sparse_from, monitor=held_out_key(data)),
+                 loss=loss)
     return pruned, fitted
 
 
@@ -235,9 +242,10 @@ def prune_model(
     logger = step_logger()
     if not cfg.structured_2_4:
         resolved(cfg, KNOB)
+    loss = array_loss(data) if data.dataset.arrays else None
     keras.utils.set_random_seed(data.seed)
     base, translation = tfmot_model(model, data)
-    pruned, fitted = prune_and_finetune(base, cfg, data)
+    pruned, fitted = prune_and_finetune(base, cfg, data, loss)
     stripped = tfmot.sparsity.keras.strip_pruning(pruned)
     name = pruned_name(cfg)
     path = keras_model_path(out_dir, name)
@@ -246,20 +254,21 @@ def prune_model(
     overall = overall_sparsity(stripped)
     logger.info("%s: overall kernel sparsity %.3f (target %.2f); per layer %s", name, overall,
                 effective_sparsity(cfg), {k: round(v, 3) for k, v in per_layer.items()})
+    params = {"technique": "pruning", "target_sparsity": effective_sparsity(cfg),
+              "pattern": "2:4" if cfg.structured_2_4 else "unstructured", "policy": cfg.policy,
+              "epochs": cfg.epochs, "learning_rate": cfg.learning_rate}
+    metrics = {"sparsity": overall,
+               **{f"sparsity.{layer}": value for layer, value in per_layer.items()},
+               "keras_gzip_bytes": float(gzip_size_bytes(path))}
+    if model.keras_file is None:
+        return derived_model(model, name, path, fitted, params=params, translation=translation,
+                             metrics={**metrics, "test_accuracy": evaluate_test_accuracy(
+                                 stripped, data)})
     return derived_model(
-        model, name, path, fitted,
-        params={"technique": "pruning", "target_sparsity": effective_sparsity(cfg),
-                "pattern": "2:4" if cfg.structured_2_4 else "unstructured",
-                "policy": cfg.policy,
-                "epochs": cfg.epochs, "learning_rate": cfg.learning_rate},
-        translation=translation,
-        metrics={
-            "sparsity": overall,
-            **{f"sparsity.{layer}": value for layer, value in per_layer.items()},
-            "test_accuracy": evaluate_test_accuracy(stripped, data),
-            "keras_gzip_bytes": float(gzip_size_bytes(path)),
-        },
-    )
+        model, name, own_signature_savedmodel(stripped, model, out_dir / f"{name}-savedmodel"),
+        fitted, fmt="savedmodel", translation=translation,
+        params={**params, KERAS_FILE: str(path)},
+        metrics={**metrics, **test_metric(stripped, data)})
 
 
 # int8 stays dense: with EXPERIMENTAL_SPARSITY the int8 file fails to load under XNNPACK here
@@ -269,5 +278,5 @@ KNOB = Knob("target_sparsity", (0.5, 0.6, 0.7, 0.8, 0.9, 0.95), unit="%")
 
 TECHNIQUE = Technique(
     name="prune", section=PruneConfig, accepts=KERAS_ONLY, source_name=pruned_name,
-    apply=prune_model, sparse_tflite=True, knob=KNOB,
+    apply=prune_model, sparse_tflite=True, knob=KNOB, on_arrays=True,
 )

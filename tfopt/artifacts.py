@@ -138,6 +138,14 @@ class TrainingData(_Frozen):
     seed: int
     input: InputConfig
     input_scale: InputScale = "unit"
+    loss: str | dict[str, Any] | None = None
+    """The Keras loss a model of array data is fine-tuned with: ``train.loss``, else its file's
+    compiled loss (`tfopt.models.keras_io.file_loss`); None: none known (images: the labels'
+    cross-entropy)."""
+    judged_by: EvalConfig | None = None
+    """The run's metric (``eval``) where the data is arrays: a fine-tuning on them is judged by
+    it on the held-out split (`tfopt.models.training.HeldOutMetric`). None: top-1 accuracy of
+    images."""
     recover_to: float | None = None
     """The validation accuracy a compressed model's fine-tuning is back within the budget at
     (the baseline's best minus ``benchmark.accuracy_budget_points``): it stops once there and
@@ -224,6 +232,10 @@ class LayoutResult(_Frozen):
     note: str
 
 
+KERAS_FILE = "keras_file"
+"""The parameter naming the Keras file of a model of array data (`ModelArtifact.keras_file`)."""
+
+
 class ModelArtifact(_Frozen):
     """A model on disk in one format, with what it was built from."""
 
@@ -240,6 +252,16 @@ class ModelArtifact(_Frozen):
     params: dict[str, str | int | float | bool] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
     history: dict[str, list[float]] = Field(default_factory=dict)
+
+    @property
+    def keras_file(self) -> Path | None:
+        """The Keras file behind a model of array data that is its SavedModel (None: none).
+
+        A Keras file given with array data becomes a SavedModel of its own signature, which
+        its forms are converted from; the techniques fine-tune the Keras model in this file.
+        """
+        found = self.params.get(KERAS_FILE)
+        return None if found is None else Path(str(found))
 
     def at_kept_epoch(self, curve: str) -> float | None:
         """`curve`'s value at the epoch its training kept (``kept_epoch``; else its last).

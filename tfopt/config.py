@@ -304,6 +304,14 @@ class TrainConfig(Section):
         2, ge=2, le=64,
         description="Worker processes of a multi_worker training (each with its TF_CONFIG).",
     )
+    loss: str | None = Field(
+        None,
+        description=(
+            "The loss a model of array data is fine-tuned with by the techniques: a Keras loss "
+            "name (mse, mae, huber, binary_crossentropy, sparse_categorical_crossentropy...); "
+            "null: the loss its Keras file was compiled with."
+        ),
+    )
 
 
 class InputConfig(Section):

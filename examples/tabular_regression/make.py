@@ -1,8 +1,9 @@
 """Make the tabular regression example: scikit-learn's diabetes data and a trained Keras 3 MLP.
 
 Writes ``data/diabetes.npz`` (``x``: 10 standardized features, ``y``: the disease progression
-a year later) and ``model/``, a plain SavedModel of a small network trained on it (Keras 3's
-``model.export``), beside this file. tfopt then optimizes the SavedModel as a user's file:
+a year later) and ``model.keras``, a small network trained on it and saved by Keras 3 with its
+compiled loss, beside this file. tfopt then optimizes it as a user's file (its forms from a
+SavedModel of its own signature; pruning fine-tunes it with that loss):
 
     python examples/tabular_regression/make.py
     tfopt run --config examples/tabular_regression/config.yaml
@@ -19,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    """Write the data and train, then export, the model."""
+    """Write the data and train, then save, the model."""
     import keras
 
     features, targets = load_diabetes(return_X_y=True)
@@ -34,8 +35,8 @@ def main() -> None:
                               keras.layers.Dense(1), keras.layers.Reshape(())])
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse", metrics=["mae"])
     model.fit(x, y, epochs=150, batch_size=32, verbose=0)
-    model.export(str(HERE / "model"), verbose=False)
-    print(f"wrote {HERE / 'data'} ({len(x)} examples) and {HERE / 'model'} "
+    model.save(HERE / "model.keras")
+    print(f"wrote {HERE / 'data'} ({len(x)} examples) and {HERE / 'model.keras'} "
           f"(training MAE {model.evaluate(x, y, verbose=0)[1]:.1f})")
 
 

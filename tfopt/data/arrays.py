@@ -255,3 +255,30 @@ def load_split_feeds(dataset: DatasetArtifact, split: str,
                    else np.zeros((0, *dataset.arrays[name].shape),
                                  np.dtype(dataset.arrays[name].dtype)))[:limit]
             for name, values in parts.items()}
+
+
+def training_pipeline(dataset: DatasetArtifact, split: str, batch_size: int,
+                      seed: int | None = None) -> tf.data.Dataset:
+    """One split as Keras trains on it: batches of ``(inputs, y)``, shuffled given a `seed`.
+
+    The inputs are a dict by name, or the one input's tensor alone (a model of one input may
+    name it otherwise than ``x``).
+    """
+    import tensorflow as tf
+
+    specs = dict(dataset.arrays)
+    names = [name for name in specs if name != TRUTH]
+    files = [str(path) for path in dataset.splits[split].files]
+    records = tf.data.TFRecordDataset(files, compression_type=dataset.compression)
+    if seed is not None:
+        records = records.shuffle(max(1, min(dataset.splits[split].examples, 10_000)), seed=seed,
+                                  reshuffle_each_iteration=True)
+
+    def inputs_and_truth(serialized: tf.Tensor) -> tuple[object, tf.Tensor]:
+        batch = decode_examples(serialized, specs)
+        inputs = batch[names[0]] if len(names) == 1 else {name: batch[name] for name in names}
+        return inputs, batch[TRUTH]
+
+    return (records.batch(batch_size)
+            .map(inputs_and_truth, num_parallel_calls=tf.data.AUTOTUNE)
+            .prefetch(tf.data.AUTOTUNE))

@@ -22,7 +22,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tfopt.artifacts import ArraySpec, DatasetArtifact, ModelArtifact, ModelFacts, VariantSpec
+from tfopt.artifacts import (
+    KERAS_FILE,
+    ArraySpec,
+    DatasetArtifact,
+    ModelArtifact,
+    ModelFacts,
+    VariantSpec,
+)
 from tfopt.models.config import ModelConfig
 from tfopt.models.sources import IMAGE_CHANNELS, ModelSourceError, check_class_order
 from tfopt.native import NativeStep
@@ -223,6 +230,19 @@ def _own_savedmodel(path: Path, final: Path) -> Path:
     return final
 
 
+def fine_tuning_loss(model_cfg: ModelConfig, loss: str | None) -> str | dict | None:
+    """The loss a model of array data is fine-tuned with (None: none known).
+
+    `loss` (``train.loss``), else the one its Keras file was compiled with.
+    """
+    from tfopt.models.keras_io import file_loss
+
+    if loss is not None or model_cfg.path is None:
+        return loss
+    path = Path(str(model_cfg.path))
+    return file_loss(path) if model_kind(path) == "keras" else None
+
+
 def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
                        out_dir: Path) -> ModelArtifact:
     """A SavedModel, ``.tflite``, ``.onnx`` or Keras file taken in as the baseline, as it is.
@@ -238,9 +258,11 @@ def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
     from tfopt.fileio import replace_dir, staging_dir_for
 
     path = Path(str(model_cfg.path))
+    keras_file = {}
     if model_kind(path) == "keras":  # exported once, and checked as exported
         final, precision = _own_savedmodel(path, out_dir / "baseline-savedmodel"), "fp32"
         facts = _checked(path, _open(final, "savedmodel"), "savedmodel", dataset.arrays, None)
+        keras_file = {KERAS_FILE: str(path)}
     elif (facts := inspect_array_model(model_cfg, dataset.arrays, None)).kind == "savedmodel":
         final, precision = out_dir / "baseline-savedmodel", "fp32"
         staging = staging_dir_for(final)
@@ -251,4 +273,4 @@ def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
     return ModelArtifact(
         name="baseline", path=final, format=facts.kind, precision=precision,
         image_size=dataset.image_size, num_classes=0, input_scale=model_cfg.input_scale,
-        params={"source": str(path), "kind": facts.kind, "taken_as_it_is": True})
+        params={"source": str(path), "kind": facts.kind, "taken_as_it_is": True, **keras_file})

@@ -125,6 +125,50 @@ def load_keras_model(path: Path) -> Any:
         return keras.models.load_model(path, compile=False, safe_mode=True)
 
 
+def file_loss(path: Path) -> str | dict[str, Any] | None:
+    """The loss a Keras file was compiled with, as its config names it (None: not compiled).
+
+    Read from the file's saved compile settings (``.keras``: ``compile_config``; ``.h5``:
+    ``training_config``), without loading the model. A loss per output (a dict or list of
+    them) is None: one loss for one output only.
+    """
+    import json
+    import zipfile
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                compiled = json.loads(archive.read("config.json")).get("compile_config")
+        else:
+            import h5py
+
+            with h5py.File(path, "r") as stored:
+                raw = stored.attrs.get("training_config")
+            compiled = json.loads(raw) if raw is not None else None
+    except (OSError, KeyError, ValueError):
+        return None
+    loss = (compiled or {}).get("loss")
+    if isinstance(loss, dict) and "class_name" not in loss:
+        return None
+    return loss if isinstance(loss, str | dict) else None
+
+
+def tf_keras_loss(spec: str | dict[str, Any]) -> Any:
+    """A tf_keras loss from its name (``mse``) or a Keras 3 or tf_keras loss config.
+
+    Raises:
+        ValueError: tf_keras has no such loss (the name said).
+    """
+    try:
+        if isinstance(spec, str):
+            return keras.losses.get(spec)
+        return keras.losses.deserialize({"class_name": spec["class_name"],
+                                         "config": spec.get("config") or {}})
+    except (TypeError, ValueError) as error:
+        name = spec if isinstance(spec, str) else spec.get("class_name")
+        raise ValueError(f"tf_keras has no loss {name!r}") from error
+
+
 def copy_model(model: Any) -> Any:
     """An independent copy of a model: new variables holding the same weights.
 

@@ -87,13 +87,15 @@ def save_serving_function(
     replace_dir(staging, final)
 
 
-def save_own_signature(keras_model: Any, final: Path) -> None:
+def save_own_signature(keras_model: Any, final: Path,
+                       output_names: Sequence[str] | None = None) -> None:
     """Save `keras_model` as a plain SavedModel serving its own inputs and outputs, atomically.
 
     For a model that is no image classifier (array data): ``serving_default`` takes the model's
     inputs under their own names and returns its outputs under theirs (a Keras 3 model's by
     its own ``export``: a dict's keys, else ``output_0``...; a tf_keras model's by its
-    ``output_names``).
+    ``output_names``, or `output_names` in their order: a fine-tuned model's named as its
+    baseline's).
     """
     import tensorflow as tf
 
@@ -109,7 +111,7 @@ def save_own_signature(keras_model: Any, final: Path) -> None:
             outputs = keras_model(list(inputs) if len(inputs) > 1 else inputs[0],
                                   training=False)
             outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
-            return dict(zip(keras_model.output_names, outputs, strict=True))
+            return dict(zip(output_names or keras_model.output_names, outputs, strict=True))
 
         module = tf.Module()
         module.model = keras_model

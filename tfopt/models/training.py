@@ -72,6 +72,8 @@ def training_data(
         training reader's settings as built (cache mode, crop area, determinism).
     """
     dataset = data.dataset
+    if dataset.arrays:
+        return _array_training_data(data)
     train_options, decision = reader_options(dataset, "train", data.input, training=True,
                                              scale=data.input_scale)
     train = tuned_dataset(dataset.splits["train"].files, dataset.image_size, data.batch_size,
@@ -89,6 +91,19 @@ def training_data(
     val = tuned_dataset(dataset.splits[held_out].files, dataset.image_size, data.batch_size,
                         options=val_options, examples_hint=dataset.examples(held_out))
     return train, val.with_options(_shared_by_workers()), reader
+
+
+def _array_training_data(
+    data: TrainingData,
+) -> tuple[tf.data.Dataset, tf.data.Dataset | None, dict[str, str | float | bool]]:
+    """`training_data` for array data: the shards as written, shuffled for training."""
+    from tfopt.data.arrays import training_pipeline
+
+    dataset, held_out = data.dataset, data.dataset.selection_split
+    train = training_pipeline(dataset, "train", data.batch_size, seed=data.seed)
+    val = (training_pipeline(dataset, held_out, data.batch_size)
+           if dataset.examples(held_out) else None)
+    return train, val, {"input.cache": "none"}
 
 
 def _shared_by_workers() -> tf.data.Options:
@@ -150,7 +165,7 @@ class KeepBestWeights(keras.callbacks.Callback):
         self._writes = writes
         self._weights: list[np.ndarray] | None = None
         self.best_epoch: int | None = None
-        self.best_accuracy = -1.0
+        self.best_accuracy = -math.inf  # a held-out score (array data) may be below -1
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         """Pick up the best epoch an interrupted training left in `path`."""
@@ -179,6 +194,73 @@ class KeepBestWeights(keras.callbacks.Callback):
             self.model.set_weights(self._weights)
         if self._path is not None and self._writes:
             self._path.unlink(missing_ok=True)
+
+
+HELD_OUT_SCORE = "val_score"
+"""Where `HeldOutMetric` puts the run's metric on the held-out split, oriented so that higher
+is better (a lower-is-better metric negated): what keeps the best epoch and stops a training
+on array data, as ``val_accuracy`` does on images."""
+
+
+def held_out_key(data: TrainingData) -> str:
+    """The log entry a training on `data` is judged by: ``val_accuracy``, or `HELD_OUT_SCORE`."""
+    return HELD_OUT_SCORE if data.dataset.arrays else "val_accuracy"
+
+
+class HeldOutMetric(keras.callbacks.Callback):
+    """The run's metric (``eval``) on the held-out split after each epoch, for array data.
+
+    Added to the epoch's logs, before the callbacks that read them, as ``val_<metric>`` (the
+    figure, in the training's curves) and `HELD_OUT_SCORE` (oriented: higher is better).
+    """
+
+    def __init__(self, data: TrainingData) -> None:
+        super().__init__()
+        from tfopt.config import EvalConfig
+
+        self._eval = data.judged_by or EvalConfig()
+        self._metric = self._eval.resolve(class_scores=False)
+        self._data = data
+        self._inputs: Any = None
+        self._truth: np.ndarray | None = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """Read the held-out split once."""
+        self._inputs, self._truth = split_inputs(self._data, self._data.dataset.selection_split)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Score the model on the held-out split into `logs`."""
+        if logs is None or self._truth is None or not len(self._truth):
+            return
+        value = split_metric(self.model, self._inputs, self._truth, self._metric,
+                             self._eval.output)
+        logs[f"val_{self._metric.name}"] = value
+        logs[HELD_OUT_SCORE] = value if self._metric.higher_is_better else -value
+
+
+def split_inputs(data: TrainingData, split: str) -> tuple[Any, np.ndarray]:
+    """An array data set's split in memory as a Keras model takes it, and its ``y``."""
+    from tfopt.data.arrays import TRUTH, load_split_feeds
+
+    arrays = load_split_feeds(data.dataset, split)
+    truth = arrays.pop(TRUTH)
+    return (next(iter(arrays.values())) if len(arrays) == 1 else arrays), truth
+
+
+def split_metric(model: Any, inputs: Any, truth: np.ndarray, metric: Any,
+                 output: str | None) -> float:
+    """`metric` of a Keras model's `output` (None: its only or first one) against `truth`.
+
+    Raises:
+        tfopt.eval.metrics.MetricError: The outputs do not fit the metric or the truth.
+    """
+    outputs = model.predict(inputs, batch_size=256, verbose=0)
+    if isinstance(outputs, dict):
+        outputs = outputs[output] if output in outputs else next(iter(outputs.values()))
+    elif isinstance(outputs, list | tuple):
+        names = list(getattr(model, "output_names", None) or [])
+        outputs = outputs[names.index(output)] if output in names else outputs[0]
+    return metric.score(truth, np.asarray(outputs))
 
 
 def _epochs(count: int) -> str:
@@ -217,12 +299,15 @@ class StopWhenDone(keras.callbacks.Callback):
     def __init__(self, *, patience: int | None = None, min_delta: float = 0.0,
                  target: float | None = None, from_epoch: int = 0,
                  deadline: float | None = None, settle: int = 1,
-                 cool_down: CoolDown | None = None) -> None:
+                 cool_down: CoolDown | None = None, monitor: str = "val_accuracy") -> None:
         super().__init__()
+        self._monitor = monitor
+        self._what = "accuracy" if monitor == "val_accuracy" else "score"
         self._patience, self._min_delta, self._target = patience, min_delta, target
         self._settle, self._cool_down, self._cooling_from = settle, cool_down, -1
         self._from_epoch, self._deadline = from_epoch, deadline
-        self._best, self._best_epoch, self._wait, self._reference = -1.0, -1, 0, -1.0
+        # -inf, not -1: a held-out score (array data: a negated error) may be below -1
+        self._best, self._best_epoch, self._wait, self._reference = -math.inf, -1, 0, -math.inf
         self._best_loss, self._unsettled = math.inf, 0
         self._epochs, self._epoch_started, self._slowest_epoch = 0, 0.0, 0.0
         self._done_why, self.reason, self._out_of_time = "", "", False
@@ -249,7 +334,7 @@ class StopWhenDone(keras.callbacks.Callback):
         """Stop when the plateau, the recovery or the deadline says so."""
         self._epochs = epoch + 1
         self._slowest_epoch = max(self._slowest_epoch, time.monotonic() - self._epoch_started)
-        value, loss = (logs or {}).get("val_accuracy"), (logs or {}).get("val_loss")
+        value, loss = (logs or {}).get(self._monitor), (logs or {}).get("val_loss")
         if value is not None and epoch >= self._from_epoch:
             self._judge(epoch, float(value), None if loss is None else float(loss))
         if not self.reason and self._deadline is not None and (
@@ -288,13 +373,13 @@ class StopWhenDone(keras.callbacks.Callback):
         if self._target is not None and self._best >= self._target and (
                 self._cool_down is not None or self._unsettled >= self._settle):
             return Stop.RECOVERED, (
-                f"recovered: held-out accuracy {self._best:.4f} within the budget "
+                f"recovered: held-out {self._what} {self._best:.4f} within the budget "
                 f"(>= {self._target:.4f})"
                 + ("" if self._cool_down else f" and no gain for {_epochs(self._unsettled)}"))
         if self._patience is not None and self._wait >= self._patience:
             loss = (f" (nor a held-out loss {LOSS_GAIN:.0%} lower at the same accuracy)"
                     if math.isfinite(self._best_loss) else "")
-            return Stop.PLATEAU, (f"plateau: no held-out accuracy gain of {self._min_delta:g}"
+            return Stop.PLATEAU, (f"plateau: no held-out {self._what} gain of {self._min_delta:g}"
                                   f"{loss} for {_epochs(self._patience)}")
         return Stop.CAP, ""
 
@@ -335,7 +420,8 @@ class StopWhenDone(keras.callbacks.Callback):
         return {"epochs_run": self._epochs, "best_epoch": self._best_epoch + 1,
                 "converged": bool(self._done_why), "stopped_by": self._stopped_by(),
                 "recovered": self._target is not None and self._best >= self._target,
-                "stop_reason": reason, "best_val_accuracy": self._best}
+                "stop_reason": reason,
+                "best_val_accuracy": self._best if math.isfinite(self._best) else -1.0}
 
 
 class CoolDown(keras.callbacks.Callback):
@@ -510,7 +596,7 @@ def recovery(data: TrainingData, from_epoch: int = 0,
     if data.recover_to is not None or data.deadline is not None:
         callbacks.append(StopWhenDone(target=data.recover_to, from_epoch=from_epoch,
                                       deadline=data.deadline, settle=settle,
-                                      cool_down=cool_down))
+                                      cool_down=cool_down, monitor=held_out_key(data)))
     if data.trial is not None:
         callbacks.append(ReportToTrial(data.trial, from_epoch=from_epoch))
     return callbacks
@@ -549,14 +635,19 @@ def fit(
     learning_rate: LearningRate,
     callbacks: list[keras.callbacks.Callback] | None = None,
     best: KeepBestWeights | None = None,
+    loss: Any = None,
 ) -> Fitted:
     """Compile `model` for logits and integer labels and train it on the run's pipeline.
 
     Used for the baseline and for every fine-tuning step (pruning, QAT, the scratch student),
     so they all learn from the same pipeline with the same loss, and all end with their best
-    validation epoch's weights.
+    validation epoch's weights. A model of array data learns with its own `loss` (a tf_keras
+    loss: `tfopt.models.keras_io.file_loss`) and is judged by the run's metric.
     """
-    compile_for_labels(model, learning_rate)
+    if loss is None:
+        compile_for_labels(model, learning_rate)
+    else:
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=loss)
     return fit_compiled(model, data, epochs=epochs, callbacks=callbacks, best=best)
 
 
@@ -603,11 +694,12 @@ def fit_compiled(
     from tfopt.models.batch_norm import reestimating_callback
 
     train, val, reader = training_data(data)
-    best = best or KeepBestWeights()
-    batch_norm = reestimating_callback(model, data, getattr(model, "student", None))
+    best = best or KeepBestWeights(monitor=held_out_key(data))
+    judged = ([HeldOutMetric(data)] if data.dataset.arrays and val is not None
+              else [reestimating_callback(model, data, getattr(model, "student", None))])
     started, clock = time.perf_counter(), EpochClock()
     history = model.fit(train, validation_data=val, epochs=epochs, verbose=0,
-                        callbacks=[clock, *([batch_norm] if batch_norm else []),
+                        callbacks=[clock, *(c for c in judged if c is not None),
                                    *(callbacks or []), best])
     curves = {name: [float(v) for v in values] for name, values in history.history.items()}
     judge = next((c for c in callbacks or [] if isinstance(c, StopWhenDone)), None)
@@ -627,6 +719,15 @@ def kept_epoch(fitted: Fitted) -> int | str:
 def evaluate_test_accuracy(model: keras.Model, data: TrainingData) -> float:
     """Top-1 accuracy of a Keras model on the whole test split, scaled for the model."""
     return evaluate_split_accuracy(model, data, "test")
+
+
+def evaluate_split_metric(model: keras.Model, data: TrainingData, split: str) -> float:
+    """The run's metric (``eval``) of a Keras model on a whole split of array data."""
+    from tfopt.config import EvalConfig
+
+    judged = data.judged_by or EvalConfig()
+    inputs, truth = split_inputs(data, split)
+    return split_metric(model, inputs, truth, judged.resolve(class_scores=False), judged.output)
 
 
 def evaluate_split_accuracy(model: keras.Model, data: TrainingData, split: str) -> float:

@@ -244,16 +244,29 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def verify(original: Any, twin: keras.Model, inputs: np.ndarray,
+def _joined(outputs: Any) -> np.ndarray:
+    """A model's outputs as one array: several (a dict or list) flattened per example, joined."""
+    if isinstance(outputs, dict):
+        outputs = [outputs[name] for name in sorted(outputs)]
+    if isinstance(outputs, list | tuple):
+        return np.concatenate([np.asarray(o, np.float64).reshape(len(o), -1) for o in outputs],
+                              axis=1)
+    return np.asarray(outputs, np.float64)
+
+
+def verify(original: Any, twin: keras.Model, inputs: np.ndarray | dict[str, np.ndarray],
            tolerance: float = 1e-3) -> tuple[float, float]:
     """Compare both models' outputs on `inputs`: the largest difference, the top-1 agreement.
+
+    `inputs` are images, or named arrays (array data); a model of several outputs is compared
+    on all of them.
 
     Raises:
         UntranslatableError: The outputs differ by more than `tolerance` times the largest
             output magnitude (at least 1), naming the difference.
     """
-    expected = np.asarray(original.predict(inputs, batch_size=64, verbose=0), np.float64)
-    got = np.asarray(twin.predict(inputs, batch_size=64, verbose=0), np.float64)
+    expected = _joined(original.predict(inputs, batch_size=64, verbose=0))
+    got = _joined(twin.predict(inputs, batch_size=64, verbose=0))
     if expected.shape != got.shape:
         raise UntranslatableError(f"the tf_keras twin answers {got.shape}, not {expected.shape}")
     diff = float(np.max(np.abs(expected - got))) if expected.size else 0.0
@@ -263,12 +276,13 @@ def verify(original: Any, twin: keras.Model, inputs: np.ndarray,
     if diff > tolerance * scale:
         raise UntranslatableError(
             f"the tf_keras twin disagrees with the Keras 3 model: max |difference| {diff:.3g} "
-            f"(tolerance {tolerance * scale:.3g}) on {len(inputs)} inputs, top-1 agreement "
+            f"(tolerance {tolerance * scale:.3g}) on {len(expected)} inputs, top-1 agreement "
             f"{agreement:.3f}")
     return diff, agreement
 
 
-def tf_keras_twin(model: Any, inputs: np.ndarray, tolerance: float = 1e-3) -> Translation:
+def tf_keras_twin(model: Any, inputs: np.ndarray | dict[str, np.ndarray],
+                  tolerance: float = 1e-3) -> Translation:
     """Translate a Keras 3 model into tf_keras and check it on `inputs` before handing it out.
 
     Raises:
@@ -276,5 +290,6 @@ def tf_keras_twin(model: Any, inputs: np.ndarray, tolerance: float = 1e-3) -> Tr
     """
     twin = translate(model)
     diff, agreement = verify(model, twin, inputs, tolerance)
+    examples = len(next(iter(inputs.values()))) if isinstance(inputs, dict) else len(inputs)
     return Translation(model=twin, keras_version=keras_module("keras3").__version__,
-                       max_abs_diff=diff, top1_agreement=agreement, examples=len(inputs))
+                       max_abs_diff=diff, top1_agreement=agreement, examples=examples)

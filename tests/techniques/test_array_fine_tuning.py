@@ -1,0 +1,129 @@
+"""Techniques on a model of array data: a Keras file fine-tuned with its own loss, judged by the
+run's metric on the held-out split, its model a SavedModel of its own signature."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compress import plan
+from flows.parameters import PipelineConfig
+from tasks.write_tfrecords import write_tfrecords
+from techniques.base import NotApplicable
+from techniques.prune import PruneConfig, prune_model
+from tfopt.artifacts import TrainingData, VariantSpec
+from tfopt.config import DataConfig, EvalConfig, InputConfig
+from tfopt.data.arrays import load_split_feeds
+from tfopt.models.config import ModelConfig
+from tfopt.models.importing import fine_tuning_loss, import_array_model
+from tfopt.runtimes import load_runner
+from tfopt.runtimes.base import outputs_batched
+
+
+def _regression(rows: int, seed: int) -> dict[str, np.ndarray]:
+    """Numbers and a category id in, a target made from both."""
+    rng = np.random.default_rng(seed)
+    numbers = rng.normal(size=(rows, 6)).astype(np.float32)
+    ids = rng.integers(0, 5, size=(rows, 1)).astype(np.int32)
+    y = numbers @ np.linspace(-1.0, 1.0, 6) + np.sin(numbers[:, 0]) + 0.5 * ids[:, 0]
+    # In tens: its error is above 1, so an oriented score (-mae) below -1 must still count.
+    return {"numbers": numbers, "ids": ids, "y": (10.0 * y).astype(np.float32)}
+
+
+def _their_keras3_file(path: Path, data: dict[str, np.ndarray], loss: str | None) -> Path:
+    """A two-input Keras 3 regressor trained outside tfopt (compiled with `loss`, or not)."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    numbers = keras.Input((6,), name="numbers")
+    ids = keras.Input((1,), dtype="int32", name="ids")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(5, 3)(ids))
+    hidden = keras.layers.Dense(48, activation="relu")(
+        keras.layers.Concatenate()([numbers, embedded]))
+    model = keras.Model({"numbers": numbers, "ids": ids}, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer="adam", loss=loss or "mse")
+    model.fit({"numbers": data["numbers"], "ids": data["ids"]}, data["y"], epochs=30,
+              batch_size=32, verbose=0)
+    if loss is None:
+        model.compile(optimizer="adam")  # saved without a loss
+    model.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory):
+    """The sharded data, the baseline taken in from the Keras file, and the run's training data."""
+    tmp = tmp_path_factory.mktemp("arrays")
+    (tmp / "data").mkdir()
+    data = _regression(500, 1)
+    np.savez(tmp / "data" / "rows.npz", **data)
+    dataset = write_tfrecords.fn(DataConfig(source_dir=tmp / "data", source_format="npz",
+                                            val_fraction=0.2, shard_size_mb=0.01), tmp / "work")
+    model_cfg = ModelConfig(source="file", path=_their_keras3_file(tmp / "theirs.keras", data,
+                                                                   "mse"))
+    baseline = import_array_model(model_cfg, dataset, tmp / "models")
+    training = TrainingData(dataset=dataset, batch_size=32, seed=1, input=InputConfig(),
+                            judged_by=EvalConfig(metric="mae"),
+                            loss=fine_tuning_loss(model_cfg, None))
+    return baseline, training, tmp
+
+
+def test_a_keras_file_of_array_data_is_pruned_with_its_loss_and_judged_by_the_metric(
+        regression, tmp_path):
+    baseline, data, _ = regression
+    assert baseline.format == "savedmodel" and baseline.keras_file.suffix == ".keras"
+    assert data.loss == "mse", "the loss the file was compiled with"
+
+    pruned = prune_model.fn(baseline, PruneConfig(target_sparsity=0.3, epochs=4,
+                                                  learning_rate=2e-3), data, tmp_path)
+
+    assert pruned.format == "savedmodel" and pruned.keras_file.is_file()
+    assert pruned.metrics["sparsity"] >= 0.28
+    assert pruned.params["translated_from"].startswith("Keras 3.")
+    curves = pruned.history
+    assert len(curves["val_mae"]) == 4 and "val_loss" in curves
+    assert np.allclose(curves["val_score"], [-v for v in curves["val_mae"]])
+    assert pruned.params["kept_epoch"] >= 3, "a candidate once the sparsity ramp has ended"
+    # Its SavedModel answers under the baseline's output names, with the figure it reports.
+    spec = VariantSpec(name=pruned.name, source=pruned.name, format="savedmodel",
+                       precision="fp32", path=pruned.path)
+    reference = load_runner(VariantSpec(name="baseline", source="baseline", format="savedmodel",
+                                        precision="fp32", path=baseline.path))
+    runner = load_runner(spec)
+    assert [o.name for o in runner.outputs] == [o.name for o in reference.outputs]
+    test = load_split_feeds(data.dataset, "test")
+    feeds = {"numbers": test["numbers"], "ids": test["ids"]}
+
+    def test_mae(opened) -> float:
+        return float(np.mean(np.abs(next(iter(outputs_batched(opened, feeds).values())).ravel()
+                                    - test["y"])))
+
+    mae = test_mae(runner)
+    assert mae == pytest.approx(pruned.metrics["test_mae"], rel=1e-4)
+    assert mae < 1.5 * test_mae(reference), "back near the baseline without 30% of its weights"
+
+
+def test_techniques_not_built_for_array_data_say_so_and_a_file_without_a_loss_is_refused(
+        regression, tmp_path):
+    baseline, data, tmp = regression
+    config = PipelineConfig.model_validate({"compress": {
+        "prune": {"enabled": True}, "qat": {"enabled": True}, "distill": {"enabled": True}}})
+    refusals = {planned.technique.name: planned.refusal for planned in plan(config, baseline)}
+    assert refusals["prune"] is None
+    assert refusals["qat"] == "qat of a model of array data is not built yet (pruning is)"
+    assert refusals["distill"].startswith("distill of a model of array data is not built yet")
+    searched = PipelineConfig.model_validate({"compress": {"prune": {"target_sparsity": "auto"}}})
+    assert next(p.refusal for p in plan(searched, baseline) if p.technique.name == "prune") == (
+        "a search of prune on array data is not built yet: set its strength (target_sparsity)")
+    unknown = data.model_copy(update={"loss": None})
+    with pytest.raises(NotApplicable, match=r"not compiled with one loss.*train\.loss"):
+        prune_model.fn(baseline, PruneConfig(epochs=2), unknown, tmp_path)
+    judged_without_labels = data.model_copy(update={"judged_by": EvalConfig(metric="fidelity")})
+    with pytest.raises(NotApplicable, match=r"\(self-distillation\) is not built yet"):
+        prune_model.fn(baseline, PruneConfig(epochs=2), judged_without_labels, tmp_path)
+    uncompiled = ModelConfig(source="file", path=_their_keras3_file(
+        tmp / "uncompiled.keras", _regression(50, 2), None))
+    assert fine_tuning_loss(uncompiled, None) is None
+    assert fine_tuning_loss(uncompiled, "huber") == "huber", "train.loss names it"
