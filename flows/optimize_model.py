@@ -250,7 +250,8 @@ def _prepare_data(
         batch_size = config.train.batch_size or DEFAULT_BATCH_SIZE
         data = TrainingData(dataset=dataset, batch_size=batch_size, seed=config.train.seed,
                             input=config.input, input_scale=config.model.input_scale,
-                            costs=costs, judged_by=config.eval,
+                            costs=costs, judged_by=config.eval.settled(
+                                config.benchmark.accuracy_budget_points, class_scores=False),
                             loss=fine_tuning_loss(config.model, config.train.loss))
         sweep = BatchSweepResult(points=[], chosen_batch_size=batch_size, rule=(
             "not measured: a model file taken as it is with array data trains on nothing"))

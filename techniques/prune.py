@@ -31,6 +31,7 @@ from tfopt.models.keras_io import copy_model, is_layer_graph, keras_model_path, 
 from tfopt.models.training import (
     Fitted,
     KeepBestWeights,
+    array_recovery_target,
     evaluate_test_accuracy,
     fit,
     held_out_key,
@@ -245,6 +246,9 @@ def prune_model(
     loss = array_loss(data) if data.dataset.arrays else None
     keras.utils.set_random_seed(data.seed)
     base, translation = tfmot_model(model, data)
+    if model.keras_file is not None and (target := array_recovery_target(base, data)):
+        logger.info("%s: back within the budget at %s", pruned_name(cfg), target[1])
+        data = data.model_copy(update={"recover_to": target[0]})
     pruned, fitted = prune_and_finetune(base, cfg, data, loss)
     stripped = tfmot.sparsity.keras.strip_pruning(pruned)
     name = pruned_name(cfg)

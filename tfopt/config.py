@@ -682,6 +682,16 @@ class EvalConfig(Section):
             return MetricBudget(metric, accuracy_points / 100.0)
         return MetricBudget(metric, RELATIVE_BUDGET, relative=True)
 
+    def settled(self, accuracy_points: float, class_scores: bool = True) -> EvalConfig:
+        """This section with its budget as `metric_budget` resolves it, made explicit.
+
+        What travels with a run's data to the steps that do not know
+        ``benchmark.accuracy_budget_points`` (a fine-tuning's recovery on array data).
+        """
+        budget = self.metric_budget(accuracy_points, class_scores)
+        return self.model_copy(update={"budget": budget.amount,
+                                       "budget_relative": budget.relative})
+
     def resolve(self, class_scores: bool = True) -> Any:
         """The `tfopt.eval.metrics.Metric` (a user's function imported now).
 

@@ -65,7 +65,7 @@ def regression(tmp_path_factory):
                                                                    "mse"))
     baseline = import_array_model(model_cfg, dataset, tmp / "models")
     training = TrainingData(dataset=dataset, batch_size=32, seed=1, input=InputConfig(),
-                            judged_by=EvalConfig(metric="mae"),
+                            judged_by=EvalConfig(metric="mae").settled(1.0, class_scores=False),
                             loss=fine_tuning_loss(model_cfg, None))
     return baseline, training, tmp
 
@@ -86,6 +86,9 @@ def test_a_keras_file_of_array_data_is_pruned_with_its_loss_and_judged_by_the_me
     assert len(curves["val_mae"]) == 4 and "val_loss" in curves
     assert np.allclose(curves["val_score"], [-v for v in curves["val_mae"]])
     assert pruned.params["kept_epoch"] >= 3, "a candidate once the sparsity ramp has ended"
+    # Its stop was judged against the budget (1% of the baseline's held-out MAE by default).
+    assert isinstance(pruned.params["recovered"], bool), pruned.params
+    assert pruned.params["stopped_by"] in ("recovered", "cap"), pruned.params
     # Its SavedModel answers under the baseline's output names, with the figure it reports.
     spec = VariantSpec(name=pruned.name, source=pruned.name, format="savedmodel",
                        precision="fp32", path=pruned.path)

@@ -238,6 +238,33 @@ class HeldOutMetric(keras.callbacks.Callback):
         logs[HELD_OUT_SCORE] = value if self._metric.higher_is_better else -value
 
 
+def array_recovery_target(model: Any, data: TrainingData) -> tuple[float, str] | None:
+    """The held-out score a fine-tuning of `model` on array data is back within its budget at.
+
+    The run's metric of `model` (the one fine-tuned, before it changes) on the held-out split,
+    less what the budget (``eval``, settled) lets a variant give up, oriented as
+    `HELD_OUT_SCORE` is; with it, in words, what that means. None without a held-out split.
+    """
+    from tfopt.config import EvalConfig
+
+    held_out = data.dataset.selection_split
+    if not data.dataset.examples(held_out):
+        return None
+    judged = data.judged_by or EvalConfig()
+    budget = judged.metric_budget(0.0, class_scores=False)
+    inputs, truth = split_inputs(data, held_out)
+    figure = split_metric(model, inputs, truth, budget.metric, judged.output)
+    kept = budget.kept(figure)
+    said = (f"held-out {budget.metric.name} {'>=' if budget.metric.higher_is_better else '<='} "
+            f"{budget.metric.shown(kept)} (its {budget.metric.shown(figure)}, "
+            f"{budget.described()})")
+    return (kept if budget.metric.higher_is_better else -kept) - ROUNDING_SCORE, said
+
+
+ROUNDING_SCORE = 1e-6
+"""Allowed below a recovery target of array data: float32 figures of one model on one split."""
+
+
 def split_inputs(data: TrainingData, split: str) -> tuple[Any, np.ndarray]:
     """An array data set's split in memory as a Keras model takes it, and its ``y``."""
     from tfopt.data.arrays import TRUTH, load_split_feeds
