@@ -263,13 +263,20 @@ def tfmot_model(model: ModelArtifact, data: TrainingData) -> tuple[Any, Translat
     return translation.model, translation
 
 
-def array_loss(data: TrainingData) -> Any:
-    """The tf_keras loss a model of array data is fine-tuned with (`TrainingData.loss`).
+SELF_DISTILLATION_LOSS = "mse"
+"""What a fine-tuning against the baseline's own outputs minimizes: the squared error of every
+output (logits, boxes, any tensor) against the baseline's."""
+
+
+def array_fine_tuning(data: TrainingData) -> tuple[Any, bool]:
+    """The tf_keras loss a model of array data is fine-tuned with, and whether it distills.
+
+    With ``y`` and a metric of it: the model's own loss (`TrainingData.loss`). Without ``y``,
+    or judged by a fidelity metric (against the baseline's outputs): `SELF_DISTILLATION_LOSS`
+    on the baseline's own outputs (self-distillation).
 
     Raises:
-        NotApplicable: No targets (``y``) to learn from or a metric that judges against the
-            baseline's own outputs (self-distillation is not built yet), or no loss known, or
-            one tf_keras does not have.
+        NotApplicable: With ``y``, no loss known, or one tf_keras does not have.
     """
     from tfopt.config import EvalConfig
     from tfopt.data.arrays import TRUTH
@@ -277,32 +284,34 @@ def array_loss(data: TrainingData) -> Any:
 
     metric = (data.judged_by or EvalConfig()).resolve(class_scores=False)
     if TRUTH not in data.dataset.arrays or not metric.needs_labels:
-        raise NotApplicable(f"fine-tuning on array data learns from its targets (y) and is "
-                            f"judged by a metric of them, not by {metric.name}: against the "
-                            "baseline's own outputs (self-distillation) is not built yet")
+        return tf_keras_loss(SELF_DISTILLATION_LOSS), True
     if data.loss is None:
         raise NotApplicable("the model file was not compiled with one loss for one output: "
                             "name it in train.loss (mse, mae, huber, ...)")
     try:
-        return tf_keras_loss(data.loss)
+        return tf_keras_loss(data.loss), False
     except ValueError as error:
         raise NotApplicable(f"{error}: name another in train.loss") from error
 
 
-def test_metric(model: Any, data: TrainingData) -> dict[str, float]:
-    """A fine-tuned Keras model's ``test_<metric>``: the run's metric on array data's test split."""
+def test_metric(model: Any, data: TrainingData, teacher: Any = None) -> dict[str, float]:
+    """A fine-tuned Keras model's ``test_<metric>``: the run's metric on array data's test split.
+
+    Against the `teacher`'s outputs where it learned from them.
+    """
     from tfopt.config import EvalConfig
     from tfopt.models.training import evaluate_split_metric
 
     name = (data.judged_by or EvalConfig()).resolve(class_scores=False).name
-    return {f"test_{name}": evaluate_split_metric(model, data, "test")}
+    return {f"test_{name}": evaluate_split_metric(model, data, "test", teacher)}
 
 
 def own_signature_savedmodel(keras_model: Any, baseline: ModelArtifact, final: Path) -> Path:
     """A fine-tuned model of array data as a SavedModel of its own signature.
 
-    Its outputs are named as the baseline's SavedModel names them, where both have as many:
-    every variant's outputs are matched to the baseline's by name.
+    Every variant's outputs are matched to the baseline's by name: a model of one output names
+    it as the baseline's SavedModel does; several keep their layers' names (a Keras 3 model's
+    dict outputs: its keys).
     """
     import tensorflow as tf
 
@@ -311,7 +320,7 @@ def own_signature_savedmodel(keras_model: Any, baseline: ModelArtifact, final: P
     signatures = tf.saved_model.load(str(baseline.path)).signatures
     names = list(next(iter(signatures.values())).structured_outputs) if signatures else []
     save_own_signature(keras_model, final,
-                       names if len(names) == len(keras_model.outputs) else None)
+                       names if len(names) == len(keras_model.outputs) == 1 else None)
     return final
 
 

@@ -16,7 +16,7 @@ from techniques.base import (
     NotApplicable,
     Technique,
     TechniqueSection,
-    array_loss,
+    array_fine_tuning,
     derived_model,
     kernels,
     own_signature_savedmodel,
@@ -194,10 +194,12 @@ def wrap_prunable_layers(model: keras.Model, params: dict) -> keras.Model:
 
 def prune_and_finetune(
     base: keras.Model, cfg: PruneConfig, data: TrainingData, loss: object = None,
+    teacher: keras.Model | None = None,
 ) -> tuple[keras.Model, Fitted]:
     """Wrap a copy of `base` for pruning and fine-tune it; `base` itself is not changed.
 
-    `loss`: a model of array data's own (`fit`); None: the labels' cross-entropy.
+    `loss`: a model of array data's own (`fit`), learning from its ``y`` or from `teacher`'s
+    outputs; None: the labels' cross-entropy.
 
     Returns:
         The pruned model, still wrapped (call `strip_pruning` to export it), and its training.
@@ -213,7 +215,7 @@ def prune_and_finetune(
                  callbacks=[tfmot.sparsity.keras.UpdatePruningStep(),
                             *recovery(data, from_epoch=sparse_from)],
                  best=KeepBestWeights(from_epoch=sparse_from, monitor=held_out_key(data)),
-                 loss=loss)
+                 loss=loss, teacher=teacher)
     return pruned, fitted
 
 
@@ -243,13 +245,16 @@ def prune_model(
     logger = step_logger()
     if not cfg.structured_2_4:
         resolved(cfg, KNOB)
-    loss = array_loss(data) if data.dataset.arrays else None
+    loss, distilled = array_fine_tuning(data) if data.dataset.arrays else (None, False)
     keras.utils.set_random_seed(data.seed)
     base, translation = tfmot_model(model, data)
-    if model.keras_file is not None and (target := array_recovery_target(base, data)):
-        logger.info("%s: back within the budget at %s", pruned_name(cfg), target[1])
+    teacher = base if distilled else None  # left as it is: the pruned model is a copy
+    if model.keras_file is not None and (target := array_recovery_target(base, data, teacher)):
+        logger.info("%s: %sback within the budget at %s", pruned_name(cfg),
+                    "learning the baseline's own outputs (self-distillation); " * distilled,
+                    target[1])
         data = data.model_copy(update={"recover_to": target[0]})
-    pruned, fitted = prune_and_finetune(base, cfg, data, loss)
+    pruned, fitted = prune_and_finetune(base, cfg, data, loss, teacher)
     stripped = tfmot.sparsity.keras.strip_pruning(pruned)
     name = pruned_name(cfg)
     path = keras_model_path(out_dir, name)
@@ -271,8 +276,9 @@ def prune_model(
     return derived_model(
         model, name, own_signature_savedmodel(stripped, model, out_dir / f"{name}-savedmodel"),
         fitted, fmt="savedmodel", translation=translation,
-        params={**params, KERAS_FILE: str(path)},
-        metrics={**metrics, **test_metric(stripped, data)})
+        params={**params, KERAS_FILE: str(path), "learned_from": (
+            "the baseline's outputs (self-distillation)" if distilled else "y")},
+        metrics={**metrics, **test_metric(stripped, data, teacher)})
 
 
 # int8 stays dense: with EXPERIMENTAL_SPARSITY the int8 file fails to load under XNNPACK here

@@ -123,10 +123,28 @@ def test_techniques_not_built_for_array_data_say_so_and_a_file_without_a_loss_is
     unknown = data.model_copy(update={"loss": None})
     with pytest.raises(NotApplicable, match=r"not compiled with one loss.*train\.loss"):
         prune_model.fn(baseline, PruneConfig(epochs=2), unknown, tmp_path)
-    judged_without_labels = data.model_copy(update={"judged_by": EvalConfig(metric="fidelity")})
-    with pytest.raises(NotApplicable, match=r"\(self-distillation\) is not built yet"):
-        prune_model.fn(baseline, PruneConfig(epochs=2), judged_without_labels, tmp_path)
     uncompiled = ModelConfig(source="file", path=_their_keras3_file(
         tmp / "uncompiled.keras", _regression(50, 2), None))
     assert fine_tuning_loss(uncompiled, None) is None
     assert fine_tuning_loss(uncompiled, "huber") == "huber", "train.loss names it"
+
+
+def test_inputs_without_labels_are_pruned_against_the_baselines_own_outputs(regression, tmp_path):
+    """Self-distillation: no ``y``, a fidelity metric, the baseline's outputs the targets."""
+    baseline, data, _ = regression
+    (tmp_path / "inputs").mkdir()
+    np.savez(tmp_path / "inputs" / "rows.npz",
+             **{k: v for k, v in _regression(500, 1).items() if k != "y"})
+    unlabelled = write_tfrecords.fn(DataConfig(source_dir=tmp_path / "inputs",
+                                               source_format="npz", val_fraction=0.2,
+                                               shard_size_mb=0.01), tmp_path / "work")
+    judged = EvalConfig(metric="fidelity").settled(1.0, class_scores=False)
+    blind = data.model_copy(update={"dataset": unlabelled, "judged_by": judged, "loss": None})
+
+    pruned = prune_model.fn(baseline, PruneConfig(target_sparsity=0.3, epochs=3,
+                                                  learning_rate=2e-3), blind, tmp_path / "out")
+
+    assert pruned.params["learned_from"] == "the baseline's outputs (self-distillation)"
+    assert len(pruned.history["val_snr_db"]) == 3
+    assert pruned.metrics["test_snr_db"] > 15.0, "its outputs follow the baseline's closely"
+    assert isinstance(pruned.params["recovered"], bool), "judged against the 30 dB floor"

@@ -93,9 +93,9 @@ def save_own_signature(keras_model: Any, final: Path,
 
     For a model that is no image classifier (array data): ``serving_default`` takes the model's
     inputs under their own names and returns its outputs under theirs (a Keras 3 model's by
-    its own ``export``: a dict's keys, else ``output_0``...; a tf_keras model's by its
-    ``output_names``, or `output_names` in their order: a fine-tuned model's named as its
-    baseline's).
+    its own ``export``: a dict's keys, else ``output_0``...; a tf_keras model's by a dict's keys,
+    else its ``output_names``, or `output_names` in their order: a fine-tuned model's named as
+    its baseline's).
     """
     import tensorflow as tf
 
@@ -110,6 +110,8 @@ def save_own_signature(keras_model: Any, final: Path,
         def serve(*inputs: tf.Tensor) -> dict[str, tf.Tensor]:
             outputs = keras_model(list(inputs) if len(inputs) > 1 else inputs[0],
                                   training=False)
+            if isinstance(outputs, dict):  # a model of named outputs keeps their names
+                return outputs
             outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
             return dict(zip(output_names or keras_model.output_names, outputs, strict=True))
 

@@ -58,7 +58,7 @@ class Fitted:
 
 
 def training_data(
-    data: TrainingData,
+    data: TrainingData, teacher: Any = None,
 ) -> tuple[tf.data.Dataset, tf.data.Dataset | None, dict[str, str | float | bool]]:
     """The run's tuned training and held-out pipelines, and the training reader's settings.
 
@@ -67,13 +67,15 @@ def training_data(
     choice made on them (best epoch, early stop), then never touch the validation split, which
     judges the trained model's files.
 
+    Array data is learned with its ``y``, or against a `teacher`'s outputs (`split_inputs`).
+
     Returns:
         The training pipeline, the held-out pipeline (None without one), and the
         training reader's settings as built (cache mode, crop area, determinism).
     """
     dataset = data.dataset
     if dataset.arrays:
-        return _array_training_data(data)
+        return _array_training_data(data, teacher)
     train_options, decision = reader_options(dataset, "train", data.input, training=True,
                                              scale=data.input_scale)
     train = tuned_dataset(dataset.splits["train"].files, dataset.image_size, data.batch_size,
@@ -94,15 +96,29 @@ def training_data(
 
 
 def _array_training_data(
-    data: TrainingData,
+    data: TrainingData, teacher: Any = None,
 ) -> tuple[tf.data.Dataset, tf.data.Dataset | None, dict[str, str | float | bool]]:
-    """`training_data` for array data: the shards as written, shuffled for training."""
+    """`training_data` for array data: the shards as written, shuffled for training.
+
+    Against a `teacher`, each split is read into memory with the teacher's outputs on it.
+    """
     from tfopt.data.arrays import training_pipeline
 
     dataset, held_out = data.dataset, data.dataset.selection_split
-    train = training_pipeline(dataset, "train", data.batch_size, seed=data.seed)
-    val = (training_pipeline(dataset, held_out, data.batch_size)
-           if dataset.examples(held_out) else None)
+
+    def pipeline(split: str, seed: int | None) -> tf.data.Dataset:
+        if teacher is None:
+            return training_pipeline(dataset, split, data.batch_size, seed=seed)
+        inputs, truth = split_inputs(data, split, teacher)
+        pairs = tf.data.Dataset.from_tensor_slices(
+            (inputs, tuple(truth) if isinstance(truth, list) else truth))
+        if seed is not None:
+            pairs = pairs.shuffle(max(1, dataset.splits[split].examples), seed=seed,
+                                  reshuffle_each_iteration=True)
+        return pairs.batch(data.batch_size).prefetch(tf.data.AUTOTUNE)
+
+    train = pipeline("train", data.seed)
+    val = pipeline(held_out, None) if dataset.examples(held_out) else None
     return train, val, {"input.cache": "none"}
 
 
@@ -211,26 +227,28 @@ class HeldOutMetric(keras.callbacks.Callback):
     """The run's metric (``eval``) on the held-out split after each epoch, for array data.
 
     Added to the epoch's logs, before the callbacks that read them, as ``val_<metric>`` (the
-    figure, in the training's curves) and `HELD_OUT_SCORE` (oriented: higher is better).
+    figure, in the training's curves) and `HELD_OUT_SCORE` (oriented: higher is better). Against
+    the data's ``y``, or a `teacher`'s outputs (a fidelity metric's truth).
     """
 
-    def __init__(self, data: TrainingData) -> None:
+    def __init__(self, data: TrainingData, teacher: Any = None) -> None:
         super().__init__()
         from tfopt.config import EvalConfig
 
         self._eval = data.judged_by or EvalConfig()
         self._metric = self._eval.resolve(class_scores=False)
-        self._data = data
+        self._data, self._teacher = data, teacher
         self._inputs: Any = None
-        self._truth: np.ndarray | None = None
+        self._truth: Any = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        """Read the held-out split once."""
-        self._inputs, self._truth = split_inputs(self._data, self._data.dataset.selection_split)
+        """Read the held-out split once (with the teacher's outputs on it)."""
+        self._inputs, self._truth = split_inputs(self._data, self._data.dataset.selection_split,
+                                                 self._teacher)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Score the model on the held-out split into `logs`."""
-        if logs is None or self._truth is None or not len(self._truth):
+        if logs is None or self._truth is None:
             return
         value = split_metric(self.model, self._inputs, self._truth, self._metric,
                              self._eval.output)
@@ -238,12 +256,14 @@ class HeldOutMetric(keras.callbacks.Callback):
         logs[HELD_OUT_SCORE] = value if self._metric.higher_is_better else -value
 
 
-def array_recovery_target(model: Any, data: TrainingData) -> tuple[float, str] | None:
+def array_recovery_target(model: Any, data: TrainingData,
+                          teacher: Any = None) -> tuple[float, str] | None:
     """The held-out score a fine-tuning of `model` on array data is back within its budget at.
 
     The run's metric of `model` (the one fine-tuned, before it changes) on the held-out split,
-    less what the budget (``eval``, settled) lets a variant give up, oriented as
-    `HELD_OUT_SCORE` is; with it, in words, what that means. None without a held-out split.
+    less what the budget (``eval``, settled) lets a variant give up (a bound budget: the bound),
+    oriented as `HELD_OUT_SCORE` is; with it, in words, what that means. Against a `teacher`'s
+    outputs where it learns from them. None without a held-out split.
     """
     from tfopt.config import EvalConfig
 
@@ -252,7 +272,7 @@ def array_recovery_target(model: Any, data: TrainingData) -> tuple[float, str] |
         return None
     judged = data.judged_by or EvalConfig()
     budget = judged.metric_budget(0.0, class_scores=False)
-    inputs, truth = split_inputs(data, held_out)
+    inputs, truth = split_inputs(data, held_out, teacher)
     figure = split_metric(model, inputs, truth, budget.metric, judged.output)
     kept = budget.kept(figure)
     said = (f"held-out {budget.metric.name} {'>=' if budget.metric.higher_is_better else '<='} "
@@ -265,29 +285,42 @@ ROUNDING_SCORE = 1e-6
 """Allowed below a recovery target of array data: float32 figures of one model on one split."""
 
 
-def split_inputs(data: TrainingData, split: str) -> tuple[Any, np.ndarray]:
-    """An array data set's split in memory as a Keras model takes it, and its ``y``."""
+def split_inputs(data: TrainingData, split: str, teacher: Any = None) -> tuple[Any, Any]:
+    """An array data set's split in memory as a Keras model takes it, and its truth.
+
+    The truth is its ``y``, or the `teacher`'s outputs on it (as the teacher answers: one
+    array, a list or a dict of them): what a fine-tuning without labels learns from.
+    """
     from tfopt.data.arrays import TRUTH, load_split_feeds
 
     arrays = load_split_feeds(data.dataset, split)
-    truth = arrays.pop(TRUTH)
-    return (next(iter(arrays.values())) if len(arrays) == 1 else arrays), truth
+    truth = arrays.pop(TRUTH, None)
+    inputs = next(iter(arrays.values())) if len(arrays) == 1 else arrays
+    if teacher is not None:
+        truth = teacher.predict(inputs, batch_size=256, verbose=0)
+    return inputs, truth
 
 
-def split_metric(model: Any, inputs: Any, truth: np.ndarray, metric: Any,
-                 output: str | None) -> float:
+def _picked(model: Any, outputs: Any, output: str | None) -> np.ndarray:
+    """A Keras model's `output` (None: its only or first one) among its `outputs`."""
+    if isinstance(outputs, dict):
+        return np.asarray(outputs[output] if output in outputs else next(iter(outputs.values())))
+    if isinstance(outputs, list | tuple):
+        names = list(getattr(model, "output_names", None) or [])
+        return np.asarray(outputs[names.index(output)] if output in names else outputs[0])
+    return np.asarray(outputs)
+
+
+def split_metric(model: Any, inputs: Any, truth: Any, metric: Any, output: str | None) -> float:
     """`metric` of a Keras model's `output` (None: its only or first one) against `truth`.
+
+    `truth` is the data's ``y``, or a teacher's outputs, of which the same output is taken.
 
     Raises:
         tfopt.eval.metrics.MetricError: The outputs do not fit the metric or the truth.
     """
     outputs = model.predict(inputs, batch_size=256, verbose=0)
-    if isinstance(outputs, dict):
-        outputs = outputs[output] if output in outputs else next(iter(outputs.values()))
-    elif isinstance(outputs, list | tuple):
-        names = list(getattr(model, "output_names", None) or [])
-        outputs = outputs[names.index(output)] if output in names else outputs[0]
-    return metric.score(truth, np.asarray(outputs))
+    return metric.score(_picked(model, truth, output), _picked(model, outputs, output))
 
 
 def _epochs(count: int) -> str:
@@ -663,19 +696,22 @@ def fit(
     callbacks: list[keras.callbacks.Callback] | None = None,
     best: KeepBestWeights | None = None,
     loss: Any = None,
+    teacher: Any = None,
 ) -> Fitted:
     """Compile `model` for logits and integer labels and train it on the run's pipeline.
 
     Used for the baseline and for every fine-tuning step (pruning, QAT, the scratch student),
     so they all learn from the same pipeline with the same loss, and all end with their best
     validation epoch's weights. A model of array data learns with its own `loss` (a tf_keras
-    loss: `tfopt.models.keras_io.file_loss`) and is judged by the run's metric.
+    loss: `tfopt.models.keras_io.file_loss`), from its ``y`` or a `teacher`'s outputs, and is
+    judged by the run's metric.
     """
     if loss is None:
         compile_for_labels(model, learning_rate)
     else:
         model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=loss)
-    return fit_compiled(model, data, epochs=epochs, callbacks=callbacks, best=best)
+    return fit_compiled(model, data, epochs=epochs, callbacks=callbacks, best=best,
+                        teacher=teacher)
 
 
 def compile_for_labels(model: keras.Model, learning_rate: LearningRate) -> None:
@@ -703,6 +739,7 @@ def fit_compiled(
     epochs: int,
     callbacks: list[keras.callbacks.Callback] | None = None,
     best: KeepBestWeights | None = None,
+    teacher: Any = None,
 ) -> Fitted:
     """Train a compiled model (e.g. a distiller with its own loss) on the run's pipeline.
 
@@ -717,12 +754,14 @@ def fit_compiled(
         epochs: Epochs to train.
         callbacks: More Keras callbacks.
         best: How the best epoch is kept (default: any epoch, in memory).
+        teacher: On array data, the model whose outputs it learns and is judged against
+            (self-distillation); None: the data's ``y``.
     """
     from tfopt.models.batch_norm import reestimating_callback
 
-    train, val, reader = training_data(data)
+    train, val, reader = training_data(data, teacher)
     best = best or KeepBestWeights(monitor=held_out_key(data))
-    judged = ([HeldOutMetric(data)] if data.dataset.arrays and val is not None
+    judged = ([HeldOutMetric(data, teacher)] if data.dataset.arrays and val is not None
               else [reestimating_callback(model, data, getattr(model, "student", None))])
     started, clock = time.perf_counter(), EpochClock()
     history = model.fit(train, validation_data=val, epochs=epochs, verbose=0,
@@ -748,12 +787,16 @@ def evaluate_test_accuracy(model: keras.Model, data: TrainingData) -> float:
     return evaluate_split_accuracy(model, data, "test")
 
 
-def evaluate_split_metric(model: keras.Model, data: TrainingData, split: str) -> float:
-    """The run's metric (``eval``) of a Keras model on a whole split of array data."""
+def evaluate_split_metric(model: keras.Model, data: TrainingData, split: str,
+                          teacher: Any = None) -> float:
+    """The run's metric (``eval``) of a Keras model on a whole split of array data.
+
+    Against a `teacher`'s outputs where it learned from them (`split_inputs`).
+    """
     from tfopt.config import EvalConfig
 
     judged = data.judged_by or EvalConfig()
-    inputs, truth = split_inputs(data, split)
+    inputs, truth = split_inputs(data, split, teacher)
     return split_metric(model, inputs, truth, judged.resolve(class_scores=False), judged.output)
 
 
