@@ -225,12 +225,17 @@ def prune_model(
 ) -> ModelArtifact:
     """Prune a trained model to the target sparsity, fine-tune it, and strip the wrappers.
 
+    A model of array data (its `ModelArtifact.keras_file`) learns with its own loss from the
+    data's ``y``, or the baseline's own outputs without (`array_fine_tuning`), judged by the
+    run's metric; it becomes a SavedModel of its own signature.
+
     Args:
         model: The trained Keras model (left unchanged).
         cfg: Target sparsity (or 2:4), which layers (all, or XNNPACK's sparse 1x1
             convolutions), fine-tuning epochs and learning rate.
-        data: The run's training data and input settings; the test split measures accuracy.
-        out_dir: Folder for ``pruned-<percent>.keras``.
+        data: The run's training data and input settings; the test split measures accuracy
+            (array data: the run's metric, ``test_<metric>``).
+        out_dir: Folder for ``pruned-<percent>.keras`` (and its SavedModel for array data).
 
     Returns:
         The stripped, pruned model with its sparsity per layer, overall sparsity, test
@@ -238,7 +243,8 @@ def prune_model(
 
     Raises:
         NotApplicable: The model cannot be pruned as asked (subclassed, nothing prunable, or
-            not laid out for the XNNPACK policy); the step is skipped with the reason.
+            not laid out for the XNNPACK policy; array data with ``y`` and no loss known); the
+            step is skipped with the reason.
     """
     import tensorflow_model_optimization as tfmot
 

@@ -21,13 +21,13 @@ def test_a_keras3_model_file_goes_through_pruning_and_int8_as_it_is(live_service
     summary = run_smoke_with(live_services, tmp_path / "out.json", {
         **LIGHT, "data.source_dir": demo, "work_dir": tmp_path / "work", "name": "own-keras3",
         "model.source": "file", "model.path": tmp_path / "theirs.keras", "train.epochs": 0,
-        "convert.tflite": "[fp32, int8]", "compress.tflite": "[int8]",
+        "convert.tflite": "[int8]", "compress.tflite": "[int8]",
         "compress.distill.enabled": "false", "compress.qat.enabled": "false",
         "compress.prune.epochs": 2, "convert.onnx": "false", "compress.graph": "false",
     })
     by_name = {v["name"]: v for v in summary["variants"]}
     assert abs(summary["baseline_accuracy"] - own_accuracy) < 1e-6, "the model as it was"
-    for name in ("baseline-graph", "baseline-savedmodel", "baseline-tflite-fp32"):
+    for name in ("baseline-graph", "baseline-savedmodel"):
         assert by_name[name]["status"] == "ok", by_name[name]
         assert by_name[name]["top1_agreement"] >= 0.99, by_name[name]
     pruned = summary["techniques"]["pruned-80"]
