@@ -243,11 +243,9 @@ def tfmot_model(model: ModelArtifact, data: TrainingData) -> tuple[Any, Translat
     if flavor_of(loaded) == "tf_keras":
         return loaded, None
     if data.dataset.arrays:
-        from tfopt.data.arrays import TRUTH, load_split_feeds
+        from tfopt.models.training import split_inputs
 
-        feeds = load_split_feeds(data.dataset, "test", TRANSLATION_CHECK_EXAMPLES)
-        feeds.pop(TRUTH, None)
-        images = next(iter(feeds.values())) if len(feeds) == 1 else feeds
+        images, _ = split_inputs(data, "test", limit=TRANSLATION_CHECK_EXAMPLES)
     else:
         images, _ = load_split(data.dataset, "test", TRANSLATION_CHECK_EXAMPLES,
                                scale=data.input_scale)

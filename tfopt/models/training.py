@@ -285,15 +285,17 @@ ROUNDING_SCORE = 1e-6
 """Allowed below a recovery target of array data: float32 figures of one model on one split."""
 
 
-def split_inputs(data: TrainingData, split: str, teacher: Any = None) -> tuple[Any, Any]:
+def split_inputs(data: TrainingData, split: str, teacher: Any = None,
+                 limit: int | None = None) -> tuple[Any, Any]:
     """An array data set's split in memory as a Keras model takes it, and its truth.
 
-    The truth is its ``y``, or the `teacher`'s outputs on it (as the teacher answers: one
-    array, a list or a dict of them): what a fine-tuning without labels learns from.
+    The truth is its ``y`` (None without), or the `teacher`'s outputs on it (as the teacher
+    answers: one array, a list or a dict of them): what a fine-tuning without labels learns
+    from. `limit`: its first examples only.
     """
     from tfopt.data.arrays import TRUTH, load_split_feeds
 
-    arrays = load_split_feeds(data.dataset, split)
+    arrays = load_split_feeds(data.dataset, split, limit)
     truth = arrays.pop(TRUTH, None)
     inputs = next(iter(arrays.values())) if len(arrays) == 1 else arrays
     if teacher is not None:
