@@ -17,7 +17,14 @@ import numpy as np
 from prefect import Task
 from pydantic import BaseModel, ConfigDict, Field
 
-from tfopt.artifacts import ModelArtifact, ModelFormat, Precision, TrainingData, VariantSpec
+from tfopt.artifacts import (
+    KERAS_FILE,
+    ModelArtifact,
+    ModelFormat,
+    Precision,
+    TrainingData,
+    VariantSpec,
+)
 from tfopt.config import Section
 from tfopt.logs import step_logger
 from tfopt.runtimes import FLOAT_STEM, compressed_forms, plan_forms
@@ -93,8 +100,8 @@ def derived_model(
     ))
 
 
-def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
-                      teacher: Any | None = None) -> Fitted:
+def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData, teacher: Any,
+                      tuning: Tuning) -> Fitted:
     """Fine-tune a rebuilt model (thinner, shallower) in place, as channel and depth pruning do.
 
     `cfg`'s ``epochs`` are the cap, its ``learning_rate`` follows its
@@ -103,7 +110,11 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
     cools down to zero over its ``cool_down_epochs`` first (`CosineCoolDown`). Given the model it
     was rebuilt from (`teacher`) and a ``teacher_alpha`` below 1, it learns from the teacher's
     outputs too (`tfopt.models.distillation.Distiller`, temperature 1), weighted
-    ``1 - teacher_alpha``. Rebuilt models are tf_keras models (`tfmot_model`).
+    ``1 - teacher_alpha``. Rebuilt models are tf_keras models (`tfmot_model`). A model of array
+    data learns as `tuning` says (its loss; the teacher's outputs alone without ``y``).
+
+    Raises:
+        NotApplicable: Array data with ``y`` and a ``teacher_alpha`` below 1 (not built yet).
     """
     from tfopt.models.distillation import compiled_distiller
     from tfopt.models.training import (
@@ -111,11 +122,15 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
         KeepBestWeights,
         fit,
         fit_compiled,
+        held_out_key,
         recovery,
         scheduled_learning_rate,
         steps_per_epoch,
     )
 
+    if tuning.arrays and tuning.teacher is None and cfg.teacher_alpha < 1.0:
+        raise NotApplicable("teacher_alpha below 1 on array data with y is not built yet: "
+                            "set it to 1")
     cool_down = None
     if cooling_epochs(cfg) and data.recover_to is not None:
         per_epoch = steps_per_epoch(data)
@@ -124,12 +139,12 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData,
     learning_rate = cfg.learning_rate if cool_down else scheduled_learning_rate(
         data, cfg.epochs, cfg.learning_rate, cfg.learning_rate_schedule)
     callbacks = recovery(data, cool_down=cool_down)
-    if teacher is None or cfg.teacher_alpha >= 1.0:
+    best = KeepBestWeights(monitor=held_out_key(data))
+    if tuning.arrays or teacher is None or cfg.teacher_alpha >= 1.0:
         return fit(model, data, epochs=cfg.epochs, learning_rate=learning_rate,
-                   callbacks=callbacks, best=KeepBestWeights())
+                   callbacks=callbacks, best=best, loss=tuning.loss, teacher=tuning.teacher)
     distiller = compiled_distiller(model, teacher, cfg.teacher_alpha, 1.0, learning_rate)
-    return fit_compiled(distiller, data, epochs=cfg.epochs, callbacks=callbacks,
-                        best=KeepBestWeights())
+    return fit_compiled(distiller, data, epochs=cfg.epochs, callbacks=callbacks, best=best)
 
 
 def cool_down_field() -> Any:
@@ -195,26 +210,27 @@ class RebuiltSection(TechniqueSection):
         return self.model_dump(include=set(RebuiltSection.model_fields) - {"enabled"})
 
 
-def rebuilt_metrics(base: Any, rebuilt: Any, data: TrainingData, flops: tuple[float, float],
-                    accuracy_before_tuning: float) -> dict[str, float]:
-    """What rebuilding `base` smaller changed: FLOPs, parameters, test accuracy.
+def rebuilt_metrics(base: Any, rebuilt: Any, flops: tuple[float, float],
+                    before_tuning: dict[str, float]) -> dict[str, float]:
+    """What rebuilding `base` smaller changed: FLOPs, parameters, and its figure before tuning.
 
     Args:
         base: The model it was rebuilt from.
-        rebuilt: The rebuilt model, fine-tuned.
-        data: The run's data (its test split).
+        rebuilt: The rebuilt model.
         flops: The FLOPs of `base` and of `rebuilt`.
-        accuracy_before_tuning: The rebuilt model's test accuracy before its fine-tuning.
+        before_tuning: The rebuilt model's test figure before its fine-tuning
+            (`Tuning.test_figures` with the suffix ``_before_fine_tuning``); the one after is
+            the variant's (`Tuning.variant`).
     """
-    from tfopt.models.training import evaluate_test_accuracy
-
     before, after = flops
     return {"flops_before": before, "flops_after": after,
             "flops_ratio": after / before if before else 1.0,
             "params_before": float(base.count_params()),
-            "params_after": float(rebuilt.count_params()),
-            "test_accuracy_before_fine_tuning": accuracy_before_tuning,
-            "test_accuracy": evaluate_test_accuracy(rebuilt, data)}
+            "params_after": float(rebuilt.count_params()), **before_tuning}
+
+
+BEFORE_TUNING = "_before_fine_tuning"
+"""The suffix of a rebuilt model's test figure before its fine-tuning."""
 
 
 TRANSLATION_CHECK_EXAMPLES = 256
@@ -292,16 +308,64 @@ def array_fine_tuning(data: TrainingData) -> tuple[Any, bool]:
         raise NotApplicable(f"{error}: name another in train.loss") from error
 
 
-def test_metric(model: Any, data: TrainingData, teacher: Any = None) -> dict[str, float]:
-    """A fine-tuned Keras model's ``test_<metric>``: the run's metric on array data's test split.
+@dataclass(frozen=True)
+class Tuning:
+    """How a technique's fine-tuning learns: from labels, or a model of array data's own way.
 
-    Against the `teacher`'s outputs where it learned from them.
+    Attributes:
+        loss: A model of array data's tf_keras loss (`array_fine_tuning`); None: the labels'
+            cross-entropy (images).
+        teacher: The model whose outputs it learns and is judged against (self-distillation:
+            no ``y``, or a fidelity metric); None: the data's labels or ``y``.
+        arrays: It fine-tunes a model of array data (judged by the run's metric, saved as a
+            SavedModel of its own signature: `Tuning.variant`).
     """
-    from tfopt.config import EvalConfig
-    from tfopt.models.training import evaluate_split_metric
 
-    name = (data.judged_by or EvalConfig()).resolve(class_scores=False).name
-    return {f"test_{name}": evaluate_split_metric(model, data, "test", teacher)}
+    loss: Any = None
+    teacher: Any = None
+    arrays: bool = False
+
+    def learned_from(self) -> str:
+        """What it learned from, as a run parameter."""
+        return "the baseline's outputs (self-distillation)" if self.teacher is not None else "y"
+
+    def test_figures(self, keras_model: Any, data: TrainingData,
+                     suffix: str = "") -> dict[str, float]:
+        """`keras_model`'s figure on the test split: ``test_accuracy``, or ``test_<metric>``.
+
+        On array data the run's metric, against the teacher's outputs where it learned from
+        them. `suffix` follows the name (``_before_fine_tuning``).
+        """
+        from tfopt.config import EvalConfig
+        from tfopt.models.training import evaluate_split_metric, evaluate_test_accuracy
+
+        if not self.arrays:
+            return {f"test_accuracy{suffix}": evaluate_test_accuracy(keras_model, data)}
+        name = (data.judged_by or EvalConfig()).resolve(class_scores=False).name
+        return {f"test_{name}{suffix}": evaluate_split_metric(keras_model, data, "test",
+                                                              self.teacher)}
+
+    def variant(self, model: ModelArtifact, keras_model: Any, name: str, keras_path: Path,
+                out_dir: Path, fitted: Fitted, data: TrainingData, *, params: dict[str, Any],
+                metrics: dict[str, float], translation: Translation | None) -> ModelArtifact:
+        """The technique's model (`derived_model`), with its test figure (`test_figures`).
+
+        On array data a SavedModel of its own signature (`own_signature_savedmodel`) beside its
+        Keras file (``keras_file``), with what it learned from.
+        """
+        metrics = {**metrics, **self.test_figures(keras_model, data)}
+        if not self.arrays:
+            return derived_model(model, name, keras_path, fitted, params=params,
+                                 metrics=metrics, translation=translation)
+        saved = own_signature_savedmodel(keras_model, model, out_dir / f"{name}-savedmodel")
+        return derived_model(model, name, saved, fitted, fmt="savedmodel",
+                             translation=translation, metrics=metrics,
+                             params={**params, KERAS_FILE: str(keras_path),
+                                     "learned_from": self.learned_from()})
+
+
+LABELS = Tuning()
+"""A fine-tuning on labelled images (cross-entropy of the labels, top-1 accuracy)."""
 
 
 def own_signature_savedmodel(keras_model: Any, baseline: ModelArtifact, final: Path) -> Path:
@@ -320,6 +384,32 @@ def own_signature_savedmodel(keras_model: Any, baseline: ModelArtifact, final: P
     save_own_signature(keras_model, final,
                        names if len(names) == len(keras_model.outputs) == 1 else None)
     return final
+
+
+def tuning_of(model: ModelArtifact, base: Any, data: TrainingData,
+              name: str) -> tuple[Tuning, TrainingData]:
+    """How `base` (the tf_keras model of `model`) is fine-tuned, and the data it stops on.
+
+    Images: labels, the data as it is. A model of array data (`ModelArtifact.keras_file`): its
+    loss, or the baseline's own outputs (`array_fine_tuning`), and the data with the held-out
+    score the fine-tuning is back within the budget at (`array_recovery_target`), said in the
+    log under the model's `name`.
+
+    Raises:
+        NotApplicable: Array data with ``y`` and no loss known.
+    """
+    from tfopt.models.training import array_recovery_target
+
+    if model.keras_file is None:
+        return LABELS, data
+    loss, distilled = array_fine_tuning(data)
+    tuning = Tuning(loss=loss, teacher=base if distilled else None, arrays=True)
+    if target := array_recovery_target(base, data, tuning.teacher):
+        step_logger().info("%s: %sback within the budget at %s", name,
+                           "learning the baseline's own outputs (self-distillation); "
+                           * distilled, target[1])
+        data = data.model_copy(update={"recover_to": target[0]})
+    return tuning, data
 
 
 def resolved(cfg: TechniqueSection, knob: Space) -> None:
@@ -467,7 +557,7 @@ class Technique:
         """Why it cannot work on `model` (with settings `cfg`), or None when it can."""
         if model.keras_file is not None:
             if not self.on_arrays:
-                return f"{self.name} of a model of array data is not built yet (pruning is)"
+                return f"{self.name} of a model of array data is not built yet"
             if cfg is not None and self.searched(cfg):
                 return (f"a search of {self.name} on array data is not built yet: set its "
                         f"strength ({', '.join(self.knob.fields)})")

@@ -16,22 +16,22 @@ from prefect import task
 from pydantic import Field
 
 from techniques.base import (
+    BEFORE_TUNING,
     KERAS_ONLY,
     NotApplicable,
     RebuiltSection,
     Technique,
-    derived_model,
     fine_tune_rebuilt,
     rebuilt_metrics,
     resolved,
     tfmot_model,
+    tuning_of,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
 from tfopt.models.channel_pruning import SEARCHED_SHARES, ChannelPruningError, thin_model
 from tfopt.models.flops import keras_flops
 from tfopt.models.keras_io import keras_model_path, save_keras_model
-from tfopt.models.training import evaluate_test_accuracy
 from tfopt.search import Knob
 
 CRITERION = "|batch-norm scale| x filter L1 norm (Network Slimming, Li et al.)"
@@ -71,24 +71,32 @@ def channel_prune_model(
 ) -> ModelArtifact:
     """Remove `cfg.fraction` of each channel group's filters and fine-tune the thinner model.
 
+    A model of array data (its `ModelArtifact.keras_file`) is fine-tuned with its own loss, or
+    against the baseline's outputs without ``y`` (`techniques.base.tuning_of`), judged by the
+    run's metric; it becomes a SavedModel of its own signature.
+
     Args:
         model: The trained Keras model (left unchanged).
         cfg: The share of filters removed, the fewest kept, fine-tuning epochs and rate.
-        data: The run's training data and input settings; the test split measures accuracy.
-        out_dir: Folder for ``channels-<percent>.keras``.
+        data: The run's training data and input settings; the test split measures accuracy
+            (array data: the run's metric).
+        out_dir: Folder for ``channels-<percent>.keras`` (and its SavedModel for array data).
 
     Returns:
         The thinner model, with FLOPs and parameters before and after, the filters kept per
-        layer and its test accuracy before and after fine-tuning.
+        layer and its test figure before and after fine-tuning.
 
     Raises:
         NotApplicable: Not a functional model, a shared layer, or no channel that can be
-            removed (the layers in the way are named); the step is skipped with the reason.
+            removed (the layers in the way are named); array data with ``y`` and no loss
+            known; the step is skipped with the reason.
     """
     logger = step_logger()
     resolved(cfg, KNOB)
     keras.utils.set_random_seed(data.seed)
+    name = channels_name(cfg)
     base, translation = tfmot_model(model, data)
+    tuning, data = tuning_of(model, base, data, name)
     try:
         thinned = thin_model(base, cfg.fraction, cfg.min_channels)
     except ChannelPruningError as error:
@@ -96,28 +104,27 @@ def channel_prune_model(
     before, after = keras_flops(base), keras_flops(thinned.model)
     params_before, params_after = base.count_params(), thinned.model.count_params()
     logger.info("%s: %d of %d convolution/dense layers thinned; FLOPs %.3g -> %.3g (%.2fx), "
-                "parameters %d -> %d", channels_name(cfg), len(thinned.kept),
+                "parameters %d -> %d", name, len(thinned.kept),
                 len(thinned.kept) + len(thinned.frozen), before, after,
                 before / after if after else float("nan"), params_before, params_after)
-    accuracy_before_tuning = evaluate_test_accuracy(thinned.model, data)
-    fitted = fine_tune_rebuilt(thinned.model, cfg, data, teacher=base)
-    name = channels_name(cfg)
+    before_tuning = tuning.test_figures(thinned.model, data, BEFORE_TUNING)
+    fitted = fine_tune_rebuilt(thinned.model, cfg, data, base, tuning)
     path = keras_model_path(out_dir, name)
     save_keras_model(thinned.model, path)
-    return derived_model(
-        model, name, path, fitted,
+    return tuning.variant(
+        model, thinned.model, name, path, out_dir, fitted, data,
         params={"technique": "channel pruning", "fraction": cfg.fraction,
                 "criterion": CRITERION, "min_channels": cfg.min_channels,
                 **cfg.fine_tuning_params(),
                 "kept_filters": json.dumps({k: v[0] for k, v in thinned.kept.items()})[:5000],
                 "unpruned_layers": ";".join(sorted(thinned.frozen))[:5000]},
         translation=translation,
-        metrics=rebuilt_metrics(base, thinned.model, data, (before, after),
-                                accuracy_before_tuning),
+        metrics=rebuilt_metrics(base, thinned.model, (before, after), before_tuning),
     )
 
 
 TECHNIQUE = Technique(
     name="channel_prune", section=ChannelPruneConfig, accepts=KERAS_ONLY,
     source_name=channels_name, apply=channel_prune_model, knob=KNOB, reshapes=True,
+    on_arrays=True,
 )

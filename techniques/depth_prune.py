@@ -16,15 +16,16 @@ from prefect import task
 from pydantic import Field
 
 from techniques.base import (
+    BEFORE_TUNING,
     KERAS_ONLY,
     NotApplicable,
     RebuiltSection,
     Technique,
-    derived_model,
     fine_tune_rebuilt,
     rebuilt_metrics,
     resolved,
     tfmot_model,
+    tuning_of,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
@@ -37,7 +38,6 @@ from tfopt.models.depth_pruning import (
 )
 from tfopt.models.flops import keras_flops
 from tfopt.models.keras_io import keras_model_path, save_keras_model
-from tfopt.models.training import evaluate_test_accuracy
 from tfopt.search import Knob
 
 CRITERION = "block influence: 1 - cos(block input, block output) on training images (ShortGPT)"
@@ -116,19 +116,20 @@ def depth_prune_model(
     logger = step_logger()
     resolved(cfg, KNOB)
     keras.utils.set_random_seed(data.seed)
+    name = depth_name(cfg)
     base, translation = tfmot_model(model, data)
+    tuning, data = tuning_of(model, base, data, name)
     shallower = blocks_cut(base, cfg.share, data)
     before, after = keras_flops(base), keras_flops(shallower.model)
-    name = depth_name(cfg)
     logger.info("%s: %d of %d residual blocks removed (%s); layers %d -> %d, FLOPs %.3g -> %.3g",
                 name, len(shallower.removed), shallower.blocks, ", ".join(shallower.removed),
                 len(base.layers), len(shallower.model.layers), before, after)
-    accuracy_before_tuning = evaluate_test_accuracy(shallower.model, data)
-    fitted = fine_tune_rebuilt(shallower.model, cfg, data, teacher=base)
+    before_tuning = tuning.test_figures(shallower.model, data, BEFORE_TUNING)
+    fitted = fine_tune_rebuilt(shallower.model, cfg, data, base, tuning)
     path = keras_model_path(out_dir, name)
     save_keras_model(shallower.model, path)
-    return derived_model(
-        model, name, path, fitted,
+    return tuning.variant(
+        model, shallower.model, name, path, out_dir, fitted, data,
         params={"technique": "depth pruning", "share": cfg.share, "criterion": CRITERION,
                 "starts_from": model.name, **cfg.fine_tuning_params(),
                 "removed_blocks": ",".join(shallower.removed)[:5000]},
@@ -138,8 +139,7 @@ def depth_prune_model(
             "blocks_removable": float(shallower.blocks),
             "layers_before": float(len(base.layers)),
             "layers_after": float(len(shallower.model.layers)),
-            **rebuilt_metrics(base, shallower.model, data, (before, after),
-                              accuracy_before_tuning),
+            **rebuilt_metrics(base, shallower.model, (before, after), before_tuning),
         },
     )
 

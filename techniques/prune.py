@@ -13,26 +13,23 @@ from pydantic import Field
 
 from techniques.base import (
     KERAS_ONLY,
+    LABELS,
     NotApplicable,
     Technique,
     TechniqueSection,
-    array_fine_tuning,
-    derived_model,
+    Tuning,
     kernels,
-    own_signature_savedmodel,
     resolved,
-    test_metric,
     tfmot_model,
+    tuning_of,
 )
-from tfopt.artifacts import KERAS_FILE, ModelArtifact, TrainingData
+from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.fileio import gzip_size_bytes
 from tfopt.logs import step_logger
 from tfopt.models.keras_io import copy_model, is_layer_graph, keras_model_path, save_keras_model
 from tfopt.models.training import (
     Fitted,
     KeepBestWeights,
-    array_recovery_target,
-    evaluate_test_accuracy,
     fit,
     held_out_key,
     recovery,
@@ -193,13 +190,12 @@ def wrap_prunable_layers(model: keras.Model, params: dict) -> keras.Model:
 
 
 def prune_and_finetune(
-    base: keras.Model, cfg: PruneConfig, data: TrainingData, loss: object = None,
-    teacher: keras.Model | None = None,
+    base: keras.Model, cfg: PruneConfig, data: TrainingData, tuning: Tuning = LABELS,
 ) -> tuple[keras.Model, Fitted]:
     """Wrap a copy of `base` for pruning and fine-tune it; `base` itself is not changed.
 
-    `loss`: a model of array data's own (`fit`), learning from its ``y`` or from `teacher`'s
-    outputs; None: the labels' cross-entropy.
+    It learns as `tuning` says: from labels, or a model of array data's own loss and ``y`` or
+    the baseline's outputs.
 
     Returns:
         The pruned model, still wrapped (call `strip_pruning` to export it), and its training.
@@ -215,7 +211,7 @@ def prune_and_finetune(
                  callbacks=[tfmot.sparsity.keras.UpdatePruningStep(),
                             *recovery(data, from_epoch=sparse_from)],
                  best=KeepBestWeights(from_epoch=sparse_from, monitor=held_out_key(data)),
-                 loss=loss, teacher=teacher)
+                 loss=tuning.loss, teacher=tuning.teacher)
     return pruned, fitted
 
 
@@ -226,8 +222,8 @@ def prune_model(
     """Prune a trained model to the target sparsity, fine-tune it, and strip the wrappers.
 
     A model of array data (its `ModelArtifact.keras_file`) learns with its own loss from the
-    data's ``y``, or the baseline's own outputs without (`array_fine_tuning`), judged by the
-    run's metric; it becomes a SavedModel of its own signature.
+    data's ``y``, or the baseline's own outputs without (`techniques.base.tuning_of`), judged
+    by the run's metric; it becomes a SavedModel of its own signature.
 
     Args:
         model: The trained Keras model (left unchanged).
@@ -251,18 +247,12 @@ def prune_model(
     logger = step_logger()
     if not cfg.structured_2_4:
         resolved(cfg, KNOB)
-    loss, distilled = array_fine_tuning(data) if data.dataset.arrays else (None, False)
     keras.utils.set_random_seed(data.seed)
-    base, translation = tfmot_model(model, data)
-    teacher = base if distilled else None  # left as it is: the pruned model is a copy
-    if model.keras_file is not None and (target := array_recovery_target(base, data, teacher)):
-        logger.info("%s: %sback within the budget at %s", pruned_name(cfg),
-                    "learning the baseline's own outputs (self-distillation); " * distilled,
-                    target[1])
-        data = data.model_copy(update={"recover_to": target[0]})
-    pruned, fitted = prune_and_finetune(base, cfg, data, loss, teacher)
-    stripped = tfmot.sparsity.keras.strip_pruning(pruned)
     name = pruned_name(cfg)
+    base, translation = tfmot_model(model, data)
+    tuning, data = tuning_of(model, base, data, name)  # base stays as it is: a copy is pruned
+    pruned, fitted = prune_and_finetune(base, cfg, data, tuning)
+    stripped = tfmot.sparsity.keras.strip_pruning(pruned)
     path = keras_model_path(out_dir, name)
     save_keras_model(stripped, path)
     per_layer = kernel_sparsity(stripped)
@@ -275,16 +265,8 @@ def prune_model(
     metrics = {"sparsity": overall,
                **{f"sparsity.{layer}": value for layer, value in per_layer.items()},
                "keras_gzip_bytes": float(gzip_size_bytes(path))}
-    if model.keras_file is None:
-        return derived_model(model, name, path, fitted, params=params, translation=translation,
-                             metrics={**metrics, "test_accuracy": evaluate_test_accuracy(
-                                 stripped, data)})
-    return derived_model(
-        model, name, own_signature_savedmodel(stripped, model, out_dir / f"{name}-savedmodel"),
-        fitted, fmt="savedmodel", translation=translation,
-        params={**params, KERAS_FILE: str(path), "learned_from": (
-            "the baseline's outputs (self-distillation)" if distilled else "y")},
-        metrics={**metrics, **test_metric(stripped, data, teacher)})
+    return tuning.variant(model, stripped, name, path, out_dir, fitted, data, params=params,
+                          metrics=metrics, translation=translation)
 
 
 # int8 stays dense: with EXPERIMENTAL_SPARSITY the int8 file fails to load under XNNPACK here

@@ -19,15 +19,16 @@ from prefect import task
 from pydantic import Field, model_validator
 
 from techniques.base import (
+    BEFORE_TUNING,
     KERAS_ONLY,
     NotApplicable,
     RebuiltSection,
     Technique,
-    derived_model,
     fine_tune_rebuilt,
     rebuilt_metrics,
     resolved,
     tfmot_model,
+    tuning_of,
 )
 from techniques.channel_prune import KNOB as WIDTH
 from techniques.depth_prune import KNOB as DEPTH
@@ -37,7 +38,6 @@ from tfopt.logs import step_logger
 from tfopt.models.channel_pruning import ChannelPruningError, thin_model
 from tfopt.models.flops import keras_flops
 from tfopt.models.keras_io import keras_model_path, save_keras_model
-from tfopt.models.training import evaluate_test_accuracy
 from tfopt.search import Joint
 
 
@@ -103,24 +103,25 @@ def width_depth_model(
     """
     resolved(cfg, KNOB)
     keras.utils.set_random_seed(data.seed)
+    name = width_depth_name(cfg)
     base, translation = tfmot_model(model, data)
+    tuning, data = tuning_of(model, base, data, name)
     shallower = blocks_cut(base, cfg.share, data)
     try:
         thinned = thin_model(shallower.model, cfg.fraction, cfg.min_channels)
     except ChannelPruningError as error:
         raise NotApplicable(str(error)) from error
     before, after = keras_flops(base), keras_flops(thinned.model)
-    name = width_depth_name(cfg)
     step_logger().info(
         "%s: %d of %d residual blocks removed (%s), %d convolution/dense layers thinned; "
         "FLOPs %.3g -> %.3g", name, len(shallower.removed), shallower.blocks,
         ", ".join(shallower.removed), len(thinned.kept), before, after)
-    accuracy_before_tuning = evaluate_test_accuracy(thinned.model, data)
-    fitted = fine_tune_rebuilt(thinned.model, cfg, data, teacher=base)
+    before_tuning = tuning.test_figures(thinned.model, data, BEFORE_TUNING)
+    fitted = fine_tune_rebuilt(thinned.model, cfg, data, base, tuning)
     path = keras_model_path(out_dir, name)
     save_keras_model(thinned.model, path)
-    return derived_model(
-        model, name, path, fitted,
+    return tuning.variant(
+        model, thinned.model, name, path, out_dir, fitted, data,
         params={"technique": "width and depth pruning", "fraction": cfg.fraction,
                 "share": cfg.share, "min_channels": cfg.min_channels,
                 **cfg.fine_tuning_params(),
@@ -129,8 +130,7 @@ def width_depth_model(
         metrics={
             "blocks_removed": float(len(shallower.removed)),
             "blocks_removable": float(shallower.blocks),
-            **rebuilt_metrics(base, thinned.model, data, (before, after),
-                              accuracy_before_tuning),
+            **rebuilt_metrics(base, thinned.model, (before, after), before_tuning),
         },
     )
 

@@ -97,7 +97,7 @@ def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime_and_pruned_
     assert by_name["pruned-30-tflite-int8"]["status"] == "ok"
     assert by_name["pruned-30-tflite-int8"]["metric"] == "mae"
     assert by_name["qat-tflite-int8"]["error"] == (
-        "qat of a model of array data is not built yet (pruning is)")
+        "qat of a model of array data is not built yet")
     champion = by_name[summary["champion"]]
     assert champion["accuracy"] <= 1.05 * by_name["baseline-savedmodel"]["accuracy"] + 1e-9
     assert summary["accuracy_verdict"]["budget"] == "5% mae"

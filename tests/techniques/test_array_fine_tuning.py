@@ -12,6 +12,7 @@ from compress import plan
 from flows.parameters import PipelineConfig
 from tasks.write_tfrecords import write_tfrecords
 from techniques.base import NotApplicable
+from techniques.channel_prune import ChannelPruneConfig, channel_prune_model
 from techniques.prune import PruneConfig, prune_model
 from tfopt.artifacts import TrainingData, VariantSpec
 from tfopt.config import DataConfig, EvalConfig, InputConfig
@@ -89,13 +90,22 @@ def test_a_keras_file_of_array_data_is_pruned_with_its_loss_and_judged_by_the_me
     # Its stop was judged against the budget (1% of the baseline's held-out MAE by default).
     assert isinstance(pruned.params["recovered"], bool), pruned.params
     assert pruned.params["stopped_by"] in ("recovered", "cap"), pruned.params
-    # Its SavedModel answers under the baseline's output names, with the figure it reports.
-    spec = VariantSpec(name=pruned.name, source=pruned.name, format="savedmodel",
-                       precision="fp32", path=pruned.path)
-    reference = load_runner(VariantSpec(name="baseline", source="baseline", format="savedmodel",
-                                        precision="fp32", path=baseline.path))
-    runner = load_runner(spec)
-    assert [o.name for o in runner.outputs] == [o.name for o in reference.outputs]
+    mae, baseline_mae = _served_test_mae(pruned, baseline, data)
+    assert mae == pytest.approx(pruned.metrics["test_mae"], rel=1e-4)
+    assert mae < 1.5 * baseline_mae, "back near the baseline without 30% of its weights"
+
+
+def _served_test_mae(variant, baseline, data) -> tuple[float, float]:
+    """The test MAE of `variant`'s SavedModel and of the baseline's, served by name.
+
+    The variant answers under the baseline's output names.
+    """
+    def runner(model):
+        return load_runner(VariantSpec(name=model.name, source=model.name, format="savedmodel",
+                                       precision="fp32", path=model.path))
+
+    served, reference = runner(variant), runner(baseline)
+    assert [o.name for o in served.outputs] == [o.name for o in reference.outputs]
     test = load_split_feeds(data.dataset, "test")
     feeds = {"numbers": test["numbers"], "ids": test["ids"]}
 
@@ -103,9 +113,26 @@ def test_a_keras_file_of_array_data_is_pruned_with_its_loss_and_judged_by_the_me
         return float(np.mean(np.abs(next(iter(outputs_batched(opened, feeds).values())).ravel()
                                     - test["y"])))
 
-    mae = test_mae(runner)
-    assert mae == pytest.approx(pruned.metrics["test_mae"], rel=1e-4)
-    assert mae < 1.5 * test_mae(reference), "back near the baseline without 30% of its weights"
+    return test_mae(served), test_mae(reference)
+
+
+def test_a_keras_file_of_array_data_is_channel_pruned_thinner_and_relearns_with_its_loss(
+        regression, tmp_path):
+    baseline, data, _ = regression
+
+    thinned = channel_prune_model.fn(baseline, ChannelPruneConfig(
+        enabled=True, fraction=0.5, epochs=6, learning_rate=2e-3), data, tmp_path)
+
+    assert thinned.format == "savedmodel" and thinned.keras_file.is_file()
+    metrics = thinned.metrics
+    assert metrics["params_after"] < 0.6 * metrics["params_before"], "48 hidden units to 24"
+    assert metrics["flops_ratio"] < 0.6
+    assert thinned.params["learned_from"] == "y"
+    assert len(thinned.history["val_mae"]) == thinned.params["epochs_run"]
+    assert metrics["test_mae"] < metrics["test_mae_before_fine_tuning"], "it relearned"
+    mae, baseline_mae = _served_test_mae(thinned, baseline, data)
+    assert mae == pytest.approx(metrics["test_mae"], rel=1e-4)
+    assert mae < 1.5 * baseline_mae
 
 
 def test_techniques_not_built_for_array_data_say_so_and_a_file_without_a_loss_is_refused(
@@ -115,7 +142,7 @@ def test_techniques_not_built_for_array_data_say_so_and_a_file_without_a_loss_is
         "prune": {"enabled": True}, "qat": {"enabled": True}, "distill": {"enabled": True}}})
     refusals = {planned.technique.name: planned.refusal for planned in plan(config, baseline)}
     assert refusals["prune"] is None
-    assert refusals["qat"] == "qat of a model of array data is not built yet (pruning is)"
+    assert refusals["qat"] == "qat of a model of array data is not built yet"
     assert refusals["distill"].startswith("distill of a model of array data is not built yet")
     searched = PipelineConfig.model_validate({"compress": {"prune": {"target_sparsity": "auto"}}})
     assert next(p.refusal for p in plan(searched, baseline) if p.technique.name == "prune") == (

@@ -105,6 +105,19 @@ def test_filters_that_contribute_nothing_are_removed_without_changing_the_output
     np.testing.assert_allclose(thinned.model(images), model(images), rtol=1e-5, atol=1e-6)
 
 
+def test_a_regressor_ending_in_one_scalar_per_example_has_its_hidden_units_thinned():
+    """A Dense head reshaped to a scalar (a regressor's ``Reshape(())``): no channel to keep."""
+    inputs = keras.Input((6,), name="features")
+    hidden = keras.layers.Dense(32, activation="relu", name="hidden")(inputs)
+    target = keras.layers.Dense(1, name="target")(hidden)
+    model = keras.Model(inputs, keras.layers.Reshape((), name="scalar")(target))
+    thinned = thin_model(model, 0.5, min_channels=1)
+    assert thinned.kept == {"hidden": (16, 32)}
+    assert thinned.model.output_shape == (None,)
+    rows = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    assert thinned.model(rows).shape == (4,)
+
+
 def test_a_model_whose_channels_all_meet_a_layer_it_cannot_follow_names_that_layer():
     inputs = keras.Input((8, 8, 3))
     x = keras.layers.Conv2D(8, 3, name="conv")(inputs)

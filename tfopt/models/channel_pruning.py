@@ -134,6 +134,11 @@ def channel_graph(model: Any) -> ChannelGraph:
         groups.find(group)
         return [(group, index) for index in range(size)]
 
+    def frozen_group(size: int, name: str) -> list[tuple[int, int]]:
+        pairs = new_group(size)
+        frozen[pairs[0][0] if pairs else len(sizes) - 1] = name  # a scalar output: no channel
+        return pairs
+
     for layer_config in config["layers"]:
         name = layer_config["name"]
         layer = by_name[name]
@@ -142,8 +147,7 @@ def channel_graph(model: Any) -> ChannelGraph:
         incoming = [channels[source] for source in inputs[name]]
         width = int(_output_channels(layer))
         if kind == "InputLayer" or not incoming:
-            channels[name] = new_group(width)
-            frozen[channels[name][0][0]] = name
+            channels[name] = frozen_group(width, name)
         elif kind in SOURCE_CLASSES and len(incoming) == 1 and getattr(layer, "groups", 1) == 1:
             channels[name] = new_group(width)
             sources[channels[name][0][0]] = [name]
@@ -161,8 +165,7 @@ def channel_graph(model: Any) -> ChannelGraph:
             for pairs in incoming:
                 for group, _ in pairs:
                     frozen.setdefault(group, name)
-            channels[name] = new_group(width)
-            frozen[channels[name][0][0]] = name
+            channels[name] = frozen_group(width, name)
     for output in output_names(config):
         for group, _ in channels[output]:
             frozen.setdefault(group, f"{output} (the model's output)")
@@ -310,7 +313,7 @@ def thin_model(model: Any, fraction: float, min_channels: int = 8) -> ThinnedMod
                 key = "filters" if "filters" in layer_config["config"] else "units"
                 layer_config["config"][key] = len(kept[group])
                 widths[name] = (len(kept[group]), graph.sizes[group])
-        elif type(by_name[name]).__name__ == "Reshape":
+        elif type(by_name[name]).__name__ == "Reshape" and layer_config["config"]["target_shape"]:
             shape = list(layer_config["config"]["target_shape"])
             shape[-1] = len(_positions(graph.channels[name], graph, keep_sets))
             layer_config["config"]["target_shape"] = tuple(shape)
