@@ -86,7 +86,7 @@ def plan(config: Any, model: ModelArtifact) -> list[Planned]:
         if not cfg.enabled:
             continue
         cfg = cfg.fitted_to(model)
-        start, refusal, base = model.name, technique.refusal(model, cfg), technique.base_of(cfg)
+        start, refusal, base = model.name, technique.refusal(model), technique.base_of(cfg)
         if base is not None:
             base_cfg = getattr(compress, base)
             start = techniques[base].source_name(base_cfg)
@@ -119,7 +119,7 @@ def collapsed(model: ModelArtifact, data: TrainingData) -> str | None:
     weak model is not a collapsed one: a student below its teacher, or a compression that costs
     more than the budget, is judged by the accuracy budget like any other.
     """
-    curve = model.history.get("val_accuracy") or []
+    curve = model.history.get(data.held_out_key()) or []
     chance = 1.0 / max(model.num_classes, 2)
     keep = data.recover_to
     if not curve or keep is None or keep <= 1.5 * chance:
@@ -219,7 +219,7 @@ def make_trial(name: str, point: Point, start: ModelArtifact, cfg: TechniqueSect
     technique = registry()[name]
     started = time.monotonic()
     model = technique.apply.fn(start, technique.at(cfg, point), data, out_dir)
-    curve = model.history.get("val_accuracy") or []
+    curve = model.history.get(data.held_out_key()) or []
     val = max(curve) if curve else None
     status = trial_status(Stop.of(model.params) is Stop.PRUNED, val,
                           target)
@@ -242,7 +242,8 @@ def open_search(planned: Planned, config: Any, start: ModelArtifact,
     """The study of a technique whose strength is ``auto``, in the work folder.
 
     The same starting model, settings and targets open the same study: a run killed during
-    the search resumes it where it was.
+    the search resumes it where it was. On array data its figures are scores of the run's
+    metric (`tfopt.search.Search`).
     """
     technique = planned.technique
     assert technique.knob is not None
@@ -250,7 +251,8 @@ def open_search(planned: Planned, config: Any, start: ModelArtifact,
     key = study_key(technique.name, technique.knob, start, settings,
                     (data.recover_to, data.file_target), trial_forms(config))
     return open_study(technique.knob, config.work_dir.resolve() / "searches" / key, key,
-                      data.recover_to, data.file_target, seed=data.seed)
+                      data.recover_to, data.file_target, seed=data.seed,
+                      metric=data.metric() if data.dataset.arrays else None)
 
 
 def trial_forms(config: Any) -> tuple[str, ...]:

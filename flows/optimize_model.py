@@ -72,6 +72,7 @@ from tfopt.measurement.champion import (
 )
 from tfopt.measurement.inputs import INPUTS_ARTIFACT, write_inputs_index
 from tfopt.models.baseline import (
+    array_targets,
     children_beating,
     epoch_seconds,
     kept_val_accuracy,
@@ -315,7 +316,7 @@ def _baseline(
     """
     models_dir = run_dir / "models"
     if config.model.kind != "keras" or data.dataset.arrays:
-        baseline = import_model(config.model, data.dataset, models_dir)
+        baseline = import_model(config.model, data.dataset, models_dir, data.judged_by)
         tracking.log_training(run, baseline)
         return baseline, baseline if baseline.format == "savedmodel" else None
     baseline = train_model(data, config.model, config.train, models_dir,
@@ -405,15 +406,18 @@ def _compressed_variants(
     search's trial must also keep a file within the budget of the baseline's validation
     accuracy, read on images no training chose on, the champion's
     rule (`kept_val_accuracy`), and is timed side by side with the baseline's int8 file
-    (`baseline_int8`). If the subflow fails as a whole (e.g. its Dask cluster), every planned
-    compressed variant is marked failed and the baseline variants still go on. `bench` holds
-    the config (its compressed forms narrowed or not) and prices a trial's files.
+    (`baseline_int8`). On array data both are the run's metric's budget of the baseline's own
+    figures on those splits (`array_targets`). If the subflow fails as a whole (e.g. its Dask
+    cluster), every planned compressed variant is marked failed and the baseline variants
+    still go on. `bench` holds the config (its compressed forms narrowed or not) and prices a
+    trial's files.
     """
     config, budget = bench.config, bench.budget
     budget_points = config.benchmark.accuracy_budget_points
-    tuning = data.model_copy(update={"recover_to": recovery_target(baseline, budget_points,
-                                                                   selection_examples(data)),
-                                     "file_target": kept_val_accuracy(baseline, budget_points),
+    recover_to, file_target = array_targets(baseline, data) if data.dataset.arrays else (
+        recovery_target(baseline, budget_points, selection_examples(data)),
+        kept_val_accuracy(baseline, budget_points))
+    tuning = data.model_copy(update={"recover_to": recover_to, "file_target": file_target,
                                      "speedup_reference": baseline_int8(baseline_variants,
                                                                         baseline.name),
                                      "deadline": budget.compression_deadline,

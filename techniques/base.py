@@ -122,7 +122,6 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData, teacher: Any,
         KeepBestWeights,
         fit,
         fit_compiled,
-        held_out_key,
         recovery,
         scheduled_learning_rate,
         steps_per_epoch,
@@ -139,7 +138,7 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData, teacher: Any,
     learning_rate = cfg.learning_rate if cool_down else scheduled_learning_rate(
         data, cfg.epochs, cfg.learning_rate, cfg.learning_rate_schedule)
     callbacks = recovery(data, cool_down=cool_down)
-    best = KeepBestWeights(monitor=held_out_key(data))
+    best = KeepBestWeights(monitor=data.held_out_key())
     if tuning.arrays or teacher is None or cfg.teacher_alpha >= 1.0:
         return fit(model, data, epochs=cfg.epochs, learning_rate=learning_rate,
                    callbacks=callbacks, best=best, loss=tuning.loss, teacher=tuning.teacher)
@@ -261,7 +260,7 @@ def tfmot_model(model: ModelArtifact, data: TrainingData) -> tuple[Any, Translat
     if data.dataset.arrays:
         from tfopt.models.training import split_inputs
 
-        images, _ = split_inputs(data, "test", limit=TRANSLATION_CHECK_EXAMPLES)
+        images, _ = split_inputs(data.dataset, "test", limit=TRANSLATION_CHECK_EXAMPLES)
     else:
         images, _ = load_split(data.dataset, "test", TRANSLATION_CHECK_EXAMPLES,
                                scale=data.input_scale)
@@ -292,11 +291,10 @@ def array_fine_tuning(data: TrainingData) -> tuple[Any, bool]:
     Raises:
         NotApplicable: With ``y``, no loss known, or one tf_keras does not have.
     """
-    from tfopt.config import EvalConfig
     from tfopt.data.arrays import TRUTH
     from tfopt.models.keras_io import tf_keras_loss
 
-    metric = (data.judged_by or EvalConfig()).resolve(class_scores=False)
+    metric = data.metric()
     if TRUTH not in data.dataset.arrays or not metric.needs_labels:
         return tf_keras_loss(SELF_DISTILLATION_LOSS), True
     if data.loss is None:
@@ -336,12 +334,11 @@ class Tuning:
         On array data the run's metric, against the teacher's outputs where it learned from
         them. `suffix` follows the name (``_before_fine_tuning``).
         """
-        from tfopt.config import EvalConfig
         from tfopt.models.training import evaluate_split_metric, evaluate_test_accuracy
 
         if not self.arrays:
             return {f"test_accuracy{suffix}": evaluate_test_accuracy(keras_model, data)}
-        name = (data.judged_by or EvalConfig()).resolve(class_scores=False).name
+        name = data.metric().name
         return {f"test_{name}{suffix}": evaluate_split_metric(keras_model, data, "test",
                                                               self.teacher)}
 
@@ -386,30 +383,29 @@ def own_signature_savedmodel(keras_model: Any, baseline: ModelArtifact, final: P
     return final
 
 
-def tuning_of(model: ModelArtifact, base: Any, data: TrainingData,
-              name: str) -> tuple[Tuning, TrainingData]:
-    """How `base` (the tf_keras model of `model`) is fine-tuned, and the data it stops on.
+def tuning_of(model: ModelArtifact, base: Any, data: TrainingData, name: str) -> Tuning:
+    """How `base` (the tf_keras model of `model`) is fine-tuned.
 
-    Images: labels, the data as it is. A model of array data (`ModelArtifact.keras_file`): its
-    loss, or the baseline's own outputs (`array_fine_tuning`), and the data with the held-out
-    score the fine-tuning is back within the budget at (`array_recovery_target`), said in the
-    log under the model's `name`.
+    Images: from labels. A model of array data (`ModelArtifact.keras_file`): with its loss, or
+    against the baseline's own outputs (`array_fine_tuning`); where it stops (the data's
+    `TrainingData.recover_to`, a score of the run's metric) is said in the log under the
+    model's `name`.
 
     Raises:
         NotApplicable: Array data with ``y`` and no loss known.
     """
-    from tfopt.models.training import array_recovery_target
-
     if model.keras_file is None:
-        return LABELS, data
+        return LABELS
     loss, distilled = array_fine_tuning(data)
     tuning = Tuning(loss=loss, teacher=base if distilled else None, arrays=True)
-    if target := array_recovery_target(base, data, tuning.teacher):
-        step_logger().info("%s: %sback within the budget at %s", name,
+    if data.recover_to is not None:
+        metric = data.metric()
+        figure = data.recover_to if metric.higher_is_better else -data.recover_to
+        step_logger().info("%s: %sback within the budget at held-out %s %s %s", name,
                            "learning the baseline's own outputs (self-distillation); "
-                           * distilled, target[1])
-        data = data.model_copy(update={"recover_to": target[0]})
-    return tuning, data
+                           * distilled, metric.name, ">=" if metric.higher_is_better else "<=",
+                           metric.shown(figure))
+    return tuning
 
 
 def resolved(cfg: TechniqueSection, knob: Space) -> None:
@@ -553,15 +549,11 @@ class Technique:
         """The variants it yields from the model named `start` (not built yet)."""
         return plan_forms(self.request(cfg, config, start, arrays), config)
 
-    def refusal(self, model: ModelArtifact, cfg: TechniqueSection | None = None) -> str | None:
-        """Why it cannot work on `model` (with settings `cfg`), or None when it can."""
+    def refusal(self, model: ModelArtifact) -> str | None:
+        """Why it cannot work on `model`, or None when it can."""
         if model.keras_file is not None:
-            if not self.on_arrays:
-                return f"{self.name} of a model of array data is not built yet"
-            if cfg is not None and self.searched(cfg):
-                return (f"a search of {self.name} on array data is not built yet: set its "
-                        f"strength ({', '.join(self.knob.fields)})")
-            return None
+            return None if self.on_arrays else (
+                f"{self.name} of a model of array data is not built yet")
         if model.format in self.accepts:
             return None
         kinds = ", ".join(sorted(self.accepts))

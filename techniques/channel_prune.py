@@ -96,7 +96,7 @@ def channel_prune_model(
     keras.utils.set_random_seed(data.seed)
     name = channels_name(cfg)
     base, translation = tfmot_model(model, data)
-    tuning, data = tuning_of(model, base, data, name)
+    tuning = tuning_of(model, base, data, name)
     try:
         thinned = thin_model(base, cfg.fraction, cfg.min_channels)
     except ChannelPruningError as error:

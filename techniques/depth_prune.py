@@ -118,7 +118,7 @@ def depth_prune_model(
     keras.utils.set_random_seed(data.seed)
     name = depth_name(cfg)
     base, translation = tfmot_model(model, data)
-    tuning, data = tuning_of(model, base, data, name)
+    tuning = tuning_of(model, base, data, name)
     shallower = blocks_cut(base, cfg.share, data)
     before, after = keras_flops(base), keras_flops(shallower.model)
     logger.info("%s: %d of %d residual blocks removed (%s); layers %d -> %d, FLOPs %.3g -> %.3g",

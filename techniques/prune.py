@@ -31,7 +31,6 @@ from tfopt.models.training import (
     Fitted,
     KeepBestWeights,
     fit,
-    held_out_key,
     recovery,
     steps_per_epoch,
 )
@@ -210,7 +209,7 @@ def prune_and_finetune(
     fitted = fit(pruned, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
                  callbacks=[tfmot.sparsity.keras.UpdatePruningStep(),
                             *recovery(data, from_epoch=sparse_from)],
-                 best=KeepBestWeights(from_epoch=sparse_from, monitor=held_out_key(data)),
+                 best=KeepBestWeights(from_epoch=sparse_from, monitor=data.held_out_key()),
                  loss=tuning.loss, teacher=tuning.teacher)
     return pruned, fitted
 
@@ -250,7 +249,7 @@ def prune_model(
     keras.utils.set_random_seed(data.seed)
     name = pruned_name(cfg)
     base, translation = tfmot_model(model, data)
-    tuning, data = tuning_of(model, base, data, name)  # base stays as it is: a copy is pruned
+    tuning = tuning_of(model, base, data, name)  # base stays as it is: a copy is pruned
     pruned, fitted = prune_and_finetune(base, cfg, data, tuning)
     stripped = tfmot.sparsity.keras.strip_pruning(pruned)
     path = keras_model_path(out_dir, name)

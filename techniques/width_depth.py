@@ -105,7 +105,7 @@ def width_depth_model(
     keras.utils.set_random_seed(data.seed)
     name = width_depth_name(cfg)
     base, translation = tfmot_model(model, data)
-    tuning, data = tuning_of(model, base, data, name)
+    tuning = tuning_of(model, base, data, name)
     shallower = blocks_cut(base, cfg.share, data)
     try:
         thinned = thin_model(shallower.model, cfg.fraction, cfg.min_channels)

@@ -126,6 +126,13 @@ class LearnedCosts(_Frozen):
                 for technique, epochs in sorted(self.startup_epochs.items()) if epoch_s > 0.0}
 
 
+HELD_OUT_SCORE = "val_score"
+"""Where a training on array data logs the run's metric on the held-out split, oriented so that
+higher is better (a lower-is-better metric negated: `tfopt.models.training.HeldOutMetric`):
+what keeps its best epoch and stops it, as ``val_accuracy`` does on images. The recovery and
+file targets on array data are such scores too (`tfopt.models.baseline.array_targets`)."""
+
+
 class TrainingData(_Frozen):
     """What every training step of a run learns from: the same shards, batch, seed and reader.
 
@@ -148,12 +155,13 @@ class TrainingData(_Frozen):
     images."""
     recover_to: float | None = None
     """The validation accuracy a compressed model's fine-tuning is back within the budget at
-    (the baseline's best minus ``benchmark.accuracy_budget_points``): it stops once there and
-    no longer improving (`tfopt.models.training.recovery`). None: every fine-tuning runs its
-    epochs."""
+    (the baseline's best minus ``benchmark.accuracy_budget_points``; on array data the score
+    of the run's metric, `HELD_OUT_SCORE`): it stops once there and no longer improving
+    (`tfopt.models.training.recovery`). None: every fine-tuning runs its epochs."""
     file_target: float | None = None
     """The validation accuracy one of a search trial's files must keep: the baseline's less the
-    budget, the champion's rule (`tfopt.search.time_files`). None: not checked."""
+    budget, the champion's rule (`tfopt.search.time_files`; on array data a score, as
+    `recover_to`). None: not checked."""
     speedup_reference: VariantSpec | None = None
     """The baseline's int8 TFLite file: a search trial's files are timed side by side with it
     in one process, and the search chooses by that speed-up (`tfopt.search.time_files`). None:
@@ -187,6 +195,18 @@ class TrainingData(_Frozen):
     costs: LearnedCosts | None = None
     """The techniques' fixed costs learned in earlier runs (None: each priced at
     `tfopt.schedule.prices.STARTUP_S`, nothing recorded)."""
+
+    def judged(self) -> EvalConfig:
+        """The run's ``eval``, what a training on array data is judged by (default: top-1)."""
+        return self.judged_by or EvalConfig()
+
+    def metric(self) -> Any:
+        """The `tfopt.eval.metrics.Metric` of `judged` on array data (no class scores)."""
+        return self.judged().resolve(class_scores=False)
+
+    def held_out_key(self) -> str:
+        """The log entry a training on it is judged by: ``val_accuracy``, or `HELD_OUT_SCORE`."""
+        return HELD_OUT_SCORE if self.dataset.arrays else "val_accuracy"
 
 
 class InputPipelineResult(_Frozen):

@@ -2,9 +2,10 @@
 
 Writes ``data/canvases.npz`` (``x``: 32x32 canvases, each holding one digit scaled to 16x16 at a
 random place over faint noise; ``y``: each pixel's class, 0 for the background and 1 + the digit
-for the digit's strokes) and ``model/``, a plain SavedModel of a small encoder-decoder trained
-on the first 80% of it (Keras 3's ``model.export``), beside this file. tfopt then optimizes the
-SavedModel as a user's file, judged by the mean IoU of its per-pixel classes:
+for the digit's strokes) and ``model.keras``, a small encoder-decoder trained on the first 80%
+of it and saved by Keras 3 with its compiled loss, beside this file. tfopt then optimizes it as
+a user's file, judged by the mean IoU of its per-pixel classes (channel pruning fine-tunes it
+with that loss):
 
     python examples/segmentation/make.py
     tfopt run --config examples/segmentation/config.yaml
@@ -38,7 +39,7 @@ def canvases(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def main() -> None:
-    """Write the data and train, then export, the model."""
+    """Write the data and train, then save, the model."""
     import keras
     from keras import layers
 
@@ -64,8 +65,8 @@ def main() -> None:
     truth = y[train:]
     ious = [np.sum((predicted == c) & (truth == c)) / np.sum((predicted == c) | (truth == c))
             for c in range(11)]
-    model.export(str(HERE / "model"), verbose=False)
-    print(f"wrote {HERE / 'data'} ({len(x)} examples) and {HERE / 'model'} "
+    model.save(HERE / "model.keras")
+    print(f"wrote {HERE / 'data'} ({len(x)} examples) and {HERE / 'model.keras'} "
           f"(held-out mean IoU {np.mean(ious):.3f})")
 
 

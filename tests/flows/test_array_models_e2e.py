@@ -49,14 +49,17 @@ def their_regressor(tmp_path_factory):
     return tmp / "data", tmp / "model.keras", model
 
 
-def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime_and_pruned_with_its_loss(
+def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime_pruned_and_searched(
         live_services, tmp_path, their_regressor):
     import mlflow
 
     data_dir, model_dir, model = their_regressor
     summary = run_smoke_with(live_services, tmp_path / "out.json", {
-        **LIGHT, **TECHNIQUES_OFF, "compress.prune.enabled": True,
-        "compress.prune.target_sparsity": 0.3, "compress.prune.epochs": 2,
+        **LIGHT, **TECHNIQUES_OFF, "compress.channel_prune.enabled": True,
+        "compress.channel_prune.fraction": "auto", "compress.channel_prune.epochs": 3,
+        "compress.prune.enabled": True, "compress.prune.target_sparsity": 0.3,
+        "compress.prune.epochs": 2,
+        "compress.forms": "tflite_int8",  # the trials' and the models' int8 files alone
         "compress.qat.enabled": True,  # not built for array data: one line, the rest run
         "name": "arrays", "work_dir": tmp_path / "work",
         "data.source_dir": data_dir, "data.source_format": "npz",
@@ -91,6 +94,22 @@ def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime_and_pruned_
         beyond = entry["accuracy"] > 1.05 * baseline + 1e-9
         assert bool(entry["flags"]) == beyond and (
             not beyond or "beyond the budget (5% mae)" in entry["flags"][0]), entry["flags"]
+    # The search of channel pruning's share judged each trial by the MAE, its model's (with
+    # the file's compiled loss, mse) on the held-out split and its int8 file's on validation,
+    # against the baseline's own figures less 5%, as scores (an error negated).
+    search = summary["search"]["channel_prune"]
+    baseline_val = by_name["baseline-savedmodel"]["val_accuracy"]
+    assert search["target_file_val_accuracy"] == pytest.approx(-1.05 * baseline_val, rel=1e-4)
+    trials = search["trials"]
+    assert trials and all(t["status"] in ("ok", "over_budget") for t in trials), trials
+    for trial in trials:
+        [timed] = trial["files"]
+        assert timed["val_accuracy"] < 0 and timed["name"].endswith("-tflite-int8"), timed
+        kept = (trial["val_accuracy"] >= search["target_val_accuracy"]
+                and timed["val_accuracy"] >= search["target_file_val_accuracy"])
+        assert (trial["status"] == "ok") == kept, trial
+    report = Path(summary["report"]).read_text()
+    assert "| held-out mae | file | file val mae | test mae |" in report
     # Pruning fine-tuned the Keras file with its compiled loss (mse), judged by the MAE.
     pruned = summary["techniques"]["pruned-30"]
     assert pruned["metrics"]["sparsity"] >= 0.28 and "test_mae" in pruned["metrics"]

@@ -17,6 +17,7 @@ from techniques.prune import PruneConfig, prune_model
 from tfopt.artifacts import TrainingData, VariantSpec
 from tfopt.config import DataConfig, EvalConfig, InputConfig
 from tfopt.data.arrays import load_split_feeds
+from tfopt.models.baseline import array_targets
 from tfopt.models.config import ModelConfig
 from tfopt.models.importing import fine_tuning_loss, import_array_model
 from tfopt.runtimes import load_runner
@@ -64,11 +65,17 @@ def regression(tmp_path_factory):
                                             val_fraction=0.2, shard_size_mb=0.01), tmp / "work")
     model_cfg = ModelConfig(source="file", path=_their_keras3_file(tmp / "theirs.keras", data,
                                                                    "mse"))
-    baseline = import_array_model(model_cfg, dataset, tmp / "models")
+    judged = EvalConfig(metric="mae").settled(1.0, class_scores=False)
+    baseline = import_array_model(model_cfg, dataset, tmp / "models", judged)
     training = TrainingData(dataset=dataset, batch_size=32, seed=1, input=InputConfig(),
-                            judged_by=EvalConfig(metric="mae").settled(1.0, class_scores=False),
-                            loss=fine_tuning_loss(model_cfg, None))
-    return baseline, training, tmp
+                            judged_by=judged, loss=fine_tuning_loss(model_cfg, None))
+    return baseline, _with_targets(training, baseline), tmp
+
+
+def _with_targets(data: TrainingData, baseline) -> TrainingData:
+    """`data` with the held-out and file targets the flow sets from the baseline's figures."""
+    recover_to, file_target = array_targets(baseline, data)
+    return data.model_copy(update={"recover_to": recover_to, "file_target": file_target})
 
 
 def test_a_keras_file_of_array_data_is_pruned_with_its_loss_and_judged_by_the_metric(
@@ -76,6 +83,8 @@ def test_a_keras_file_of_array_data_is_pruned_with_its_loss_and_judged_by_the_me
     baseline, data, _ = regression
     assert baseline.format == "savedmodel" and baseline.keras_file.suffix == ".keras"
     assert data.loss == "mse", "the loss the file was compiled with"
+    # Judged against the file's own held-out MAE less the budget (1% of it), as a score.
+    assert data.recover_to == pytest.approx(-1.01 * baseline.metrics["val_mae"], rel=1e-5)
 
     pruned = prune_model.fn(baseline, PruneConfig(target_sparsity=0.3, epochs=4,
                                                   learning_rate=2e-3), data, tmp_path)
@@ -144,9 +153,6 @@ def test_techniques_not_built_for_array_data_say_so_and_a_file_without_a_loss_is
     assert refusals["prune"] is None
     assert refusals["qat"] == "qat of a model of array data is not built yet"
     assert refusals["distill"].startswith("distill of a model of array data is not built yet")
-    searched = PipelineConfig.model_validate({"compress": {"prune": {"target_sparsity": "auto"}}})
-    assert next(p.refusal for p in plan(searched, baseline) if p.technique.name == "prune") == (
-        "a search of prune on array data is not built yet: set its strength (target_sparsity)")
     unknown = data.model_copy(update={"loss": None})
     with pytest.raises(NotApplicable, match=r"not compiled with one loss.*train\.loss"):
         prune_model.fn(baseline, PruneConfig(epochs=2), unknown, tmp_path)
@@ -166,7 +172,12 @@ def test_inputs_without_labels_are_pruned_against_the_baselines_own_outputs(regr
                                                source_format="npz", val_fraction=0.2,
                                                shard_size_mb=0.01), tmp_path / "work")
     judged = EvalConfig(metric="fidelity").settled(1.0, class_scores=False)
-    blind = data.model_copy(update={"dataset": unlabelled, "judged_by": judged, "loss": None})
+    baseline = import_array_model(ModelConfig(source="file", path=baseline.keras_file),
+                                  unlabelled, tmp_path / "models", judged)
+    assert baseline.metrics["val_snr_db"] > 100.0, "the file against its own outputs: the cap"
+    blind = _with_targets(data.model_copy(update={"dataset": unlabelled, "judged_by": judged,
+                                                  "loss": None}), baseline)
+    assert blind.recover_to == pytest.approx(30.0), "the 30 dB floor"
 
     pruned = prune_model.fn(baseline, PruneConfig(target_sparsity=0.3, epochs=3,
                                                   learning_rate=2e-3), blind, tmp_path / "out")

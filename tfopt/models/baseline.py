@@ -286,6 +286,29 @@ def kept_val_accuracy(baseline: ModelArtifact, budget_points: float) -> float | 
     return None if best is None else best - budget_points / 100.0 - ROUNDING
 
 
+def array_targets(baseline: ModelArtifact,
+                  data: TrainingData) -> tuple[float | None, float | None]:
+    """Where a compressed model of array data is back within the budget, and its files keep it.
+
+    The baseline's figures by the run's metric on the split trainings choose on and on
+    validation (`tfopt.models.training.held_out_figures`, taken at its import), each less what
+    the budget (``eval``, settled) lets a variant give up (a bound budget: the bound), as scores
+    (`HELD_OUT_SCORE`: a lower-is-better metric negated): `TrainingData.recover_to` and
+    `TrainingData.file_target`. None where the baseline has no such figure.
+    """
+    budget = data.judged().metric_budget(0.0, class_scores=False)
+    metric = budget.metric
+
+    def target(split: str) -> float | None:
+        figure = baseline.metrics.get(f"{split}_{metric.name}")
+        if figure is None:
+            return None
+        kept = budget.kept(figure)
+        return (kept if metric.higher_is_better else -kept) - ROUNDING
+
+    return target(data.dataset.selection_split), target("val")
+
+
 def _distribute_param(train_cfg: TrainConfig, strategy: tf.distribute.Strategy) -> str:
     if train_cfg.distribute == "multi_worker":
         return f"multi_worker ({train_cfg.workers} workers)"

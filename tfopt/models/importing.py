@@ -30,6 +30,7 @@ from tfopt.artifacts import (
     ModelFacts,
     VariantSpec,
 )
+from tfopt.config import EvalConfig
 from tfopt.models.config import ModelConfig
 from tfopt.models.sources import IMAGE_CHANNELS, ModelSourceError, check_class_order
 from tfopt.native import NativeStep
@@ -243,12 +244,15 @@ def fine_tuning_loss(model_cfg: ModelConfig, loss: str | None) -> str | dict | N
     return file_loss(path) if model_kind(path) == "keras" else None
 
 
-def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
-                       out_dir: Path) -> ModelArtifact:
+def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact, out_dir: Path,
+                       judged_by: EvalConfig | None = None) -> ModelArtifact:
     """A SavedModel, ``.tflite``, ``.onnx`` or Keras file taken in as the baseline, as it is.
 
     A SavedModel keeps its own signature (no image serving signature is made for it); a Keras
-    file becomes a plain SavedModel of its own signature (`save_own_signature`).
+    file becomes a plain SavedModel of its own signature (`save_own_signature`), and its
+    figures by `judged_by` (the run's metric) on the held-out splits join its metrics
+    (`tfopt.models.training.held_out_figures`): what its compressed models' fine-tunings and
+    files are judged against (`tfopt.models.baseline.array_targets`).
 
     Raises:
         ModelSourceError: As `inspect_array_model`.
@@ -258,11 +262,16 @@ def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
     from tfopt.fileio import replace_dir, staging_dir_for
 
     path = Path(str(model_cfg.path))
-    keras_file = {}
+    keras_file, figures = {}, {}
     if model_kind(path) == "keras":  # exported once, and checked as exported
         final, precision = _own_savedmodel(path, out_dir / "baseline-savedmodel"), "fp32"
         facts = _checked(path, _open(final, "savedmodel"), "savedmodel", dataset.arrays, None)
         keras_file = {KERAS_FILE: str(path)}
+        if judged_by is not None:
+            from tfopt.models.keras_io import load_keras_model
+            from tfopt.models.training import held_out_figures
+
+            figures = held_out_figures(load_keras_model(path), dataset, judged_by)
     elif (facts := inspect_array_model(model_cfg, dataset.arrays, None)).kind == "savedmodel":
         final, precision = out_dir / "baseline-savedmodel", "fp32"
         staging = staging_dir_for(final)
@@ -273,4 +282,5 @@ def import_array_model(model_cfg: ModelConfig, dataset: DatasetArtifact,
     return ModelArtifact(
         name="baseline", path=final, format=facts.kind, precision=precision,
         image_size=dataset.image_size, num_classes=0, input_scale=model_cfg.input_scale,
-        params={"source": str(path), "kind": facts.kind, "taken_as_it_is": True, **keras_file})
+        params={"source": str(path), "kind": facts.kind, "taken_as_it_is": True, **keras_file},
+        metrics=figures)

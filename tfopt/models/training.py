@@ -21,7 +21,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from tfopt.artifacts import TrainingData, TrialRef
+from tfopt.artifacts import HELD_OUT_SCORE, DatasetArtifact, TrainingData, TrialRef
+from tfopt.config import EvalConfig
 from tfopt.data.pipeline import load_split, reader_options, tuned_dataset
 from tfopt.fileio import atomic_write_bytes
 from tfopt.models.config import SETTLE_EPOCHS
@@ -109,7 +110,7 @@ def _array_training_data(
     def pipeline(split: str, seed: int | None) -> tf.data.Dataset:
         if teacher is None:
             return training_pipeline(dataset, split, data.batch_size, seed=seed)
-        inputs, truth = split_inputs(data, split, teacher)
+        inputs, truth = split_inputs(dataset, split, teacher)
         pairs = tf.data.Dataset.from_tensor_slices(
             (inputs, tuple(truth) if isinstance(truth, list) else truth))
         if seed is not None:
@@ -212,17 +213,6 @@ class KeepBestWeights(keras.callbacks.Callback):
             self._path.unlink(missing_ok=True)
 
 
-HELD_OUT_SCORE = "val_score"
-"""Where `HeldOutMetric` puts the run's metric on the held-out split, oriented so that higher
-is better (a lower-is-better metric negated): what keeps the best epoch and stops a training
-on array data, as ``val_accuracy`` does on images."""
-
-
-def held_out_key(data: TrainingData) -> str:
-    """The log entry a training on `data` is judged by: ``val_accuracy``, or `HELD_OUT_SCORE`."""
-    return HELD_OUT_SCORE if data.dataset.arrays else "val_accuracy"
-
-
 class HeldOutMetric(keras.callbacks.Callback):
     """The run's metric (``eval``) on the held-out split after each epoch, for array data.
 
@@ -233,17 +223,15 @@ class HeldOutMetric(keras.callbacks.Callback):
 
     def __init__(self, data: TrainingData, teacher: Any = None) -> None:
         super().__init__()
-        from tfopt.config import EvalConfig
-
-        self._eval = data.judged_by or EvalConfig()
-        self._metric = self._eval.resolve(class_scores=False)
+        self._output, self._metric = data.judged().output, data.metric()
         self._data, self._teacher = data, teacher
         self._inputs: Any = None
         self._truth: Any = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         """Read the held-out split once (with the teacher's outputs on it)."""
-        self._inputs, self._truth = split_inputs(self._data, self._data.dataset.selection_split,
+        self._inputs, self._truth = split_inputs(self._data.dataset,
+                                                 self._data.dataset.selection_split,
                                                  self._teacher)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -251,41 +239,34 @@ class HeldOutMetric(keras.callbacks.Callback):
         if logs is None or self._truth is None:
             return
         value = split_metric(self.model, self._inputs, self._truth, self._metric,
-                             self._eval.output)
+                             self._output)
         logs[f"val_{self._metric.name}"] = value
         logs[HELD_OUT_SCORE] = value if self._metric.higher_is_better else -value
 
 
-def array_recovery_target(model: Any, data: TrainingData,
-                          teacher: Any = None) -> tuple[float, str] | None:
-    """The held-out score a fine-tuning of `model` on array data is back within its budget at.
+def held_out_figures(model: Any, dataset: DatasetArtifact,
+                     judged: EvalConfig) -> dict[str, float]:
+    """The run's metric of a Keras model of array data on its held-out splits, as metrics.
 
-    The run's metric of `model` (the one fine-tuned, before it changes) on the held-out split,
-    less what the budget (``eval``, settled) lets a variant give up (a bound budget: the bound),
-    oriented as `HELD_OUT_SCORE` is; with it, in words, what that means. Against a `teacher`'s
-    outputs where it learns from them. None without a held-out split.
+    ``<split>_<metric>`` on the split trainings choose on and on validation (one entry where
+    they are one split): the figures a compressed model's fine-tuning and a search's files are
+    judged against (`tfopt.models.baseline.array_targets`). Against the model's own outputs
+    where the data has no ``y`` or the metric is a fidelity one (its cap, then).
     """
-    from tfopt.config import EvalConfig
+    from tfopt.data.arrays import TRUTH
 
-    held_out = data.dataset.selection_split
-    if not data.dataset.examples(held_out):
-        return None
-    judged = data.judged_by or EvalConfig()
-    budget = judged.metric_budget(0.0, class_scores=False)
-    inputs, truth = split_inputs(data, held_out, teacher)
-    figure = split_metric(model, inputs, truth, budget.metric, judged.output)
-    kept = budget.kept(figure)
-    said = (f"held-out {budget.metric.name} {'>=' if budget.metric.higher_is_better else '<='} "
-            f"{budget.metric.shown(kept)} (its {budget.metric.shown(figure)}, "
-            f"{budget.described()})")
-    return (kept if budget.metric.higher_is_better else -kept) - ROUNDING_SCORE, said
+    metric = judged.resolve(class_scores=False)
+    itself = TRUTH not in dataset.arrays or not metric.needs_labels
+    figures = {}
+    for split in dict.fromkeys((dataset.selection_split, "val")):
+        if dataset.examples(split):
+            inputs, truth = split_inputs(dataset, split, model if itself else None)
+            figures[f"{split}_{metric.name}"] = split_metric(model, inputs, truth, metric,
+                                                             judged.output)
+    return figures
 
 
-ROUNDING_SCORE = 1e-6
-"""Allowed below a recovery target of array data: float32 figures of one model on one split."""
-
-
-def split_inputs(data: TrainingData, split: str, teacher: Any = None,
+def split_inputs(dataset: DatasetArtifact, split: str, teacher: Any = None,
                  limit: int | None = None) -> tuple[Any, Any]:
     """An array data set's split in memory as a Keras model takes it, and its truth.
 
@@ -295,7 +276,7 @@ def split_inputs(data: TrainingData, split: str, teacher: Any = None,
     """
     from tfopt.data.arrays import TRUTH, load_split_feeds
 
-    arrays = load_split_feeds(data.dataset, split, limit)
+    arrays = load_split_feeds(dataset, split, limit)
     truth = arrays.pop(TRUTH, None)
     inputs = next(iter(arrays.values())) if len(arrays) == 1 else arrays
     if teacher is not None:
@@ -658,7 +639,7 @@ def recovery(data: TrainingData, from_epoch: int = 0,
     if data.recover_to is not None or data.deadline is not None:
         callbacks.append(StopWhenDone(target=data.recover_to, from_epoch=from_epoch,
                                       deadline=data.deadline, settle=settle,
-                                      cool_down=cool_down, monitor=held_out_key(data)))
+                                      cool_down=cool_down, monitor=data.held_out_key()))
     if data.trial is not None:
         callbacks.append(ReportToTrial(data.trial, from_epoch=from_epoch))
     return callbacks
@@ -762,7 +743,7 @@ def fit_compiled(
     from tfopt.models.batch_norm import reestimating_callback
 
     train, val, reader = training_data(data, teacher)
-    best = best or KeepBestWeights(monitor=held_out_key(data))
+    best = best or KeepBestWeights(monitor=data.held_out_key())
     judged = ([HeldOutMetric(data, teacher)] if data.dataset.arrays and val is not None
               else [reestimating_callback(model, data, getattr(model, "student", None))])
     started, clock = time.perf_counter(), EpochClock()
@@ -795,11 +776,8 @@ def evaluate_split_metric(model: keras.Model, data: TrainingData, split: str,
 
     Against a `teacher`'s outputs where it learned from them (`split_inputs`).
     """
-    from tfopt.config import EvalConfig
-
-    judged = data.judged_by or EvalConfig()
-    inputs, truth = split_inputs(data, split, teacher)
-    return split_metric(model, inputs, truth, judged.resolve(class_scores=False), judged.output)
+    inputs, truth = split_inputs(data.dataset, split, teacher)
+    return split_metric(model, inputs, truth, data.metric(), data.judged().output)
 
 
 def evaluate_split_accuracy(model: keras.Model, data: TrainingData, split: str) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tfopt.cpu_features import SERVE_WITHOUT_AMX
@@ -293,31 +294,42 @@ def budget_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def search_lines(summary: dict[str, Any]) -> list[str]:
-    """Each searched technique's trials: setting, accuracies, its file's p50, speed-up, verdict."""
+    """Each searched technique's trials: setting, accuracies, its file's p50, speed-up, verdict.
+
+    On array data the figures are the run's metric's (a search compares scores, an error
+    negated: `tfopt.search.trials.scored`; shown here as the metric reads).
+    """
+    name, shown = _search_figures(summary)
     lines = []
     for technique, search in (summary.get("search") or {}).items():
-        target = search.get("target_val_accuracy")
-        file_target = search.get("target_file_val_accuracy")
-        lines += ["", f"Search of {technique}.{search['knob']} (accuracy to keep: its model "
-                  f"{or_dash(target, '.4f')} on the split its training chose on, a TFLite file "
-                  f"{or_dash(file_target, '.4f')} on validation; test reported, not chosen on; "
-                  "chosen: "
+        lines += ["", f"Search of {technique}.{search['knob']} ({name} to keep: its model "
+                  f"{shown(search.get('target_val_accuracy'))} on the split its training chose "
+                  f"on, a TFLite file {shown(search.get('target_file_val_accuracy'))} on "
+                  "validation; test reported, not chosen on; chosen: "
                   f"{_chosen_label(search)}"
                   + (f"; {search['cut']}" if search.get("cut") else "") + "):", "",
-                  f"| {search['knob']} | status | held-out accuracy | file | file val accuracy "
-                  "| test accuracy | p50 ms | speed-up (x, side by side) | epochs | s |",
+                  f"| {search['knob']} | status | held-out {name} | file | file val {name} "
+                  f"| test {name} | p50 ms | speed-up (x, side by side) | epochs | s |",
                   "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
         for trial in search["trials"]:
             star = "★ " if is_chosen(search, trial) else ""
             lines.append(f"| {star}{params_label(trial['params'])} | {trial['status']} "
-                         f"| {or_dash(trial['val_accuracy'], '.4f')} "
+                         f"| {shown(trial['val_accuracy'])} "
                          f"| {trial.get('file') or '-'} "
-                         f"| {or_dash(trial.get('file_val_accuracy'), '.4f')} "
-                         f"| {or_dash(trial.get('test_accuracy'), '.4f')} "
+                         f"| {shown(trial.get('file_val_accuracy'))} "
+                         f"| {shown(trial.get('test_accuracy'))} "
                          f"| {or_dash(trial['p50_ms'], '.4f')} "
                          f"| {or_dash(trial.get('speedup'), '.2f')} "
                          f"| {trial['epochs_run']} | {trial['seconds']:g} |")
-    return lines + front_lines(summary.get("search") or {})
+    return lines + front_lines(summary.get("search") or {}, summary)
+
+
+def _search_figures(summary: dict[str, Any]) -> tuple[str, Callable[[float | None], str]]:
+    """The metric a search's figures are of, and how one reads (a score turned back)."""
+    budget = summary.get("metric_budget") or {}
+    sign = 1.0 if budget.get("higher_is_better", True) else -1.0
+    return budget.get("metric") or "accuracy", lambda score: or_dash(
+        None if score is None else sign * score, ".4f")
 
 
 def _chosen_label(search: dict[str, Any]) -> str:
@@ -325,16 +337,20 @@ def _chosen_label(search: dict[str, Any]) -> str:
     return params_label(chosen) if isinstance(chosen, dict) else or_dash(chosen, "g")
 
 
-def front_lines(searches: dict[str, Any]) -> list[str]:
-    """The searches' combined front: the trials no other beats on both speed and accuracy."""
+def front_lines(searches: dict[str, Any], summary: dict[str, Any] | None = None) -> list[str]:
+    """The searches' combined front: the trials no other beats on both speed and accuracy.
+
+    Their figures as `search_lines` shows them (the run's metric, from its `summary`).
+    """
+    name, shown = _search_figures(summary or {})
     front = combined_front(searches)
     if len(searches) < 2 or not front:
         return []
     lines = ["", "The searches' combined front (fastest first; no other trial is both faster "
-             "and more accurate on validation):", "",
-             "| search | setting | val accuracy | p50 ms | speed-up (x) | within the budget |",
+             "and better on validation):", "",
+             f"| search | setting | val {name} | p50 ms | speed-up (x) | within the budget |",
              "|---|---:|---:|---:|---:|---|"]
-    lines += [f"| {p['technique']} | {p['knob']} {p['setting']} | {p['val_accuracy']:.4f} "
+    lines += [f"| {p['technique']} | {p['knob']} {p['setting']} | {shown(p['val_accuracy'])} "
               f"| {p['p50_ms']:.4f} | {or_dash(p['speedup'], '.2f')} "
               f"| {'yes' if p['within'] else 'no'} |" for p in front]
     return lines

@@ -82,10 +82,13 @@ class Search:
         target: The validation accuracy a setting must keep (None: every setting does).
         file_target: The validation accuracy one of its files must keep (None: not checked).
         seed: The run's seed (a sampler's).
+        metric: What its "accuracies" are scores of, on array data (the run's
+            `tfopt.eval.metrics.Metric`: an error negated, `tfopt.search.trials.scored`); None:
+            top-1 accuracy. The hopeless rule, in accuracy points, is kept for accuracy alone.
     """
 
     def __init__(self, knob: Space, folder: Path, key: str, target: float | None,
-                 file_target: float | None = None, seed: int = 0) -> None:
+                 file_target: float | None = None, seed: int = 0, metric: Any = None) -> None:
         import optuna
 
         from tfopt.search.samplers import sampler_for
@@ -93,7 +96,7 @@ class Search:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         folder.mkdir(parents=True, exist_ok=True)
         self.knob, self.folder, self.key, self.target = knob, folder, key, target
-        self.file_target = file_target
+        self.file_target, self.metric = file_target, metric
         self.storage = f"sqlite:///{folder / 'study.db'}"
         self.sampler = sampler_for(knob, seed)
         self.study = self._with_hopeless_rule(optuna.create_study(
@@ -121,6 +124,8 @@ class Search:
         The fine-tuning opens the study by name (`tfopt.models.training.ReportToTrial`) and
         reads the rule from its user attributes.
         """
+        if self.metric is not None:  # its points are accuracy's
+            return study
         study.set_user_attr("hopeless_below", self.hopeless_below)
         study.set_user_attr("warmup_epochs", WARMUP_EPOCHS)
         study.set_user_attr("warmup_share", WARMUP_SHARE)
@@ -301,9 +306,9 @@ class Search:
 
 
 def open_study(knob: Space, folder: Path, key: str, target: float | None,
-               file_target: float | None = None, seed: int = 0) -> Search:
+               file_target: float | None = None, seed: int = 0, metric: Any = None) -> Search:
     """The study of `knob`, with its sampler: a bisection for one knob, TPE for more."""
-    return Search(knob, folder, key, target, file_target, seed)
+    return Search(knob, folder, key, target, file_target, seed, metric)
 
 
 def choose(trials: Sequence[Trial], knob: Space) -> Trial | None:
@@ -339,13 +344,15 @@ def search_line(search: Search) -> str:
     A trial's model is read on the split its fine-tuning chose on (``held-out``), its file on
     validation (``file val``).
     """
-    knob = search.knob
+    knob, metric = search.knob, search.metric
+    name, sign = ("", 1.0) if metric is None else (
+        f"{metric.name} ", 1.0 if metric.higher_is_better else -1.0)
     parts = []
     for trial in sorted(search.trials(), key=lambda t: knob.strength(t.params)):
-        accuracy = (f" held-out {trial.val_accuracy:.4f}" if trial.val_accuracy is not None
-                    else "")
+        accuracy = (f" held-out {name}{sign * trial.val_accuracy:.4f}"
+                    if trial.val_accuracy is not None else "")
         if trial.file_val_accuracy is not None:
-            accuracy += f" file val {trial.file_val_accuracy:.4f}"
+            accuracy += f" file val {name}{sign * trial.file_val_accuracy:.4f}"
         timing = f" {trial.p50_ms:.4f} ms" if trial.p50_ms is not None else ""
         if trial.speedup is not None:
             timing += f" ({trial.speedup:.2f}x side by side)"
@@ -353,8 +360,8 @@ def search_line(search: Search) -> str:
             timing += f" {trial.file.rsplit('-', 1)[-1]}"
         parts.append(f"{knob.point_label(trial.params)} {trial.status}{accuracy}{timing}")
     chosen = search.chosen()
-    keep = [f"{name} {value:.4f}" for name, value in (("held-out", search.target),
-                                                       ("file val", search.file_target))
+    keep = [f"{split} {name}{sign * value:.4f}"
+            for split, value in (("held-out", search.target), ("file val", search.file_target))
             if value is not None]
     return (f"{knob.field}: " + ", ".join(parts or ["no trial"])
             + f" -> {knob.point_label(chosen.params) if chosen else 'none within the budget'}"

@@ -21,7 +21,10 @@ docs/measurements.md), so a trial counts as its fastest file within the budget."
 
 
 class TimedFile(BaseModel):
-    """One of a trial's files as timed: its p50, its accuracies, its speed-up if measured."""
+    """One of a trial's files as timed: its p50, its accuracies, its speed-up if measured.
+
+    On array data its "accuracies" are scores of the run's metric, higher is better (`scored`).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -172,7 +175,18 @@ def _timed_file(spec: VariantSpec, inputs: BenchmarkInputs,
     except (RuntimeError, OSError, ValueError) as error:
         return f"{spec.name}: {type(error).__name__}: {error}"
     return TimedFile(name=spec.name, p50_ms=measured.latency_ms.p50,
-                     val_accuracy=measured.val_accuracy, test_accuracy=measured.accuracy)
+                     val_accuracy=scored(measured.val_accuracy, inputs),
+                     test_accuracy=scored(measured.accuracy, inputs))
+
+
+def scored(figure: float | None, inputs: BenchmarkInputs) -> float | None:
+    """A file's figure as the search compares it, higher is better (an error negated).
+
+    As a training on array data scores its held-out figure (`HELD_OUT_SCORE`).
+    """
+    if figure is None or inputs.metric().higher_is_better:
+        return figure
+    return -figure
 
 
 def keeps(timed: TimedFile, file_target: float | None) -> bool:
