@@ -58,6 +58,7 @@ def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
                       "the search goes on without this setting")
     name = f"{technique} " + " ".join(f"{field}={value:g}" for field, value in point.items())
     started = time.monotonic()
+    metric = data.metric() if data.dataset.arrays else None
     try:
         made = run_native(step, make_trial, technique, point, start, cfg, data, out_dir, convert,
                           data.recover_to, forms)
@@ -66,13 +67,13 @@ def run_trial(technique: str, point: Point, setting: str, start: ModelArtifact,
                    files=len(timed.files) + (timed.speedup is not None))
     except NotApplicable as refusal:
         refused = Trial(params=point, status="not_applicable", error=str(refusal))
-        log_trial(parent, name, {"technique": technique, **refused.summary()})
+        log_trial(parent, name, {"technique": technique, **refused.summary()}, metric)
         return Completed(name="Skipped", message=f"{technique} does not apply: {refusal}",
                          data=refused)
     except Exception as error:  # a crash, or any error of the trial's: its run says which
         failed = Trial(params=point, status="failed",
                        error=f"{type(error).__name__}: {error}"[:500])
-        log_trial(parent, name, {"technique": technique, **failed.summary()})
+        log_trial(parent, name, {"technique": technique, **failed.summary()}, metric)
         raise
-    log_trial(parent, name, {"technique": technique, **timed.summary()})
+    log_trial(parent, name, {"technique": technique, **timed.summary()}, metric)
     return timed

@@ -425,16 +425,18 @@ def log_native_crashes(run: TrackedRun, crashes: list[dict[str, Any]]) -> None:
         for crash in crashes})
 
 
-def log_trial(parent: RunRef, name: str, trial: Mapping[str, Any]) -> str:
+def log_trial(parent: RunRef, name: str, trial: Mapping[str, Any], metric: Any = None) -> str:
     """A search trial as a nested run of the pipeline's run: its setting, accuracy, p50, status.
 
-    Its figures are its fastest file's within the budget (tag ``tfopt.file``).
+    Its figures are its fastest file's within the budget (tag ``tfopt.file``). On array data
+    its scores are logged as the run's `metric` reads them (``val_mae``, ``file_val_mae``).
 
     Args:
         parent: The pipeline's run.
         name: The run's name (``channel_prune fraction=0.625``).
         trial: The trial as the summary lists it (`tfopt.search.Trial.summary`), with its
             technique under ``technique``.
+        metric: The run's `tfopt.eval.metrics.Metric` its scores are of (None: accuracy).
 
     Returns:
         The trial's run id.
@@ -448,9 +450,14 @@ def log_trial(parent: RunRef, name: str, trial: Mapping[str, Any]) -> str:
               **({"tfopt.file": trial["file"]} if trial.get("file") else {}),
               **({"tfopt.error": str(trial["error"])[:5000]} if trial.get("error") else {})},
         parent_run_id=parent.run_id)
-    log_metrics(mlflow, run_id, {key: trial[key] for key in ("val_accuracy", "file_val_accuracy",
-                                                             "p50_ms", "speedup", "epochs_run",
-                                                             "seconds")
-                                 if trial.get(key) is not None})
+    figures = {key: trial[key] for key in ("val_accuracy", "file_val_accuracy")
+               if trial.get(key) is not None}
+    if metric is not None:
+        sign = 1.0 if metric.higher_is_better else -1.0
+        figures = {key.replace("accuracy", metric.name): sign * value
+                   for key, value in figures.items()}
+    log_metrics(mlflow, run_id, {**figures, **{
+        key: trial[key] for key in ("p50_ms", "speedup", "epochs_run", "seconds")
+        if trial.get(key) is not None}})
     end_run(mlflow, run_id, "FAILED" if trial["status"] == "failed" else "FINISHED")
     return run_id
