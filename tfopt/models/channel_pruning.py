@@ -236,17 +236,16 @@ def filter_scores(kernel: np.ndarray, scale: np.ndarray | None = None) -> np.nda
 
 
 def kept_channels(model: Any, graph: ChannelGraph, fraction: float,
-                  min_channels: int = 8, multiple: int = 1) -> dict[int, np.ndarray]:
+                  min_channels: int = 8) -> dict[int, np.ndarray]:
     """The channels to keep per prunable group: the most important ``1 - fraction`` of them.
 
-    A group keeps at least `min_channels` (or all it has, if fewer), rounded up to a
-    `multiple` of channels (at most all it has).
+    A group keeps at least `min_channels` (or all it has, if fewer). Counts are not rounded to
+    a multiple of 8: XNNPACK's int8 files ran no faster for it (docs/measurements.md).
     """
     kept = {}
     for group, layers in graph.prunable_groups().items():
         size = graph.sizes[group]
         keep = max(min(size, min_channels), round(size * (1.0 - fraction)))
-        keep = min(size, -(-keep // multiple) * multiple)
         ranking = np.argsort(-filter_importance(model, graph, group, layers), kind="stable")
         kept[group] = np.sort(ranking[:keep])
     return kept
@@ -275,15 +274,13 @@ class ThinnedModel:
     frozen: dict[str, str]
 
 
-def thin_model(model: Any, fraction: float, min_channels: int = 8,
-               multiple: int = 1) -> ThinnedModel:
+def thin_model(model: Any, fraction: float, min_channels: int = 8) -> ThinnedModel:
     """Remove `fraction` of each prunable group's filters and rebuild the model thinner.
 
     Args:
         model: A functional (or built Sequential) tf_keras model (left unchanged).
         fraction: The share of filters to remove per group, in [0, 1).
         min_channels: The fewest channels a group keeps.
-        multiple: Each group's kept channels rounded up to a multiple of it.
 
     Returns:
         The thinner model with the original's kept weights.
@@ -303,7 +300,7 @@ def thin_model(model: Any, fraction: float, min_channels: int = 8,
         raise ChannelPruningError(
             "no channel can be removed: every convolution's channels meet a layer the pruner "
             f"cannot follow or the model's output ({', '.join(reasons[:5])})")
-    kept = kept_channels(model, graph, fraction, min_channels, multiple)
+    kept = kept_channels(model, graph, fraction, min_channels)
     keep_sets = {group: set(indices.tolist()) for group, indices in kept.items()}
     config = model.get_config()
     by_name = {layer.name: layer for layer in model.layers}
