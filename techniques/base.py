@@ -323,9 +323,12 @@ class Tuning:
     teacher: Any = None
     arrays: bool = False
 
-    def learned_from(self) -> str:
-        """What it learned from, as a run parameter."""
-        return "the baseline's outputs (self-distillation)" if self.teacher is not None else "y"
+    def params(self) -> dict[str, str]:
+        """What it learned from, as run parameters (``learned_from``; none on images)."""
+        if not self.arrays:
+            return {}
+        return {"learned_from": "the baseline's outputs (self-distillation)"
+                if self.teacher is not None else "y"}
 
     def test_figures(self, keras_model: Any, data: TrainingData,
                      suffix: str = "") -> dict[str, float]:
@@ -357,8 +360,7 @@ class Tuning:
         saved = own_signature_savedmodel(keras_model, model, out_dir / f"{name}-savedmodel")
         return derived_model(model, name, saved, fitted, fmt="savedmodel",
                              translation=translation, metrics=metrics,
-                             params={**params, KERAS_FILE: str(keras_path),
-                                     "learned_from": self.learned_from()})
+                             params={**params, KERAS_FILE: str(keras_path), **self.params()})
 
 
 LABELS = Tuning()

@@ -18,20 +18,22 @@ from pydantic import Field
 
 from techniques.base import (
     KERAS_ONLY,
+    LABELS,
     NotApplicable,
     Technique,
     TechniqueSection,
-    derived_model,
+    Tuning,
     kernels,
     resolved,
     tfmot_model,
+    tuning_of,
 )
 from techniques.prune import overall_sparsity
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.fileio import gzip_size_bytes
 from tfopt.logs import step_logger
 from tfopt.models.keras_io import copy_model, is_layer_graph, keras_model_path, save_keras_model
-from tfopt.models.training import Fitted, evaluate_test_accuracy, fit, recovery
+from tfopt.models.training import Fitted, fit, recovery
 from tfopt.search import Knob
 
 
@@ -99,9 +101,12 @@ def unique_values(model: keras.Model) -> dict[str, int]:
 
 
 def cluster_and_finetune(
-    base: keras.Model, cfg: ClusterConfig, data: TrainingData
+    base: keras.Model, cfg: ClusterConfig, data: TrainingData, tuning: Tuning = LABELS,
 ) -> tuple[keras.Model, Fitted, list[str]]:
     """Wrap a copy of `base` for clustering and fine-tune it; `base` itself is not changed.
+
+    It learns as `tuning` says: from labels, or a model of array data's own loss and ``y`` or
+    the baseline's outputs.
 
     Returns:
         The clustered model (still wrapped: `strip_clustering` exports it), its training, and
@@ -118,7 +123,7 @@ def cluster_and_finetune(
         copy_model(base), clone_function=lambda layer: (
             clustering.cluster_weights(layer, **params) if layer.name in worth else layer))
     fitted = fit(clustered, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-                 callbacks=recovery(data))
+                 callbacks=recovery(data), loss=tuning.loss, teacher=tuning.teacher)
     return clustered, fitted, too_small
 
 
@@ -127,6 +132,10 @@ def cluster_model(
     model: ModelArtifact, cfg: ClusterConfig, data: TrainingData, out_dir: Path
 ) -> ModelArtifact:
     """Cluster a trained model's weights, fine-tune the centroids, and strip the wrappers.
+
+    A model of array data (its `ModelArtifact.keras_file`) learns with its own loss, or the
+    baseline's outputs without ``y`` (`techniques.base.tuning_of`), judged by the run's metric;
+    it becomes a SavedModel of its own signature.
 
     Args:
         model: The trained Keras model (left unchanged).
@@ -146,10 +155,11 @@ def cluster_model(
     logger = step_logger()
     resolved(cfg, KNOB)
     keras.utils.set_random_seed(data.seed)
-    base, translation = tfmot_model(model, data)
-    clustered, fitted, too_small = cluster_and_finetune(base, cfg, data)
-    stripped = tfmot.clustering.keras.strip_clustering(clustered)
     name = clustered_name(cfg)
+    base, translation = tfmot_model(model, data)
+    tuning = tuning_of(model, base, data, name)
+    clustered, fitted, too_small = cluster_and_finetune(base, cfg, data, tuning)
+    stripped = tfmot.clustering.keras.strip_clustering(clustered)
     distinct = unique_values(stripped)
     allowed = cfg.clusters + int(cfg.preserve_sparsity)  # the kept zeros are one more value
     over = {layer: count for layer, count in distinct.items()
@@ -163,8 +173,8 @@ def cluster_model(
     logger.info("%s: distinct kernel values per layer %s%s", name, distinct,
                 f"; left as they are (no more weights than clusters): {too_small}"
                 if too_small else "")
-    return derived_model(
-        model, name, path, fitted,
+    return tuning.variant(
+        model, stripped, name, path, out_dir, fitted, data,
         params={"technique": "weight clustering", "clusters": cfg.clusters,
                 "centroids": "kmeans++", "epochs": cfg.epochs,
                 "learning_rate": cfg.learning_rate, "preserve_sparsity": cfg.preserve_sparsity,
@@ -173,7 +183,6 @@ def cluster_model(
         metrics={
             **({"sparsity": overall_sparsity(stripped)} if cfg.preserve_sparsity else {}),
             **{f"unique_weights.{layer}": float(count) for layer, count in distinct.items()},
-            "test_accuracy": evaluate_test_accuracy(stripped, data),
             "keras_gzip_bytes": float(gzip_size_bytes(path)),
         },
     )
@@ -183,6 +192,6 @@ def cluster_model(
 # time the same as the baseline's graph; its size gain shows in the TFLite files.
 TECHNIQUE = Technique(
     name="cluster", section=ClusterConfig, accepts=KERAS_ONLY, source_name=clustered_name,
-    apply=cluster_model, yields_graph=False, knob=KNOB,
+    apply=cluster_model, yields_graph=False, knob=KNOB, on_arrays=True,
     starts_from=lambda cfg: "prune" if cfg.preserve_sparsity else None,
 )

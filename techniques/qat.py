@@ -26,14 +26,16 @@ from techniques.base import (
     Technique,
     TechniqueSection,
     derived_model,
+    own_signature_savedmodel,
     tfmot_model,
+    tuning_of,
 )
 from tfopt.artifacts import ModelArtifact, TrainingData
 from tfopt.logs import step_logger
 from tfopt.models.keras_io import copy_model, is_layer_graph
 from tfopt.models.quantization_ranges import CALIBRATION_IMAGES, calibrate_ranges
 from tfopt.models.serving_export import save_serving_savedmodel
-from tfopt.models.training import evaluate_test_accuracy, fit, recovery
+from tfopt.models.training import fit, recovery, split_inputs
 
 
 class QatConfig(TechniqueSection):
@@ -83,7 +85,7 @@ def make_quantization_aware(base: keras.Model, scheme: object | None = None,
     apply = (quantization.quantize_apply if scheme is None
              else lambda annotated: quantization.quantize_apply(annotated, scheme))
     try:
-        return apply(quantization.quantize_annotate_model(copy_model(base))), []
+        return _in_order(base, apply(quantization.quantize_annotate_model(copy_model(base)))), []
     except (RuntimeError, ValueError, TypeError, AttributeError) as error:
         refusal = (f"tfmot's 8-bit scheme cannot wrap {base.name}: {type(error).__name__}: "
                    f"{str(error).splitlines()[0][:300]}")
@@ -91,11 +93,45 @@ def make_quantization_aware(base: keras.Model, scheme: object | None = None,
             raise NotApplicable(refusal) from error
     try:
         annotated, floats = _annotate_supported(base)
-        return apply(annotated), floats
+        quantized = apply(annotated)
     except (RuntimeError, ValueError, TypeError, AttributeError) as error:
         raise NotApplicable(f"{refusal}; with only its supported layers quantized: "
                             f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
                             ) from error
+    return _in_order(base, quantized), floats
+
+
+def _in_order(base: keras.Model, quantized: keras.Model) -> keras.Model:
+    """`quantized`, once each Concatenate of `base` is seen to take its inputs in their order.
+
+    tfmot's ``quantize_apply`` can rebuild a Concatenate with its inputs in another order
+    (tensorflow/model-optimization#1061, seen with a model input beside a layer's output): the
+    fake-quantized model would then compute something else than `base`, silently.
+
+    Raises:
+        NotApplicable: A Concatenate whose inputs were reordered (named).
+    """
+    def inbound(model: keras.Model) -> dict[str, list[str]]:
+        return {layer["name"]: [entry[0] for entry in (layer.get("inbound_nodes") or [[]])[0]]
+                for layer in model.get_config()["layers"]}
+
+    def stands_for(name: str, graph: dict[str, list[str]]) -> str:
+        while name.startswith("quantize_layer") and graph.get(name):  # an input's quantizer
+            name = graph[name][0]
+        return name.removeprefix("quant_")
+
+    original, rebuilt = inbound(base), inbound(quantized)
+    for layer in base.layers:
+        twin = next((name for name in (f"quant_{layer.name}", layer.name) if name in rebuilt),
+                    None)
+        if type(layer).__name__ != "Concatenate" or twin is None:
+            continue
+        if [stands_for(name, rebuilt) for name in rebuilt[twin]] != original[layer.name]:
+            raise NotApplicable(
+                f"tfmot's quantize_apply reorders the inputs of {layer.name} (a Concatenate: "
+                "tensorflow/model-optimization#1061); its fake-quantized model would compute "
+                "something else")
+    return quantized
 
 
 def _annotate_supported(base: keras.Model) -> tuple[keras.Model, list[str]]:
@@ -127,6 +163,7 @@ def train_quantization_aware(
     logger = step_logger()
     keras.utils.set_random_seed(data.seed)
     base, translation = tfmot_model(model, data)
+    tuning = tuning_of(model, base, data, source)
     qat, floats = make_quantization_aware(base, None if scheme is None else scheme(),
                                           cfg.unsupported_layers)
     calibrated = calibrate_from_training(qat, base, data)
@@ -137,18 +174,22 @@ def train_quantization_aware(
                     "(unsupported_layers: float), calibrated by the int8 converter: %s", source,
                     len(floats), ", ".join(floats[:12]) + (" ..." if len(floats) > 12 else ""))
     fitted = fit(qat, data, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-                 callbacks=recovery(data))
-    accuracy = evaluate_test_accuracy(qat, data)
-    logger.info("%s test accuracy (fake-quantized): %.4f", source, accuracy)
+                 callbacks=recovery(data), loss=tuning.loss, teacher=tuning.teacher)
+    figures = tuning.test_figures(qat, data)
+    logger.info("%s on test (fake-quantized): %s", source,
+                ", ".join(f"{name} {value:.4f}" for name, value in figures.items()))
     path = out_dir / f"{source}-savedmodel"
-    save_serving_savedmodel(qat, model.image_size, path, model.class_names, model.channels)
+    if tuning.arrays:
+        own_signature_savedmodel(qat, model, path)
+    else:
+        save_serving_savedmodel(qat, model.image_size, path, model.class_names, model.channels)
     return derived_model(
         model, source, path, fitted, fmt="savedmodel",
         params={"technique": technique, "scheme": scheme_name, "starts_from": model.name,
                 "epochs": cfg.epochs, "learning_rate": cfg.learning_rate,
                 "float_layers": ",".join(floats)[:500] or "none",
-                "ranges_calibrated": len(calibrated)},
-        metrics={"test_accuracy": accuracy, "float_layer_count": float(len(floats))},
+                "ranges_calibrated": len(calibrated), **tuning.params()},
+        metrics={**figures, "float_layer_count": float(len(floats))},
         translation=translation,
     )
 
@@ -156,13 +197,18 @@ def train_quantization_aware(
 def calibrate_from_training(qat: keras.Model, base: keras.Model, data: TrainingData) -> list[str]:
     """Set the fake-quantized model's activation ranges from training images (see the module).
 
+    Array data: its training split's first inputs.
+
     Returns:
         The layers whose output ranges were set.
     """
     from tfopt.data.pipeline import load_split
 
-    images, _ = load_split(data.dataset, "train", CALIBRATION_IMAGES, data.input_scale)
-    return calibrate_ranges(qat, base, images)
+    if data.dataset.arrays:
+        inputs, _ = split_inputs(data.dataset, "train", limit=CALIBRATION_IMAGES)
+    else:
+        inputs, _ = load_split(data.dataset, "train", CALIBRATION_IMAGES, data.input_scale)
+    return calibrate_ranges(qat, base, inputs)
 
 
 @task(name="quantize_aware_train", tags=["compression"])
@@ -188,5 +234,5 @@ def quantize_aware_train(
 
 TECHNIQUE = Technique(
     name="qat", section=QatConfig, accepts=KERAS_ONLY, source_name=lambda _: SOURCE_NAME,
-    apply=quantize_aware_train, yields_graph=False, precisions=("int8",),
+    apply=quantize_aware_train, yields_graph=False, precisions=("int8",), on_arrays=True,
 )

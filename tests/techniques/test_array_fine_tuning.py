@@ -13,15 +13,17 @@ from flows.parameters import PipelineConfig
 from tasks.write_tfrecords import write_tfrecords
 from techniques.base import NotApplicable
 from techniques.channel_prune import ChannelPruneConfig, channel_prune_model
+from techniques.cluster import ClusterConfig, cluster_model
 from techniques.prune import PruneConfig, prune_model
+from techniques.qat import QatConfig, quantize_aware_train
 from tfopt.artifacts import TrainingData, VariantSpec
 from tfopt.config import DataConfig, EvalConfig, InputConfig
 from tfopt.data.arrays import load_split_feeds
 from tfopt.models.baseline import array_targets
 from tfopt.models.config import ModelConfig
 from tfopt.models.importing import fine_tuning_loss, import_array_model
-from tfopt.runtimes import load_runner
-from tfopt.runtimes.base import outputs_batched
+from tfopt.runtimes import build_here, load_runner, plan_variant
+from tfopt.runtimes.base import BuildSources, outputs_batched
 
 
 def _regression(rows: int, seed: int) -> dict[str, np.ndarray]:
@@ -34,16 +36,25 @@ def _regression(rows: int, seed: int) -> dict[str, np.ndarray]:
     return {"numbers": numbers, "ids": ids, "y": (10.0 * y).astype(np.float32)}
 
 
-def _their_keras3_file(path: Path, data: dict[str, np.ndarray], loss: str | None) -> Path:
-    """A two-input Keras 3 regressor trained outside tfopt (compiled with `loss`, or not)."""
+def _their_keras3_file(path: Path, data: dict[str, np.ndarray], loss: str | None,
+                       join: str = "concatenate") -> Path:
+    """A two-input Keras 3 regressor trained outside tfopt (compiled with `loss`, or not).
+
+    Its inputs are joined by a Concatenate, or (`join` ``add``) each through its own Dense
+    layer and added.
+    """
     import keras
 
     keras.utils.set_random_seed(3)
     numbers = keras.Input((6,), name="numbers")
     ids = keras.Input((1,), dtype="int32", name="ids")
     embedded = keras.layers.Flatten()(keras.layers.Embedding(5, 3)(ids))
-    hidden = keras.layers.Dense(48, activation="relu")(
-        keras.layers.Concatenate()([numbers, embedded]))
+    if join == "add":
+        hidden = keras.layers.Activation("relu")(keras.layers.Add()(
+            [keras.layers.Dense(48)(numbers), keras.layers.Dense(48)(embedded)]))
+    else:
+        hidden = keras.layers.Dense(48, activation="relu")(
+            keras.layers.Concatenate()([numbers, embedded]))
     model = keras.Model({"numbers": numbers, "ids": ids}, keras.layers.Dense(1)(hidden))
     model.compile(optimizer="adam", loss=loss or "mse")
     model.fit({"numbers": data["numbers"], "ids": data["ids"]}, data["y"], epochs=30,
@@ -105,11 +116,13 @@ def test_a_keras_file_of_array_data_is_pruned_with_its_loss_and_judged_by_the_me
 
 
 def _served_test_mae(variant, baseline, data) -> tuple[float, float]:
-    """The test MAE of `variant`'s SavedModel and of the baseline's, served by name.
+    """The test MAE of `variant` (a SavedModel, or a file built) and the baseline's, by name.
 
     The variant answers under the baseline's output names.
     """
     def runner(model):
+        if isinstance(model, VariantSpec):
+            return load_runner(model)
         return load_runner(VariantSpec(name=model.name, source=model.name, format="savedmodel",
                                        precision="fp32", path=model.path))
 
@@ -144,6 +157,46 @@ def test_a_keras_file_of_array_data_is_channel_pruned_thinner_and_relearns_with_
     assert mae < 1.5 * baseline_mae
 
 
+def test_a_keras_file_of_array_data_is_trained_quantization_aware_and_its_int8_file_serves(
+        regression, tmp_path):
+    concatenated, data, tmp = regression
+    # tfmot rebuilds this model's Concatenate with its inputs swapped: refused, not trained.
+    with pytest.raises(NotApplicable, match=r"reorders the inputs of .*model-optimization#1061"):
+        quantize_aware_train.fn(concatenated, QatConfig(epochs=1), data, tmp_path / "refused")
+    baseline = import_array_model(ModelConfig(source="file", path=_their_keras3_file(
+        tmp / "added.keras", _regression(500, 1), "mse", join="add")), data.dataset,
+        tmp_path / "models", data.judged_by)
+    data = _with_targets(data, baseline)
+
+    qat = quantize_aware_train.fn(baseline, QatConfig(epochs=2), data, tmp_path)
+
+    assert qat.format == "savedmodel" and qat.params["learned_from"] == "y"
+    assert qat.params["ranges_calibrated"] > 0, "ranges set from the training split's inputs"
+    assert len(qat.history["val_mae"]) == qat.params["epochs_run"]
+    # Its int8 file, converted as a run converts it, answers under the baseline's names.
+    int8 = build_here(plan_variant("qat", "tflite", "int8"), BuildSources(
+        model=qat, savedmodel=qat, dataset=data.dataset, out_dir=tmp_path),
+        PipelineConfig().convert)
+    assert int8.status == "ok", int8.error
+    mae, baseline_mae = _served_test_mae(int8, baseline, data)
+    assert mae < 1.5 * baseline_mae, (mae, baseline_mae, qat.metrics["test_mae"])
+
+
+def test_a_keras_file_of_array_data_is_clustered_with_its_loss(regression, tmp_path):
+    baseline, data, _ = regression
+
+    clustered = cluster_model.fn(baseline, ClusterConfig(enabled=True, clusters=8, epochs=2),
+                                 data, tmp_path)
+
+    assert clustered.format == "savedmodel" and clustered.keras_file.is_file()
+    assert clustered.params["learned_from"] == "y"
+    unique = {k: v for k, v in clustered.metrics.items() if k.startswith("unique_weights.")}
+    assert unique and max(unique.values()) <= 8, unique
+    mae, baseline_mae = _served_test_mae(clustered, baseline, data)
+    assert mae == pytest.approx(clustered.metrics["test_mae"], rel=1e-4)
+    assert mae < 1.5 * baseline_mae
+
+
 def test_techniques_not_built_for_array_data_say_so_and_a_file_without_a_loss_is_refused(
         regression, tmp_path):
     baseline, data, tmp = regression
@@ -151,7 +204,7 @@ def test_techniques_not_built_for_array_data_say_so_and_a_file_without_a_loss_is
         "prune": {"enabled": True}, "qat": {"enabled": True}, "distill": {"enabled": True}}})
     refusals = {planned.technique.name: planned.refusal for planned in plan(config, baseline)}
     assert refusals["prune"] is None
-    assert refusals["qat"] == "qat of a model of array data is not built yet"
+    assert refusals["qat"] is None
     assert refusals["distill"].startswith("distill of a model of array data is not built yet")
     unknown = data.model_copy(update={"loss": None})
     with pytest.raises(NotApplicable, match=r"not compiled with one loss.*train\.loss"):

@@ -78,7 +78,7 @@ def _batch_range(values: np.ndarray, per_channel: bool) -> tuple[np.ndarray, np.
             np.maximum(np.max(values, axis=axes), 0.0))
 
 
-def calibrate_ranges(model: Any, float_model: Any, images: np.ndarray,
+def calibrate_ranges(model: Any, float_model: Any, images: np.ndarray | dict[str, np.ndarray],
                      batch_size: int = CALIBRATION_BATCH) -> list[str]:
     """Set `model`'s moving-average ranges to their tensors' mean batch range over `images`.
 
@@ -89,8 +89,9 @@ def calibrate_ranges(model: Any, float_model: Any, images: np.ndarray,
     Args:
         model: The fake-quantized model (tfmot's ``quantize_apply``); its ranges are set.
         float_model: The float model it was made from, unchanged.
-        images: Training images, scaled as the model takes them.
-        batch_size: Images per forward pass.
+        images: Training images, scaled as the model takes them (array data: its inputs, one
+            array or a dict of them by input name).
+        batch_size: Examples per forward pass.
 
     Returns:
         The layers whose output ranges were set.
@@ -100,14 +101,14 @@ def calibrate_ranges(model: Any, float_model: Any, images: np.ndarray,
     every = moving_average_ranges(model)
     outputs = _single_outputs(float_model, {r.layer for r in every})
     ranges = [r for r in every if r.layer in outputs]
-    if not ranges or not len(images):
+    if not ranges or not _examples(images):
         return []
     layers = sorted(outputs)
     probe = keras.Model(float_model.inputs, [outputs[name] for name in layers])
     sums: dict[int, list[np.ndarray]] = {}
     batches = 0
-    for start in range(0, len(images), batch_size):
-        batch = images[start:start + batch_size]
+    for start in range(0, _examples(images), batch_size):
+        batch = _rows(images, start, start + batch_size)
         tensors = dict(zip(layers, _as_list(probe(batch, training=False)), strict=True))
         for index, quantizer in enumerate(ranges):
             low, high = _batch_range(np.asarray(tensors[quantizer.layer]),
@@ -123,6 +124,18 @@ def calibrate_ranges(model: Any, float_model: Any, images: np.ndarray,
         quantizer.high.assign(np.broadcast_to(sums[index][1] / batches, quantizer.high.shape)
                               .astype(np.float32))
     return sorted({r.layer for r in ranges})
+
+
+def _examples(inputs: Any) -> int:
+    """How many examples `inputs` hold: an array's rows, or those of a dict's arrays."""
+    return len(next(iter(inputs.values()))) if isinstance(inputs, dict) else len(inputs)
+
+
+def _rows(inputs: Any, start: int, stop: int) -> Any:
+    """Rows `start` to `stop` of an array, or of each of a dict's arrays (named inputs)."""
+    if isinstance(inputs, dict):
+        return {name: values[start:stop] for name, values in inputs.items()}
+    return inputs[start:stop]
 
 
 def _single_outputs(float_model: Any, names: set[str]) -> dict[str, Any]:
