@@ -49,23 +49,27 @@ def their_regressor(tmp_path_factory):
     return tmp / "data", tmp / "model.keras", model
 
 
-def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime_and_searched_thinner(
-        live_services, tmp_path, their_regressor):
-    import mlflow
-
-    data_dir, model_dir, model = their_regressor
-    summary = run_smoke_with(live_services, tmp_path / "out.json", {
-        **LIGHT, **TECHNIQUES_OFF, "compress.channel_prune.enabled": True,
-        "compress.channel_prune.fraction": "auto", "compress.channel_prune.epochs": 3,
-        "compress.forms": "tflite_int8",  # the trials' and the models' int8 files alone
-        "compress.distill.enabled": True,  # not built for array data: one line, the rest run
-        "name": "arrays", "work_dir": tmp_path / "work",
+def _arrays_run(live_services, tmp_path: Path, their_regressor, settings: dict) -> dict:
+    """`tfopt run` of the smoke config on the regressor's file and arrays, judged by the MAE
+    within 5% of the baseline's, with `settings` on top; its summary."""
+    data_dir, model_dir, _ = their_regressor
+    return run_smoke_with(live_services, tmp_path / "out.json", {
+        **LIGHT, **TECHNIQUES_OFF, "name": "arrays", "work_dir": tmp_path / "work",
         "data.source_dir": data_dir, "data.source_format": "npz",
         "data.max_examples_per_class": "null", "model.source": "file",
         "model.path": model_dir, "train.epochs": 0, "eval.metric": "mae",
-        "eval.budget": 0.05, "eval.budget_relative": True, "convert.tflite": "[fp32, int8]",
-        "convert.onnx_quantize": "[int8]", "runtimes.openvino.precisions": "[int8]",
-        "convert.xla": "[jit_compile]",
+        "eval.budget": 0.05, "eval.budget_relative": True, **settings})
+
+
+def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime(
+        live_services, tmp_path, their_regressor):
+    import mlflow
+
+    _, _, model = their_regressor
+    summary = _arrays_run(live_services, tmp_path, their_regressor, {
+        "compress.distill.enabled": True,  # not built for array data: one line, the rest run
+        "convert.tflite": "[fp32, int8]", "convert.onnx_quantize": "[int8]",
+        "runtimes.openvino.precisions": "[int8]", "convert.xla": "[jit_compile]",
     })
     log = (tmp_path / "out.log").read_text()
     assert "Δ mae" in log and "budget 5% mae" in log, log[-3000:]
@@ -92,22 +96,6 @@ def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime_and_searche
         beyond = entry["accuracy"] > 1.05 * baseline + 1e-9
         assert bool(entry["flags"]) == beyond and (
             not beyond or "beyond the budget (5% mae)" in entry["flags"][0]), entry["flags"]
-    # The search of channel pruning's share judged each trial by the MAE, its model's (with
-    # the file's compiled loss, mse) on the held-out split and its int8 file's on validation,
-    # against the baseline's own figures less 5%, as scores (an error negated).
-    search = summary["search"]["channel_prune"]
-    baseline_val = by_name["baseline-savedmodel"]["val_accuracy"]
-    assert search["target_file_val_accuracy"] == pytest.approx(-1.05 * baseline_val, rel=1e-4)
-    trials = search["trials"]
-    assert trials and all(t["status"] in ("ok", "over_budget") for t in trials), trials
-    for trial in trials:
-        [timed] = trial["files"]
-        assert timed["val_accuracy"] < 0 and timed["name"].endswith("-tflite-int8"), timed
-        kept = (trial["val_accuracy"] >= search["target_val_accuracy"]
-                and timed["val_accuracy"] >= search["target_file_val_accuracy"])
-        assert (trial["status"] == "ok") == kept, trial
-    report = Path(summary["report"]).read_text()
-    assert "| held-out mae | file | file val mae | test mae |" in report
     distilled = [entry for name, entry in by_name.items() if name.startswith("distilled-")]
     assert distilled and all(entry["error"] == "distill of a model of array data is not built yet"
                              for entry in distilled), distilled
@@ -143,3 +131,29 @@ def test_a_two_input_regressor_is_judged_by_its_mae_on_every_runtime_and_searche
     assert set(registered) == set(answered), "the registered champion answers the same way"
     bundle = Path(summary["report"]).parents[1] / "export"
     assert any(bundle.rglob("trtexec.sh")), "the TensorRT bundle for named inputs"
+
+
+def test_a_search_on_array_data_judges_each_trial_by_the_metric(
+        live_services, tmp_path, their_regressor):
+    summary = _arrays_run(live_services, tmp_path, their_regressor, {
+        "compress.channel_prune.enabled": True, "compress.channel_prune.fraction": "auto",
+        "compress.channel_prune.epochs": 3, "convert.tflite": "[int8]",
+        "compress.forms": "tflite_int8",  # the trials' and the models' int8 files alone
+    })
+    by_name = {v["name"]: v for v in summary["variants"]}
+    # The search of channel pruning's share judged each trial by the MAE, its model's (with
+    # the file's compiled loss, mse) on the held-out split and its int8 file's on validation,
+    # against the baseline's own figures less 5%, as scores (an error negated).
+    search = summary["search"]["channel_prune"]
+    baseline_val = by_name["baseline-savedmodel"]["val_accuracy"]
+    assert search["target_file_val_accuracy"] == pytest.approx(-1.05 * baseline_val, rel=1e-4)
+    trials = search["trials"]
+    assert trials and all(t["status"] in ("ok", "over_budget") for t in trials), trials
+    for trial in trials:
+        [timed] = trial["files"]
+        assert timed["val_accuracy"] < 0 and timed["name"].endswith("-tflite-int8"), timed
+        kept = (trial["val_accuracy"] >= search["target_val_accuracy"]
+                and timed["val_accuracy"] >= search["target_file_val_accuracy"])
+        assert (trial["status"] == "ok") == kept, trial
+    report = Path(summary["report"]).read_text()
+    assert "| held-out mae | file | file val mae | test mae |" in report
