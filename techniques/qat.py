@@ -112,7 +112,8 @@ def _in_order(base: keras.Model, quantized: keras.Model) -> keras.Model:
         NotApplicable: A Concatenate whose inputs were reordered (named).
     """
     def inbound(model: keras.Model) -> dict[str, list[str]]:
-        return {layer["name"]: [entry[0] for entry in (layer.get("inbound_nodes") or [[]])[0]]
+        return {layer["name"]: [entry[0] for entry in (layer.get("inbound_nodes") or [[]])[0]
+                                if isinstance(entry, list | tuple)]
                 for layer in model.get_config()["layers"]}
 
     def stands_for(name: str, graph: dict[str, list[str]]) -> str:
