@@ -112,9 +112,13 @@ def _in_order(base: keras.Model, quantized: keras.Model) -> keras.Model:
         NotApplicable: A Concatenate whose inputs were reordered (named).
     """
     def inbound(model: keras.Model) -> dict[str, list[str]]:
-        return {layer["name"]: [entry[0] for entry in (layer.get("inbound_nodes") or [[]])[0]
-                                if isinstance(entry, list | tuple)]
-                for layer in model.get_config()["layers"]}
+        graph = {}
+        for layer in model.get_config()["layers"]:
+            node = (layer.get("inbound_nodes") or [[]])[0]  # its first call's inputs
+            entries = [node] if node and isinstance(node[0], str) else node  # one, or a list
+            graph[layer["name"]] = [entry[0] for entry in entries
+                                    if isinstance(entry, list | tuple) and entry]
+        return graph
 
     def stands_for(name: str, graph: dict[str, list[str]]) -> str:
         while name.startswith("quantize_layer") and graph.get(name):  # an input's quantizer
