@@ -402,11 +402,10 @@ def tuning_of(model: ModelArtifact, base: Any, data: TrainingData, name: str) ->
     tuning = Tuning(loss=loss, teacher=base if distilled else None, arrays=True)
     if data.recover_to is not None:
         metric = data.metric()
-        figure = data.recover_to if metric.higher_is_better else -data.recover_to
         step_logger().info("%s: %sback within the budget at held-out %s %s %s", name,
                            "learning the baseline's own outputs (self-distillation); "
                            * distilled, metric.name, ">=" if metric.higher_is_better else "<=",
-                           metric.shown(figure))
+                           metric.shown(metric.oriented(data.recover_to)))
     return tuning
 
 

@@ -68,6 +68,10 @@ class Metric:
     counted: bool = False
     bound: float | None = None
 
+    def oriented(self, value: float) -> float:
+        """`value` with higher better (an error negated), or such a score turned back."""
+        return value if self.higher_is_better else -value
+
     def score(self, truth: np.ndarray, outputs: np.ndarray) -> float:
         """The metric on a split: `outputs` (batch first) against `truth` (the same examples).
 

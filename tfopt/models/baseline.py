@@ -304,7 +304,7 @@ def array_targets(baseline: ModelArtifact,
         if figure is None:
             return None
         kept = budget.kept(figure)
-        return (kept if metric.higher_is_better else -kept) - ROUNDING
+        return metric.oriented(kept) - ROUNDING
 
     return target(data.dataset.selection_split), target("val")
 

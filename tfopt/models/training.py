@@ -241,7 +241,7 @@ class HeldOutMetric(keras.callbacks.Callback):
         value = split_metric(self.model, self._inputs, self._truth, self._metric,
                              self._output)
         logs[f"val_{self._metric.name}"] = value
-        logs[HELD_OUT_SCORE] = value if self._metric.higher_is_better else -value
+        logs[HELD_OUT_SCORE] = self._metric.oriented(value)
 
 
 def held_out_figures(model: Any, dataset: DatasetArtifact,

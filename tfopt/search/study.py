@@ -345,14 +345,17 @@ def search_line(search: Search) -> str:
     validation (``file val``).
     """
     knob, metric = search.knob, search.metric
-    name, sign = ("", 1.0) if metric is None else (
-        f"{metric.name} ", 1.0 if metric.higher_is_better else -1.0)
+    name = "" if metric is None else f"{metric.name} "
+
+    def read(score: float) -> float:  # as the metric reads (a score turned back)
+        return score if metric is None else metric.oriented(score)
+
     parts = []
     for trial in sorted(search.trials(), key=lambda t: knob.strength(t.params)):
-        accuracy = (f" held-out {name}{sign * trial.val_accuracy:.4f}"
+        accuracy = (f" held-out {name}{read(trial.val_accuracy):.4f}"
                     if trial.val_accuracy is not None else "")
         if trial.file_val_accuracy is not None:
-            accuracy += f" file val {name}{sign * trial.file_val_accuracy:.4f}"
+            accuracy += f" file val {name}{read(trial.file_val_accuracy):.4f}"
         timing = f" {trial.p50_ms:.4f} ms" if trial.p50_ms is not None else ""
         if trial.speedup is not None:
             timing += f" ({trial.speedup:.2f}x side by side)"
@@ -360,7 +363,7 @@ def search_line(search: Search) -> str:
             timing += f" {trial.file.rsplit('-', 1)[-1]}"
         parts.append(f"{knob.point_label(trial.params)} {trial.status}{accuracy}{timing}")
     chosen = search.chosen()
-    keep = [f"{split} {name}{sign * value:.4f}"
+    keep = [f"{split} {name}{read(value):.4f}"
             for split, value in (("held-out", search.target), ("file val", search.file_target))
             if value is not None]
     return (f"{knob.field}: " + ", ".join(parts or ["no trial"])

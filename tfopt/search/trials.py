@@ -184,9 +184,7 @@ def scored(figure: float | None, inputs: BenchmarkInputs) -> float | None:
 
     As a training on array data scores its held-out figure (`HELD_OUT_SCORE`).
     """
-    if figure is None or inputs.metric().higher_is_better:
-        return figure
-    return -figure
+    return None if figure is None else inputs.metric().oriented(figure)
 
 
 def keeps(timed: TimedFile, file_target: float | None) -> bool:

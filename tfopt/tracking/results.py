@@ -453,8 +453,7 @@ def log_trial(parent: RunRef, name: str, trial: Mapping[str, Any], metric: Any =
     figures = {key: trial[key] for key in ("val_accuracy", "file_val_accuracy")
                if trial.get(key) is not None}
     if metric is not None:
-        sign = 1.0 if metric.higher_is_better else -1.0
-        figures = {key.replace("accuracy", metric.name): sign * value
+        figures = {key.replace("accuracy", metric.name): metric.oriented(value)
                    for key, value in figures.items()}
     log_metrics(mlflow, run_id, {**figures, **{
         key: trial[key] for key in ("p50_ms", "speedup", "epochs_run", "seconds")
