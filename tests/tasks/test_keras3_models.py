@@ -123,6 +123,33 @@ def test_keras3_applications_translate_exactly(data32):
         assert flavor_of(translation.model) == "tf_keras"
 
 
+def test_a_keras3_upsampling_is_translated_to_the_ops_keras3_converts_to_and_thinned():
+    """Keras 3's nearest UpSampling2D repeats rows and columns; tf_keras' layer resizes, which
+    LiteRT runs by another kernel: the twin repeats too, and channel pruning follows it."""
+    import keras
+    import tensorflow as tf
+
+    from tfopt.models.channel_pruning import thin_model
+    from tfopt.models.translate import tf_keras_twin
+
+    inputs = keras.Input((8, 8, 3), name="images")
+    x = keras.layers.Conv2D(16, 3, strides=2, padding="same", activation="relu", name="down")(
+        inputs)
+    x = keras.layers.UpSampling2D(name="up")(x)
+    model = keras.Model(inputs, keras.layers.Conv2D(2, 1, name="mask")(x))
+    images = np.random.default_rng(0).random((4, 8, 8, 3), dtype=np.float32)
+    translation = tf_keras_twin(model, images)
+    assert translation.max_abs_diff == 0.0
+    assert "UpSampling2D" not in {type(layer).__name__ for layer in translation.model.layers}
+    interpreter = tf.lite.Interpreter(model_content=tf.lite.TFLiteConverter.from_keras_model(
+        translation.model).convert())
+    ops = {op["op_name"] for op in interpreter._get_ops_details()}  # no public API lists them
+    assert "TILE" in ops and "RESIZE_NEAREST_NEIGHBOR" not in ops, ops
+    thinned = thin_model(translation.model, 0.5, min_channels=1)
+    assert thinned.kept == {"down": (8, 16)}
+    assert thinned.model(images).shape == (4, 8, 8, 2)
+
+
 SUBCLASSED = """
 import keras
 

@@ -55,6 +55,10 @@ ELEMENTWISE_OPS = frozenset({
 (a constant as the other operand, e.g. MobileNetV3's hard-swish ``x + 3``) they pass their
 input's channels on."""
 
+SPATIAL_OPS = frozenset({"repeat"})
+"""TensorFlow ops that pass their input's channels on when their output is as wide as it (a
+translated Keras 3 ``UpSampling2D`` repeats rows and columns)."""
+
 MERGE_CLASSES = ("Add", "Subtract", "Maximum", "Minimum", "Average", "Multiply")
 """Layers whose inputs' channels must agree, one for one (one group)."""
 
@@ -186,7 +190,7 @@ def _passes_channels_on(layer: Any, layer_config: dict[str, Any],
     if kind == "DepthwiseConv2D":
         return layer.depth_multiplier == 1
     if kind == "TFOpLambda":
-        return layer_config["config"].get("function") in ELEMENTWISE_OPS
+        return layer_config["config"].get("function") in ELEMENTWISE_OPS | SPATIAL_OPS
     if kind == "Reshape":  # (C,) -> (1, 1, C) in squeeze-and-excitation blocks
         return int(np.prod(layer.target_shape[:-1])) == 1
     return kind in FOLLOWER_CLASSES

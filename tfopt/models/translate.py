@@ -5,8 +5,9 @@ A functional or sequential Keras 3 model is rebuilt in tf_keras: each layer from
 (cleaned of what tf_keras does not read: initializers, dtype policies, Keras 3-only options),
 wired as the Keras 3 graph wires it, holding the same weights. Activations whose tf_keras
 namesake computes something else, or that tf_keras lacks (``hard_sigmoid``, ``hard_swish``,
-``relu6``), and Keras 3 operations on tensors (``x + 3.0``, ``ops.multiply``) become the
-TensorFlow ops tf_keras records as layers. `verify` then compares both models' logits on real
+``relu6``), Keras 3 operations on tensors (``x + 3.0``, ``ops.multiply``) and layers tf_keras
+computes by other kernels (nearest ``UpSampling2D``) become the TensorFlow ops tf_keras records
+as layers. `verify` then compares both models' logits on real
 inputs: a translation is only used once it agrees.
 """
 
@@ -56,6 +57,20 @@ _OPS: dict[str, Callable[..., tf.Tensor]] = {
     "HardSigmoid": _hard_sigmoid, "HardSilu": _hard_swish,
 }
 """Keras 3's stateless operations on tensors, as the TensorFlow ops tf_keras records as layers."""
+
+
+def _as_ops(layer: Any) -> Callable[[Any], Any] | None:
+    """TensorFlow ops computing a Keras 3 layer as Keras 3 does (None: a tf_keras layer does).
+
+    Keras 3's nearest `UpSampling2D` repeats rows, then columns (TILE and RESHAPE once
+    converted); tf_keras' resizes the image (``RESIZE_NEAREST_NEIGHBOR``): the same numbers by
+    another kernel, so a technique's model would be timed on other ops than the file's.
+    """
+    if (type(layer).__name__ == "UpSampling2D" and layer.interpolation == "nearest"
+            and layer.data_format == "channels_last"):
+        rows, columns = layer.size
+        return lambda x: tf.repeat(tf.repeat(x, rows, axis=1), columns, axis=2)
+    return None
 
 
 class UntranslatableError(ValueError):
@@ -187,6 +202,9 @@ def _apply(operation: Any, args: Any, kwargs: dict, twins: _Twins) -> Any:
                 f"operation {operation.name} ({kind}) has no tf_keras twin (Keras 3 ops tfopt "
                 f"translates: {', '.join(sorted(_OPS))})")
         return function(*args, **kwargs)
+    as_ops = _as_ops(operation)
+    if as_ops is not None:
+        return as_ops(*args)
     if id(operation) not in twins.layers:
         twins.layers[id(operation)] = (operation, *_layer_twin(operation))
     _, layer, after = twins.layers[id(operation)]
