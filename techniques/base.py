@@ -111,12 +111,11 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData, teacher: Any,
     was rebuilt from (`teacher`) and a ``teacher_alpha`` below 1, it learns from the teacher's
     outputs too (`tfopt.models.distillation.Distiller`, temperature 1), weighted
     ``1 - teacher_alpha``. Rebuilt models are tf_keras models (`tfmot_model`). A model of array
-    data learns as `tuning` says (its loss; the teacher's outputs alone without ``y``).
-
-    Raises:
-        NotApplicable: Array data with ``y`` and a ``teacher_alpha`` below 1 (not built yet).
+    data learns as `tuning` says (its loss; the teacher's outputs alone without ``y``); with
+    ``y``, a ``teacher_alpha`` below 1 weighs its loss with the squared error to the teacher's
+    outputs (`tfopt.models.distillation.OutputDistiller`).
     """
-    from tfopt.models.distillation import compiled_distiller
+    from tfopt.models.distillation import compiled_distiller, compiled_output_distiller
     from tfopt.models.training import (
         CosineCoolDown,
         KeepBestWeights,
@@ -127,9 +126,6 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData, teacher: Any,
         steps_per_epoch,
     )
 
-    if tuning.arrays and tuning.teacher is None and cfg.teacher_alpha < 1.0:
-        raise NotApplicable("teacher_alpha below 1 on array data with y is not built yet: "
-                            "set it to 1")
     cool_down = None
     if cooling_epochs(cfg) and data.recover_to is not None:
         per_epoch = steps_per_epoch(data)
@@ -139,10 +135,12 @@ def fine_tune_rebuilt(model: Any, cfg: Any, data: TrainingData, teacher: Any,
         data, cfg.epochs, cfg.learning_rate, cfg.learning_rate_schedule)
     callbacks = recovery(data, cool_down=cool_down)
     best = KeepBestWeights(monitor=data.held_out_key())
-    if tuning.arrays or teacher is None or cfg.teacher_alpha >= 1.0:
+    if teacher is None or cfg.teacher_alpha >= 1.0 or tuning.teacher is not None:
         return fit(model, data, epochs=cfg.epochs, learning_rate=learning_rate,
                    callbacks=callbacks, best=best, loss=tuning.loss, teacher=tuning.teacher)
-    distiller = compiled_distiller(model, teacher, cfg.teacher_alpha, 1.0, learning_rate)
+    distiller = (compiled_output_distiller(model, teacher, cfg.teacher_alpha, tuning.loss,
+                                           learning_rate) if tuning.arrays else
+                 compiled_distiller(model, teacher, cfg.teacher_alpha, 1.0, learning_rate))
     return fit_compiled(distiller, data, epochs=cfg.epochs, callbacks=callbacks, best=best)
 
 

@@ -157,6 +157,27 @@ def test_a_keras_file_of_array_data_is_channel_pruned_thinner_and_relearns_with_
     assert mae < 1.5 * baseline_mae
 
 
+def test_a_thinner_model_of_array_data_learns_from_y_and_the_model_before_it(regression,
+                                                                           tmp_path):
+    """``teacher_alpha`` below 1: its loss on ``y`` and the squared error to the baseline's
+    outputs, not a classifier's softened class scores."""
+    baseline, data, _ = regression
+
+    thinned = channel_prune_model.fn(baseline, ChannelPruneConfig(
+        enabled=True, fraction=0.5, epochs=4, learning_rate=2e-3, teacher_alpha=0.5), data,
+        tmp_path)
+
+    curves = thinned.history
+    assert thinned.params["teacher_alpha"] == 0.5
+    assert len(curves["distillation_loss"]) == thinned.params["epochs_run"]
+    assert curves["distillation_loss"][-1] < curves["distillation_loss"][0]
+    assert len(curves["val_mae"]) == thinned.params["epochs_run"], "judged by the metric"
+    metrics = thinned.metrics
+    assert metrics["test_mae"] < metrics["test_mae_before_fine_tuning"], "it relearned"
+    mae, _ = _served_test_mae(thinned, baseline, data)
+    assert mae == pytest.approx(metrics["test_mae"], rel=1e-4)
+
+
 def test_a_keras_file_of_array_data_is_trained_quantization_aware_and_its_int8_file_serves(
         regression, tmp_path):
     concatenated, data, tmp = regression

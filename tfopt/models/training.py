@@ -238,8 +238,8 @@ class HeldOutMetric(keras.callbacks.Callback):
         """Score the model on the held-out split into `logs`."""
         if logs is None or self._truth is None:
             return
-        value = split_metric(self.model, self._inputs, self._truth, self._metric,
-                             self._output)
+        judged = getattr(self.model, "student", self.model)  # a distiller's student
+        value = split_metric(judged, self._inputs, self._truth, self._metric, self._output)
         logs[f"val_{self._metric.name}"] = value
         logs[HELD_OUT_SCORE] = self._metric.oriented(value)
 
