@@ -45,17 +45,23 @@ CRITERION = "block influence: 1 - cos(block input, block output) on training ima
 
 def blocks_cut(model: keras.Model, share: float, data: TrainingData,
                why: str = "") -> ShallowerModel:
-    """`model` without `share` of its residual blocks, ranked on the run's training images.
+    """`model` without `share` of its residual blocks, ranked on the run's training examples.
+
+    Its training images, or a model of array data's inputs (one array, or named arrays).
 
     Raises:
         NotApplicable: The model cannot be traced or has no removable residual block (`why`
             leads the reason).
     """
     from tfopt.data.pipeline import load_split
+    from tfopt.models.training import split_inputs
 
-    images, _ = load_split(data.dataset, "train", INFLUENCE_IMAGES, scale=data.input_scale)
+    if data.dataset.arrays:
+        examples, _ = split_inputs(data.dataset, "train", limit=INFLUENCE_IMAGES)
+    else:
+        examples, _ = load_split(data.dataset, "train", INFLUENCE_IMAGES, scale=data.input_scale)
     try:
-        return shallower_model(model, share, images)
+        return shallower_model(model, share, examples)
     except DepthPruningError as error:
         raise NotApplicable(f"{why}{error}") from error
 
@@ -146,5 +152,5 @@ def depth_prune_model(
 
 TECHNIQUE = Technique(
     name="depth_prune", section=DepthPruneConfig, accepts=KERAS_ONLY, source_name=depth_name,
-    apply=depth_prune_model, knob=KNOB, starts_from=_start, reshapes=True,
+    apply=depth_prune_model, knob=KNOB, starts_from=_start, reshapes=True, on_arrays=True,
 )

@@ -138,4 +138,5 @@ def width_depth_model(
 TECHNIQUE = Technique(
     name="width_depth", section=WidthDepthConfig, accepts=KERAS_ONLY,
     source_name=width_depth_name, apply=width_depth_model, knob=KNOB, reshapes=True,
+    on_arrays=True,
 )

@@ -14,8 +14,10 @@ from tasks.write_tfrecords import write_tfrecords
 from techniques.base import NotApplicable
 from techniques.channel_prune import ChannelPruneConfig, channel_prune_model
 from techniques.cluster import ClusterConfig, cluster_model
+from techniques.depth_prune import DepthPruneConfig, depth_prune_model
 from techniques.prune import PruneConfig, prune_model
 from techniques.qat import QatConfig, quantize_aware_train
+from techniques.width_depth import WidthDepthConfig, width_depth_model
 from tfopt.artifacts import TrainingData, VariantSpec
 from tfopt.config import DataConfig, EvalConfig, InputConfig
 from tfopt.data.arrays import load_split_feeds
@@ -41,7 +43,7 @@ def _their_keras3_file(path: Path, data: dict[str, np.ndarray], loss: str | None
     """A two-input Keras 3 regressor trained outside tfopt (compiled with `loss`, or not).
 
     Its inputs are joined by a Concatenate, or (`join` ``add``) each through its own Dense
-    layer and added.
+    layer and added; ``residual``: joined, then two residual blocks.
     """
     import keras
 
@@ -49,7 +51,13 @@ def _their_keras3_file(path: Path, data: dict[str, np.ndarray], loss: str | None
     numbers = keras.Input((6,), name="numbers")
     ids = keras.Input((1,), dtype="int32", name="ids")
     embedded = keras.layers.Flatten()(keras.layers.Embedding(5, 3)(ids))
-    if join == "add":
+    if join == "residual":  # two residual blocks of two Dense layers each
+        hidden = keras.layers.Dense(32, activation="relu")(
+            keras.layers.Concatenate()([numbers, embedded]))
+        for _ in range(2):
+            branch = keras.layers.Dense(32, activation="relu")(hidden)
+            hidden = keras.layers.Add()([hidden, keras.layers.Dense(32)(branch)])
+    elif join == "add":
         hidden = keras.layers.Activation("relu")(keras.layers.Add()(
             [keras.layers.Dense(48)(numbers), keras.layers.Dense(48)(embedded)]))
     else:
@@ -176,6 +184,32 @@ def test_a_thinner_model_of_array_data_learns_from_y_and_the_model_before_it(reg
     assert metrics["test_mae"] < metrics["test_mae_before_fine_tuning"], "it relearned"
     mae, _ = _served_test_mae(thinned, baseline, data)
     assert mae == pytest.approx(metrics["test_mae"], rel=1e-4)
+
+
+def test_residual_blocks_of_a_model_of_array_data_are_ranked_on_its_inputs_and_removed(
+        regression, tmp_path):
+    """Depth pruning, and width with depth, on a regressor of two inputs and two blocks."""
+    _, data, tmp = regression
+    baseline = import_array_model(ModelConfig(source="file", path=_their_keras3_file(
+        tmp / "residual.keras", _regression(500, 1), "mse", join="residual")), data.dataset,
+        tmp_path / "models", data.judged_by)
+    data = _with_targets(data, baseline)
+
+    shallower = depth_prune_model.fn(baseline, DepthPruneConfig(
+        enabled=True, share=0.5, epochs=20, learning_rate=5e-3), data, tmp_path / "depth")
+    both = width_depth_model.fn(baseline, WidthDepthConfig(
+        enabled=True, fraction=0.5, share=0.5, epochs=20, learning_rate=5e-3), data,
+        tmp_path / "both")
+
+    for smaller in (shallower, both):
+        assert smaller.format == "savedmodel" and smaller.params["learned_from"] == "y"
+        assert smaller.metrics["blocks_removed"] == 1.0 and smaller.params["removed_blocks"]
+        assert len(smaller.history["val_mae"]) == smaller.params["epochs_run"]
+        mae, baseline_mae = _served_test_mae(smaller, baseline, data)
+        assert mae == pytest.approx(smaller.metrics["test_mae"], rel=1e-4)
+        assert mae < 0.3 * smaller.metrics["test_mae_before_fine_tuning"], "it relearned"
+        assert mae < 2.5 * baseline_mae, "near the baseline with a block (and filters) fewer"
+    assert both.metrics["params_after"] < shallower.metrics["params_after"]
 
 
 def test_a_keras_file_of_array_data_is_trained_quantization_aware_and_its_int8_file_serves(

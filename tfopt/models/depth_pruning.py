@@ -29,7 +29,7 @@ from tfopt.models.functional_graph import (
 DEPTH_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 """The shares of a model's removable residual blocks a search may remove, weakest first."""
 INFLUENCE_IMAGES = 64
-"""Training images each block's influence is measured on."""
+"""Training examples each block's influence is measured on."""
 
 
 class DepthPruningError(LayerGraphError):
@@ -102,13 +102,13 @@ def residual_blocks(model: Any) -> list[ResidualBlock]:
 
 
 def block_influence(model: Any, blocks: list[ResidualBlock],
-                    images: np.ndarray) -> dict[str, float]:
+                    images: np.ndarray | dict[str, np.ndarray]) -> dict[str, float]:
     """How much each block changes its input on `images`: ``1 - cos(input, output)``, averaged.
 
     Args:
         model: The functional model the blocks are in.
         blocks: Its blocks (`residual_blocks`).
-        images: A batch of its input images.
+        images: A batch of its inputs (images, one array or named arrays).
 
     Returns:
         Each block's influence by its ``Add`` layer's name (0: the block passes its input on).
@@ -122,8 +122,8 @@ def block_influence(model: Any, blocks: list[ResidualBlock],
     values = keras.Model(model.inputs, tensors)(images, training=False)
     influence = {}
     for index, block in enumerate(blocks):
-        before = np.reshape(np.asarray(values[2 * index]), (len(images), -1))
-        after = np.reshape(np.asarray(values[2 * index + 1]), (len(images), -1))
+        before, after = (np.asarray(v) for v in (values[2 * index], values[2 * index + 1]))
+        before, after = before.reshape(len(before), -1), after.reshape(len(after), -1)
         norms = np.linalg.norm(before, axis=1) * np.linalg.norm(after, axis=1)
         cosine = np.sum(before * after, axis=1) / np.maximum(norms, 1e-12)
         influence[block.add] = float(1.0 - np.mean(cosine))
@@ -160,13 +160,15 @@ def blocks_to_remove(share: float, blocks: int) -> int:
     return min(blocks, max(1, int(share * blocks + 0.5)))
 
 
-def shallower_model(model: Any, share: float, images: np.ndarray) -> ShallowerModel:
+def shallower_model(model: Any, share: float,
+                    images: np.ndarray | dict[str, np.ndarray]) -> ShallowerModel:
     """Remove `share` of the model's residual blocks, the least influential first.
 
     Args:
         model: A functional (or built Sequential) tf_keras model (left unchanged).
         share: The share of its removable residual blocks to remove, in (0, 1].
-        images: Training images the blocks' influence is measured on.
+        images: Training examples the blocks' influence is measured on (images, or a model of
+            array data's inputs: one array or named arrays).
 
     Returns:
         The shallower model, rebuilt from the original's config with the blocks' branches
