@@ -73,4 +73,5 @@ def cluster_preserving_qat(
 TECHNIQUE = Technique(
     name="cqat", section=CqatConfig, accepts=KERAS_ONLY, source_name=lambda _: SOURCE_NAME,
     apply=cluster_preserving_qat, yields_graph=False, precisions=("int8",), starts_from="cluster",
+    on_arrays=True,
 )

@@ -58,4 +58,5 @@ def prune_preserving_qat(
 TECHNIQUE = Technique(
     name="pqat", section=PqatConfig, accepts=KERAS_ONLY, source_name=lambda _: SOURCE_NAME,
     apply=prune_preserving_qat, yields_graph=False, precisions=("int8",), starts_from="prune",
+    on_arrays=True,
 )

@@ -14,7 +14,9 @@ from tasks.write_tfrecords import write_tfrecords
 from techniques.base import NotApplicable
 from techniques.channel_prune import ChannelPruneConfig, channel_prune_model
 from techniques.cluster import ClusterConfig, cluster_model
+from techniques.cqat import CqatConfig, cluster_preserving_qat
 from techniques.depth_prune import DepthPruneConfig, depth_prune_model
+from techniques.pqat import PqatConfig, prune_preserving_qat
 from techniques.prune import PruneConfig, prune_model
 from techniques.qat import QatConfig, quantize_aware_train
 from techniques.width_depth import WidthDepthConfig, width_depth_model
@@ -26,6 +28,7 @@ from tfopt.models.config import ModelConfig
 from tfopt.models.importing import fine_tuning_loss, import_array_model
 from tfopt.runtimes import build_here, load_runner, plan_variant
 from tfopt.runtimes.base import BuildSources, outputs_batched
+from tfopt.runtimes.litert import int8_kernel_stats
 
 
 def _regression(rows: int, seed: int) -> dict[str, np.ndarray]:
@@ -212,16 +215,32 @@ def test_residual_blocks_of_a_model_of_array_data_are_ranked_on_its_inputs_and_r
     assert both.metrics["params_after"] < shallower.metrics["params_after"]
 
 
+@pytest.fixture(scope="module")
+def added(regression):
+    """The regressor with its inputs added (tfmot's QAT keeps their order), and its data."""
+    _, data, tmp = regression
+    baseline = import_array_model(ModelConfig(source="file", path=_their_keras3_file(
+        tmp / "added.keras", _regression(500, 1), "mse", join="add")), data.dataset,
+        tmp / "added-models", data.judged_by)
+    return baseline, _with_targets(data, baseline)
+
+
+def _int8_file(model, data, out_dir):
+    """`model`'s int8 TFLite file, converted as a run converts it."""
+    built = build_here(plan_variant(model.name, "tflite", "int8"), BuildSources(
+        model=model, savedmodel=model, dataset=data.dataset, out_dir=out_dir),
+        PipelineConfig().convert)
+    assert built.status == "ok", built.error
+    return built
+
+
 def test_a_keras_file_of_array_data_is_trained_quantization_aware_and_its_int8_file_serves(
-        regression, tmp_path):
-    concatenated, data, tmp = regression
+        regression, added, tmp_path):
+    concatenated, data, _ = regression
     # tfmot rebuilds this model's Concatenate with its inputs swapped: refused, not trained.
     with pytest.raises(NotApplicable, match=r"reorders the inputs of .*model-optimization#1061"):
         quantize_aware_train.fn(concatenated, QatConfig(epochs=1), data, tmp_path / "refused")
-    baseline = import_array_model(ModelConfig(source="file", path=_their_keras3_file(
-        tmp / "added.keras", _regression(500, 1), "mse", join="add")), data.dataset,
-        tmp_path / "models", data.judged_by)
-    data = _with_targets(data, baseline)
+    baseline, data = added
 
     qat = quantize_aware_train.fn(baseline, QatConfig(epochs=2), data, tmp_path)
 
@@ -229,12 +248,35 @@ def test_a_keras_file_of_array_data_is_trained_quantization_aware_and_its_int8_f
     assert qat.params["ranges_calibrated"] > 0, "ranges set from the training split's inputs"
     assert len(qat.history["val_mae"]) == qat.params["epochs_run"]
     # Its int8 file, converted as a run converts it, answers under the baseline's names.
-    int8 = build_here(plan_variant("qat", "tflite", "int8"), BuildSources(
-        model=qat, savedmodel=qat, dataset=data.dataset, out_dir=tmp_path),
-        PipelineConfig().convert)
-    assert int8.status == "ok", int8.error
-    mae, baseline_mae = _served_test_mae(int8, baseline, data)
+    mae, baseline_mae = _served_test_mae(_int8_file(qat, data, tmp_path), baseline, data)
     assert mae < 1.5 * baseline_mae, (mae, baseline_mae, qat.metrics["test_mae"])
+
+
+def test_pqat_and_pcqat_of_array_data_keep_the_zeros_in_their_int8_files(
+        added, tmp_path):
+    """PQAT of the pruned model, PCQAT of its clustered one, with the model's own loss: their
+    int8 files keep the zeros and serve as well as the models they started from."""
+    baseline, data = added
+    pruned = prune_model.fn(baseline, PruneConfig(target_sparsity=0.5, epochs=2), data,
+                            tmp_path)
+    clustered = cluster_model.fn(pruned, ClusterConfig(enabled=True, clusters=8, epochs=1,
+                                                       preserve_sparsity=True), data, tmp_path)
+
+    pqat = prune_preserving_qat.fn(pruned, PqatConfig(enabled=True, epochs=1), data, tmp_path)
+    pcqat = cluster_preserving_qat.fn(clustered, CqatConfig(enabled=True, epochs=1), data,
+                                      tmp_path)
+
+    assert pqat.params["scheme"] == "Default8BitPrunePreserveQuantizeScheme"
+    assert pcqat.params["scheme"].endswith("(preserve_sparsity=True)")
+    for quantized, start in ((pqat, pruned), (pcqat, clustered)):
+        assert quantized.format == "savedmodel" and quantized.params["learned_from"] == "y"
+        assert len(quantized.history["val_mae"]) == quantized.params["epochs_run"]
+        built = _int8_file(quantized, data, tmp_path)
+        read_back = int8_kernel_stats(built.path)
+        sparsity = [v for k, v in read_back.items() if k.startswith("int8_sparsity.")]
+        assert sparsity and max(sparsity) >= 0.45, read_back
+        mae, _ = _served_test_mae(built, baseline, data)
+        assert mae < 1.2 * start.metrics["test_mae"], "int8 as good as the model it started from"
 
 
 def test_a_keras_file_of_array_data_is_clustered_with_its_loss(regression, tmp_path):
