@@ -328,20 +328,38 @@ class Tuning:
         return {"learned_from": "the baseline's outputs (self-distillation)"
                 if self.teacher is not None else "y"}
 
+    def figure_name(self, data: TrainingData) -> str:
+        """What its figures are: ``accuracy`` (top-1), or the run's metric on array data."""
+        return data.metric().name if self.arrays else "accuracy"
+
+    def figure(self, keras_model: Any, data: TrainingData, split: str) -> float:
+        """`keras_model`'s figure on a whole split (`figure_name`).
+
+        On array data against the teacher's outputs where it learned from them.
+        """
+        from tfopt.models.training import evaluate_split_accuracy, evaluate_split_metric
+
+        if not self.arrays:
+            return evaluate_split_accuracy(keras_model, data, split)
+        return evaluate_split_metric(keras_model, data, split, self.teacher)
+
+    def gain(self, figure: float, other: float, data: TrainingData) -> float:
+        """How far `figure` is ahead of `other` (positive: better).
+
+        Accuracy points, or the metric's own units on array data (an error's sign turned).
+        """
+        if not self.arrays:
+            return (figure - other) * 100.0
+        metric = data.metric()
+        return metric.oriented(figure) - metric.oriented(other)
+
     def test_figures(self, keras_model: Any, data: TrainingData,
                      suffix: str = "") -> dict[str, float]:
         """`keras_model`'s figure on the test split: ``test_accuracy``, or ``test_<metric>``.
 
-        On array data the run's metric, against the teacher's outputs where it learned from
-        them. `suffix` follows the name (``_before_fine_tuning``).
+        `suffix` follows the name (``_before_fine_tuning``).
         """
-        from tfopt.models.training import evaluate_split_metric, evaluate_test_accuracy
-
-        if not self.arrays:
-            return {f"test_accuracy{suffix}": evaluate_test_accuracy(keras_model, data)}
-        name = data.metric().name
-        return {f"test_{name}{suffix}": evaluate_split_metric(keras_model, data, "test",
-                                                              self.teacher)}
+        return {f"test_{self.figure_name(data)}{suffix}": self.figure(keras_model, data, "test")}
 
     def variant(self, model: ModelArtifact, keras_model: Any, name: str, keras_path: Path,
                 out_dir: Path, fitted: Fitted, data: TrainingData, *, params: dict[str, Any],

@@ -32,12 +32,15 @@ from pydantic import Field, model_validator
 
 from techniques.base import (
     KERAS_ONLY,
+    LABELS,
     NotApplicable,
     Technique,
     TechniqueSection,
-    derived_model,
+    Tuning,
+    array_fine_tuning,
     resolved,
     tfmot_model,
+    tuning_of,
 )
 from techniques.depth_prune import blocks_cut
 from tfopt.artifacts import ModelArtifact, TrainingData
@@ -49,15 +52,13 @@ from tfopt.models.channel_pruning import (
     thin_model,
 )
 from tfopt.models.config import SETTLE_EPOCHS
-from tfopt.models.distillation import Distiller
+from tfopt.models.distillation import Distiller, OutputDistiller, compiled_output_distiller
 from tfopt.models.distillation import compiled_distiller as distiller_of
 from tfopt.models.keras_io import keras_model_path, load_keras_model, save_keras_model
 from tfopt.models.training import (
     Fitted,
     LearningRate,
     epochs_run,
-    evaluate_split_accuracy,
-    evaluate_test_accuracy,
     fit,
     fit_compiled,
     recovery,
@@ -179,9 +180,13 @@ def compiled_distiller(teacher: keras.Model, student: keras.Model, cfg: DistillC
 
 
 def distill(
-    teacher: keras.Model, student: keras.Model, cfg: DistillConfig, data: TrainingData
+    teacher: keras.Model, student: keras.Model, cfg: DistillConfig, data: TrainingData,
+    tuning: Tuning = LABELS,
 ) -> Fitted:
     """Train `student` against `teacher` in place on the run's pipeline.
+
+    On array data (`tuning`) with its own loss on ``y`` and the squared error to the teacher's
+    outputs (`OutputDistiller`: its outputs need not be class scores; no temperature).
 
     A cosine rate runs to its end (the time budget may still stop it): stopped once back on
     the split trainings choose on (a few hundred images, where a student reaches the baseline
@@ -190,8 +195,12 @@ def distill(
     A constant rate ends once back and settled, as the other fine-tunings do.
     """
     settle = cfg.epochs if cfg.learning_rate_schedule == "cosine" else SETTLE_EPOCHS
-    return fit_compiled(compiled_distiller(teacher, student, cfg, data), data,
-                        epochs=cfg.epochs, callbacks=recovery(data, settle=settle))
+    distiller: Distiller | OutputDistiller = (
+        compiled_output_distiller(student, teacher, cfg.alpha, tuning.loss,
+                                  students_learning_rate(cfg, data))
+        if tuning.arrays else compiled_distiller(teacher, student, cfg, data))
+    return fit_compiled(distiller, data, epochs=cfg.epochs,
+                        callbacks=recovery(data, settle=settle))
 
 
 def inherit_filters(student: keras.Model, teacher: keras.Model) -> list[str]:
@@ -373,24 +382,31 @@ def distill_model(
         The distilled student, with its test accuracy and (not in a trial) its controls' and
         the gains in points.
 
+    A Keras file of array data (`ModelArtifact.keras_file`) has the thinner student, which
+    learns its own loss on ``y`` and the teacher's outputs (`distill`), judged by the run's
+    metric; it becomes a SavedModel of its own signature.
+
     Raises:
         NotApplicable: `cfg.require_gain` and the student does not beat its control, or a
-            teacher that cannot be made thinner.
+            teacher that cannot be made thinner; on array data the small (image) student, or
+            no ``y``.
     """
     resolved(cfg, KNOB)
+    name = student_name(cfg)
+    tuning = array_tuning(model, cfg, data, name)
     teacher, translation, students = teacher_and_students(model, cfg, data)
     student = students.student
     trial = data.trial is not None
-    fitted = distill(teacher, student, cfg, data if trial else student_share(data, students))
-    distilled_accuracy = evaluate_test_accuracy(student, data)
+    fitted = distill(teacher, student, cfg, data if trial else student_share(data, students),
+                     tuning)
     judged = {} if trial else against_controls(
-        students, Accuracies(evaluate_split_accuracy(student, data, "val"), distilled_accuracy),
-        cfg, data, epochs_run(fitted))
-    name = student_name(cfg)
+        students, Figures(tuning.figure(student, data, "val"),
+                          tuning.figure(student, data, "test")), cfg, data,
+        epochs_run(fitted), tuning)
     path = keras_model_path(out_dir, name)
     save_keras_model(student, path)
-    return derived_model(
-        model, name, path, fitted,
+    return tuning.variant(
+        model, student, name, path, out_dir, fitted, data,
         params={"technique": "distillation", "student": students.architecture,
                 "student_width": cfg.student_width, "alpha": cfg.alpha,
                 "temperature": cfg.temperature, "epochs": cfg.epochs,
@@ -403,8 +419,29 @@ def distill_model(
                 "student_parameters": int(student.count_params()),
                 "teacher_parameters": int(teacher.count_params())},
         translation=translation,
-        metrics={"test_accuracy": distilled_accuracy, **judged},
+        metrics=judged,
     )
+
+
+def array_tuning(model: ModelArtifact, cfg: DistillConfig, data: TrainingData,
+                 name: str) -> Tuning:
+    """How the student learns: from labelled images, or a model of array data's own way.
+
+    Raises:
+        NotApplicable: On array data, the small student (an image CNN), or data without ``y``
+            (the thinner student learning the teacher's outputs alone is channel pruning's
+            self-distillation: `compress.channel_prune`).
+    """
+    if model.keras_file is None:
+        return LABELS
+    if cfg.student != "thinner":
+        raise NotApplicable("the small student is an image CNN: on array data the student is "
+                            "the teacher made thinner (student: thinner)")
+    if array_fine_tuning(data)[1]:
+        raise NotApplicable("without y (or judged by fidelity) the thinner student would learn "
+                            "the teacher's outputs alone: that is compress.channel_prune's "
+                            "self-distillation on this data")
+    return tuning_of(model, None, data, name)
 
 
 @task(name="distill_controls", tags=["compression"])
@@ -429,15 +466,21 @@ def distill_controls(model: ModelArtifact, cfg: DistillConfig, data: TrainingDat
         NotApplicable: `cfg.require_gain` and the student does not beat its control.
     """
     del out_dir
+    tuning = array_tuning(model, cfg, data, made.name)
     _, _, students = teacher_and_students(model, cfg, data)
-    distilled = Accuracies(evaluate_split_accuracy(load_keras_model(made.path), data, "val"),
-                           made.metrics["test_accuracy"])
-    judged = against_controls(students, distilled, cfg, data, int(made.params["epochs_run"]))
+    student = load_keras_model(made.keras_file or made.path)
+    distilled = Figures(tuning.figure(student, data, "val"),
+                        made.metrics[f"test_{tuning.figure_name(data)}"])
+    judged = against_controls(students, distilled, cfg, data, int(made.params["epochs_run"]),
+                              tuning)
     return made.model_copy(update={"metrics": {**made.metrics, **judged}})
 
 
-class Accuracies(NamedTuple):
-    """A student's accuracy on the validation split (decides) and on the test split (reported)."""
+class Figures(NamedTuple):
+    """A student's figure on the validation split (decides) and on the test split (reported).
+
+    Top-1 accuracy, or the run's metric on array data (`Tuning.figure`).
+    """
 
     val: float
     test: float
@@ -445,41 +488,44 @@ class Accuracies(NamedTuple):
     """Its training's seconds (a control's: they price distillation's next run here)."""
 
 
-def against_controls(students: Students, distilled: Accuracies, cfg: DistillConfig,
-                     data: TrainingData, epochs: int) -> dict[str, float]:
-    """Train the distilled student's controls for its `epochs`; their accuracies and the gains.
+def against_controls(students: Students, distilled: Figures, cfg: DistillConfig,
+                     data: TrainingData, epochs: int,
+                     tuning: Tuning = LABELS) -> dict[str, float]:
+    """Train the distilled student's controls for its `epochs`; their figures and the gains.
 
     Whether distillation pays (`cfg.require_gain`) is decided on the validation split; the
-    gains on test are reported (``distillation_gain_points``), never chosen on.
+    gains on test are reported (``distillation_gain_points``, on array data
+    ``distillation_gain`` in the metric's units, positive: better), never chosen on.
 
     Raises:
         NotApplicable: `cfg.require_gain` and the student does not beat its scratch control
             on validation.
     """
-    accuracies = {"scratch": _trained_on_labels(students.scratch(), cfg, data, epochs)}
+    figures = {"scratch": _trained_alone(students.scratch(), cfg, data, epochs, tuning)}
     if students.same_start is not None:
-        accuracies["same_start"] = _trained_on_labels(students.same_start(), cfg, data, epochs)
-    gain = (distilled.test - accuracies["scratch"].test) * 100.0
-    val_gain = (distilled.val - accuracies["scratch"].val) * 100.0
+        figures["same_start"] = _trained_alone(students.same_start(), cfg, data, epochs, tuning)
+    name, unit = tuning.figure_name(data), "" if tuning.arrays else "_points"
+    shown = f"{name} (positive: better)" if tuning.arrays else "points"
+    gain = tuning.gain(distilled.test, figures["scratch"].test, data)
+    val_gain = tuning.gain(distilled.val, figures["scratch"].val, data)
     step_logger().info(
-        "student accuracy, validation / test: distilled %.4f / %.4f, from scratch %.4f / %.4f "
-        "(%+.2f / %+.2f points)%s", distilled.val, distilled.test, accuracies["scratch"].val,
-        accuracies["scratch"].test, val_gain, gain,
-        f", same start on labels alone {accuracies['same_start'].val:.4f} / "
-        f"{accuracies['same_start'].test:.4f}" if "same_start" in accuracies else "")
+        "student %s, validation / test: distilled %.4f / %.4f, from scratch %.4f / %.4f "
+        "(%+.4g / %+.4g %s)%s", name, distilled.val, distilled.test, figures["scratch"].val,
+        figures["scratch"].test, val_gain, gain, shown,
+        f", same start on its own loss {figures['same_start'].val:.4f} / "
+        f"{figures['same_start'].test:.4f}" if "same_start" in figures else "")
     if cfg.require_gain and val_gain <= 0.0:
         raise NotApplicable(f"distillation does not pay here: on validation the distilled "
-                            f"student reached {distilled.val:.4f}, its control trained on "
-                            f"labels alone {accuracies['scratch'].val:.4f} "
-                            f"({val_gain:+.2f} points)")
-    judged = {"scratch_test_accuracy": accuracies["scratch"].test,
-              "scratch_val_accuracy": accuracies["scratch"].val,
-              "distillation_gain_points": gain, "distillation_val_gain_points": val_gain,
-              "controls_fit_seconds": round(sum(a.seconds for a in accuracies.values()), 3)}
-    if "same_start" in accuracies:
-        judged |= {"same_start_test_accuracy": accuracies["same_start"].test,
-                   "teacher_outputs_gain_points":
-                       (distilled.test - accuracies["same_start"].test) * 100.0}
+                            f"student reached {name} {distilled.val:.4f}, its control trained "
+                            f"alone {figures['scratch'].val:.4f} ({val_gain:+.4g} {shown})")
+    judged = {f"scratch_test_{name}": figures["scratch"].test,
+              f"scratch_val_{name}": figures["scratch"].val,
+              f"distillation_gain{unit}": gain, f"distillation_val_gain{unit}": val_gain,
+              "controls_fit_seconds": round(sum(f.seconds for f in figures.values()), 3)}
+    if "same_start" in figures:
+        judged |= {f"same_start_test_{name}": figures["same_start"].test,
+                   f"teacher_outputs_gain{unit}":
+                       tuning.gain(distilled.test, figures["same_start"].test, data)}
     return judged
 
 
@@ -496,15 +542,20 @@ def student_share(data: TrainingData, students: Students) -> TrainingData:
     return data.model_copy(update={"deadline": clock.deadline})
 
 
-def _trained_on_labels(student: keras.Model, cfg: DistillConfig, data: TrainingData,
-                       epochs: int) -> Accuracies:
-    """A control: `student` trained on labels alone for `epochs`; its accuracies."""
-    fitted = fit(student, data, epochs=epochs, learning_rate=students_learning_rate(cfg, data))
-    return Accuracies(evaluate_split_accuracy(student, data, "val"),
-                      evaluate_test_accuracy(student, data), fitted.seconds)
+def _trained_alone(student: keras.Model, cfg: DistillConfig, data: TrainingData, epochs: int,
+                   tuning: Tuning) -> Figures:
+    """A control: `student` trained without the teacher for `epochs`; its figures.
+
+    On labels, or with its own loss on ``y`` (array data).
+    """
+    fitted = fit(student, data, epochs=epochs, learning_rate=students_learning_rate(cfg, data),
+                 loss=tuning.loss)
+    return Figures(tuning.figure(student, data, "val"), tuning.figure(student, data, "test"),
+                   fitted.seconds)
 
 
 TECHNIQUE = Technique(
     name="distill", section=DistillConfig, accepts=KERAS_ONLY, source_name=student_name,
     apply=distill_model, knob=KNOB, after_search=distill_controls, reshapes=True,
+    on_arrays=True,
 )

@@ -16,6 +16,7 @@ from techniques.channel_prune import ChannelPruneConfig, channel_prune_model
 from techniques.cluster import ClusterConfig, cluster_model
 from techniques.cqat import CqatConfig, cluster_preserving_qat
 from techniques.depth_prune import DepthPruneConfig, depth_prune_model
+from techniques.distill import DistillConfig, distill_model
 from techniques.pqat import PqatConfig, prune_preserving_qat
 from techniques.prune import PruneConfig, prune_model
 from techniques.qat import QatConfig, quantize_aware_train
@@ -234,6 +235,31 @@ def _int8_file(model, data, out_dir):
     return built
 
 
+def test_a_thinner_student_of_array_data_is_distilled_and_judged_against_its_controls(
+        regression, tmp_path):
+    """compress.distill's thinner student: its own loss on y and the teacher's outputs; its
+    controls (from scratch, the same start alone) trained as long, gains in the metric."""
+    baseline, data, _ = regression
+
+    student = distill_model.fn(baseline, DistillConfig(
+        enabled=True, student="thinner", thinner=0.5, epochs=6, alpha=0.5), data, tmp_path)
+
+    assert student.name == "distilled-thinner-50" and student.format == "savedmodel"
+    assert student.params["learned_from"] == "y"
+    assert len(student.history["distillation_loss"]) == student.params["epochs_run"]
+    metrics = student.metrics
+    for key in ("test_mae", "scratch_test_mae", "scratch_val_mae", "same_start_test_mae"):
+        assert metrics[key] > 0.0, key
+    # Gains in MAE, positive where the distilled student's error is the lower.
+    assert metrics["distillation_gain"] == pytest.approx(
+        metrics["scratch_test_mae"] - metrics["test_mae"])
+    assert metrics["teacher_outputs_gain"] == pytest.approx(
+        metrics["same_start_test_mae"] - metrics["test_mae"])
+    assert metrics["test_mae"] < metrics["scratch_test_mae"], "the teacher's start pays"
+    mae, _ = _served_test_mae(student, baseline, data)
+    assert mae == pytest.approx(metrics["test_mae"], rel=1e-4)
+
+
 def test_a_keras_file_of_array_data_is_trained_quantization_aware_and_its_int8_file_serves(
         regression, added, tmp_path):
     concatenated, data, _ = regression
@@ -294,7 +320,7 @@ def test_a_keras_file_of_array_data_is_clustered_with_its_loss(regression, tmp_p
     assert mae < 1.5 * baseline_mae
 
 
-def test_techniques_not_built_for_array_data_say_so_and_a_file_without_a_loss_is_refused(
+def test_techniques_refuse_what_array_data_cannot_have_in_one_line(
         regression, tmp_path):
     baseline, data, tmp = regression
     config = PipelineConfig.model_validate({"compress": {
@@ -302,7 +328,9 @@ def test_techniques_not_built_for_array_data_say_so_and_a_file_without_a_loss_is
     refusals = {planned.technique.name: planned.refusal for planned in plan(config, baseline)}
     assert refusals["prune"] is None
     assert refusals["qat"] is None
-    assert refusals["distill"].startswith("distill of a model of array data is not built yet")
+    assert refusals["distill"] is None
+    with pytest.raises(NotApplicable, match="the small student is an image CNN"):
+        distill_model.fn(baseline, DistillConfig(), data, tmp_path)
     unknown = data.model_copy(update={"loss": None})
     with pytest.raises(NotApplicable, match=r"not compiled with one loss.*train\.loss"):
         prune_model.fn(baseline, PruneConfig(epochs=2), unknown, tmp_path)
@@ -332,6 +360,8 @@ def test_inputs_without_labels_are_pruned_against_the_baselines_own_outputs(regr
     pruned = prune_model.fn(baseline, PruneConfig(target_sparsity=0.3, epochs=3,
                                                   learning_rate=2e-3), blind, tmp_path / "out")
 
+    with pytest.raises(NotApplicable, match=r"compress\.channel_prune's self-distillation"):
+        distill_model.fn(baseline, DistillConfig(student="thinner"), blind, tmp_path / "distill")
     assert pruned.params["learned_from"] == "the baseline's outputs (self-distillation)"
     assert len(pruned.history["val_snr_db"]) == 3
     assert pruned.metrics["test_snr_db"] > 15.0, "its outputs follow the baseline's closely"
