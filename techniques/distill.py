@@ -371,6 +371,10 @@ def distill_model(
     with the same budget on labels alone. A search trial (`data.trial`) trains the student
     alone: the controls of the width chosen are trained after the search (`distill_controls`).
 
+    A Keras file of array data (`ModelArtifact.keras_file`) has the thinner student, which
+    learns its own loss on ``y`` and the teacher's outputs (`distill`), judged by the run's
+    metric; it becomes a SavedModel of its own signature.
+
     Args:
         model: The trained teacher (left unchanged).
         cfg: Student width, alpha, temperature, epochs and learning rate (both students).
@@ -381,10 +385,6 @@ def distill_model(
     Returns:
         The distilled student, with its test accuracy and (not in a trial) its controls' and
         the gains in points.
-
-    A Keras file of array data (`ModelArtifact.keras_file`) has the thinner student, which
-    learns its own loss on ``y`` and the teacher's outputs (`distill`), judged by the run's
-    metric; it becomes a SavedModel of its own signature.
 
     Raises:
         NotApplicable: `cfg.require_gain` and the student does not beat its control, or a
