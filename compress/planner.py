@@ -459,7 +459,8 @@ class Planner:
             return skipped_state(Skipped(technique=name, kind="not_applicable", reason=refusal))
         if chosen is None or chosen.model is None:
             return skipped_state(Skipped(technique=name, kind="not_applicable", reason=(
-                f"no {search.knob.field} tried kept the accuracy within the budget "
+                f"no {search.knob.field} tried kept the "
+                f"{'accuracy' if search.metric is None else search.metric.name} within the budget "
                 f"({search_line(search)})")))
         if planned.technique.after_search is None:
             return Completed(data=chosen.model)
