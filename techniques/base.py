@@ -410,11 +410,17 @@ def tuning_of(model: ModelArtifact, base: Any, data: TrainingData, name: str) ->
     model's `name`.
 
     Raises:
-        NotApplicable: Array data with ``y`` and no loss known.
+        NotApplicable: Array data with ``y`` and no loss known, or ``y`` for a model of
+            several outputs (``y`` is one output's truth: one loss per output is not built).
     """
     if model.keras_file is None:
         return LABELS
     loss, distilled = array_fine_tuning(data)
+    if not distilled and len(base.outputs) > 1:
+        raise NotApplicable(
+            f"a model of {len(base.outputs)} outputs learning y (one output's truth) is not "
+            "built yet: judge it by fidelity (eval.metric) to fine-tune it against the "
+            "baseline's outputs")
     tuning = Tuning(loss=loss, teacher=base if distilled else None, arrays=True)
     if data.recover_to is not None:
         metric = data.metric()

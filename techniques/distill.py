@@ -393,8 +393,9 @@ def distill_model(
     """
     resolved(cfg, KNOB)
     name = student_name(cfg)
-    tuning = array_tuning(model, cfg, data, name)
+    refuse_on_arrays(model, cfg, data)
     teacher, translation, students = teacher_and_students(model, cfg, data)
+    tuning = tuning_of(model, teacher, data, name)
     student = students.student
     trial = data.trial is not None
     fitted = distill(teacher, student, cfg, data if trial else student_share(data, students),
@@ -423,17 +424,16 @@ def distill_model(
     )
 
 
-def array_tuning(model: ModelArtifact, cfg: DistillConfig, data: TrainingData,
-                 name: str) -> Tuning:
-    """How the student learns: from labelled images, or a model of array data's own way.
+def refuse_on_arrays(model: ModelArtifact, cfg: DistillConfig, data: TrainingData) -> None:
+    """Refuse what distillation does not do on a Keras file of array data, before any work.
 
     Raises:
-        NotApplicable: On array data, the small student (an image CNN), or data without ``y``
-            (the thinner student learning the teacher's outputs alone is channel pruning's
+        NotApplicable: The small student (an image CNN), or data without ``y`` (the thinner
+            student learning the teacher's outputs alone is channel pruning's
             self-distillation: `compress.channel_prune`).
     """
     if model.keras_file is None:
-        return LABELS
+        return
     if cfg.student != "thinner":
         raise NotApplicable("the small student is an image CNN: on array data the student is "
                             "the teacher made thinner (student: thinner)")
@@ -441,7 +441,6 @@ def array_tuning(model: ModelArtifact, cfg: DistillConfig, data: TrainingData,
         raise NotApplicable("without y (or judged by fidelity) the thinner student would learn "
                             "the teacher's outputs alone: that is compress.channel_prune's "
                             "self-distillation on this data")
-    return tuning_of(model, None, data, name)
 
 
 @task(name="distill_controls", tags=["compression"])
@@ -466,8 +465,8 @@ def distill_controls(model: ModelArtifact, cfg: DistillConfig, data: TrainingDat
         NotApplicable: `cfg.require_gain` and the student does not beat its control.
     """
     del out_dir
-    tuning = array_tuning(model, cfg, data, made.name)
-    _, _, students = teacher_and_students(model, cfg, data)
+    teacher, _, students = teacher_and_students(model, cfg, data)
+    tuning = tuning_of(model, teacher, data, made.name)
     student = load_keras_model(made.keras_file or made.path)
     distilled = Figures(tuning.figure(student, data, "val"),
                         made.metrics[f"test_{tuning.figure_name(data)}"])

@@ -340,6 +340,28 @@ def test_techniques_refuse_what_array_data_cannot_have_in_one_line(
     assert fine_tuning_loss(uncompiled, "huber") == "huber", "train.loss names it"
 
 
+def test_y_for_one_of_several_outputs_is_refused_in_one_line(regression, tmp_path):
+    """y is the judged output's truth: the others would have nothing to learn from."""
+    import keras
+
+    _, data, _ = regression
+    numbers, ids = keras.Input((6,), name="numbers"), keras.Input((1,), name="ids")
+    hidden = keras.layers.Dense(16, activation="relu")(numbers)
+    model = keras.Model({"numbers": numbers, "ids": ids},
+                        {"value": keras.layers.Dense(1, name="value")(hidden),
+                         "spread": keras.layers.Dense(1, name="spread")(hidden)})
+    model.compile(optimizer="adam", loss="mse")
+    model.save(tmp_path / "two.keras")
+    judged = EvalConfig(metric="mae", output="value").settled(1.0, class_scores=False)
+    baseline = import_array_model(ModelConfig(source="file", path=tmp_path / "two.keras"),
+                                  data.dataset, tmp_path / "models", judged)
+    two = _with_targets(data.model_copy(update={"judged_by": judged, "loss": "mse"}), baseline)
+
+    with pytest.raises(NotApplicable, match=r"a model of 2 outputs learning y .* not built yet"):
+        channel_prune_model.fn(baseline, ChannelPruneConfig(enabled=True, fraction=0.5,
+                                                            epochs=1), two, tmp_path)
+
+
 def test_inputs_without_labels_are_pruned_against_the_baselines_own_outputs(regression, tmp_path):
     """Self-distillation: no ``y``, a fidelity metric, the baseline's outputs the targets."""
     baseline, data, _ = regression
